@@ -1,0 +1,1 @@
+"""PyTorch clients of the asynchronous SGD parameter server."""

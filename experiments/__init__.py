@@ -1,0 +1,1 @@
+"""Running experiments: the asgd command, MPI launch, reports."""

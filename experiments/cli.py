@@ -1,0 +1,125 @@
+"""The `asgd` command.
+
+    asgd train [CONFIG.toml] [--clients K --n-sync N ...]   start K clients + 1 server on MPI
+    mpiexec -n K+1 asgd train [CONFIG.toml] [flags]           the same, launched by you
+    asgd report RUN_DIR                                        summary + training-error figure
+
+Every input is checked here, before any MPI process starts: a bad one exits with
+status 2 and one line saying which field is wrong and why.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+from paramserver.config import ConfigError, RunConfig, field_types, load_config
+
+HELP = {
+    "out": "run directory (default runs/<time>-c<K>-n<N>)", "clients": "number of clients K",
+    "n_sync": "push and fetch every N minibatches", "steps": "minibatches per client",
+    "rule": "server update rule: add (weight deltas) or sgd (gradient sums)",
+    "data": "fashion-mnist, a .npz file (x, y[, x_test, y_test]) or an image folder",
+    "device": "auto, cpu or cuda[:N]", "quiet": "no progress bar",
+}
+DEFAULT_CLIENTS = 2  # when asgd starts mpiexec itself and --clients is not given
+
+
+class InputError(ValueError):
+    """Bad input found before launch; one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (the usage is in --help)."""
+
+    def error(self, message: str):
+        self.exit(2, f"asgd: error: {message}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            return _train(args, argv)
+        from experiments.report import report
+        return report(args.run_dir, args.window)
+    except (ConfigError, InputError) as error:
+        return _error(str(error))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="asgd", description="Asynchronous SGD with a parameter server.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="train one run (on MPI)")
+    train.add_argument("config", nargs="?", help="TOML config file; flags override it")
+    for name, kind in field_types().items():
+        flag = "--" + name.replace("_", "-")
+        text = argparse.SUPPRESS if name == "inject_fault" else HELP.get(name, f"(config key {name})")
+        if kind is bool:
+            train.add_argument(flag, action="store_const", const=True, default=None, help=text)
+        else:
+            train.add_argument(flag, type=kind, default=None, help=text, metavar=name.upper())
+    report = commands.add_parser("report", help="summarise a run directory and plot its curves")
+    report.add_argument("run_dir")
+    report.add_argument("--window", type=int, default=400, help="smoothing window, in minibatches")
+    return parser
+
+
+def _train(args: argparse.Namespace, argv: list[str]) -> int:
+    from experiments import launch
+
+    overrides = {f.name: getattr(args, f.name) for f in fields(RunConfig)}
+    cfg = load_config(args.config, overrides)
+    _check_inputs(cfg)
+    out = cfg.out or _default_out(cfg)
+    if launch.launcher_rank() is None:
+        mpiexec = launch.find_mpiexec()
+        if mpiexec is None:
+            raise InputError("backend: no mpiexec found; run 'make setup' or install an MPI library")
+        clients = cfg.clients or DEFAULT_CLIENTS
+        launch.relaunch(mpiexec, [*argv, "--clients", str(clients), "--out", out], clients + 1)
+    return launch.run_mpi(cfg, out)
+
+
+def _check_inputs(cfg: RunConfig) -> None:
+    """What the config alone cannot know: the data, the model, the run directory."""
+    from clients.data import DataError, load_dataset
+    from clients.models import MODELS
+
+    if cfg.model not in MODELS:
+        raise InputError(f"model: unknown model {cfg.model!r} (choose from {', '.join(MODELS)})")
+    try:
+        dataset = load_dataset(cfg.data, cfg.data_dir or None)
+    except DataError as error:
+        raise InputError(str(error)) from None
+    if cfg.clients and len(dataset.train) // cfg.clients < cfg.batch_size:
+        raise InputError(f"batch_size: {cfg.batch_size} is more than a client's shard of "
+                         f"{len(dataset.train) // cfg.clients} samples")
+    out = Path(cfg.out) if cfg.out else None
+    if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InputError(f"out: {out} already exists and is not an empty directory; choose another --out")
+
+
+def _default_out(cfg: RunConfig) -> str:
+    stem = f"runs/{time.strftime('%Y%m%d-%H%M%S')}-c{cfg.clients or DEFAULT_CLIENTS}-n{cfg.n_sync}"
+    out, n = stem, 1
+    while Path(out).exists():
+        n += 1
+        out = f"{stem}-{n}"
+    return out
+
+
+def _error(message: str) -> int:
+    """One line, printed once per job (by rank 0 when mpiexec started every rank)."""
+    from experiments.launch import launcher_rank
+
+    if launcher_rank() in (None, 0):
+        print(f"asgd: error: {message}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

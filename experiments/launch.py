@@ -1,0 +1,145 @@
+"""Start a training job on MPI: each rank's role is decided here, once.
+
+`asgd train` run by hand re-executes itself under `mpiexec -n K+1`; run by `mpiexec`
+(or srun) it lands in `run_mpi`, where rank 0 becomes the server and ranks 1..K the
+clients. mpi4py is imported only inside `run_mpi`, after the config was validated,
+so bad input never starts MPI. An exception on any rank ends the whole job within
+seconds (MPI_Abort), after the server wrote a `failed` summary when it could.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+import torch
+
+from clients.client import Client
+from clients.data import Dataset, ShardSampler, load_dataset, shard_indices
+from clients.driver import ClientPlan, run_client
+from clients.models import build_model
+from experiments.serverrun import serve_run
+from paramserver.config import RunConfig
+from paramserver.protocol import Fail, Tag
+from paramserver.transport import Transport
+
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+FAIL_GRACE_S = 5.0  # a failed client waits this long for the server to record why
+
+
+def launcher_rank() -> int | None:
+    """This process's rank if an MPI launcher started it (MPICH, Open MPI, PMIx), else None."""
+    for name in RANK_VARIABLES:
+        if name in os.environ:
+            return int(os.environ[name])
+    return None
+
+
+def find_mpiexec() -> str | None:
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+def relaunch(mpiexec: str, argv: list[str], ranks: int) -> NoReturn:
+    """Replace this process with `mpiexec -n ranks` running the same command."""
+    env = dict(os.environ)
+    # Open MPI refuses root and more ranks than cores unless told; MPICH ignores these.
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
+    command = [mpiexec, "-n", str(ranks), sys.executable, "-m", "experiments.cli", *argv]
+    sys.stdout.flush()
+    os.execvpe(mpiexec, command, env)
+
+
+def run_mpi(cfg: RunConfig, out: str) -> int:
+    """The body of every rank. Returns the exit status; failures abort the job instead."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    transport = Transport(comm)
+    clients = cfg.clients or transport.size - 1
+    if transport.size < 2 or transport.size != clients + 1:
+        if transport.rank == 0:
+            print(f"asgd: error: clients: {clients} client(s) need {clients + 1} MPI ranks "
+                  f"(1 server + {clients}), but the job has {transport.size}; use mpiexec -n {clients + 1}",
+                  file=sys.stderr)
+        return 2
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        _set_threads(local, is_client=transport.rank > 0)
+        device = pick_device(cfg.device, local.Get_rank())
+        dataset = load_dataset(cfg.data, cfg.data_dir or None)
+        model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
+        info = {"rank": transport.rank, "role": "server" if transport.rank == 0 else "client",
+                "host": socket.gethostname(), "device": device_name(device)}
+        ranks = comm.gather(info, root=0)
+        transport.barrier()
+        start = time.perf_counter()
+        clock = lambda: time.perf_counter() - start  # noqa: E731
+        if transport.rank == 0:
+            return serve_run(transport, cfg, out, model, dataset, device, clock,
+                             MPI.Get_library_version().splitlines()[0].strip(), ranks)
+        _client_run(transport, cfg, clients, model, dataset, device, clock)
+        return 0
+    except Exception as error:  # noqa: BLE001 - any failure must end the whole job
+        _fail(transport, error)
+
+
+def _client_run(transport: Transport, cfg: RunConfig, clients: int, model, dataset: Dataset,
+                device: str, clock) -> None:
+    index = transport.rank - 1
+    torch.manual_seed(cfg.seed * 1000 + index + 1)  # dropout differs across clients
+    shard = shard_indices(len(dataset.train), clients, index, cfg.seed)
+    client = Client(model, dataset.train, ShardSampler(shard, cfg.batch_size, cfg.seed, index),
+                    lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                    push_gradients=cfg.rule != "add", device=device)
+    fault = cfg.fault
+    plan = ClientPlan(index=index, steps=cfg.steps, n_push=cfg.push_every, n_fetch=cfg.fetch_every,
+                      timeout=cfg.stall_timeout,
+                      fault_step=fault[1] if fault and fault[0] == transport.rank else None)
+    run_client(transport, client, plan, clock)
+
+
+def _fail(transport: Transport, error: Exception) -> NoReturn:
+    role = "server" if transport.rank == 0 else f"client {transport.rank - 1}"
+    reason = f"{type(error).__name__}: {error}"
+    print(f"asgd: rank {transport.rank} ({role}) failed: {reason}", file=sys.stderr, flush=True)
+    if transport.rank != 0:
+        _tell_server(transport, reason)
+    transport.abort(1)
+    raise SystemExit(1)  # not reached: Abort ends the process
+
+
+def _tell_server(transport: Transport, reason: str) -> None:
+    """Send FAIL so the server records the reason, then give it a moment to abort the job."""
+    request = transport.comm.isend(Fail(reason), dest=0, tag=int(Tag.FAIL))
+    deadline = time.monotonic() + FAIL_GRACE_S
+    while time.monotonic() < deadline:
+        request.Test()
+        time.sleep(0.05)
+
+
+def _set_threads(local, is_client: bool) -> None:
+    """Share this node's cores among its client ranks (the server needs little CPU)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    local_clients = max(1, local.allreduce(int(is_client)))
+    torch.set_num_threads(max(1, cores // local_clients) if is_client else max(1, cores // local.Get_size()))
+
+
+def pick_device(requested: str, local_rank: int) -> str:
+    if requested != "auto":
+        return requested
+    if torch.cuda.is_available():
+        return f"cuda:{local_rank % torch.cuda.device_count()}"
+    return "cpu"
+
+
+def device_name(device: str) -> str:
+    return torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
+

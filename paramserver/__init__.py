@@ -1,0 +1,1 @@
+"""Parameter server: config, protocol, transport, store, update rules, server driver."""

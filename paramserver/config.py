@@ -1,0 +1,167 @@
+"""Run configuration: one frozen dataclass, loaded from TOML and overridden by flags.
+
+Every value is checked when the object is created, so a bad run fails with one line
+(`ConfigError`, naming the field) before any MPI process starts. Config keys and
+command-line flags share names (`n_sync` is `--n-sync`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, fields
+from typing import Any, Optional, get_type_hints
+
+from paramserver.rules import RULES
+
+BACKENDS = ("mpi",)
+MODES = ("async",)
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message is one line: `field: reason`."""
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose where `inject_fault` says, so tests can watch a job fail cleanly."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every knob of a run; defaults give the demo (Fashion-MNIST, small CNN)."""
+
+    out: str = ""                    # run directory; "" makes runs/<name>
+    name: str = ""                   # run name; "" derives one from the settings
+    backend: str = "mpi"
+    mode: str = "async"
+    clients: Optional[int] = None    # None: every rank but the server
+    n_sync: int = 10                 # push and fetch period, in minibatches
+    n_push: Optional[int] = None     # None: n_sync
+    n_fetch: Optional[int] = None    # None: n_sync
+    steps: int = 400                 # minibatches per client
+    batch_size: int = 64
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    rule: str = "add"                # server update rule (paramserver.rules)
+    server_lr: Optional[float] = None    # gradient rules only; None: lr
+    server_momentum: float = 0.0         # gradient rules only
+    seed: int = 0
+    data: str = "fashion-mnist"      # dataset name, .npz file or image folder
+    data_dir: str = ""               # where Fashion-MNIST lies, if not the default
+    model: str = "cnn"
+    device: str = "auto"             # auto: cuda:<local rank mod count>, else cpu
+    eval_every: int = 0              # versions between test evaluations; 0: ~20 a run
+    eval_samples: int = 0            # test samples per evaluation; 0: all
+    stall_timeout: float = 600.0     # seconds a driver waits for a peer
+    keep_snapshots: bool = False
+    quiet: bool = False
+    inject_fault: str = ""           # "RANK:STEP", for tests: raise there
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check_values(self)
+
+    @property
+    def push_every(self) -> int:
+        return self.n_push or self.n_sync
+
+    @property
+    def fetch_every(self) -> int:
+        return self.n_fetch or self.n_sync
+
+    @property
+    def effective_server_lr(self) -> float:
+        return self.lr if self.server_lr is None else self.server_lr
+
+    @property
+    def fault(self) -> tuple[int, int] | None:
+        """(rank, step) at which a test wants an exception raised, or None."""
+        if not self.inject_fault:
+            return None
+        rank, step = self.inject_fault.split(":")
+        return int(rank), int(step)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def field_types() -> dict[str, type]:
+    """The base type of each field (Optional[int] -> int)."""
+    hints = get_type_hints(RunConfig)
+    base = {}
+    for f in fields(RunConfig):
+        args = getattr(hints[f.name], "__args__", None)
+        base[f.name] = args[0] if args else hints[f.name]
+    return base
+
+
+def _check_types(cfg: RunConfig) -> None:
+    for name, kind in field_types().items():
+        value = getattr(cfg, name)
+        if value is None:
+            continue
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            object.__setattr__(cfg, name, float(value))
+            ok = True
+        if not ok:
+            raise ConfigError(f"{name}: expected {kind.__name__}, got {value!r}")
+
+
+def _require(ok: bool, field: str, reason: str) -> None:
+    if not ok:
+        raise ConfigError(f"{field}: {reason}")
+
+
+def _check_values(cfg: RunConfig) -> None:
+    _require(cfg.backend in BACKENDS, "backend", f"unknown backend {cfg.backend!r} (choose from {', '.join(BACKENDS)})")
+    _require(cfg.mode in MODES, "mode", f"unknown mode {cfg.mode!r} (choose from {', '.join(MODES)})")
+    _require(cfg.rule in RULES, "rule", f"unknown rule {cfg.rule!r} (choose from {', '.join(RULES)})")
+    _require(cfg.clients is None or cfg.clients >= 1, "clients", f"must be at least 1, got {cfg.clients}")
+    for name in ("n_sync", "n_push", "n_fetch", "steps", "batch_size"):
+        value = getattr(cfg, name)
+        _require(value is None or value >= 1, name, f"must be at least 1, got {value}")
+    _require(cfg.lr > 0, "lr", f"must be positive, got {cfg.lr}")
+    _require(cfg.server_lr is None or cfg.server_lr > 0, "server_lr", f"must be positive, got {cfg.server_lr}")
+    for name in ("momentum", "server_momentum"):
+        _require(0 <= getattr(cfg, name) < 1, name, f"must be in [0, 1), got {getattr(cfg, name)}")
+    _require(cfg.weight_decay >= 0, "weight_decay", f"must be non-negative, got {cfg.weight_decay}")
+    _require(cfg.seed >= 0, "seed", f"must be non-negative, got {cfg.seed}")
+    for name in ("eval_every", "eval_samples"):
+        _require(getattr(cfg, name) >= 0, name, f"must be non-negative (0: automatic), got {getattr(cfg, name)}")
+    _require(cfg.stall_timeout > 0, "stall_timeout", f"must be positive, got {cfg.stall_timeout}")
+    _require(cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
+             "device", f"expected auto, cpu or cuda[:N], got {cfg.device!r}")
+    _require(_fault_ok(cfg.inject_fault), "inject_fault", f"expected RANK:STEP, got {cfg.inject_fault!r}")
+
+
+def _fault_ok(text: str) -> bool:
+    parts = text.split(":")
+    return not text or (len(parts) == 2 and all(p.isdigit() for p in parts))
+
+
+def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """The config file's values, then the overrides (flags given on the command line)."""
+    values: dict[str, Any] = {}
+    if path:
+        values.update(_read_toml(path))
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    known = {f.name for f in fields(RunConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"config {path}: unknown key {unknown[0]!r}")
+    return RunConfig(**values)
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"config {path}: cannot read ({e.strerror})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config {path}: not valid TOML ({e})") from None
+    nested = [k for k, v in table.items() if isinstance(v, dict)]
+    if nested:
+        raise ConfigError(f"config {path}: unknown section [{nested[0]}] (keys are top-level)")
+    return table

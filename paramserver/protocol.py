@@ -1,0 +1,77 @@
+"""Every message between clients and the server: tags and headers, in one place.
+
+A message is a small header (a frozen dataclass, sent as a pickled object) and, for
+weights and pushes, a payload sent right after it as a raw buffer on tag PAYLOAD to the
+same peer (MPI keeps the order of messages between two ranks, so the payload that
+follows a header is that header's).
+
+Message sequence (one client; the server serves all clients in arrival order):
+
+    client                                  server
+      | -- PULL ---------------------------> |  remembers the version the client holds
+      | <---------- WEIGHTS(version) + data - |
+      |   n_push local minibatches            |
+      | -- PUSH(rows, fetch=True) + data ---> |  checks, applies, logs staleness
+      | <---------- WEIGHTS(version) + data - |  (only when the push asks to fetch)
+      |   ... until the step budget is done   |
+      | -- STOP(steps, pushes) -------------> |  exits when every client has stopped
+      | -- FAIL(reason) --------------------> |  on an exception; then the job aborts
+
+With n_fetch != n_push a client also sends PUSH(fetch=False) (no reply) or a bare
+PULL at its fetch steps. `rows` carries the client's per-minibatch log rows, so only
+the server's rank writes the run directory and clients on other hosts need no shared
+file system.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+
+class Tag(IntEnum):
+    PULL = 1
+    PUSH = 2
+    STOP = 3
+    FAIL = 4
+    WEIGHTS = 5
+    PAYLOAD = 6
+
+
+@dataclass(frozen=True)
+class Pull:
+    pass
+
+
+@dataclass(frozen=True)
+class Push:
+    step: int                  # the client's minibatch count at this push
+    size: int                  # payload length, in elements
+    fetch: bool                # reply with the weights after applying
+    dtype: str = "float32"
+    rows: tuple[dict[str, Any], ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Stop:
+    steps: int                 # minibatches the client ran
+    pushes: int                # pushes it sent
+
+
+@dataclass(frozen=True)
+class Fail:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Weights:
+    version: int
+    size: int
+
+
+HEADERS = {Tag.PULL: Pull, Tag.PUSH: Push, Tag.STOP: Stop, Tag.FAIL: Fail, Tag.WEIGHTS: Weights}
+
+
+def well_formed(tag: int, header: Any) -> bool:
+    """True when `header` is the header type that `tag` announces."""
+    return tag in HEADERS and isinstance(header, HEADERS[Tag(tag)])

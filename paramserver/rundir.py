@@ -1,0 +1,67 @@
+"""The run directory, the only link between training and analysis.
+
+    runs/<name>/
+      config.json      resolved config + provenance          (written once, atomically)
+      clients.jsonl    one row per client minibatch           (appended, flushed)
+      server.jsonl     one row per push the server handled     (appended, flushed)
+      eval.jsonl       test error/loss at regular versions     (appended after training)
+      snapshots/       weights at those versions, for eval     (removed after eval)
+      checkpoint/latest.npz  weights, rule state, version      (atomic, no pickle)
+      summary.json     results and status                      (written last, atomically)
+
+Only the server's rank writes here; clients ship their rows inside their pushes.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from paramserver.runlog import JsonlWriter, load_arrays, save_arrays, write_json_atomic
+
+
+class RunDirError(ValueError):
+    """The run directory cannot be used (one line, for the command line)."""
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def create(self) -> None:
+        """Make a fresh run directory; never write over an earlier run's results."""
+        if self.path.exists() and any(self.path.iterdir()):
+            raise RunDirError(f"out: {self.path} already holds a run; choose another --out")
+        try:
+            for sub in ("", "snapshots", "checkpoint"):
+                (self.path / sub).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunDirError(f"out: cannot create {self.path} ({e.strerror})") from None
+
+    def writer(self, log: str) -> JsonlWriter:
+        return JsonlWriter(self.path / f"{log}.jsonl")
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        write_json_atomic(self.path / "config.json", config)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        write_json_atomic(self.path / "summary.json", summary)
+
+    def save_checkpoint(self, arrays: dict[str, np.ndarray]) -> None:
+        save_arrays(self.path / "checkpoint" / "latest.npz", arrays)
+
+    def load_checkpoint(self) -> dict[str, np.ndarray]:
+        return load_arrays(self.path / "checkpoint" / "latest.npz")
+
+    def save_snapshot(self, weights: np.ndarray, version: int, time: float, minibatches: int) -> None:
+        meta = np.array([time, minibatches], dtype=np.float64)
+        save_arrays(self.snapshot_dir / f"v{version:09d}.npz", {"weights": weights, "meta": meta})
+
+    @property
+    def snapshot_dir(self) -> Path:
+        return self.path / "snapshots"
+
+    def snapshots(self) -> list[tuple[int, Path]]:
+        """(version, path) of every snapshot, oldest first."""
+        return sorted((int(p.stem[1:]), p) for p in self.snapshot_dir.glob("v*.npz"))

@@ -1,0 +1,104 @@
+"""The run directory: append-only JSONL logs, atomic JSON and checkpoint files.
+
+Rows are flushed to the OS as they are written, so a crashed process loses at most the
+row it was writing. Whole files (summary, config, checkpoint) are written to a
+temporary name, fsynced and renamed, so a reader sees the old file or the new one,
+never half of one. Checkpoints are `.npz` files of plain arrays: `np.load` reads them
+with `allow_pickle=False`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+
+class JsonlWriter:
+    """One JSON object a line, flushed per row."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._file.write(json.dumps(row, default=_plain) + "\n")
+        self._file.flush()
+
+    def write_many(self, rows: list[dict[str, Any]]) -> None:
+        self._file.write("".join(json.dumps(r, default=_plain) + "\n" for r in rows))
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> "JsonlWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars in rows become plain numbers."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot write {type(value).__name__} to a log row")
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """Rows of a JSONL log; a torn last line (a kill mid-write) is skipped with a warning."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    for i, line in enumerate(lines):
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError:
+            if i != len(lines) - 1:
+                raise ValueError(f"{path}: line {i + 1} is not JSON") from None
+            print(f"warning: {path}: skipping a torn last line", file=sys.stderr)
+
+
+def _replace_atomically(path: Path, write) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    text = json.dumps(_finite(obj), indent=2, default=_plain) + "\n"
+    _replace_atomically(path, lambda f: f.write(text.encode()))
+
+
+def _finite(obj: Any) -> Any:
+    """NaN/Inf become null: strict JSON readers (notebooks, jq) reject them."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """An atomic `.npz` of plain arrays (a checkpoint or a snapshot)."""
+    _replace_atomically(path, lambda f: np.savez(f, **arrays))
+
+
+def load_arrays(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}

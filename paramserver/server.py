@@ -1,0 +1,165 @@
+"""The server driver: move messages between clients and the Store.
+
+`serve()` answers clients in the order their messages arrive (no round robin), applies
+each push with the Store's rule, replies with the weights when asked, writes a
+server.jsonl row per push and the clients' rows to clients.jsonl, snapshots the weights
+every `eval_every` versions for the test evaluation, and returns when every client has
+sent STOP. A malformed push is logged and rejected; it never reaches the weights.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from paramserver.config import InjectedFault
+from paramserver.protocol import Fail, Push, Stop, Tag, Weights, well_formed
+from paramserver.rundir import RunDir
+from paramserver.store import Store
+from paramserver.transport import Message, PeerTimeout, Transport
+
+
+class ClientFailed(RuntimeError):
+    """A client reported an exception; the job must end."""
+
+
+@dataclass
+class ServerTally:
+    """What the summary needs from the serving loop."""
+
+    minibatches: int = 0
+    samples: int = 0
+    rejected: list[dict] = field(default_factory=list)
+    stops: dict[int, Stop] = field(default_factory=dict)
+
+
+@dataclass
+class Serving:
+    """Everything serve() works with, gathered so the loop's helpers stay small."""
+
+    transport: Transport
+    store: Store
+    run: RunDir
+    client_ranks: list[int]
+    eval_every: int
+    stall_timeout: float
+    clock: Callable[[], float]
+    fault_version: int | None = None
+    progress: Callable[[int], None] = lambda minibatches: None
+    tally: ServerTally = field(default_factory=ServerTally)
+
+    def __post_init__(self) -> None:
+        self.server_log = self.run.writer("server")
+        self.client_log = self.run.writer("clients")
+        self.buffer = np.empty(self.store.size, np.float32)  # pushes land here
+        self.run.save_snapshot(self.store.weights, self.store.version, 0.0, 0)
+
+    def client(self, rank: int) -> int:
+        return self.client_ranks.index(rank)
+
+    @property
+    def done(self) -> bool:
+        return len(self.tally.stops) == len(self.client_ranks)
+
+    def close(self) -> None:
+        self.server_log.close()
+        self.client_log.close()
+
+
+def serve(s: Serving) -> ServerTally:
+    """Handle messages until every client has stopped."""
+    last_heard = {r: s.clock() for r in s.client_ranks}
+    try:
+        while not s.done:
+            msg = _next_message(s, last_heard)
+            last_heard[msg.source] = s.clock()
+            handle(s, msg)
+    finally:
+        s.close()
+    s.run.save_snapshot(s.store.weights, s.store.version, s.clock(), s.tally.minibatches)
+    return s.tally
+
+
+def _next_message(s: Serving, last_heard: dict[int, float]) -> Message:
+    try:
+        return s.transport.recv(timeout=s.stall_timeout)
+    except PeerTimeout:
+        waiting = [r for r in s.client_ranks if r not in s.tally.stops]
+        silent = min(waiting, key=last_heard.__getitem__)
+        raise PeerTimeout(
+            f"server: no message from any client for {s.stall_timeout:g} s; waiting on "
+            f"ranks {waiting}, silent longest: rank {silent}") from None
+
+
+def handle(s: Serving, msg: Message) -> None:
+    """One message: the whole of the server's reaction to it, replies included."""
+    problem = _message_problem(s, msg)
+    if problem:
+        if msg.tag == Tag.PUSH and isinstance(msg.header, Push):
+            s.transport.recv_payload(msg.source, s.buffer, s.stall_timeout)  # drain, then drop
+        _reject(s, msg.source, problem)
+    elif msg.tag == Tag.FAIL:
+        raise ClientFailed(f"client rank {msg.source} failed: {msg.header.reason}")
+    elif msg.tag == Tag.STOP:
+        s.tally.stops[msg.source] = msg.header
+    elif msg.tag == Tag.PUSH:
+        _apply_push(s, msg)
+    if msg.tag in (Tag.PULL, Tag.PUSH) and not problem and (msg.tag == Tag.PULL or msg.header.fetch):
+        weights, version = s.store.pull(s.client(msg.source))
+        s.transport.send(msg.source, Tag.WEIGHTS, Weights(version, weights.size), weights)
+
+
+def _message_problem(s: Serving, msg: Message) -> str:
+    if msg.source not in s.client_ranks:
+        return f"message tag {msg.tag} from rank {msg.source}, which is not a client"
+    if msg.source in s.tally.stops:
+        return f"message tag {msg.tag} from rank {msg.source} after its STOP"
+    if not well_formed(msg.tag, msg.header):
+        return f"malformed message: tag {msg.tag} with header {type(msg.header).__name__}"
+    return ""
+
+
+def _apply_push(s: Serving, msg: Message) -> None:
+    header: Push = msg.header
+    client = s.client(msg.source)
+    payload = s.transport.recv_payload(msg.source, s.buffer, s.stall_timeout)
+    pulled = s.store.pulled.get(client, 0)
+    start = time.perf_counter()
+    if header.dtype != "float32" or payload.dtype != np.float32:
+        reason = f"payload of {payload.nbytes} bytes as {header.dtype}, expected {s.store.size} float32"
+        _reject(s, msg.source, reason)
+        return
+    result = s.store.apply(client, payload)
+    apply_s = time.perf_counter() - start
+    if not result.accepted:
+        _reject(s, msg.source, result.reason)
+        return
+    now = s.clock()
+    s.server_log.write({"time": now, "client": client, "version": result.version,
+                      "staleness": result.staleness, "apply_s": apply_s})
+    _log_client_rows(s, header, pulled, result.staleness)
+    if s.eval_every and result.version % s.eval_every == 0:
+        s.run.save_snapshot(s.store.weights, result.version, now, s.tally.minibatches)
+        s.run.save_checkpoint(s.store.state())
+    if s.fault_version is not None and result.version >= s.fault_version:
+        raise InjectedFault(f"injected fault on the server at version {result.version}")
+
+
+def _log_client_rows(s: Serving, header: Push, pulled: int, staleness: int) -> None:
+    """The window's rows; the last one carries the sync point's version and staleness."""
+    rows = [dict(r) for r in header.rows]
+    if rows:
+        rows[-1].update(version_pulled=pulled, staleness=staleness)
+        s.client_log.write_many(rows)
+    s.tally.minibatches += len(rows)
+    s.tally.samples += sum(r.get("samples", 0) for r in rows)
+    s.progress(s.tally.minibatches)
+
+
+def _reject(s: Serving, rank: int, reason: str) -> None:
+    client = s.client(rank) if rank in s.client_ranks else None
+    row = {"time": s.clock(), "client": client, "rank": rank, "rejected": reason}
+    s.tally.rejected.append(row)
+    s.server_log.write(row)

@@ -1,0 +1,98 @@
+"""The parameter server's state: weights, version, staleness; no MPI inside.
+
+The weights are one flat float32 vector. Each applied push bumps `version` by one.
+The staleness of a push is the number of other pushes applied since the pushing client
+last pulled: `version (before this apply) - version that client last pulled`. A push
+that is malformed (wrong length or dtype, NaN or Inf) is rejected before it can touch
+the weights, and counted.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from paramserver.rules import AddRule, SGDRule
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    accepted: bool
+    version: int          # the version after this push (unchanged if rejected)
+    staleness: int
+    reason: str = ""      # why it was rejected
+
+
+class Store:
+    """Weights plus the bookkeeping the server needs to serve clients in any order."""
+
+    def __init__(self, weights: np.ndarray, rule: AddRule | SGDRule, version: int = 0):
+        self.weights = np.ascontiguousarray(weights, dtype=np.float32).copy()
+        self.rule = rule
+        self.version = version
+        self.pulled: dict[int, int] = {}
+        self.applied: Counter[int] = Counter()
+        self.rejected: Counter[int] = Counter()
+        self.staleness: Counter[int] = Counter()
+
+    @property
+    def size(self) -> int:
+        return self.weights.size
+
+    def pull(self, client: int) -> tuple[np.ndarray, int]:
+        """The weights to send and their version; remembers what `client` now holds.
+
+        The array is the live vector, not a copy: send it before the next apply.
+        """
+        self.pulled[client] = self.version
+        return self.weights, self.version
+
+    def check(self, push: np.ndarray) -> str:
+        """Why `push` must be rejected, or "" if it is fine."""
+        if push.dtype != np.float32:
+            return f"dtype {push.dtype}, expected float32"
+        if push.size != self.size:
+            return f"length {push.size}, expected {self.size}"
+        # One float64 sum finds any NaN or Inf in a single pass (float32 values cannot
+        # overflow a float64 sum), cheaper than building an isfinite mask.
+        if not np.isfinite(push.sum(dtype=np.float64)):
+            return "contains NaN or Inf"
+        return ""
+
+    def apply(self, client: int, push: np.ndarray) -> ApplyResult:
+        staleness = self.version - self.pulled.get(client, 0)
+        reason = self.check(push)
+        if reason:
+            self.rejected[client] += 1
+            return ApplyResult(False, self.version, staleness, reason)
+        self.rule.apply(self.weights, push)
+        self.version += 1
+        self.applied[client] += 1
+        self.staleness[staleness] += 1
+        return ApplyResult(True, self.version, staleness)
+
+    def staleness_stats(self) -> dict:
+        total = sum(self.staleness.values())
+        values = np.repeat(list(self.staleness), list(self.staleness.values())) if total else np.zeros(1)
+        return {
+            "mean": float(values.mean()),
+            "max": int(values.max()),
+            "p50": float(np.percentile(values, 50)),
+            "p90": float(np.percentile(values, 90)),
+            "histogram": {str(k): v for k, v in sorted(self.staleness.items())},
+        }
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Arrays for a checkpoint (no objects, so it loads without pickle)."""
+        arrays = {"weights": self.weights, "version": np.array(self.version)}
+        arrays.update({f"rule.{k}": v for k, v in self.rule.state().items()})
+        return arrays
+
+    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+        weights = arrays["weights"]
+        if weights.shape != self.weights.shape:
+            raise ValueError(f"checkpoint holds {weights.size} weights, the model has {self.size}")
+        self.weights[:] = weights
+        self.version = int(arrays["version"])
+        self.rule.load_state({k[5:]: v for k, v in arrays.items() if k.startswith("rule.")})

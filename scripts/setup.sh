@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Create .venv and install everything gpu-asgd needs, from the package registries.
+#   TORCH_SPEC  torch requirement (default: torch==2.13.0 CPU wheel without a GPU,
+#               the registry's CUDA build where nvidia-smi finds one)
+#   MPI=system  build mpi4py against the MPI on PATH (a cluster's own) instead of
+#               installing the mpich wheel
+set -euo pipefail
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+if [ -z "${TORCH_SPEC:-}" ]; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+        TORCH_SPEC=torch
+    else
+        TORCH_SPEC=torch==2.13.0
+    fi
+fi
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+"$VENV/bin/python" -c "import torch" 2>/dev/null || pip install "$TORCH_SPEC"
+if [ "${MPI:-wheel}" = system ]; then
+    pip install --no-binary mpi4py mpi4py
+else
+    pip install mpi4py mpich
+fi
+pip install numpy matplotlib pytest
+pip install --no-deps -e .
+
+# Fashion-MNIST, the default dataset, from Debian's package where apt and root allow.
+if [ ! -d /usr/share/datasets/fashion-mnist ]; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null) \
+            || echo "setup: could not install dataset-fashion-mnist; see README (Data)" >&2
+    else
+        echo "setup: Fashion-MNIST not installed; run 'sudo apt-get install dataset-fashion-mnist'" \
+             "or pass --data-dir (see README, Data)" >&2
+    fi
+fi
+"$VENV/bin/python" -c "from mpi4py import MPI; import torch; print('setup: torch', torch.__version__, '|', MPI.Get_library_version().splitlines()[0].strip())"

@@ -1,0 +1,70 @@
+"""One client against the real server handler, in one process: async reduces to SGD."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from clients.client import Client
+from clients.data import ShardSampler, load_dataset, shard_indices
+from clients.driver import ClientPlan, run_client
+from clients.models import FlatParams, build_model
+from paramserver.rules import make_rule
+from paramserver.rundir import RunDir
+from paramserver.server import Serving
+from paramserver.store import Store
+from tests.loopback import Loopback
+from tests.reference import plain_sgd
+
+LR, MOMENTUM, WD, BATCH, STEPS = 0.05, 0.9, 5e-4, 32, 12
+
+
+@pytest.fixture(scope="module")
+def dataset(tiny_npz):
+    return load_dataset(str(tiny_npz))
+
+
+def one_client(run_path, dataset, n_push, n_fetch, rule="add", server_momentum=0.0):
+    def model():
+        return build_model("cnn", dataset.shape, dataset.num_classes, seed=0)
+
+    store = Store(FlatParams(model()).to_host(), make_rule(rule, LR, server_momentum, WD))
+    run = RunDir(run_path)
+    run.create()
+    link = Loopback()
+    link.serving = Serving(link.server_end, store, run, [1], eval_every=0, stall_timeout=1.0, clock=lambda: 0.0)
+    sampler = ShardSampler(shard_indices(len(dataset.train), 1, 0, 0), BATCH, 0, 0)
+    client = Client(model(), dataset.train, sampler, lr=LR, momentum=MOMENTUM, weight_decay=WD,
+                    push_gradients=rule != "add")
+    run_client(link, client, ClientPlan(0, STEPS, n_push, n_fetch, timeout=1.0), clock=lambda: 0.0)
+    link.serving.close()
+    return store, run
+
+
+def test_one_client_n_sync_1_equals_plain_sgd(tmp_path, dataset):
+    store, run = one_client(tmp_path / "run", dataset, 1, 1)
+    np.testing.assert_allclose(store.weights, plain_sgd(dataset, STEPS, batch_size=BATCH, lr=LR), atol=1e-6, rtol=0)
+    assert store.version == STEPS and store.staleness == {0: STEPS}
+
+
+@pytest.mark.parametrize("n_push,n_fetch", [(3, 3), (5, 5), (12, 12), (2, 3), (4, 1)])
+def test_one_client_result_does_not_depend_on_sync_periods(tmp_path, dataset, n_push, n_fetch):
+    store, run = one_client(tmp_path / "run", dataset, n_push, n_fetch)
+    np.testing.assert_allclose(store.weights, plain_sgd(dataset, STEPS, batch_size=BATCH, lr=LR), atol=1e-6, rtol=0)
+    rows = [json.loads(line) for line in (run.path / "clients.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # each minibatch logged once
+    pushes = [json.loads(line) for line in (run.path / "server.jsonl").read_text().splitlines()]
+    assert len(pushes) == -(-STEPS // n_push) == store.version
+
+
+def test_sgd_rule_with_server_momentum_equals_plain_sgd(tmp_path, dataset):
+    store, _ = one_client(tmp_path / "run", dataset, 1, 1, rule="sgd", server_momentum=MOMENTUM)
+    np.testing.assert_allclose(store.weights, plain_sgd(dataset, STEPS, batch_size=BATCH, lr=LR), atol=1e-6, rtol=0)
+
+
+def test_loss_falls_on_the_tiny_dataset(tmp_path, dataset):
+    one_client(tmp_path / "run", dataset, 1, 1)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "clients.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in rows]
+    assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3])
