@@ -17,10 +17,10 @@ from torch import nn
 def small_cnn(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     channels, height, width = shape
     return nn.Sequential(
-        nn.Conv2d(channels, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(channels, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(),
-        nn.Linear(64 * (height // 4) * (width // 4), 128), nn.ReLU(),
+        nn.Linear(32 * (height // 4) * (width // 4), 128), nn.ReLU(),
         nn.Linear(128, num_classes),
     )
 

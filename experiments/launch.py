@@ -79,31 +79,32 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
         info = {"rank": transport.rank, "role": "server" if transport.rank == 0 else "client",
                 "host": socket.gethostname(), "device": device_name(device)}
         ranks = comm.gather(info, root=0)
-        transport.barrier()
+        client = None if transport.rank == 0 else _make_client(transport.rank - 1, cfg, clients, model,
+                                                                     dataset, device)
+        transport.barrier()  # time starts together on every rank, after all setup
         start = time.perf_counter()
         clock = lambda: time.perf_counter() - start  # noqa: E731
-        if transport.rank == 0:
+        if client is None:
             return serve_run(transport, cfg, out, model, dataset, device, clock,
                              MPI.Get_library_version().splitlines()[0].strip(), ranks)
-        _client_run(transport, cfg, clients, model, dataset, device, clock)
+        run_client(transport, client, _plan(transport.rank, cfg), clock)
         return 0
     except Exception as error:  # noqa: BLE001 - any failure must end the whole job
         _fail(transport, error)
 
 
-def _client_run(transport: Transport, cfg: RunConfig, clients: int, model, dataset: Dataset,
-                device: str, clock) -> None:
-    index = transport.rank - 1
+def _make_client(index: int, cfg: RunConfig, clients: int, model, dataset: Dataset, device: str) -> Client:
     torch.manual_seed(cfg.seed * 1000 + index + 1)  # dropout differs across clients
     shard = shard_indices(len(dataset.train), clients, index, cfg.seed)
-    client = Client(model, dataset.train, ShardSampler(shard, cfg.batch_size, cfg.seed, index),
-                    lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                    push_gradients=cfg.rule != "add", device=device)
+    return Client(model, dataset.train, ShardSampler(shard, cfg.batch_size, cfg.seed, index),
+                  lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                  push_gradients=cfg.rule != "add", device=device)
+
+
+def _plan(rank: int, cfg: RunConfig) -> ClientPlan:
     fault = cfg.fault
-    plan = ClientPlan(index=index, steps=cfg.steps, n_push=cfg.push_every, n_fetch=cfg.fetch_every,
-                      timeout=cfg.stall_timeout,
-                      fault_step=fault[1] if fault and fault[0] == transport.rank else None)
-    run_client(transport, client, plan, clock)
+    return ClientPlan(index=rank - 1, steps=cfg.steps, n_push=cfg.push_every, n_fetch=cfg.fetch_every,
+                      timeout=cfg.stall_timeout, fault_step=fault[1] if fault and fault[0] == rank else None)
 
 
 def _fail(transport: Transport, error: Exception) -> NoReturn:

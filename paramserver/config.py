@@ -34,10 +34,10 @@ class RunConfig:
     backend: str = "mpi"
     mode: str = "async"
     clients: Optional[int] = None    # None: every rank but the server
-    n_sync: int = 10                 # push and fetch period, in minibatches
+    n_sync: int = 1                  # push and fetch period, in minibatches
     n_push: Optional[int] = None     # None: n_sync
     n_fetch: Optional[int] = None    # None: n_sync
-    steps: int = 400                 # minibatches per client
+    steps: int = 500                 # minibatches per client
     batch_size: int = 64
     lr: float = 0.01
     momentum: float = 0.9

@@ -17,7 +17,7 @@ import numpy as np
 from paramserver.config import InjectedFault
 from paramserver.protocol import Fail, Push, Stop, Tag, Weights, well_formed
 from paramserver.rundir import RunDir
-from paramserver.store import Store
+from paramserver.store import ApplyResult, Store
 from paramserver.transport import Message, PeerTimeout, Transport
 
 
@@ -129,29 +129,30 @@ def _apply_push(s: Serving, msg: Message) -> None:
     start = time.perf_counter()
     if header.dtype != "float32" or payload.dtype != np.float32:
         reason = f"payload of {payload.nbytes} bytes as {header.dtype}, expected {s.store.size} float32"
-        _reject(s, msg.source, reason)
-        return
-    result = s.store.apply(client, payload)
+        result = ApplyResult(False, s.store.version, s.store.version - pulled, reason)
+    else:
+        result = s.store.apply(client, payload)
     apply_s = time.perf_counter() - start
-    if not result.accepted:
+    if result.accepted:
+        s.server_log.write({"time": s.clock(), "client": client, "version": result.version,
+                            "staleness": result.staleness, "apply_s": apply_s})
+    else:
         _reject(s, msg.source, result.reason)
-        return
-    now = s.clock()
-    s.server_log.write({"time": now, "client": client, "version": result.version,
-                      "staleness": result.staleness, "apply_s": apply_s})
-    _log_client_rows(s, header, pulled, result.staleness)
-    if s.eval_every and result.version % s.eval_every == 0:
-        s.run.save_snapshot(s.store.weights, result.version, now, s.tally.minibatches)
+    _log_client_rows(s, header, pulled, result)
+    if result.accepted and s.eval_every and result.version % s.eval_every == 0:
+        s.run.save_snapshot(s.store.weights, result.version, s.clock(), s.tally.minibatches)
         s.run.save_checkpoint(s.store.state())
     if s.fault_version is not None and result.version >= s.fault_version:
         raise InjectedFault(f"injected fault on the server at version {result.version}")
 
 
-def _log_client_rows(s: Serving, header: Push, pulled: int, staleness: int) -> None:
-    """The window's rows; the last one carries the sync point's version and staleness."""
+def _log_client_rows(s: Serving, header: Push, pulled: int, result: ApplyResult) -> None:
+    """The window's rows (the client ran them, applied or not); the last one carries the
+    sync point's version and staleness, or why its push was rejected."""
     rows = [dict(r) for r in header.rows]
     if rows:
-        rows[-1].update(version_pulled=pulled, staleness=staleness)
+        sync = {"version_pulled": pulled, "staleness": result.staleness}
+        rows[-1].update(sync if result.accepted else {**sync, "rejected": result.reason})
         s.client_log.write_many(rows)
     s.tally.minibatches += len(rows)
     s.tally.samples += sum(r.get("samples", 0) for r in rows)

@@ -1,0 +1,70 @@
+"""Bad input: exit status 2 and one line naming the field, before any MPI process starts."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from experiments.cli import main
+from tests.conftest import BIN, run_command
+
+
+@pytest.fixture
+def bad_files(tmp_path):
+    (tmp_path / "not-npz.npz").write_bytes(b"this is not a zip file")
+    np.savez(tmp_path / "no-y.npz", x=np.zeros((10, 8, 8), np.uint8))
+    np.savez(tmp_path / "float-y.npz", x=np.zeros((10, 8, 8), np.uint8), y=np.full(10, 0.5))
+    (tmp_path / "unknown-key.toml").write_text("n_sync = 5\nbogus = 1\n")
+    (tmp_path / "bad.toml").write_text("n_sync = = 5\n")
+    (tmp_path / "wrong-type.toml").write_text('steps = "many"\n')
+    return tmp_path
+
+
+CASES = [
+    (["--n-sync", "0"], "n_sync: must be at least 1"),
+    (["--n-push", "-2"], "n_push: must be at least 1"),
+    (["--clients", "0"], "clients: must be at least 1"),
+    (["--lr", "0"], "lr: must be positive"),
+    (["--lr", "-0.1"], "lr: must be positive"),
+    (["--batch-size", "0"], "batch_size: must be at least 1"),
+    (["--steps", "0"], "steps: must be at least 1"),
+    (["--momentum", "1.5"], "momentum: must be in [0, 1)"),
+    (["--model", "resnet9000"], "model: unknown model 'resnet9000'"),
+    (["--data", "imagenet21k"], "data: unknown dataset 'imagenet21k'"),
+    (["--rule", "magic"], "rule: unknown rule 'magic'"),
+    (["--device", "tpu"], "device: expected auto, cpu or cuda"),
+    (["--n-sync", "three"], "argument --n-sync: invalid int value"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["{d}/unknown-key.toml"], "unknown key 'bogus'"),
+    (["{d}/bad.toml"], "not valid TOML"),
+    (["{d}/wrong-type.toml"], "steps: expected int"),
+    (["{d}/missing.toml"], "cannot read"),
+    (["--data", "{d}/missing.npz"], "data:"),
+    (["--data", "{d}/not-npz.npz"], "data:"),
+    (["--data", "{d}/no-y.npz"], "'y'"),
+    (["--data", "{d}/float-y.npz"], "'y'"),
+    (["--data", "fashion-mnist", "--clients", "4", "--batch-size", "20000"], "batch_size:"),
+]
+
+
+@pytest.mark.parametrize("args,expected", CASES)
+def test_bad_input_exits_2_with_one_line(bad_files, capsys, args, expected):
+    args = [a.format(d=bad_files) for a in args]
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main(["train", *args]))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("asgd: error: "), err
+    assert expected in err
+
+
+def test_bad_input_from_the_shell_has_no_traceback(bad_files):
+    result = run_command([str(BIN / "asgd"), "train", "--data", f"{bad_files}/no-y.npz"], timeout=60)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_a_used_run_directory_is_refused(tmp_path, capsys, tiny_npz):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "summary.json").write_text("{}")
+    assert main(["train", "--data", str(tiny_npz), "--out", str(tmp_path / "run")]) == 2
+    assert "out:" in capsys.readouterr().err

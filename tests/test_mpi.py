@@ -1,0 +1,99 @@
+"""End to end under real mpiexec: each test launches a job in a subprocess with a hard timeout."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clients.data import load_dataset
+from paramserver.runlog import load_arrays
+from tests.conftest import BIN, mpi_train, run_command
+from tests.reference import plain_sgd
+
+pytestmark = pytest.mark.mpi
+TINY = ["--batch-size", "32", "--lr", "0.01"]
+
+
+def rows(run: Path, log: str) -> list[dict]:
+    return [json.loads(line) for line in (run / f"{log}.jsonl").read_text().splitlines()]
+
+
+def summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_self_launched_run_on_fashion_mnist_matches_the_run_directory_contract(tmp_path):
+    run = tmp_path / "run"
+    # No mpiexec typed: asgd starts 1 server + 2 clients itself.
+    result = run_command([str(BIN / "asgd"), "train", "--quiet", "--clients", "2", "--steps", "30",
+                          "--n-sync", "5", "--eval-samples", "500", "--out", str(run)], timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert {p.name for p in run.iterdir()} >= {"config.json", "clients.jsonl", "server.jsonl", "eval.jsonl",
+                                                "checkpoint", "summary.json"}
+    config = json.loads((run / "config.json").read_text())
+    assert config["clients"] == 2 and config["n_sync"] == 5 and config["data"] == "fashion-mnist"
+    assert {"git_commit", "packages", "mpi_library", "ranks", "hosts", "start_time"} <= set(config["provenance"])
+    assert [r["role"] for r in config["provenance"]["ranks"]] == ["server", "client", "client"]
+    client_rows = rows(run, "clients")
+    assert sorted((r["client"], r["step"]) for r in client_rows) == [(c, s) for c in (0, 1) for s in range(1, 31)]
+    assert {"client", "step", "time", "loss", "error", "samples"} <= set(client_rows[0])
+    synced = [r for r in client_rows if "staleness" in r]
+    assert len(synced) == 12 and all("version_pulled" in r for r in synced)
+    server_rows = rows(run, "server")
+    assert [r["version"] for r in server_rows] == list(range(1, 13))
+    assert {"time", "client", "version", "staleness", "apply_s"} <= set(server_rows[0])
+    evals = rows(run, "eval")
+    assert evals[0]["version"] == 0 and evals[-1]["version"] == 12
+    s = summary(run)
+    assert s["status"] == "complete" and s["pushes_sent"] == s["pushes_applied"] == 12
+    assert s["minibatches"] == 60 and s["final_test_error"] == evals[-1]["test_error"] < 0.5
+    checkpoint = load_arrays(run / "checkpoint" / "latest.npz")
+    assert int(checkpoint["version"]) == 12 and checkpoint["weights"].dtype == np.float32
+
+
+def test_four_clients_every_push_applied_once_with_staleness_and_falling_loss(tmp_path, tiny_npz):
+    run = tmp_path / "run"
+    result = mpi_train(5, "--data", str(tiny_npz), *TINY, "--steps", "40", "--n-sync", "2", "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    s = summary(run)
+    assert s["pushes_sent"] == s["pushes_applied"] == s["version"] == 4 * 20 and s["pushes_rejected"] == 0
+    server_rows = rows(run, "server")
+    assert len(server_rows) == 80 and sorted(r["version"] for r in server_rows) == list(range(1, 81))
+    assert sorted((r["client"], r["step"]) for r in rows(run, "clients")) == \
+        [(c, s) for c in range(4) for s in range(1, 41)]
+    assert max(r["staleness"] for r in server_rows) > 0
+    assert s["staleness"]["max"] == max(r["staleness"] for r in server_rows)
+    losses = [r["loss"] for r in sorted(rows(run, "clients"), key=lambda r: r["time"])]
+    assert np.mean(losses[-20:]) < 0.5 * np.mean(losses[:20])
+
+
+@pytest.mark.parametrize("n_sync", [1, 4])
+def test_one_client_under_mpi_equals_plain_sgd(tmp_path, tiny_npz, n_sync):
+    run = tmp_path / "run"
+    result = mpi_train(2, "--data", str(tiny_npz), *TINY, "--steps", "12", "--n-sync", str(n_sync),
+                       "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    weights = load_arrays(run / "checkpoint" / "latest.npz")["weights"]
+    expected = plain_sgd(load_dataset(str(tiny_npz)), 12, batch_size=32, lr=0.01)
+    np.testing.assert_allclose(weights, expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_an_exception_on_any_rank_ends_the_job_nonzero(tmp_path, tiny_npz, rank):
+    run = tmp_path / "run"
+    start = time.monotonic()
+    result = mpi_train(3, "--data", str(tiny_npz), *TINY, "--steps", "40", "--n-sync", "2",
+                       "--inject-fault", f"{rank}:5", "--out", str(run), timeout=60)
+    assert result.returncode != 0
+    assert time.monotonic() - start < 45
+    assert f"rank {rank}" in result.stderr and "InjectedFault" in result.stderr
+    assert summary(run)["status"].startswith("failed:") and "InjectedFault" in summary(run)["status"]
+
+
+def test_too_few_ranks_is_a_clear_error_not_a_hang(tiny_npz):
+    result = mpi_train(2, "--data", str(tiny_npz), "--clients", "3", timeout=60)
+    assert result.returncode == 2
+    assert "3 client(s) need 4 MPI ranks" in result.stderr
