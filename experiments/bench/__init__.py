@@ -1,0 +1,1 @@
+"""Benchmarks: measurements printed side by side, never asserted in tests."""
