@@ -17,13 +17,6 @@ from pathlib import Path
 
 from paramserver.config import ConfigError, RunConfig, field_types, load_config
 
-HELP = {
-    "out": "run directory (default runs/<time>-c<K>-n<N>)", "clients": "number of clients K",
-    "n_sync": "push and fetch every N minibatches", "steps": "minibatches per client",
-    "rule": "server update rule: add (weight deltas) or sgd (gradient sums)",
-    "data": "fashion-mnist, a .npz file (x, y[, x_test, y_test]) or an image folder",
-    "device": "auto, cpu or cuda[:N]", "quiet": "no progress bar",
-}
 DEFAULT_CLIENTS = 2  # when asgd starts mpiexec itself and --clients is not given
 
 
@@ -55,17 +48,26 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train one run (on MPI)")
     train.add_argument("config", nargs="?", help="TOML config file; flags override it")
-    for name, kind in field_types().items():
-        flag = "--" + name.replace("_", "-")
-        text = argparse.SUPPRESS if name == "inject_fault" else HELP.get(name, f"(config key {name})")
-        if kind is bool:
+    kinds = field_types()
+    for key in fields(RunConfig):
+        flag = "--" + key.name.replace("_", "-")
+        text = argparse.SUPPRESS if key.name == "inject_fault" else _help(key)
+        if kinds[key.name] is bool:
             train.add_argument(flag, action="store_const", const=True, default=None, help=text)
         else:
-            train.add_argument(flag, type=kind, default=None, help=text, metavar=name.upper())
+            train.add_argument(flag, type=kinds[key.name], default=None, help=text, metavar=key.name.upper())
     report = commands.add_parser("report", help="summarise a run directory and plot its curves")
     report.add_argument("run_dir")
     report.add_argument("--window", type=int, default=400, help="smoothing window, in minibatches")
     return parser
+
+
+def _help(key) -> str:
+    """The key's help line, with its default unless the line already says it."""
+    text = key.metadata["help"]
+    if key.default in (None, "", False) or "default:" in text:
+        return text
+    return f"{text} (default: {key.default})"
 
 
 def _train(args: argparse.Namespace, argv: list[str]) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional, get_type_hints
 
 from paramserver.rules import RULES
@@ -25,37 +25,42 @@ class InjectedFault(RuntimeError):
     """Raised on purpose where `inject_fault` says, so tests can watch a job fail cleanly."""
 
 
+def _key(default: Any, help: str) -> Any:
+    """A config key: its default and the help line its command-line flag shows."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Every knob of a run; defaults give the demo (Fashion-MNIST, small CNN)."""
 
-    out: str = ""                    # run directory; "" makes runs/<name>
-    name: str = ""                   # run name; "" derives one from the settings
-    backend: str = "mpi"
-    mode: str = "async"
-    clients: Optional[int] = None    # None: every rank but the server
-    n_sync: int = 1                  # push and fetch period, in minibatches
-    n_push: Optional[int] = None     # None: n_sync
-    n_fetch: Optional[int] = None    # None: n_sync
-    steps: int = 500                 # minibatches per client
-    batch_size: int = 64
-    lr: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    rule: str = "add"                # server update rule (paramserver.rules)
-    server_lr: Optional[float] = None    # gradient rules only; None: lr
-    server_momentum: float = 0.0         # gradient rules only
-    seed: int = 0
-    data: str = "fashion-mnist"      # dataset name, .npz file or image folder
-    data_dir: str = ""               # where Fashion-MNIST lies, if not the default
-    model: str = "cnn"
-    device: str = "auto"             # auto: cuda:<local rank mod count>, else cpu
-    eval_every: int = 0              # versions between test evaluations; 0: ~20 a run
-    eval_samples: int = 0            # test samples per evaluation; 0: all
-    stall_timeout: float = 600.0     # seconds a driver waits for a peer
-    keep_snapshots: bool = False
-    quiet: bool = False
-    inject_fault: str = ""           # "RANK:STEP", for tests: raise there
+    out: str = _key("", "run directory (default: runs/<time>-c<K>-n<N>)")
+    backend: str = _key("mpi", "mpi (the simulator arrives with its issue)")
+    mode: str = _key("async", "async: parameter server")
+    clients: Optional[int] = _key(None, "number of clients K (default: every MPI rank but the server)")
+    n_sync: int = _key(1, "push the update and fetch the weights every N minibatches")
+    n_push: Optional[int] = _key(None, "push every N minibatches (default: n_sync)")
+    n_fetch: Optional[int] = _key(None, "fetch every N minibatches (default: n_sync)")
+    steps: int = _key(500, "minibatches per client")
+    batch_size: int = _key(64, "samples per minibatch")
+    lr: float = _key(0.01, "client learning rate")
+    momentum: float = _key(0.9, "client SGD momentum (the buffer stays on the client)")
+    weight_decay: float = _key(5e-4, "client L2 weight decay")
+    rule: str = _key("add", "server update rule: add (clients push weight deltas) or sgd (gradient sums)")
+    server_lr: Optional[float] = _key(None, "learning rate of the sgd rule (default: lr)")
+    server_momentum: float = _key(0.0, "momentum of the sgd rule")
+    seed: int = _key(0, "seed of the initial weights, shards and data order")
+    data: str = _key("fashion-mnist",
+                     "fashion-mnist, a .npz file (x, y[, x_test, y_test]) or an image folder (train/, val/)")
+    data_dir: str = _key("", "folder holding Fashion-MNIST's four *-ubyte.gz files")
+    model: str = _key("cnn", "cnn (small, for 28x28 data) or convnet (cuda-convnet ImageNet network)")
+    device: str = _key("auto", "auto (cuda:<local rank mod GPUs> with CUDA, else cpu), cpu or cuda[:N]")
+    eval_every: int = _key(0, "server versions between test evaluations (0: about 20 a run)")
+    eval_samples: int = _key(0, "test samples per evaluation (0: the whole test split)")
+    stall_timeout: float = _key(600.0, "seconds any rank waits for a peer before failing the job")
+    keep_snapshots: bool = _key(False, "keep the weight snapshots after evaluating them")
+    quiet: bool = _key(False, "no progress bar or final line")
+    inject_fault: str = _key("", "RANK:STEP; raise an exception there (for tests)")
 
     def __post_init__(self) -> None:
         _check_types(self)
