@@ -1,11 +1,17 @@
-"""One model replica: local SGD steps between syncs, and what it pushes. No MPI inside.
+"""One model replica's training state: local SGD steps between syncs, and what it pushes.
+
+A `Client` owns flat vectors (weights, gradient, momentum) and binds them into a shared
+`Replica` (model + optimizer) to step: every parameter becomes a view into the client's
+vectors, so binding costs a few pointer swaps and a push or pull copies one buffer. In
+an MPI run each process has one client on its own replica; the simulator steps K
+clients on one replica. No MPI inside.
 
 The client keeps `base`, the weights as they would be without its unpushed work.
 A push hands over the work done since the last push (the weight change, or for
 gradient rules the summed gradients) and moves `base` up to the current weights. A
 fetch replaces the weights with the server's plus any work not pushed yet, so with
 n_push == n_fetch (the paper's setting) the client simply takes the server's weights.
-Momentum and weight decay stay in the client's own optimizer.
+Momentum and weight decay stay in the client's own optimizer state.
 """
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ import torch
 from torch import nn
 
 from clients.data import ShardSampler, Split
-from clients.models import FlatParams, host_copy
+from clients.models import host_copy
 
 
 @dataclass(frozen=True)
@@ -26,41 +32,85 @@ class StepResult:
     samples: int
 
 
-class Client:
-    def __init__(self, model: nn.Module, train: Split, sampler: ShardSampler, *,
-                 lr: float, momentum: float, weight_decay: float,
-                 push_gradients: bool = False, device: str = "cpu"):
-        self.model = model.to(device)
+class Replica:
+    """A model and its SGD optimizer, stepping whichever client is bound to it."""
+
+    def __init__(self, model: nn.Module, *, lr: float, momentum: float, weight_decay: float,
+                 device: str = "cpu"):
         self.device = torch.device(device)
-        self.flat = FlatParams(self.model)
-        self.train, self.sampler = train, sampler
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=momentum,
-                                         weight_decay=weight_decay)
-        self.push_gradients = push_gradients
-        self.grad_sum = torch.zeros_like(self.flat.grad) if push_gradients else None
-        self.base = self.flat.to_host()
+        self.model = model.to(self.device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.SGD(self.params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        self.momentum = momentum
+        self.bound: Client | None = None
+
+    def initial_weights(self) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in self.params]).float()
+
+    def bind(self, client: "Client") -> None:
+        """Make the model's parameters, grads and momentum buffers views of `client`'s vectors."""
+        if self.bound is client:
+            return
+        offset = 0
+        for p in self.params:
+            view = slice(offset, offset + p.numel())
+            p.data = client.weights[view].view_as(p)
+            # Autograd accumulates into an existing .grad in place, so grads stay views
+            # as long as the optimizer zeroes them instead of setting them to None.
+            p.grad = client.grad[view].view_as(p)
+            if self.momentum:
+                # A zero buffer gives torch's first step exactly (0 * mu + g == g).
+                self.optimizer.state[p]["momentum_buffer"] = client.momentum[view].view_as(p)
+            offset += p.numel()
+        self.bound = client
+
+
+class Client:
+    def __init__(self, replica: Replica, train: Split, sampler: ShardSampler, push_gradients: bool = False):
+        self.replica, self.train, self.sampler = replica, train, sampler
+        self.weights = replica.initial_weights()
+        self.grad = torch.zeros_like(self.weights)
+        self.momentum = torch.zeros_like(self.weights)
+        self.grad_sum = torch.zeros_like(self.weights) if push_gradients else None
+        self.base = host_copy(self.weights)
         self.incoming = np.empty_like(self.base)  # where pulled weights land
         self.unpushed_steps = 0
 
+    @property
+    def size(self) -> int:
+        return self.weights.numel()
+
     def step(self) -> StepResult:
         """One minibatch: forward, backward, local optimizer step."""
+        result = self.compute()
+        self.apply()
+        return result
+
+    def compute(self) -> StepResult:
+        """Forward and backward on the next minibatch; the gradient lands in `self.grad`."""
+        replica = self.replica
+        replica.bind(self)
         x, y = self.train.batch(self.sampler.next())
-        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=False)  # keep grads as views of the flat buffer
-        logits = self.model(x)
+        x, y = x.to(replica.device, non_blocking=True), y.to(replica.device, non_blocking=True)
+        replica.model.train()
+        replica.optimizer.zero_grad(set_to_none=False)  # keep grads as views of self.grad
+        logits = replica.model(x)
         loss = nn.functional.cross_entropy(logits, y)
         loss.backward()
-        if self.grad_sum is not None:
-            self.grad_sum += self.flat.grad
-        self.optimizer.step()
-        self.unpushed_steps += 1
         wrong = (logits.argmax(1) != y).sum()
         return StepResult(loss.item(), wrong.item() / len(y), len(y))
 
+    def apply(self) -> None:
+        """The optimizer step with the gradient in `self.grad` (possibly averaged meanwhile)."""
+        self.replica.bind(self)
+        if self.grad_sum is not None:
+            self.grad_sum += self.grad
+        self.replica.optimizer.step()
+        self.unpushed_steps += 1
+
     def take_push(self) -> np.ndarray:
         """The work since the last push, as one flat float32 host vector."""
-        weights = self.flat.to_host()
+        weights = host_copy(self.weights)
         if self.grad_sum is not None:
             push = host_copy(self.grad_sum)
             self.grad_sum.zero_()
@@ -73,8 +123,8 @@ class Client:
     def sync(self, weights: np.ndarray) -> None:
         """Take the server's weights, keeping any local work not pushed yet."""
         if self.unpushed_steps:
-            pending = self.flat.to_host() - self.base
-            self.flat.load(weights + pending)
+            weights_now = host_copy(self.weights)
+            self.weights.copy_(torch.from_numpy(weights + (weights_now - self.base)))
         else:
-            self.flat.load(weights)
+            self.weights.copy_(torch.from_numpy(weights))
         self.base = weights.copy()

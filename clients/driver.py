@@ -1,15 +1,19 @@
-"""The client driver: the training loop with its sync points, over a Transport.
+"""The client's training loop and its sync points, and the MPI driver around it.
 
     pull -> [step ... step] -> push (+ fetch) -> [step ...] -> ... -> STOP
 
 A push goes every `n_push` minibatches and at the last one (so no work is lost), a
 fetch every `n_fetch` minibatches before the last. The minibatch rows travel inside
-the push, to be written by the server's rank.
+the push, to be written by the server's rank. `ClientLoop` is the loop itself, cut at
+the points where the client talks to the server; `run_client` drives it over MPI and
+the simulator drives the same object from its event queue.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
 
 from clients.client import Client
 from paramserver.config import InjectedFault
@@ -28,33 +32,65 @@ class ClientPlan:
     fault_step: int | None = None
 
 
+@dataclass(frozen=True)
+class Outgoing:
+    tag: Tag
+    header: Any
+    payload: np.ndarray | None = None
+
+
+@dataclass
+class ClientLoop:
+    """The loop of one client, advanced one communication point at a time."""
+
+    client: Client
+    plan: ClientPlan
+    clock: Callable[[], float]    # read once after each minibatch, for its row
+    step: int = 0
+    pushes: int = 0
+    done: bool = False
+    rows: list[dict] = field(default_factory=list)
+
+    def advance(self) -> tuple[Outgoing, bool]:
+        """Train up to the next sync point: (the message to send, whether weights come back)."""
+        plan = self.plan
+        while self.step < plan.steps:
+            self.step += 1
+            result = self.client.step()
+            self.rows.append({"client": plan.index, "step": self.step, "time": self.clock(),
+                              "loss": result.loss, "error": result.error, "samples": result.samples})
+            if self.step == plan.fault_step:
+                raise InjectedFault(f"injected fault on client {plan.index} at step {self.step}")
+            last = self.step == plan.steps
+            fetch = self.step % plan.n_fetch == 0 and not last
+            if self.step % plan.n_push == 0 or last:
+                return self._push(fetch), fetch
+            if fetch:
+                return Outgoing(Tag.PULL, Pull()), True
+        self.done = True
+        return Outgoing(Tag.STOP, Stop(self.step, self.pushes)), False
+
+    def _push(self, fetch: bool) -> Outgoing:
+        push = self.client.take_push()
+        header = Push(self.step, push.size, fetch, rows=tuple(self.rows))
+        self.rows, self.pushes = [], self.pushes + 1
+        return Outgoing(Tag.PUSH, header, push)
+
+
 def run_client(transport: Transport, client: Client, plan: ClientPlan,
                clock: Callable[[], float]) -> int:
-    """Train for `plan.steps` minibatches; returns the number of pushes sent."""
+    """Train for `plan.steps` minibatches over MPI; returns the number of pushes sent."""
+    loop = ClientLoop(client, plan, clock)
     transport.send(plan.server, Tag.PULL, Pull())
-    _receive_weights(transport, client, plan)
-    rows, pushes = [], 0
-    for step in range(1, plan.steps + 1):
-        result = client.step()
-        rows.append({"client": plan.index, "step": step, "time": clock(), "loss": result.loss,
-                     "error": result.error, "samples": result.samples})
-        if step == plan.fault_step:
-            raise InjectedFault(f"injected fault on client {plan.index} at step {step}")
-        last = step == plan.steps
-        fetch = step % plan.n_fetch == 0 and not last
-        if step % plan.n_push == 0 or last:
-            push = client.take_push()
-            transport.send(plan.server, Tag.PUSH, Push(step, push.size, fetch, rows=tuple(rows)), push)
-            rows, pushes = [], pushes + 1
-        elif fetch:
-            transport.send(plan.server, Tag.PULL, Pull())
+    client.sync(_receive_weights(transport, client, plan))
+    while not loop.done:
+        message, fetch = loop.advance()
+        transport.send(plan.server, message.tag, message.header, message.payload)
         if fetch:
-            _receive_weights(transport, client, plan)
-    transport.send(plan.server, Tag.STOP, Stop(plan.steps, pushes))
-    return pushes
+            client.sync(_receive_weights(transport, client, plan))
+    return loop.pushes
 
 
-def _receive_weights(transport: Transport, client: Client, plan: ClientPlan) -> None:
+def _receive_weights(transport: Transport, client: Client, plan: ClientPlan) -> np.ndarray:
     transport.recv(plan.timeout, source=plan.server, tag=Tag.WEIGHTS)
-    weights = transport.recv_payload(plan.server, client.incoming, plan.timeout)
-    client.sync(weights)
+    return transport.recv_payload(plan.server, client.incoming, plan.timeout)

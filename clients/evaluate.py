@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from clients.data import Split
-from clients.models import FlatParams
+from clients.models import load_flat
 from paramserver.rundir import RunDir
 from paramserver.runlog import load_arrays
 
@@ -31,14 +31,14 @@ def test_metrics(model: nn.Module, split: Split, limit: int = 0, batch_size: int
     return wrong / n, loss / n
 
 
-def evaluate_snapshots(run: RunDir, model: nn.Module, flat: FlatParams, split: Split,
+def evaluate_snapshots(run: RunDir, model: nn.Module, split: Split,
                        limit: int = 0, keep: bool = False) -> list[dict]:
     """Append an eval.jsonl row per snapshot (oldest first); delete snapshots unless `keep`."""
     rows = []
     with run.writer("eval") as log:
         for version, path in run.snapshots():
             arrays = load_arrays(path)
-            flat.load(arrays["weights"])
+            load_flat(model, arrays["weights"])
             error, loss = test_metrics(model, split, limit)
             time, minibatches = arrays["meta"]
             row = {"version": version, "time": float(time), "minibatches": int(minibatches),

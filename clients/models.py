@@ -4,8 +4,8 @@
 - `convnet`: the single-GPU ImageNet network of cuda-convnet (Krizhevsky et al. 2012),
   the network the paper trained, for paper-scale runs on 224x224 images.
 
-`FlatParams` makes every parameter a view into one contiguous vector, so a push or
-pull copies one buffer instead of gathering dozens of tensors.
+Clients and the server exchange the parameters as one flat float32 vector, in the
+order of `model.parameters()`.
 """
 from __future__ import annotations
 
@@ -52,33 +52,14 @@ def build_model(name: str, shape: tuple[int, int, int], num_classes: int, seed: 
     return MODELS[name](shape, num_classes)
 
 
-class FlatParams:
-    """One contiguous float32 vector that the model's parameters (and grads) view into."""
+def flat_weights(model: nn.Module) -> np.ndarray:
+    """The model's parameters as one float32 host vector (a copy)."""
+    return host_copy(torch.nn.utils.parameters_to_vector(model.parameters()))
 
-    def __init__(self, model: nn.Module):
-        params = [p for p in model.parameters() if p.requires_grad]
-        device = params[0].device
-        self.vector = torch.cat([p.detach().reshape(-1) for p in params]).to(device, torch.float32)
-        self.grad = torch.zeros_like(self.vector)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.data = self.vector[offset:offset + n].view_as(p)
-            # Autograd accumulates into an existing .grad in place, so grads stay views
-            # as long as the optimizer zeroes them instead of setting them to None.
-            p.grad = self.grad[offset:offset + n].view_as(p)
-            offset += n
 
-    @property
-    def size(self) -> int:
-        return self.vector.numel()
-
-    def to_host(self) -> np.ndarray:
-        """A host copy of the weights (a copy, never a view of the live vector)."""
-        return host_copy(self.vector)
-
-    def load(self, weights: np.ndarray) -> None:
-        self.vector.copy_(torch.from_numpy(weights))
+def load_flat(model: nn.Module, weights: np.ndarray) -> None:
+    device = next(model.parameters()).device
+    torch.nn.utils.vector_to_parameters(torch.from_numpy(weights).to(device), model.parameters())
 
 
 def host_copy(tensor: torch.Tensor) -> np.ndarray:

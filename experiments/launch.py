@@ -18,7 +18,7 @@ from typing import NoReturn
 
 import torch
 
-from clients.client import Client
+from clients.client import Client, Replica
 from clients.data import Dataset, ShardSampler, load_dataset, shard_indices
 from clients.driver import ClientPlan, run_client
 from clients.models import build_model
@@ -96,9 +96,9 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
 def _make_client(index: int, cfg: RunConfig, clients: int, model, dataset: Dataset, device: str) -> Client:
     torch.manual_seed(cfg.seed * 1000 + index + 1)  # dropout differs across clients
     shard = shard_indices(len(dataset.train), clients, index, cfg.seed)
-    return Client(model, dataset.train, ShardSampler(shard, cfg.batch_size, cfg.seed, index),
-                  lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                  push_gradients=cfg.rule != "add", device=device)
+    replica = Replica(model, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=device)
+    return Client(replica, dataset.train, ShardSampler(shard, cfg.batch_size, cfg.seed, index),
+                  push_gradients=cfg.rule != "add")
 
 
 def _plan(rank: int, cfg: RunConfig) -> ClientPlan:

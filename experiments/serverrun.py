@@ -15,7 +15,7 @@ from torch import nn
 
 from clients.data import Dataset
 from clients.evaluate import evaluate_snapshots
-from clients.models import FlatParams
+from clients.models import flat_weights
 from experiments.progress import Progress
 from experiments.provenance import provenance
 from paramserver.config import RunConfig
@@ -29,7 +29,7 @@ from paramserver.transport import Transport
 def serve_run(transport: Transport, cfg: RunConfig, out: str, model: nn.Module, dataset: Dataset,
               device: str, clock: Callable[[], float], mpi_library: str, ranks: list[dict]) -> int:
     clients = transport.size - 1
-    weights = FlatParams(model).to_host()
+    weights = flat_weights(model)
     run = RunDir(out)
     run.create()
     run.write_config({**cfg.to_dict(), "out": out, "clients": clients,
@@ -72,7 +72,7 @@ def eval_every(cfg: RunConfig, clients: int) -> int:
 def _evaluate(run: RunDir, cfg: RunConfig, model: nn.Module, dataset: Dataset, device: str) -> list[dict]:
     torch.set_num_threads(len(os.sched_getaffinity(0)))  # the clients are done: take every core
     model = model.to(device)
-    return evaluate_snapshots(run, model, FlatParams(model), dataset.test, cfg.eval_samples,
+    return evaluate_snapshots(run, model, dataset.test, cfg.eval_samples,
                               keep=cfg.keep_snapshots)
 
 

@@ -6,15 +6,16 @@ import json
 import numpy as np
 import pytest
 
-from clients.client import Client
+from clients.client import Client, Replica
 from clients.data import ShardSampler, load_dataset, shard_indices
-from clients.driver import ClientPlan, run_client
-from clients.models import FlatParams, build_model
+from clients.driver import ClientLoop, ClientPlan
+from clients.models import build_model, flat_weights
+from paramserver.inprocess import InProcessLink
+from paramserver.protocol import Pull, Tag
 from paramserver.rules import make_rule
 from paramserver.rundir import RunDir
 from paramserver.server import Serving
 from paramserver.store import Store
-from tests.loopback import Loopback
 from tests.reference import plain_sgd
 
 LR, MOMENTUM, WD, BATCH, STEPS = 0.05, 0.9, 5e-4, 32, 12
@@ -29,16 +30,24 @@ def one_client(run_path, dataset, n_push, n_fetch, rule="add", server_momentum=0
     def model():
         return build_model("cnn", dataset.shape, dataset.num_classes, seed=0)
 
-    store = Store(FlatParams(model()).to_host(), make_rule(rule, LR, server_momentum, WD))
+    store = Store(flat_weights(model()), make_rule(rule, LR, server_momentum, WD))
     run = RunDir(run_path)
     run.create()
-    link = Loopback()
-    link.serving = Serving(link.server_end, store, run, [1], eval_every=0, stall_timeout=1.0, clock=lambda: 0.0)
+    link = InProcessLink()
+    serving = Serving(link, store, run, [1], eval_every=0, stall_timeout=1.0, clock=lambda: 0.0)
     sampler = ShardSampler(shard_indices(len(dataset.train), 1, 0, 0), BATCH, 0, 0)
-    client = Client(model(), dataset.train, sampler, lr=LR, momentum=MOMENTUM, weight_decay=WD,
-                    push_gradients=rule != "add")
-    run_client(link, client, ClientPlan(0, STEPS, n_push, n_fetch, timeout=1.0), clock=lambda: 0.0)
-    link.serving.close()
+    replica = Replica(model(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
+    client = Client(replica, dataset.train, sampler, push_gradients=rule != "add")
+    loop = ClientLoop(client, ClientPlan(0, STEPS, n_push, n_fetch, timeout=1.0), clock=lambda: 0.0)
+    [(_, _, weights)] = link.deliver(serving, 1, Tag.PULL, Pull())
+    client.sync(weights)
+    while not loop.done:
+        message, fetch = loop.advance()
+        replies = link.deliver(serving, 1, message.tag, message.header, message.payload)
+        assert len(replies) == fetch
+        if fetch:
+            client.sync(replies[0][2])
+    serving.close()
     return store, run
 
 
