@@ -77,6 +77,9 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     cfg = load_config(args.config, overrides)
     _check_inputs(cfg)
     out = cfg.out or _default_out(cfg)
+    if cfg.backend == "sim":
+        from experiments.simulator import run_sim
+        return run_sim(cfg, out, cfg.clients or DEFAULT_CLIENTS)
     if launch.launcher_rank() is None:
         mpiexec = launch.find_mpiexec()
         if mpiexec is None:

@@ -21,8 +21,9 @@ import torch
 from clients.client import Client, Replica
 from clients.data import Dataset, ShardSampler, load_dataset, shard_indices
 from clients.driver import ClientPlan, run_client
-from clients.models import build_model
-from experiments.serverrun import serve_run
+from clients.models import build_model, flat_weights
+from experiments.provenance import provenance
+from experiments.serverrun import RunSetup, serve_run
 from paramserver.config import RunConfig
 from paramserver.protocol import Fail, Tag
 from paramserver.transport import Transport
@@ -85,8 +86,10 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
         start = time.perf_counter()
         clock = lambda: time.perf_counter() - start  # noqa: E731
         if client is None:
-            return serve_run(transport, cfg, out, model, dataset, device, clock,
-                             MPI.Get_library_version().splitlines()[0].strip(), ranks)
+            mpi_library = MPI.Get_library_version().splitlines()[0].strip()
+            setup = RunSetup(cfg, out, clients, model, flat_weights(model), dataset, device,
+                             provenance(mpi_library, ranks))
+            return serve_run(setup, transport, clock)
         run_client(transport, client, _plan(transport.rank, cfg), clock)
         return 0
     except Exception as error:  # noqa: BLE001 - any failure must end the whole job

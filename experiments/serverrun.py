@@ -8,48 +8,67 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch import nn
 
 from clients.data import Dataset
 from clients.evaluate import evaluate_snapshots
-from clients.models import flat_weights
 from experiments.progress import Progress
-from experiments.provenance import provenance
 from paramserver.config import RunConfig
 from paramserver.rules import make_rule
 from paramserver.rundir import RunDir
 from paramserver.server import ServerTally, Serving, serve
 from paramserver.store import Store
-from paramserver.transport import Transport
 
 
-def serve_run(transport: Transport, cfg: RunConfig, out: str, model: nn.Module, dataset: Dataset,
-              device: str, clock: Callable[[], float], mpi_library: str, ranks: list[dict]) -> int:
-    clients = transport.size - 1
-    weights = flat_weights(model)
+@dataclass(frozen=True)
+class RunSetup:
+    """What either backend hands to the server side of a run."""
+
+    cfg: RunConfig
+    out: str
+    clients: int
+    model: nn.Module        # evaluates the snapshots after training
+    weights: np.ndarray     # the server's initial weights
+    dataset: Dataset
+    device: str
+    provenance: dict[str, Any]
+
+
+def serve_run(setup: RunSetup, transport: Any, clock: Callable[[], float],
+              drive: Callable[[Serving], ServerTally] = serve, apply_cost: float | None = None) -> int:
+    """Create the run directory, serve until every client stopped, evaluate, summarise.
+
+    `drive` runs the message loop: `serve` over MPI, the simulator's event loop in sim.
+    """
+    cfg, out, clients = setup.cfg, setup.out, setup.clients
+    weights = setup.weights
     run = RunDir(out)
     run.create()
-    run.write_config({**cfg.to_dict(), "out": out, "clients": clients,
-                      "eval_every": eval_every(cfg, clients), "num_params": weights.size,
-                      "provenance": provenance(mpi_library, ranks)})
-    store = Store(weights,
-                  make_rule(cfg.rule, cfg.effective_server_lr, cfg.server_momentum, cfg.weight_decay))
+    run.write_config({**cfg.to_dict(), "out": out, "clients": clients, "eval_every": eval_every(cfg, clients),
+                      "num_params": weights.size, "provenance": setup.provenance})
+    store = Store(weights, make_rule(cfg.rule, cfg.effective_server_lr, cfg.server_momentum, cfg.weight_decay))
     progress = Progress(clients * cfg.steps, quiet=cfg.quiet)
     fault = cfg.fault
-    serving = Serving(transport, store, run, list(range(1, transport.size)), eval_every(cfg, clients),
+    serving = Serving(transport, store, run, list(range(1, clients + 1)), eval_every(cfg, clients),
                       cfg.stall_timeout, clock, fault_version=fault[1] if fault and fault[0] == 0 else None,
-                      progress=progress.update)
+                      progress=progress.update, apply_cost=apply_cost)
     try:
-        tally = serve(serving)
+        wall = time.perf_counter()
+        tally = drive(serving)
+        train_wall_s = time.perf_counter() - wall
         train_s = clock()
         progress.close()
         run.save_checkpoint(store.state())
-        eval_rows = _evaluate(run, cfg, model, dataset, device)
-        summary = _summary(store, serving.tally, train_s, eval_rows, clock() - train_s, "complete")
+        eval_start = time.perf_counter()
+        eval_rows = _evaluate(run, cfg, setup.model, setup.dataset, setup.device)
+        summary = _summary(store, tally, train_s, eval_rows, time.perf_counter() - eval_start, "complete")
         summary["pushes_sent"] = sum(stop.pushes for stop in tally.stops.values())
+        summary["train_wall_s"] = train_wall_s  # differs from time_s in the simulator
     except BaseException as error:
         progress.close()
         run.write_summary(_summary(store, serving.tally, clock(), [], 0.0,

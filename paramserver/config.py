@@ -13,7 +13,7 @@ from typing import Any, Optional, get_type_hints
 
 from paramserver.rules import RULES
 
-BACKENDS = ("mpi",)
+BACKENDS = ("mpi", "sim")
 MODES = ("async",)
 
 
@@ -35,7 +35,7 @@ class RunConfig:
     """Every knob of a run; defaults give the demo (Fashion-MNIST, small CNN)."""
 
     out: str = _key("", "run directory (default: runs/<time>-c<K>-n<N>)")
-    backend: str = _key("mpi", "mpi (the simulator arrives with its issue)")
+    backend: str = _key("mpi", "mpi (real ranks) or sim (every rank in one process, on a virtual clock)")
     mode: str = _key("async", "async: parameter server")
     clients: Optional[int] = _key(None, "number of clients K (default: every MPI rank but the server)")
     n_sync: int = _key(1, "push the update and fetch the weights every N minibatches")
@@ -60,6 +60,11 @@ class RunConfig:
     stall_timeout: float = _key(600.0, "seconds any rank waits for a peer before failing the job")
     keep_snapshots: bool = _key(False, "keep the weight snapshots after evaluating them")
     quiet: bool = _key(False, "no progress bar or final line")
+    sim_step_time: float = _key(0.0, "sim: seconds per minibatch (0: measured from real steps)")
+    sim_apply_time: float = _key(0.0, "sim: seconds per server apply (0: measured)")
+    sim_bandwidth: float = _key(1.1e10, "sim: bytes/s of a transfer (default: MPI measured on a 2-core host)")
+    sim_latency: float = _key(2e-6, "sim: seconds added to every transfer")
+    speed_jitter: float = _key(0.0, "sim: client i's step time is sim_step_time * U(1-j, 1+j), seeded")
     inject_fault: str = _key("", "RANK:STEP; raise an exception there (for tests)")
 
     def __post_init__(self) -> None:
@@ -134,6 +139,10 @@ def _check_values(cfg: RunConfig) -> None:
     _require(cfg.seed >= 0, "seed", f"must be non-negative, got {cfg.seed}")
     for name in ("eval_every", "eval_samples"):
         _require(getattr(cfg, name) >= 0, name, f"must be non-negative (0: automatic), got {getattr(cfg, name)}")
+    for name in ("sim_step_time", "sim_apply_time", "sim_latency"):
+        _require(getattr(cfg, name) >= 0, name, f"must be non-negative, got {getattr(cfg, name)}")
+    _require(cfg.sim_bandwidth > 0, "sim_bandwidth", f"must be positive, got {cfg.sim_bandwidth}")
+    _require(0 <= cfg.speed_jitter < 1, "speed_jitter", f"must be in [0, 1), got {cfg.speed_jitter}")
     _require(cfg.stall_timeout > 0, "stall_timeout", f"must be positive, got {cfg.stall_timeout}")
     _require(cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
              "device", f"expected auto, cpu or cuda[:N], got {cfg.device!r}")

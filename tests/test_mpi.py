@@ -97,3 +97,14 @@ def test_too_few_ranks_is_a_clear_error_not_a_hang(tiny_npz):
     result = mpi_train(2, "--data", str(tiny_npz), "--clients", "3", timeout=60)
     assert result.returncode == 2
     assert "3 client(s) need 4 MPI ranks" in result.stderr
+
+
+def test_simulator_with_one_client_reproduces_the_mpi_losses(tmp_path, tiny_npz):
+    flags = ["--data", str(tiny_npz), *TINY, "--steps", "15", "--n-sync", "2", "--eval-samples", "50"]
+    result = mpi_train(2, *flags, "--out", str(tmp_path / "mpi"))
+    assert result.returncode == 0, result.stderr
+    result = run_command([str(BIN / "asgd"), "train", "--quiet", "--backend", "sim", "--clients", "1", *flags,
+                          "--out", str(tmp_path / "sim")], timeout=120)
+    assert result.returncode == 0, result.stderr
+    losses = {kind: [r["loss"] for r in rows(tmp_path / kind, "clients")] for kind in ("mpi", "sim")}
+    assert len(losses["mpi"]) == 15 and losses["mpi"] == losses["sim"]

@@ -1,0 +1,180 @@
+"""The simulator backend: the server and K clients in one process, on a virtual clock.
+
+    asgd train --backend sim --clients 32 [CONFIG.toml] [flags]
+
+It runs the very code of an MPI run (the Store and `handle()` on the server side,
+`Client` and `ClientLoop` on the client side) but moves messages through an event
+queue instead of MPI, so 32 clients need neither 32 GPUs nor 32 cores, and a run is
+reproducible: same seed and config (with the timings given, not measured), same bytes
+in clients.jsonl and server.jsonl. The K clients share one model (`Replica`); each owns
+only its flat vectors.
+
+Time model: client i's minibatch takes `step_time * factor_i` (factor_i drawn once from
+U(1-j, 1+j) by the seed); a message takes `latency + bytes / bandwidth`; the server is
+one queue: it handles one message at a time, an apply costs `apply_time`, and sending a
+reply occupies it for the reply's transfer. A client that pushes without fetching goes
+on once its push is sent. `time` in the logs is this virtual time.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import platform
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from clients.client import Client, Replica
+from clients.data import Dataset, ShardSampler, load_dataset, shard_indices
+from clients.driver import ClientLoop, ClientPlan, Outgoing
+from clients.models import build_model, flat_weights
+from experiments.launch import pick_device
+from experiments.provenance import provenance
+from experiments.serverrun import RunSetup, serve_run
+from paramserver.config import RunConfig
+from paramserver.inprocess import InProcessLink
+from paramserver.protocol import Pull, Tag
+from paramserver.rules import make_rule
+from paramserver.server import ServerTally, Serving
+from paramserver.store import Store
+
+
+@dataclass(frozen=True)
+class SimTiming:
+    step_time: float
+    apply_time: float
+    bandwidth: float
+    latency: float
+
+    def transfer(self, nbytes: int) -> float:
+        return self.latency + nbytes / self.bandwidth
+
+
+class StepClock:
+    """A client's clock. ClientLoop reads it once per minibatch, so each read is one
+    minibatch later than the last."""
+
+    def __init__(self, step_time: float):
+        self.step_time, self.now = step_time, 0.0
+
+    def __call__(self) -> float:
+        self.now += self.step_time
+        return self.now
+
+
+class Simulation:
+    """The event loop: who does what, when, in virtual seconds."""
+
+    def __init__(self, loops: list[ClientLoop], clocks: list[StepClock], timing: SimTiming):
+        self.loops, self.clocks, self.timing = loops, clocks, timing
+        self.link = InProcessLink()
+        self.events: list[tuple[float, int, str, int, Any]] = []
+        self.order = itertools.count()  # ties resolve in scheduling order: deterministic
+        self.server_free = 0.0
+        self.now = 0.0                  # the server's clock, read by Serving
+
+    def run(self, serving: Serving) -> ServerTally:
+        for i in range(len(self.loops)):
+            self._schedule(self.timing.transfer(0), "arrive", i, Outgoing(Tag.PULL, Pull()))
+        while self.events:
+            when, _, kind, i, item = heapq.heappop(self.events)
+            if kind == "arrive":      # a message reaches the server
+                self._arrive(serving, when, i, item)
+            else:
+                if kind == "reply":   # weights reach client i
+                    self.loops[i].client.sync(item)
+                self._window(when, i)
+        serving.close()
+        serving.run.save_snapshot(serving.store.weights, serving.store.version, self.now,
+                                  serving.tally.minibatches)
+        return serving.tally
+
+    def _schedule(self, when: float, kind: str, client: int, item: Any) -> None:
+        heapq.heappush(self.events, (when, next(self.order), kind, client, item))
+
+    def _arrive(self, serving: Serving, when: float, i: int, message: Outgoing) -> None:
+        start = max(when, self.server_free)
+        self.now = start
+        replies = self.link.deliver(serving, i + 1, message.tag, message.header, message.payload)
+        busy_until = start + (self.timing.apply_time if message.tag == Tag.PUSH else 0.0)
+        for _, _, weights in replies:
+            busy_until += self.timing.transfer(weights.nbytes)
+            self._schedule(busy_until, "reply", i, weights)
+        self.server_free = busy_until
+
+    def _window(self, when: float, i: int) -> None:
+        """Client i trains from `when` up to its next sync point and sends its message."""
+        loop, clock = self.loops[i], self.clocks[i]
+        clock.now = when
+        message, fetch = loop.advance()
+        nbytes = 0 if message.payload is None else message.payload.nbytes
+        sent = clock.now + self.timing.transfer(nbytes)
+        self._schedule(sent, "arrive", i, message)
+        if not fetch and not loop.done:
+            self._schedule(sent, "window", i, None)
+
+
+def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
+    """One simulated run into `out`; the same run directory as an MPI run."""
+    dataset = load_dataset(cfg.data, cfg.data_dir or None)
+    device = pick_device(cfg.device, local_rank=0)
+    model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
+    weights = flat_weights(model)  # before any step moves the shared model
+    replica = Replica(model, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=device)
+    sim_clients = [_client(cfg, replica, dataset, clients, i) for i in range(clients)]
+    timing = _timing(cfg, replica, dataset, sim_clients[0].size)
+    factors = _speed_factors(cfg.seed, clients, cfg.speed_jitter)
+    clocks = [StepClock(timing.step_time * f) for f in factors]
+    loops = [ClientLoop(c, ClientPlan(i, cfg.steps, cfg.push_every, cfg.fetch_every, cfg.stall_timeout), clk)
+             for i, (c, clk) in enumerate(zip(sim_clients, clocks))]
+    simulation = Simulation(loops, clocks, timing)
+    info = {"rank": 0, "role": "simulator", "host": socket.gethostname(), "device": device}
+    prov = provenance(f"none (simulator, {platform.python_implementation()})", [info])
+    prov["sim"] = {**timing.__dict__, "speed_factors": factors}
+    setup = RunSetup(cfg, out, clients, model, weights, dataset, device, prov)
+    return serve_run(setup, simulation.link, lambda: simulation.now, drive=simulation.run,
+                     apply_cost=timing.apply_time)
+
+
+def _client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int, i: int) -> Client:
+    shard = shard_indices(len(dataset.train), clients, i, cfg.seed)
+    sampler = ShardSampler(shard, cfg.batch_size, cfg.seed, i)
+    return Client(replica, dataset.train, sampler, push_gradients=cfg.rule != "add")
+
+
+def _speed_factors(seed: int, clients: int, jitter: float) -> list[float]:
+    rng = np.random.default_rng([seed, 0x5BEED])
+    return [float(f) for f in rng.uniform(1 - jitter, 1 + jitter, clients)] if jitter else [1.0] * clients
+
+
+def _timing(cfg: RunConfig, replica: Replica, dataset: Dataset, size: int) -> SimTiming:
+    """The configured timings; a zero step or apply time is measured here, once."""
+    step = cfg.sim_step_time or _measure_step(replica, dataset, cfg.batch_size)
+    apply = cfg.sim_apply_time or _measure_apply(cfg, size)
+    return SimTiming(step, apply, cfg.sim_bandwidth, cfg.sim_latency)
+
+
+def _measure_step(replica: Replica, dataset: Dataset, batch_size: int) -> float:
+    """Median of real minibatches on a scratch client (its own vectors and data order)."""
+    scratch = Client(replica, dataset.train, ShardSampler(np.arange(len(dataset.train)), batch_size, 0, 0))
+    times = []
+    for _ in range(7):
+        start = time.perf_counter()
+        scratch.step()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times[2:]))  # the first steps warm up allocators
+
+
+def _measure_apply(cfg: RunConfig, size: int) -> float:
+    store = Store(np.zeros(size, np.float32), make_rule(cfg.rule, cfg.effective_server_lr, cfg.server_momentum,
+                                                        cfg.weight_decay))
+    push = np.zeros(size, np.float32)
+    times = []
+    for _ in range(7):
+        start = time.perf_counter()
+        store.apply(0, push)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times[2:]))
