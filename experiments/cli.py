@@ -85,7 +85,8 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
         if mpiexec is None:
             raise InputError("backend: no mpiexec found; run 'make setup' or install an MPI library")
         clients = cfg.clients or DEFAULT_CLIENTS
-        launch.relaunch(mpiexec, [*argv, "--clients", str(clients), "--out", out], clients + 1)
+        servers = 1 if cfg.mode == "async" else 0
+        launch.relaunch(mpiexec, [*argv, "--clients", str(clients), "--out", out], clients + servers)
     return launch.run_mpi(cfg, out)
 
 

@@ -22,8 +22,10 @@ from clients.client import Client, Replica
 from clients.data import Dataset, ShardSampler, load_dataset, shard_indices
 from clients.driver import ClientPlan, run_client
 from clients.models import build_model, flat_weights
+from experiments.collectiverun import collective_run
 from experiments.provenance import provenance
-from experiments.serverrun import RunSetup, serve_run
+from experiments.runrecord import RunSetup
+from experiments.serverrun import serve_run
 from paramserver.config import RunConfig
 from paramserver.protocol import Fail, Tag
 from paramserver.transport import Transport
@@ -59,41 +61,62 @@ def relaunch(mpiexec: str, argv: list[str], ranks: int) -> NoReturn:
 
 
 def run_mpi(cfg: RunConfig, out: str) -> int:
-    """The body of every rank. Returns the exit status; failures abort the job instead."""
+    """The body of every rank. Returns the exit status; failures abort the job instead.
+
+    async: rank 0 is the server, ranks 1..K the clients. sync, local-sgd: no server;
+    every rank is a client and rank 0 also records the run.
+    """
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     transport = Transport(comm)
-    clients = cfg.clients or transport.size - 1
-    if transport.size < 2 or transport.size != clients + 1:
+    servers = 1 if cfg.mode == "async" else 0
+    clients = cfg.clients or transport.size - servers
+    if clients < 1 or transport.size != clients + servers:
         if transport.rank == 0:
-            print(f"asgd: error: clients: {clients} client(s) need {clients + 1} MPI ranks "
-                  f"(1 server + {clients}), but the job has {transport.size}; use mpiexec -n {clients + 1}",
-                  file=sys.stderr)
+            print(f"asgd: error: clients: {clients} client(s) in {cfg.mode} mode need {clients + servers} MPI "
+                  f"ranks, but the job has {transport.size}; use mpiexec -n {clients + servers}", file=sys.stderr)
         return 2
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    index = transport.rank - servers  # this rank's client number; -1 on the server
     try:
-        _set_threads(local, is_client=transport.rank > 0)
+        _set_threads(local, is_client=index >= 0)
         device = pick_device(cfg.device, local.Get_rank())
         dataset = load_dataset(cfg.data, cfg.data_dir or None)
         model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
-        info = {"rank": transport.rank, "role": "server" if transport.rank == 0 else "client",
+        info = {"rank": transport.rank, "role": "client" if index >= 0 else "server",
                 "host": socket.gethostname(), "device": device_name(device)}
-        ranks = comm.gather(info, root=0)
-        client = None if transport.rank == 0 else _make_client(transport.rank - 1, cfg, clients, model,
-                                                                     dataset, device)
+        ranks = transport.gather(info)
+        prov = provenance(MPI.Get_library_version().splitlines()[0].strip(), ranks) if ranks else {}
+        setup = RunSetup(cfg, out, clients, model, flat_weights(model), dataset, device, prov)
+        client = _make_client(index, cfg, clients, model, dataset, device) if index >= 0 else None
         transport.barrier()  # time starts together on every rank, after all setup
         start = time.perf_counter()
         clock = lambda: time.perf_counter() - start  # noqa: E731
+        if cfg.mode != "async":
+            return collective_run(setup, [client], [index], _mpi_average(transport), clock,
+                                  gather=lambda rows: _flatten(transport.gather(rows)))
         if client is None:
-            mpi_library = MPI.Get_library_version().splitlines()[0].strip()
-            setup = RunSetup(cfg, out, clients, model, flat_weights(model), dataset, device,
-                             provenance(mpi_library, ranks))
             return serve_run(setup, transport, clock)
         run_client(transport, client, _plan(transport.rank, cfg), clock)
         return 0
     except Exception as error:  # noqa: BLE001 - any failure must end the whole job
-        _fail(transport, error)
+        _fail(transport, error, index)
+
+
+def _mpi_average(transport: Transport):
+    """Average tensors over all ranks (each rank holds one client)."""
+    def average(tensors: list[torch.Tensor]) -> None:
+        for tensor in tensors:
+            host = tensor.numpy() if tensor.device.type == "cpu" else tensor.cpu().numpy()
+            transport.allreduce_mean(host)
+            if tensor.device.type != "cpu":
+                tensor.copy_(torch.from_numpy(host))
+    return average
+
+
+def _flatten(gathered: list[list[dict]] | None) -> list[dict] | None:
+    return None if gathered is None else [row for rows in gathered for row in rows]
 
 
 def _make_client(index: int, cfg: RunConfig, clients: int, model, dataset: Dataset, device: str) -> Client:
@@ -110,8 +133,8 @@ def _plan(rank: int, cfg: RunConfig) -> ClientPlan:
                       timeout=cfg.stall_timeout, fault_step=fault[1] if fault and fault[0] == rank else None)
 
 
-def _fail(transport: Transport, error: Exception) -> NoReturn:
-    role = "server" if transport.rank == 0 else f"client {transport.rank - 1}"
+def _fail(transport: Transport, error: Exception, index: int) -> NoReturn:
+    role = "server" if index < 0 else f"client {index}"
     reason = f"{type(error).__name__}: {error}"
     print(f"asgd: rank {transport.rank} ({role}) failed: {reason}", file=sys.stderr, flush=True)
     if transport.rank != 0:

@@ -1,6 +1,6 @@
 """The simulator backend: the server and K clients in one process, on a virtual clock.
 
-    asgd train --backend sim --clients 32 [CONFIG.toml] [flags]
+    asgd train --backend sim --clients 32 [CONFIG.toml] [flags]   (any --mode)
 
 It runs the very code of an MPI run (the Store and `handle()` on the server side,
 `Client` and `ClientLoop` on the client side) but moves messages through an event
@@ -28,12 +28,15 @@ from typing import Any
 import numpy as np
 
 from clients.client import Client, Replica
+from clients.collective import mean_in_place
 from clients.data import Dataset, ShardSampler, load_dataset, shard_indices
 from clients.driver import ClientLoop, ClientPlan, Outgoing
 from clients.models import build_model, flat_weights
+from experiments.collectiverun import collective_run
 from experiments.launch import pick_device
 from experiments.provenance import provenance
-from experiments.serverrun import RunSetup, serve_run
+from experiments.runrecord import RunSetup
+from experiments.serverrun import serve_run
 from paramserver.config import RunConfig
 from paramserver.inprocess import InProcessLink
 from paramserver.protocol import Pull, Tag
@@ -62,6 +65,25 @@ class StepClock:
 
     def __call__(self) -> float:
         self.now += self.step_time
+        return self.now
+
+
+class LockstepClock:
+    """Virtual time of a sync or local-sgd run: each step waits for the slowest client,
+    and an average costs a ring allreduce (2(K-1)/K of the bytes, 2(K-1) latencies)."""
+
+    def __init__(self, step_times: list[float], timing: SimTiming, nbytes: int, cfg: RunConfig):
+        k = len(step_times)
+        self.step = max(step_times)
+        self.allreduce = 2 * (k - 1) * (timing.latency + nbytes / k / timing.bandwidth)
+        self.cfg, self.now = cfg, 0.0
+
+    def advance(self, step: int) -> None:
+        cfg = self.cfg
+        averaged = cfg.mode == "sync" or step % cfg.n_sync == 0 or step == cfg.steps
+        self.now += self.step + (self.allreduce if averaged else 0.0)
+
+    def __call__(self) -> float:
         return self.now
 
 
@@ -127,14 +149,18 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     sim_clients = [_client(cfg, replica, dataset, clients, i) for i in range(clients)]
     timing = _timing(cfg, replica, dataset, sim_clients[0].size)
     factors = _speed_factors(cfg.seed, clients, cfg.speed_jitter)
-    clocks = [StepClock(timing.step_time * f) for f in factors]
-    loops = [ClientLoop(c, ClientPlan(i, cfg.steps, cfg.push_every, cfg.fetch_every, cfg.stall_timeout), clk)
-             for i, (c, clk) in enumerate(zip(sim_clients, clocks))]
-    simulation = Simulation(loops, clocks, timing)
     info = {"rank": 0, "role": "simulator", "host": socket.gethostname(), "device": device}
     prov = provenance(f"none (simulator, {platform.python_implementation()})", [info])
     prov["sim"] = {**timing.__dict__, "speed_factors": factors}
     setup = RunSetup(cfg, out, clients, model, weights, dataset, device, prov)
+    if cfg.mode != "async":
+        lockstep = LockstepClock([timing.step_time * f for f in factors], timing, weights.nbytes, cfg)
+        return collective_run(setup, sim_clients, list(range(clients)), mean_in_place, lockstep,
+                              gather=lambda rows: rows, advance=lockstep.advance)
+    clocks = [StepClock(timing.step_time * f) for f in factors]
+    loops = [ClientLoop(c, ClientPlan(i, cfg.steps, cfg.push_every, cfg.fetch_every, cfg.stall_timeout), clk)
+             for i, (c, clk) in enumerate(zip(sim_clients, clocks))]
+    simulation = Simulation(loops, clocks, timing)
     return serve_run(setup, simulation.link, lambda: simulation.now, drive=simulation.run,
                      apply_cost=timing.apply_time)
 

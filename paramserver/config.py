@@ -14,7 +14,7 @@ from typing import Any, Optional, get_type_hints
 from paramserver.rules import RULES
 
 BACKENDS = ("mpi", "sim")
-MODES = ("async",)
+MODES = ("async", "sync", "local-sgd")
 
 
 class ConfigError(ValueError):
@@ -36,8 +36,10 @@ class RunConfig:
 
     out: str = _key("", "run directory (default: runs/<time>-c<K>-n<N>)")
     backend: str = _key("mpi", "mpi (real ranks) or sim (every rank in one process, on a virtual clock)")
-    mode: str = _key("async", "async: parameter server")
-    clients: Optional[int] = _key(None, "number of clients K (default: every MPI rank but the server)")
+    mode: str = _key("async", "async (parameter server), sync (allreduce gradients each step) or "
+                              "local-sgd (average weights every n_sync steps)")
+    clients: Optional[int] = _key(None, "number of clients K (default: every MPI rank but the server; "
+                                        "every rank in sync modes)")
     n_sync: int = _key(1, "push the update and fetch the weights every N minibatches")
     n_push: Optional[int] = _key(None, "push every N minibatches (default: n_sync)")
     n_fetch: Optional[int] = _key(None, "fetch every N minibatches (default: n_sync)")

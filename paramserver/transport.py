@@ -79,6 +79,15 @@ class Transport:
             sleep = min(sleep * 2, _MAX_SLEEP)
         return status
 
+    def allreduce_mean(self, array: np.ndarray) -> None:
+        """Replace `array` (contiguous float32) by its mean over all ranks, in place."""
+        self.comm.Allreduce(MPI.IN_PLACE, [array, MPI.FLOAT], op=MPI.SUM)
+        array /= self.size
+
+    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+        """Small objects from every rank, as a list on `root` (None elsewhere)."""
+        return self.comm.gather(obj, root=root)
+
     def barrier(self) -> None:
         self.comm.Barrier()
 

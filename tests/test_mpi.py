@@ -108,3 +108,18 @@ def test_simulator_with_one_client_reproduces_the_mpi_losses(tmp_path, tiny_npz)
     assert result.returncode == 0, result.stderr
     losses = {kind: [r["loss"] for r in rows(tmp_path / kind, "clients")] for kind in ("mpi", "sim")}
     assert len(losses["mpi"]) == 15 and losses["mpi"] == losses["sim"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "local-sgd"])
+def test_synchronous_baselines_under_mpi(tmp_path, tiny_npz, mode):
+    run = tmp_path / "run"
+    result = mpi_train(3, "--mode", mode, "--data", str(tiny_npz), *TINY, "--steps", "10", "--n-sync", "3",
+                       "--eval-samples", "50", "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    assert sorted((r["client"], r["step"]) for r in rows(run, "clients")) == \
+        [(c, s) for c in range(3) for s in range(1, 11)]
+    assert summary(run)["status"] == "complete" and rows(run, "server") == []
+    if mode == "sync":  # every rank is a client: the allreduce of 3 batches of 32 is one batch of 96
+        expected = plain_sgd(load_dataset(str(tiny_npz)), 10, batch_size=32, lr=0.01, clients=3)
+        np.testing.assert_allclose(load_arrays(run / "checkpoint" / "latest.npz")["weights"], expected,
+                                   atol=1e-6, rtol=0)

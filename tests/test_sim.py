@@ -54,3 +54,31 @@ def test_virtual_time_follows_the_time_model(tmp_path, tiny_npz):
     assert config["provenance"]["sim"]["step_time"] == 0.01
     summary = json.loads((run / "summary.json").read_text())
     assert summary["time_s"] == pytest.approx(max(r["time"] for r in rows(run, "server")), rel=0.01)
+
+
+def checkpoint_weights(run: Path):
+    from paramserver.runlog import load_arrays
+    return load_arrays(run / "checkpoint" / "latest.npz")["weights"]
+
+
+def test_sync_mode_equals_one_process_with_k_times_the_batch(tmp_path, tiny_npz):
+    import numpy as np
+
+    from clients.data import load_dataset
+    from tests.reference import plain_sgd
+
+    run = sim(tmp_path / "run", tiny_npz, "--mode", "sync", "--clients", "3", "--steps", "10")
+    expected = plain_sgd(load_dataset(str(tiny_npz)), 10, batch_size=32, lr=0.01, clients=3)
+    np.testing.assert_allclose(checkpoint_weights(run), expected, atol=1e-6, rtol=0)
+    assert len(rows(run, "clients")) == 30 and rows(run, "server") == []
+
+
+def test_local_sgd_averaging_every_step_without_momentum_is_sync(tmp_path, tiny_npz):
+    import numpy as np
+
+    flags = ["--clients", "3", "--steps", "8", "--momentum", "0", "--n-sync", "1"]
+    local = sim(tmp_path / "local", tiny_npz, "--mode", "local-sgd", *flags)
+    sync = sim(tmp_path / "sync", tiny_npz, "--mode", "sync", *flags)
+    np.testing.assert_allclose(checkpoint_weights(local), checkpoint_weights(sync), atol=1e-6, rtol=0)
+    rarely = sim(tmp_path / "rarely", tiny_npz, "--mode", "local-sgd", *flags[:-1], "4")
+    assert np.abs(checkpoint_weights(rarely) - checkpoint_weights(sync)).max() > 1e-5  # 30x the tolerance

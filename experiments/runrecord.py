@@ -1,0 +1,79 @@
+"""The parts of a run's record that every mode shares: open, evaluate, summarise, fail.
+
+The summary is written last, and on failure too (`status: failed: reason`), so a run
+directory always says whether its results are complete.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from clients.data import Dataset
+from clients.evaluate import evaluate_snapshots
+from paramserver.config import RunConfig
+from paramserver.rundir import RunDir
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """What either backend hands to the rank that records the run."""
+
+    cfg: RunConfig
+    out: str
+    clients: int
+    model: nn.Module        # evaluates the snapshots after training
+    weights: np.ndarray     # the initial weights
+    dataset: Dataset
+    device: str
+    provenance: dict[str, Any]
+
+
+def eval_every(cfg: RunConfig, events: int) -> int:
+    """About 20 evaluations over `events` versions (or steps) unless the config sets it."""
+    return cfg.eval_every or max(1, events // 20)
+
+
+def async_versions(cfg: RunConfig, clients: int) -> int:
+    return clients * math.ceil(cfg.steps / cfg.push_every)
+
+
+def open_run(setup: RunSetup, every: int) -> RunDir:
+    run = RunDir(setup.out)
+    run.create()
+    run.write_config({**setup.cfg.to_dict(), "out": setup.out, "clients": setup.clients, "eval_every": every,
+                      "num_params": setup.weights.size, "provenance": setup.provenance})
+    return run
+
+
+def finish_run(run: RunDir, setup: RunSetup, train_s: float, train_wall_s: float, counts: dict[str, Any]) -> dict:
+    """Evaluate the snapshots and write the summary; returns it."""
+    start = time.perf_counter()
+    torch.set_num_threads(len(os.sched_getaffinity(0)))  # the clients are done: take every core
+    model = setup.model.to(setup.device)
+    rows = evaluate_snapshots(run, model, setup.dataset.test, setup.cfg.eval_samples, keep=setup.cfg.keep_snapshots)
+    final = rows[-1] if rows else {}
+    summary = {"status": "complete", "final_test_error": final.get("test_error"),
+               "final_test_loss": final.get("test_loss"), **_timing(train_s, counts),
+               "train_wall_s": train_wall_s, "eval_s": time.perf_counter() - start, **counts}
+    run.write_summary(summary)
+    if not setup.cfg.quiet:
+        print(f"run {setup.out}: test error {summary['final_test_error']:.4f} after {summary['minibatches']} "
+              f"minibatches in {train_s:.1f} s", flush=True)
+    return summary
+
+
+def record_failure(run: RunDir, train_s: float, counts: dict[str, Any], error: BaseException) -> None:
+    run.write_summary({"status": f"failed: {type(error).__name__}: {error}", "final_test_error": None,
+                       **_timing(train_s, counts), **counts})
+
+
+def _timing(train_s: float, counts: dict[str, Any]) -> dict[str, Any]:
+    samples = counts.get("samples", 0)
+    return {"time_s": train_s, "throughput_samples_per_s": samples / train_s if train_s > 0 else None}
