@@ -96,7 +96,7 @@ def test_an_exception_on_any_rank_ends_the_job_nonzero(tmp_path, tiny_npz, rank)
 def test_too_few_ranks_is_a_clear_error_not_a_hang(tiny_npz):
     result = mpi_train(2, "--data", str(tiny_npz), "--clients", "3", timeout=60)
     assert result.returncode == 2
-    assert "3 client(s) need 4 MPI ranks" in result.stderr
+    assert "3 client(s) in async mode need 4 MPI ranks" in result.stderr
 
 
 def test_simulator_with_one_client_reproduces_the_mpi_losses(tmp_path, tiny_npz):
