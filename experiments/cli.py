@@ -104,6 +104,14 @@ def _check_inputs(cfg: RunConfig) -> None:
     if cfg.clients and len(dataset.train) // cfg.clients < cfg.batch_size:
         raise InputError(f"batch_size: {cfg.batch_size} is more than a client's shard of "
                          f"{len(dataset.train) // cfg.clients} samples")
+    if cfg.init:
+        from clients.models import build_model, flat_weights
+        from experiments.start import StartError, checkpoint_weights
+        try:
+            size = flat_weights(build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)).size
+            checkpoint_weights(cfg.init, size)
+        except StartError as error:
+            raise InputError(str(error)) from None
     out = Path(cfg.out) if cfg.out else None
     if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(f"out: {out} already exists and is not an empty directory; choose another --out")

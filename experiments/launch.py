@@ -26,6 +26,7 @@ from experiments.collectiverun import collective_run
 from experiments.provenance import provenance
 from experiments.runrecord import RunSetup
 from experiments.serverrun import serve_run
+from experiments.start import starting_weights
 from paramserver.config import RunConfig
 from paramserver.protocol import Fail, Tag
 from paramserver.transport import Transport
@@ -88,9 +89,14 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
                 "host": socket.gethostname(), "device": device_name(device)}
         ranks = transport.gather(info)
         prov = provenance(MPI.Get_library_version().splitlines()[0].strip(), ranks) if ranks else {}
-        setup = RunSetup(cfg, out, clients, model, flat_weights(model), dataset, device, prov)
+        weights, warm_rows = starting_weights(cfg, dataset, device) if transport.rank == 0 else \
+            (flat_weights(model), [])
         client = _make_client(index, cfg, clients, model, dataset, device) if index >= 0 else None
         transport.barrier()  # time starts together on every rank, after all setup
+        transport.bcast_array(weights)  # from rank 0: the warm start's or the checkpoint's
+        if client is not None:
+            client.sync(weights)
+        setup = RunSetup(cfg, out, clients, model, weights, dataset, device, prov, warm_rows)
         start = time.perf_counter()
         clock = lambda: time.perf_counter() - start  # noqa: E731
         if cfg.mode != "async":

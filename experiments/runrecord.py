@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,7 @@ class RunSetup:
     dataset: Dataset
     device: str
     provenance: dict[str, Any]
+    warm_rows: list[dict] = field(default_factory=list)   # the warm start's minibatches
 
 
 def eval_every(cfg: RunConfig, events: int) -> int:
@@ -49,6 +50,9 @@ def open_run(setup: RunSetup, every: int) -> RunDir:
     run.create()
     run.write_config({**setup.cfg.to_dict(), "out": setup.out, "clients": setup.clients, "eval_every": every,
                       "num_params": setup.weights.size, "provenance": setup.provenance})
+    if setup.warm_rows:
+        with run.writer("warm_start") as log:
+            log.write_many(setup.warm_rows)
     return run
 
 

@@ -31,12 +31,13 @@ from clients.client import Client, Replica
 from clients.collective import mean_in_place
 from clients.data import Dataset, ShardSampler, load_dataset, shard_indices
 from clients.driver import ClientLoop, ClientPlan, Outgoing
-from clients.models import build_model, flat_weights
+from clients.models import build_model
 from experiments.collectiverun import collective_run
 from experiments.launch import pick_device
 from experiments.provenance import provenance
 from experiments.runrecord import RunSetup
 from experiments.serverrun import serve_run
+from experiments.start import starting_weights
 from paramserver.config import RunConfig
 from paramserver.inprocess import InProcessLink
 from paramserver.protocol import Pull, Tag
@@ -144,15 +145,17 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     dataset = load_dataset(cfg.data, cfg.data_dir or None)
     device = pick_device(cfg.device, local_rank=0)
     model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
-    weights = flat_weights(model)  # before any step moves the shared model
     replica = Replica(model, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=device)
     sim_clients = [_client(cfg, replica, dataset, clients, i) for i in range(clients)]
     timing = _timing(cfg, replica, dataset, sim_clients[0].size)
+    weights, warm_rows = starting_weights(cfg, dataset, device, StepClock(timing.step_time))
+    for client in sim_clients:
+        client.sync(weights)
     factors = _speed_factors(cfg.seed, clients, cfg.speed_jitter)
     info = {"rank": 0, "role": "simulator", "host": socket.gethostname(), "device": device}
     prov = provenance(f"none (simulator, {platform.python_implementation()})", [info])
     prov["sim"] = {**timing.__dict__, "speed_factors": factors}
-    setup = RunSetup(cfg, out, clients, model, weights, dataset, device, prov)
+    setup = RunSetup(cfg, out, clients, model, weights, dataset, device, prov, warm_rows)
     if cfg.mode != "async":
         lockstep = LockstepClock([timing.step_time * f for f in factors], timing, weights.nbytes, cfg)
         return collective_run(setup, sim_clients, list(range(clients)), mean_in_place, lockstep,

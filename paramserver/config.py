@@ -52,6 +52,8 @@ class RunConfig:
     server_lr: Optional[float] = _key(None, "learning rate of the sgd rule (default: lr)")
     server_momentum: float = _key(0.0, "momentum of the sgd rule")
     seed: int = _key(0, "seed of the initial weights, shards and data order")
+    warm_start: int = _key(0, "train this many minibatches on one client first; every client starts there")
+    init: str = _key("", "start from the weights of this checkpoint (a run's checkpoint/latest.npz)")
     data: str = _key("fashion-mnist",
                      "fashion-mnist, a .npz file (x, y[, x_test, y_test]) or an image folder (train/, val/)")
     data_dir: str = _key("", "folder holding Fashion-MNIST's four *-ubyte.gz files")
@@ -139,6 +141,7 @@ def _check_values(cfg: RunConfig) -> None:
         _require(0 <= getattr(cfg, name) < 1, name, f"must be in [0, 1), got {getattr(cfg, name)}")
     _require(cfg.weight_decay >= 0, "weight_decay", f"must be non-negative, got {cfg.weight_decay}")
     _require(cfg.seed >= 0, "seed", f"must be non-negative, got {cfg.seed}")
+    _require(cfg.warm_start >= 0, "warm_start", f"must be non-negative, got {cfg.warm_start}")
     for name in ("eval_every", "eval_samples"):
         _require(getattr(cfg, name) >= 0, name, f"must be non-negative (0: automatic), got {getattr(cfg, name)}")
     for name in ("sim_step_time", "sim_apply_time", "sim_latency"):

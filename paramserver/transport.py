@@ -89,7 +89,17 @@ class Transport:
         return self.comm.gather(obj, root=root)
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        """Wait for every rank, without spinning (ranks may wait long, e.g. for a warm start)."""
+        request = self.comm.Ibarrier()
+        sleep = _FIRST_SLEEP
+        while not request.Test():
+            time.sleep(sleep)
+            sleep = min(sleep * 2, _MAX_SLEEP)
+
+    def bcast_array(self, array: np.ndarray, root: int = 0) -> np.ndarray:
+        """`root`'s array, on every rank (the others pass an array of the same size)."""
+        self.comm.Bcast([_as_bytes(array), MPI.BYTE], root=root)
+        return array
 
     def abort(self, code: int) -> None:
         """End every rank of the job: one rank's failure must not leave others waiting."""

@@ -123,3 +123,15 @@ def test_synchronous_baselines_under_mpi(tmp_path, tiny_npz, mode):
         expected = plain_sgd(load_dataset(str(tiny_npz)), 10, batch_size=32, lr=0.01, clients=3)
         np.testing.assert_allclose(load_arrays(run / "checkpoint" / "latest.npz")["weights"], expected,
                                    atol=1e-6, rtol=0)
+
+
+def test_warm_start_under_mpi_starts_every_client_from_the_warm_weights(tmp_path, tiny_npz):
+    run = tmp_path / "run"
+    result = mpi_train(3, "--data", str(tiny_npz), *TINY, "--steps", "2", "--warm-start", "40",
+                       "--eval-samples", "200", "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    assert [r["step"] for r in rows(run, "warm_start")] == list(range(1, 41))
+    evals = rows(run, "eval")
+    assert evals[0]["version"] == 0 and evals[0]["test_loss"] < 0.7 * np.log(4)  # untrained: ~ln 4
+    first_losses = [r["loss"] for r in rows(run, "clients") if r["step"] == 1]
+    assert len(first_losses) == 2 and max(first_losses) < 0.8 * np.log(4)

@@ -82,3 +82,24 @@ def test_local_sgd_averaging_every_step_without_momentum_is_sync(tmp_path, tiny_
     np.testing.assert_allclose(checkpoint_weights(local), checkpoint_weights(sync), atol=1e-6, rtol=0)
     rarely = sim(tmp_path / "rarely", tiny_npz, "--mode", "local-sgd", *flags[:-1], "4")
     assert np.abs(checkpoint_weights(rarely) - checkpoint_weights(sync)).max() > 1e-5  # 30x the tolerance
+
+
+def test_warm_start_then_init_from_its_checkpoint(tmp_path, tiny_npz):
+    fresh = sim(tmp_path / "fresh", tiny_npz, "--clients", "2", "--steps", "4")
+    warm = sim(tmp_path / "warm", tiny_npz, "--clients", "2", "--steps", "4", "--warm-start", "30")
+    warm_rows = rows(warm, "warm_start")
+    assert [r["step"] for r in warm_rows] == list(range(1, 31))
+    assert warm_rows[-1]["time"] == pytest.approx(30 * 0.01)  # virtual time, one step time each
+    assert rows(warm, "eval")[0]["test_loss"] < 0.7 * rows(fresh, "eval")[0]["test_loss"]
+    again = sim(tmp_path / "again", tiny_npz, "--clients", "2", "--steps", "4",
+                "--init", str(warm / "checkpoint" / "latest.npz"))
+    assert rows(again, "eval")[0]["test_loss"] == rows(warm, "eval")[-1]["test_loss"]
+
+
+def test_a_checkpoint_of_another_model_is_refused(tmp_path, tiny_npz, capsys):
+    import numpy as np
+
+    np.savez(tmp_path / "small.npz", weights=np.zeros(10, np.float32))
+    assert main(["train", "--backend", "sim", "--data", str(tiny_npz), "--init", str(tmp_path / "small.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "init:" in err and "holds 10 float32 weights" in err

@@ -1,0 +1,59 @@
+"""Where training starts: fresh weights from the seed, a checkpoint (`--init`), and/or a
+single-client warm start (`--warm-start STEPS`, the paper's warm start).
+
+The warm start trains a model of its own on the whole training set, in an order drawn
+from the seed on a stream no client uses, with the run's optimizer settings. Its rows
+go to warm_start.jsonl; the run's clock starts after it.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from clients.client import Client, Replica
+from clients.data import Dataset, ShardSampler
+from clients.models import build_model, flat_weights, host_copy
+from paramserver.config import RunConfig
+from paramserver.runlog import load_arrays
+
+WARM_STREAM = 1_000_003  # the ShardSampler "client" number of the warm-start order
+
+
+class StartError(ValueError):
+    """The --init checkpoint cannot be used (one line)."""
+
+
+def checkpoint_weights(path: str, size: int) -> np.ndarray:
+    """The weights saved in a checkpoint, checked against the model's size."""
+    try:
+        weights = load_arrays(path)["weights"]
+    except (OSError, ValueError, KeyError) as error:
+        raise StartError(f"init: cannot read weights from {path} ({error})") from None
+    if weights.dtype != np.float32 or weights.ndim != 1 or weights.size != size:
+        raise StartError(f"init: {path} holds {weights.size} {weights.dtype} weights, the model has {size} float32")
+    return weights
+
+
+def starting_weights(cfg: RunConfig, dataset: Dataset, device: str,
+                     clock: Callable[[], float] | None = None) -> tuple[np.ndarray, list[dict]]:
+    """(initial weights, warm-start rows); `clock` times the rows (default: wall seconds)."""
+    model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
+    weights = flat_weights(model)
+    if cfg.init:
+        weights = checkpoint_weights(cfg.init, weights.size)
+    if not cfg.warm_start:
+        return weights, []
+    replica = Replica(model, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=device)
+    sampler = ShardSampler(np.arange(len(dataset.train)), cfg.batch_size, cfg.seed, WARM_STREAM)
+    client = Client(replica, dataset.train, sampler)
+    client.sync(weights)
+    start = time.perf_counter()
+    clock = clock or (lambda: time.perf_counter() - start)
+    rows = []
+    for step in range(1, cfg.warm_start + 1):
+        result = client.step()
+        rows.append({"client": 0, "step": step, "time": clock(), "loss": result.loss,
+                     "error": result.error, "samples": result.samples})
+    return host_copy(client.weights), rows
