@@ -304,7 +304,7 @@ class ShardSampler:
         if len(self._indices) < batch_size:
             raise DataError(f"data: client shard has {len(self._indices)} samples, fewer than batch_size {batch_size}")
         self.batch_size, self.seed, self.client = batch_size, seed, client
-        self.load_state({"epoch": 0, "pos": 0})
+        self.seek(0)
 
     def _shuffle(self) -> None:
         rng = np.random.default_rng([self.seed, self.client, self.epoch])
@@ -318,14 +318,10 @@ class ShardSampler:
             self._shuffle()
         return batch
 
-    def state(self) -> dict:
-        return {"epoch": self.epoch, "pos": self._pos}
-
-    def load_state(self, state: dict) -> None:
-        epoch, pos = state.get("epoch"), state.get("pos")
-        last = len(self._indices) - self.batch_size
-        if not (isinstance(epoch, int) and isinstance(pos, int) and epoch >= 0 and 0 <= pos <= last):
-            raise DataError(f"data: sampler state {state} does not fit a shard of {len(self._indices)} "
-                            f"samples with batch_size {self.batch_size}")
-        self.epoch, self._pos = epoch, pos
+    def seek(self, batches: int) -> None:
+        """Stand where a sampler is after handing out `batches` minibatches (for resume):
+        the order is a pure function of (seed, client, epoch), so no state is saved."""
+        per_epoch = len(self._indices) // self.batch_size
+        self.epoch, self._pos = divmod(batches, per_epoch)
+        self._pos *= self.batch_size
         self._shuffle()

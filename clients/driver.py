@@ -78,9 +78,10 @@ class ClientLoop:
 
 
 def run_client(transport: Transport, client: Client, plan: ClientPlan,
-               clock: Callable[[], float]) -> int:
-    """Train for `plan.steps` minibatches over MPI; returns the number of pushes sent."""
-    loop = ClientLoop(client, plan, clock)
+               clock: Callable[[], float], start: tuple[int, int] = (0, 0)) -> int:
+    """Train up to `plan.steps` minibatches over MPI, from `start` = (step, pushes so far,
+    after a resume); returns the number of pushes sent in all."""
+    loop = ClientLoop(client, plan, clock, *start)
     transport.send(plan.server, Tag.PULL, Pull())
     client.sync(_receive_weights(transport, client, plan))
     while not loop.done:

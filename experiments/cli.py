@@ -74,7 +74,11 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     from experiments import launch
 
     overrides = {f.name: getattr(args, f.name) for f in fields(RunConfig)}
-    cfg = load_config(args.config, overrides)
+    if args.resume:
+        from experiments.resume import resumed_config
+        cfg = resumed_config(args.resume, overrides)
+    else:
+        cfg = load_config(args.config, overrides)
     _check_inputs(cfg)
     out = cfg.out or _default_out(cfg)
     if cfg.backend == "sim":
@@ -112,7 +116,7 @@ def _check_inputs(cfg: RunConfig) -> None:
             checkpoint_weights(cfg.init, size)
         except StartError as error:
             raise InputError(str(error)) from None
-    out = Path(cfg.out) if cfg.out else None
+    out = Path(cfg.out) if cfg.out and not cfg.resume else None
     if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(f"out: {out} already exists and is not an empty directory; choose another --out")
 

@@ -12,31 +12,32 @@ import contextlib
 import time
 from typing import Any, Callable
 
+import numpy as np
+
 from clients.client import Client
 from clients.collective import Average, collective_step
 from clients.models import host_copy
 from experiments.progress import Progress
+from experiments.resume import ResumePoint, cut_back
 from experiments.runrecord import RunSetup, eval_every, finish_run, open_run, record_failure
 from paramserver.config import InjectedFault
+from paramserver.rundir import RunDir
 
 
 def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], average: Average,
                    clock: Callable[[], float], gather: Callable[[list[dict]], list[dict] | None],
-                   advance: Callable[[int], None] = lambda step: None) -> int:
+                   advance: Callable[[int], None] = lambda step: None, point: ResumePoint | None = None) -> int:
     """Train every local client in lockstep; `gather` returns all rows on the recorder, else None."""
     cfg = setup.cfg
     every = eval_every(cfg, cfg.steps)
     recorder = 0 in indices
-    run = open_run(setup, every) if recorder else None
+    run, counts, lines = _open(setup, every, point) if recorder else (None, {}, 0)
     progress = Progress(setup.clients * cfg.steps, quiet=cfg.quiet or not recorder)
-    counts: dict[str, Any] = {"minibatches": 0, "samples": 0}
+    first = point.client_steps[0] + 1 if point else 1
     wall = time.perf_counter()
     try:
-        if recorder:
-            run.writer("server").close()  # no server in these modes: its log stays empty
-            run.save_snapshot(setup.weights, 0, 0.0, 0)
-        with run.writer("clients") if recorder else contextlib.nullcontext() as log:
-            for step in range(1, cfg.steps + 1):
+        with run.writer("clients", lines) if recorder else contextlib.nullcontext() as log:
+            for step in range(first, cfg.steps + 1):
                 results = collective_step(clients, cfg.mode, step, cfg.steps, cfg.n_sync, average)
                 advance(step)
                 now = clock()
@@ -50,10 +51,9 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
                     counts["samples"] += sum(r["samples"] for r in everyone)
                     progress.update(counts["minibatches"])
                     if step % every == 0 or step == cfg.steps:
-                        run.save_snapshot(host_copy(clients[0].weights), step, now, counts["minibatches"])
+                        _record(run, setup, clients[0], step, now, counts, log.lines)
         progress.close()
         if recorder:
-            run.save_checkpoint({"weights": host_copy(clients[0].weights), "version": step})
             finish_run(run, setup, clock(), time.perf_counter() - wall, counts)
     except BaseException as error:
         progress.close()
@@ -61,6 +61,35 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
             record_failure(run, clock(), counts, error)
         raise
     return 0
+
+
+def _open(setup: RunSetup, every: int, point: ResumePoint | None) -> tuple[RunDir, dict[str, Any], int]:
+    """The run directory (new, or cut back to its checkpoint), the counts so far, the log's rows."""
+    if point is None:
+        run = open_run(setup, every)
+        run.writer("server").close()  # no server in these modes: its log stays empty
+        run.save_snapshot(setup.weights, 0, 0.0, 0)
+        return run, {"minibatches": 0, "samples": 0}, 0
+    run = RunDir(setup.out)
+    arrays = run.load_checkpoint()
+    cut_back(run, arrays, setup.cfg.steps, setup.provenance)
+    minibatches, samples, _ = (int(n) for n in arrays["tally.counts"])
+    return run, {"minibatches": minibatches, "samples": samples}, int(arrays["lines"][1])
+
+
+def _record(run: RunDir, setup: RunSetup, client: Client, step: int, now: float, counts: dict[str, Any],
+            lines: int) -> None:
+    """A snapshot for the test error and, where every client holds the same weights (always
+    in sync mode, at averaging steps in local-sgd), a checkpoint to resume from."""
+    cfg = setup.cfg
+    weights = host_copy(client.weights)
+    run.save_snapshot(weights, step, now, counts["minibatches"])
+    if cfg.mode == "sync" or step % cfg.n_sync == 0 or step == cfg.steps:
+        k = setup.clients
+        run.save_checkpoint({"weights": weights, "version": np.array(step), "time": np.array(now),
+                             "tally.counts": np.array([counts["minibatches"], counts["samples"], 0]),
+                             "tally.client_steps": np.full(k, step), "tally.client_pushes": np.zeros(k, np.int64),
+                             "lines": np.array([0, lines])})
 
 
 def _maybe_fault(fault: tuple[int, int] | None, indices: list[int], step: int) -> None:

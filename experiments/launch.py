@@ -26,7 +26,8 @@ from experiments.collectiverun import collective_run
 from experiments.provenance import provenance
 from experiments.runrecord import RunSetup
 from experiments.serverrun import serve_run
-from experiments.start import starting_weights
+from experiments.resume import resume_point
+from experiments.start import start_client, starting_weights
 from paramserver.config import RunConfig
 from paramserver.protocol import Fail, Tag
 from paramserver.transport import Transport
@@ -92,19 +93,23 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
         weights, warm_rows = starting_weights(cfg, dataset, device) if transport.rank == 0 else \
             (flat_weights(model), [])
         client = _make_client(index, cfg, clients, model, dataset, device) if index >= 0 else None
+        point = resume_point(out) if cfg.resume and transport.rank == 0 else None
         transport.barrier()  # time starts together on every rank, after all setup
         transport.bcast_array(weights)  # from rank 0: the warm start's or the checkpoint's
+        point = transport.bcast(point)
         if client is not None:
             client.sync(weights)
+            start_client(client, cfg, index, point)
         setup = RunSetup(cfg, out, clients, model, weights, dataset, device, prov, warm_rows)
-        start = time.perf_counter()
-        clock = lambda: time.perf_counter() - start  # noqa: E731
+        start, offset = time.perf_counter(), point.time if point else 0.0
+        clock = lambda: offset + time.perf_counter() - start  # noqa: E731
         if cfg.mode != "async":
             return collective_run(setup, [client], [index], _mpi_average(transport), clock,
-                                  gather=lambda rows: _flatten(transport.gather(rows)))
+                                  gather=lambda rows: _flatten(transport.gather(rows)), point=point)
         if client is None:
             return serve_run(setup, transport, clock)
-        run_client(transport, client, _plan(transport.rank, cfg), clock)
+        run_client(transport, client, _plan(transport.rank, cfg), clock,
+                   start=(point.client_steps[index], point.client_pushes[index]) if point else (0, 0))
         return 0
     except Exception as error:  # noqa: BLE001 - any failure must end the whole job
         _fail(transport, error, index)
@@ -126,7 +131,6 @@ def _flatten(gathered: list[list[dict]] | None) -> list[dict] | None:
 
 
 def _make_client(index: int, cfg: RunConfig, clients: int, model, dataset: Dataset, device: str) -> Client:
-    torch.manual_seed(cfg.seed * 1000 + index + 1)  # dropout differs across clients
     shard = shard_indices(len(dataset.train), clients, index, cfg.seed)
     replica = Replica(model, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=device)
     return Client(replica, dataset.train, ShardSampler(shard, cfg.batch_size, cfg.seed, index),

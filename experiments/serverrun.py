@@ -6,7 +6,9 @@ from typing import Any, Callable
 
 from experiments.progress import Progress
 from experiments.runrecord import RunSetup, async_versions, eval_every, finish_run, open_run, record_failure
+from experiments.resume import cut_back
 from paramserver.rules import make_rule
+from paramserver.rundir import RunDir
 from paramserver.server import ServerTally, Serving, serve
 from paramserver.store import Store
 
@@ -19,19 +21,27 @@ def serve_run(setup: RunSetup, transport: Any, clock: Callable[[], float],
     """
     cfg, clients = setup.cfg, setup.clients
     every = eval_every(cfg, async_versions(cfg, clients))
-    run = open_run(setup, every)
     store = Store(setup.weights, make_rule(cfg.rule, cfg.effective_server_lr, cfg.server_momentum, cfg.weight_decay))
+    tally, lines = None, (0, 0)
+    if cfg.resume:
+        run = RunDir(setup.out)
+        arrays = run.load_checkpoint()
+        store.load_state(arrays)
+        cut_back(run, arrays, cfg.steps, setup.provenance)
+        tally, lines = ServerTally.from_arrays(arrays), tuple(int(n) for n in arrays["lines"])
+    else:
+        run = open_run(setup, every)
     progress = Progress(clients * cfg.steps, quiet=cfg.quiet)
     fault = cfg.fault
     serving = Serving(transport, store, run, list(range(1, clients + 1)), every, cfg.stall_timeout, clock,
                       fault_version=fault[1] if fault and fault[0] == 0 else None,
-                      progress=progress.update, apply_cost=apply_cost)
+                      progress=progress.update, apply_cost=apply_cost, tally=tally, log_lines=lines)
     try:
         wall = time.perf_counter()
         tally = drive(serving)
         train_wall_s = time.perf_counter() - wall
         progress.close()
-        run.save_checkpoint(store.state())
+        serving.checkpoint()
         finish_run(run, setup, clock(), train_wall_s, _counts(store, tally))
     except BaseException as error:
         progress.close()
@@ -47,6 +57,6 @@ def _counts(store: Store, tally: ServerTally) -> dict[str, Any]:
         "version": store.version,
         "pushes_sent": sum(stop.pushes for stop in tally.stops.values()),
         "pushes_applied": sum(store.applied.values()),
-        "pushes_rejected": len(tally.rejected),
+        "pushes_rejected": tally.rejected,
         "staleness": store.staleness_stats(),
     }

@@ -37,7 +37,8 @@ from experiments.launch import pick_device
 from experiments.provenance import provenance
 from experiments.runrecord import RunSetup
 from experiments.serverrun import serve_run
-from experiments.start import starting_weights
+from experiments.resume import resume_point
+from experiments.start import start_client, starting_weights
 from paramserver.config import RunConfig
 from paramserver.inprocess import InProcessLink
 from paramserver.protocol import Pull, Tag
@@ -91,17 +92,17 @@ class LockstepClock:
 class Simulation:
     """The event loop: who does what, when, in virtual seconds."""
 
-    def __init__(self, loops: list[ClientLoop], clocks: list[StepClock], timing: SimTiming):
+    def __init__(self, loops: list[ClientLoop], clocks: list[StepClock], timing: SimTiming, start: float = 0.0):
         self.loops, self.clocks, self.timing = loops, clocks, timing
         self.link = InProcessLink()
         self.events: list[tuple[float, int, str, int, Any]] = []
         self.order = itertools.count()  # ties resolve in scheduling order: deterministic
-        self.server_free = 0.0
-        self.now = 0.0                  # the server's clock, read by Serving
+        self.server_free = start
+        self.now = start                # the server's clock, read by Serving
 
     def run(self, serving: Serving) -> ServerTally:
         for i in range(len(self.loops)):
-            self._schedule(self.timing.transfer(0), "arrive", i, Outgoing(Tag.PULL, Pull()))
+            self._schedule(self.now + self.timing.transfer(0), "arrive", i, Outgoing(Tag.PULL, Pull()))
         while self.events:
             when, _, kind, i, item = heapq.heappop(self.events)
             if kind == "arrive":      # a message reaches the server
@@ -149,6 +150,8 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     sim_clients = [_client(cfg, replica, dataset, clients, i) for i in range(clients)]
     timing = _timing(cfg, replica, dataset, sim_clients[0].size)
     weights, warm_rows = starting_weights(cfg, dataset, device, StepClock(timing.step_time))
+    point = resume_point(out) if cfg.resume else None
+    starts = [start_client(client, cfg, i, point) for i, client in enumerate(sim_clients)]
     for client in sim_clients:
         client.sync(weights)
     factors = _speed_factors(cfg.seed, clients, cfg.speed_jitter)
@@ -158,12 +161,14 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     setup = RunSetup(cfg, out, clients, model, weights, dataset, device, prov, warm_rows)
     if cfg.mode != "async":
         lockstep = LockstepClock([timing.step_time * f for f in factors], timing, weights.nbytes, cfg)
+        lockstep.now = point.time if point else 0.0
         return collective_run(setup, sim_clients, list(range(clients)), mean_in_place, lockstep,
-                              gather=lambda rows: rows, advance=lockstep.advance)
+                              gather=lambda rows: rows, advance=lockstep.advance, point=point)
     clocks = [StepClock(timing.step_time * f) for f in factors]
-    loops = [ClientLoop(c, ClientPlan(i, cfg.steps, cfg.push_every, cfg.fetch_every, cfg.stall_timeout), clk)
+    loops = [ClientLoop(c, ClientPlan(i, cfg.steps, cfg.push_every, cfg.fetch_every, cfg.stall_timeout), clk,
+                        step=starts[i], pushes=point.client_pushes[i] if point else 0)
              for i, (c, clk) in enumerate(zip(sim_clients, clocks))]
-    simulation = Simulation(loops, clocks, timing)
+    simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0)
     return serve_run(setup, simulation.link, lambda: simulation.now, drive=simulation.run,
                      apply_cost=timing.apply_time)
 

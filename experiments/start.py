@@ -8,13 +8,16 @@ go to warm_start.jsonl; the run's clock starts after it.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
 
 from clients.client import Client, Replica
 from clients.data import Dataset, ShardSampler
 from clients.models import build_model, flat_weights, host_copy
+from experiments.resume import ResumePoint
 from paramserver.config import RunConfig
 from paramserver.runlog import load_arrays
 
@@ -41,6 +44,8 @@ def starting_weights(cfg: RunConfig, dataset: Dataset, device: str,
     """(initial weights, warm-start rows); `clock` times the rows (default: wall seconds)."""
     model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
     weights = flat_weights(model)
+    if cfg.resume:
+        return checkpoint_weights(str(Path(cfg.resume) / "checkpoint" / "latest.npz"), weights.size), []
     if cfg.init:
         weights = checkpoint_weights(cfg.init, weights.size)
     if not cfg.warm_start:
@@ -57,3 +62,12 @@ def starting_weights(cfg: RunConfig, dataset: Dataset, device: str,
         rows.append({"client": 0, "step": step, "time": clock(), "loss": result.loss,
                      "error": result.error, "samples": result.samples})
     return host_copy(client.weights), rows
+
+
+def start_client(client: Client, cfg: RunConfig, index: int, point: ResumePoint | None) -> int:
+    """Position a client's data order and RNG at its first step (after a resume, its
+    last pushed step); returns that step. Dropout draws differ across clients and steps."""
+    step = point.client_steps[index] if point else 0
+    client.sampler.seek(step)
+    torch.manual_seed(int(np.random.SeedSequence([cfg.seed, index, step]).generate_state(1)[0]))
+    return step

@@ -54,6 +54,7 @@ class RunConfig:
     seed: int = _key(0, "seed of the initial weights, shards and data order")
     warm_start: int = _key(0, "train this many minibatches on one client first; every client starts there")
     init: str = _key("", "start from the weights of this checkpoint (a run's checkpoint/latest.npz)")
+    resume: str = _key("", "continue the run in this directory from its last checkpoint")
     data: str = _key("fashion-mnist",
                      "fashion-mnist, a .npz file (x, y[, x_test, y_test]) or an image folder (train/, val/)")
     data_dir: str = _key("", "folder holding Fashion-MNIST's four *-ubyte.gz files")

@@ -39,8 +39,8 @@ class RunDir:
         except OSError as e:
             raise RunDirError(f"out: cannot create {self.path} ({e.strerror})") from None
 
-    def writer(self, log: str) -> JsonlWriter:
-        return JsonlWriter(self.path / f"{log}.jsonl")
+    def writer(self, log: str, lines: int = 0) -> JsonlWriter:
+        return JsonlWriter(self.path / f"{log}.jsonl", lines)
 
     def write_config(self, config: dict[str, Any]) -> None:
         write_json_atomic(self.path / "config.json", config)

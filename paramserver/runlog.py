@@ -21,17 +21,18 @@ import numpy as np
 class JsonlWriter:
     """One JSON object a line, flushed per row."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, lines: int = 0):
         self.path = Path(path)
         self._file = open(self.path, "a", encoding="utf-8")
+        self.lines = lines  # rows in the file; a checkpoint records it to cut the log back on resume
 
     def write(self, row: dict[str, Any]) -> None:
-        self._file.write(json.dumps(row, default=_plain) + "\n")
-        self._file.flush()
+        self.write_many([row])
 
     def write_many(self, rows: list[dict[str, Any]]) -> None:
         self._file.write("".join(json.dumps(r, default=_plain) + "\n" for r in rows))
         self._file.flush()
+        self.lines += len(rows)
 
     def close(self) -> None:
         self._file.close()
@@ -61,6 +62,13 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
             if i != len(lines) - 1:
                 raise ValueError(f"{path}: line {i + 1} is not JSON") from None
             print(f"warning: {path}: skipping a torn last line", file=sys.stderr)
+
+
+def truncate_jsonl(path: Path, lines: int) -> None:
+    """Keep the first `lines` rows of a log (atomically): what a checkpoint accounted for."""
+    path = Path(path)
+    kept = path.read_text(encoding="utf-8").splitlines(keepends=True)[:lines] if path.exists() else []
+    _replace_atomically(path, lambda f: f.write("".join(kept).encode()))
 
 
 def _replace_atomically(path: Path, write) -> None:

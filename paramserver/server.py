@@ -27,17 +27,37 @@ class ClientFailed(RuntimeError):
 
 @dataclass
 class ServerTally:
-    """What the summary needs from the serving loop."""
+    """What the summary and a checkpoint need from the serving loop."""
 
+    clients: int
     minibatches: int = 0
     samples: int = 0
-    rejected: list[dict] = field(default_factory=list)
+    rejected: int = 0
     stops: dict[int, Stop] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.client_steps = np.zeros(self.clients, np.int64)   # step of each client's last push handled
+        self.client_pushes = np.zeros(self.clients, np.int64)  # pushes handled, per client
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"tally.counts": np.array([self.minibatches, self.samples, self.rejected], np.int64),
+                "tally.client_steps": self.client_steps, "tally.client_pushes": self.client_pushes}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "ServerTally":
+        tally = cls(len(arrays["tally.client_steps"]), *(int(v) for v in arrays["tally.counts"]))
+        tally.client_steps[:] = arrays["tally.client_steps"]
+        tally.client_pushes[:] = arrays["tally.client_pushes"]
+        return tally
 
 
 @dataclass
 class Serving:
-    """Everything serve() works with, gathered so the loop's helpers stay small."""
+    """Everything serve() works with, gathered so the loop's helpers stay small.
+
+    A resumed run passes the checkpoint's `tally` and the row counts its logs were cut
+    back to (`log_lines`); a fresh one starts from nothing and snapshots version 0.
+    """
 
     transport: Transport
     store: Store
@@ -49,13 +69,16 @@ class Serving:
     fault_version: int | None = None
     progress: Callable[[int], None] = lambda minibatches: None
     apply_cost: float | None = None   # seconds an apply is logged as taking; None: measured
-    tally: ServerTally = field(default_factory=ServerTally)
+    tally: ServerTally | None = None
+    log_lines: tuple[int, int] = (0, 0)  # rows already in (server, clients) logs
 
     def __post_init__(self) -> None:
-        self.server_log = self.run.writer("server")
-        self.client_log = self.run.writer("clients")
+        self.server_log = self.run.writer("server", self.log_lines[0])
+        self.client_log = self.run.writer("clients", self.log_lines[1])
         self.buffer = np.empty(self.store.size, np.float32)  # pushes land here
-        self.run.save_snapshot(self.store.weights, self.store.version, 0.0, 0)
+        if self.tally is None:
+            self.tally = ServerTally(len(self.client_ranks))
+            self.run.save_snapshot(self.store.weights, self.store.version, 0.0, 0)
 
     def client(self, rank: int) -> int:
         return self.client_ranks.index(rank)
@@ -63,6 +86,11 @@ class Serving:
     @property
     def done(self) -> bool:
         return len(self.tally.stops) == len(self.client_ranks)
+
+    def checkpoint(self) -> None:
+        """Weights, rule and tallies, with the time and log lengths they correspond to."""
+        self.run.save_checkpoint({**self.store.state(), **self.tally.arrays(), "time": np.array(self.clock()),
+                                  "lines": np.array([self.server_log.lines, self.client_log.lines])})
 
     def close(self) -> None:
         self.server_log.close()
@@ -139,18 +167,20 @@ def _apply_push(s: Serving, msg: Message) -> None:
                             "staleness": result.staleness, "apply_s": apply_s})
     else:
         _reject(s, msg.source, result.reason)
-    _log_client_rows(s, header, pulled, result)
+    _log_client_rows(s, client, header, pulled, result)
     if result.accepted and s.eval_every and result.version % s.eval_every == 0:
         s.run.save_snapshot(s.store.weights, result.version, s.clock(), s.tally.minibatches)
-        s.run.save_checkpoint(s.store.state())
+        s.checkpoint()
     if s.fault_version is not None and result.version >= s.fault_version:
         raise InjectedFault(f"injected fault on the server at version {result.version}")
 
 
-def _log_client_rows(s: Serving, header: Push, pulled: int, result: ApplyResult) -> None:
+def _log_client_rows(s: Serving, client: int, header: Push, pulled: int, result: ApplyResult) -> None:
     """The window's rows (the client ran them, applied or not); the last one carries the
     sync point's version and staleness, or why its push was rejected."""
     rows = [dict(r) for r in header.rows]
+    s.tally.client_steps[client] = header.step
+    s.tally.client_pushes[client] += 1
     if rows:
         sync = {"version_pulled": pulled, "staleness": result.staleness}
         rows[-1].update(sync if result.accepted else {**sync, "rejected": result.reason})
@@ -162,6 +192,5 @@ def _log_client_rows(s: Serving, header: Push, pulled: int, result: ApplyResult)
 
 def _reject(s: Serving, rank: int, reason: str) -> None:
     client = s.client(rank) if rank in s.client_ranks else None
-    row = {"time": s.clock(), "client": client, "rank": rank, "rejected": reason}
-    s.tally.rejected.append(row)
-    s.server_log.write(row)
+    s.tally.rejected += 1
+    s.server_log.write({"time": s.clock(), "client": client, "rank": rank, "rejected": reason})

@@ -87,6 +87,8 @@ class Store:
         """Arrays for a checkpoint (no objects, so it loads without pickle)."""
         arrays = {"weights": self.weights, "version": np.array(self.version)}
         arrays.update({f"rule.{k}": v for k, v in self.rule.state().items()})
+        for name in ("pulled", "applied", "rejected", "staleness"):
+            arrays[f"store.{name}"] = np.array(sorted(dict(getattr(self, name)).items()), np.int64).reshape(-1, 2)
         return arrays
 
     def load_state(self, arrays: dict[str, np.ndarray]) -> None:
@@ -96,3 +98,6 @@ class Store:
         self.weights[:] = weights
         self.version = int(arrays["version"])
         self.rule.load_state({k[5:]: v for k, v in arrays.items() if k.startswith("rule.")})
+        self.pulled = {int(k): int(v) for k, v in arrays["store.pulled"]}
+        for name in ("applied", "rejected", "staleness"):
+            setattr(self, name, Counter({int(k): int(v) for k, v in arrays[f"store.{name}"]}))

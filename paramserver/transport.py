@@ -96,6 +96,10 @@ class Transport:
             time.sleep(sleep)
             sleep = min(sleep * 2, _MAX_SLEEP)
 
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        """A small object from `root`, on every rank."""
+        return self.comm.bcast(obj, root=root)
+
     def bcast_array(self, array: np.ndarray, root: int = 0) -> np.ndarray:
         """`root`'s array, on every rank (the others pass an array of the same size)."""
         self.comm.Bcast([_as_bytes(array), MPI.BYTE], root=root)

@@ -31,14 +31,41 @@ def tiny_npz(tmp_path_factory) -> Path:
     return make_tiny_npz(tmp_path_factory.mktemp("data") / "tiny.npz")
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`. MPICH's launcher gives each rank a session of its own, so
+    killing the process group we started would miss the ranks; walking the tree does not."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process we started and everything below it, nothing else."""
+    for victim in [pid, *descendants(pid)]:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def run_command(args: list[str], timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """Run in a new process group; on timeout kill that group (only it) and fail the test."""
+    """Run in a new session; on timeout kill it and its descendants (only them) and fail the test."""
     proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc.pid)
         out, err = proc.communicate()
         pytest.fail(f"{' '.join(args)} did not finish in {timeout} s (deadlock?)\n{out}\n{err}")
     return subprocess.CompletedProcess(args, proc.returncode, out, err)

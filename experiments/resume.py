@@ -1,0 +1,86 @@
+"""`asgd train --resume RUN_DIR`: continue a run from its last checkpoint.
+
+A checkpoint records, with the weights, how far every client had got (the step of its
+last push the server handled) and how many rows the logs held at that moment. Resuming
+cuts the logs back to those rows, drops snapshots taken after the checkpoint, and
+starts each client at the step after its last handled push, with its data order
+sought to that point (the order is a pure function of seed, client and epoch). So the
+finished logs hold every minibatch and every applied push exactly once. What is not
+restored: the clients' momentum buffers (they restart at zero) and the minibatches a
+client had run but not pushed when the job died (they are run again).
+
+`--steps` may grow on resume, to extend a finished run; the settings that shape the
+run (model, data, clients, learning rates...) may not change.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from paramserver.config import ConfigError, RunConfig, load_config
+from paramserver.rundir import RunDir
+from paramserver.runlog import read_jsonl, truncate_jsonl, write_json_atomic
+
+CHANGEABLE = {"steps", "quiet", "stall_timeout", "eval_samples", "keep_snapshots", "device", "resume",
+              "inject_fault", "out"}
+RECORD_ONLY = {"provenance", "num_params", "resumed"}  # config.json keys that are not config
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where each client starts again; broadcast from rank 0 to every rank."""
+
+    time: float                # the run's clock at the checkpoint
+    client_steps: list[int]    # minibatches each client had run and pushed
+    client_pushes: list[int]
+
+
+def resumed_config(run_dir: str, overrides: dict[str, Any]) -> RunConfig:
+    """The run's own config, with the few flags a resume may change."""
+    path = Path(run_dir) / "config.json"
+    try:
+        stored = {k: v for k, v in json.loads(path.read_text()).items() if k not in RECORD_ONLY}
+        stored["inject_fault"] = ""  # a test's fault is for the run it was given to
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"resume: cannot read {path} ({error})") from None
+    for key, value in overrides.items():
+        if value is not None and key not in CHANGEABLE and value != stored.get(key):
+            raise ConfigError(f"resume: {key} cannot change when resuming (run has {stored.get(key)!r})")
+    if not (Path(run_dir) / "checkpoint" / "latest.npz").exists():
+        raise ConfigError(f"resume: {run_dir} has no checkpoint to resume from")
+    given = {k: v for k, v in overrides.items() if v is not None}
+    cfg = load_config(None, {**stored, **given, "out": run_dir, "resume": run_dir})
+    summary = Path(run_dir) / "summary.json"
+    if summary.exists() and json.loads(summary.read_text()).get("status") == "complete" \
+            and cfg.steps <= stored["steps"]:
+        raise ConfigError(f"resume: {run_dir} is complete; pass a larger --steps to train on")
+    return cfg
+
+
+def resume_point(run_dir: str) -> ResumePoint:
+    arrays = RunDir(run_dir).load_checkpoint()
+    return ResumePoint(float(arrays["time"]), [int(s) for s in arrays["tally.client_steps"]],
+                       [int(p) for p in arrays["tally.client_pushes"]])
+
+
+def cut_back(run: RunDir, arrays: dict[str, np.ndarray], steps: int, record: dict[str, Any]) -> None:
+    """Make the run directory what it was at the checkpoint, and note the resume in config.json."""
+    version = int(arrays["version"])
+    for log, lines in zip(("server", "clients"), arrays["lines"]):
+        truncate_jsonl(run.path / f"{log}.jsonl", int(lines))
+    for snapshot_version, path in run.snapshots():
+        if snapshot_version > version:
+            path.unlink()
+    evals = run.path / "eval.jsonl"
+    if evals.exists():
+        kept = sum(1 for row in read_jsonl(evals) if row["version"] <= version)
+        truncate_jsonl(evals, kept)
+    (run.path / "summary.json").unlink(missing_ok=True)  # the run is not complete until it is
+    config = json.loads((run.path / "config.json").read_text())
+    config["resumed"] = [*config.get("resumed", []), record]
+    config["steps"] = steps  # a resume may extend the run
+    write_json_atomic(run.path / "config.json", config)
