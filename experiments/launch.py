@@ -82,7 +82,7 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     index = transport.rank - servers  # this rank's client number; -1 on the server
     try:
-        _set_threads(local, is_client=index >= 0)
+        _set_threads(local, is_client=index >= 0, threads=cfg.threads)
         device = pick_device(cfg.device, local.Get_rank())
         dataset = load_dataset(cfg.data, cfg.data_dir or None)
         model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
@@ -162,11 +162,14 @@ def _tell_server(transport: Transport, reason: str) -> None:
         time.sleep(0.05)
 
 
-def _set_threads(local, is_client: bool) -> None:
+def _set_threads(local, is_client: bool, threads: int) -> None:
     """Share this node's cores among its client ranks (the server needs little CPU)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     local_clients = max(1, local.allreduce(int(is_client)))
-    torch.set_num_threads(max(1, cores // local_clients) if is_client else max(1, cores // local.Get_size()))
+    if is_client:
+        torch.set_num_threads(threads or max(1, cores // local_clients))
+    else:
+        torch.set_num_threads(max(1, cores // local.Get_size()))
 
 
 def pick_device(requested: str, local_rank: int) -> str:

@@ -18,14 +18,18 @@ on once its push is sent. `time` in the logs is this virtual time.
 from __future__ import annotations
 
 import heapq
+import math
 import itertools
+from collections import defaultdict, deque
 import platform
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from clients.client import Client, Replica
 from clients.collective import mean_in_place
@@ -39,10 +43,11 @@ from experiments.runrecord import RunSetup
 from experiments.serverrun import serve_run
 from experiments.resume import resume_point
 from experiments.start import start_client, starting_weights
-from paramserver.config import RunConfig
+from paramserver.config import ConfigError, RunConfig
 from paramserver.inprocess import InProcessLink
 from paramserver.protocol import Pull, Tag
 from paramserver.rules import make_rule
+from paramserver.runlog import read_jsonl
 from paramserver.server import ServerTally, Serving
 from paramserver.store import Store
 
@@ -92,13 +97,16 @@ class LockstepClock:
 class Simulation:
     """The event loop: who does what, when, in virtual seconds."""
 
-    def __init__(self, loops: list[ClientLoop], clocks: list[StepClock], timing: SimTiming, start: float = 0.0):
+    def __init__(self, loops: list[ClientLoop], clocks: list[StepClock], timing: SimTiming, start: float = 0.0,
+                 replay: list[tuple[Tag, int]] | None = None):
         self.loops, self.clocks, self.timing = loops, clocks, timing
         self.link = InProcessLink()
         self.events: list[tuple[float, int, str, int, Any]] = []
-        self.order = itertools.count()  # ties resolve in scheduling order: deterministic
+        self.tickets = itertools.count()  # ties resolve in scheduling order: deterministic
         self.server_free = start
-        self.now = start                # the server's clock, read by Serving
+        self.now = start                  # the server's clock, read by Serving
+        self.replay = deque(replay) if replay is not None else None  # (tag, client), in recorded order
+        self.parked: dict[tuple[Tag, int], deque[tuple[float, Outgoing]]] = defaultdict(deque)
 
     def run(self, serving: Serving) -> ServerTally:
         for i in range(len(self.loops)):
@@ -111,15 +119,28 @@ class Simulation:
                 if kind == "reply":   # weights reach client i
                     self.loops[i].client.sync(item)
                 self._window(when, i)
+        if not serving.done:
+            raise RuntimeError("simulation: events ran out before every client stopped (replay order?)")
         serving.close()
         serving.run.save_snapshot(serving.store.weights, serving.store.version, self.now,
                                   serving.tally.minibatches)
         return serving.tally
 
     def _schedule(self, when: float, kind: str, client: int, item: Any) -> None:
-        heapq.heappush(self.events, (when, next(self.order), kind, client, item))
+        heapq.heappush(self.events, (when, next(self.tickets), kind, client, item))
 
     def _arrive(self, serving: Serving, when: float, i: int, message: Outgoing) -> None:
+        """With a replay order, pulls and pushes wait until the recorded order reaches them."""
+        if self.replay is None:
+            self._serve(serving, when, i, message)
+            return
+        self.parked[(message.tag, i)].append((when, message))
+        while self.replay and self.parked[self.replay[0]]:
+            tag, client = self.replay.popleft()
+            waited, parked = self.parked[(tag, client)].popleft()
+            self._serve(serving, max(waited, self.now), client, parked)
+
+    def _serve(self, serving: Serving, when: float, i: int, message: Outgoing) -> None:
         start = max(when, self.server_free)
         self.now = start
         replies = self.link.deliver(serving, i + 1, message.tag, message.header, message.payload)
@@ -143,6 +164,9 @@ class Simulation:
 
 def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     """One simulated run into `out`; the same run directory as an MPI run."""
+    order = replay_order(cfg, clients) if cfg.replay else None
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)  # the same count as an MPI run's gives the same floats
     dataset = load_dataset(cfg.data, cfg.data_dir or None)
     device = pick_device(cfg.device, local_rank=0)
     model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
@@ -168,9 +192,40 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     loops = [ClientLoop(c, ClientPlan(i, cfg.steps, cfg.push_every, cfg.fetch_every, cfg.stall_timeout), clk,
                         step=starts[i], pushes=point.client_pushes[i] if point else 0)
              for i, (c, clk) in enumerate(zip(sim_clients, clocks))]
-    simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0)
+    simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order)
     return serve_run(setup, simulation.link, lambda: simulation.now, drive=simulation.run,
                      apply_cost=timing.apply_time)
+
+
+def replay_order(cfg: RunConfig, clients: int) -> list[tuple[Tag, int]]:
+    """The order in which a recorded run's server took each client's first pull, every
+    applied push and each STOP. A first pull goes right after the push that made the
+    version the client pulled (clients.jsonl's `version_pulled`), so every client starts
+    from the weights it started from then; later pulls come with their pushes
+    (n_fetch == n_push)."""
+    if cfg.push_every != cfg.fetch_every:
+        raise ConfigError("replay: needs n_push == n_fetch (later pulls are not recorded apart from pushes)")
+    run = Path(cfg.replay)
+    try:
+        pushes = [row["client"] for row in read_jsonl(run / "server.jsonl") if "version" in row]
+        first_pull: dict[int, int] = {}
+        for row in read_jsonl(run / "clients.jsonl"):
+            if "version_pulled" in row:
+                first_pull.setdefault(row["client"], row["version_pulled"])
+    except (OSError, ValueError, KeyError) as error:
+        raise ConfigError(f"replay: cannot read the logs of {run} ({error})") from None
+    per_client = math.ceil(cfg.steps / cfg.push_every)
+    if sorted(pushes) != sorted(list(range(clients)) * per_client) or sorted(first_pull) != list(range(clients)):
+        raise ConfigError(f"replay: {run} does not hold {per_client} pushes from each of {clients} clients")
+    order = [(Tag.PULL, c) for c, v in first_pull.items() if v == 0]
+    done = {c: 0 for c in range(clients)}
+    for version, client in enumerate(pushes, start=1):
+        order.append((Tag.PUSH, client))
+        done[client] += 1
+        if done[client] == per_client:  # its STOP must not overtake its parked last push
+            order.append((Tag.STOP, client))
+        order += [(Tag.PULL, c) for c, v in first_pull.items() if v == version]
+    return order
 
 
 def _client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int, i: int) -> Client:

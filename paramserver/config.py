@@ -59,6 +59,8 @@ class RunConfig:
                      "fashion-mnist, a .npz file (x, y[, x_test, y_test]) or an image folder (train/, val/)")
     data_dir: str = _key("", "folder holding Fashion-MNIST's four *-ubyte.gz files")
     model: str = _key("cnn", "cnn (small, for 28x28 data) or convnet (cuda-convnet ImageNet network)")
+    threads: int = _key(0, "torch threads per client (0: a node's cores shared by its client ranks; "
+                           "all cores in the simulator)")
     device: str = _key("auto", "auto (cuda:<local rank mod GPUs> with CUDA, else cpu), cpu or cuda[:N]")
     eval_every: int = _key(0, "server versions between test evaluations (0: about 20 a run)")
     eval_samples: int = _key(0, "test samples per evaluation (0: the whole test split)")
@@ -70,6 +72,7 @@ class RunConfig:
     sim_bandwidth: float = _key(1.1e10, "sim: bytes/s of a transfer (default: MPI measured on a 2-core host)")
     sim_latency: float = _key(2e-6, "sim: seconds added to every transfer")
     speed_jitter: float = _key(0.0, "sim: client i's step time is sim_step_time * U(1-j, 1+j), seeded")
+    replay: str = _key("", "sim: apply pushes in the order of this run directory's server.jsonl")
     inject_fault: str = _key("", "RANK:STEP; raise an exception there (for tests)")
 
     def __post_init__(self) -> None:
@@ -143,12 +146,14 @@ def _check_values(cfg: RunConfig) -> None:
     _require(cfg.weight_decay >= 0, "weight_decay", f"must be non-negative, got {cfg.weight_decay}")
     _require(cfg.seed >= 0, "seed", f"must be non-negative, got {cfg.seed}")
     _require(cfg.warm_start >= 0, "warm_start", f"must be non-negative, got {cfg.warm_start}")
-    for name in ("eval_every", "eval_samples"):
+    for name in ("eval_every", "eval_samples", "threads"):
         _require(getattr(cfg, name) >= 0, name, f"must be non-negative (0: automatic), got {getattr(cfg, name)}")
     for name in ("sim_step_time", "sim_apply_time", "sim_latency"):
         _require(getattr(cfg, name) >= 0, name, f"must be non-negative, got {getattr(cfg, name)}")
     _require(cfg.sim_bandwidth > 0, "sim_bandwidth", f"must be positive, got {cfg.sim_bandwidth}")
     _require(0 <= cfg.speed_jitter < 1, "speed_jitter", f"must be in [0, 1), got {cfg.speed_jitter}")
+    _require(not cfg.replay or (cfg.backend == "sim" and cfg.mode == "async"), "replay",
+             "needs --backend sim and --mode async")
     _require(cfg.stall_timeout > 0, "stall_timeout", f"must be positive, got {cfg.stall_timeout}")
     _require(cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
              "device", f"expected auto, cpu or cuda[:N], got {cfg.device!r}")

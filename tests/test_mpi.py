@@ -56,7 +56,8 @@ def test_self_launched_run_on_fashion_mnist_matches_the_run_directory_contract(t
 
 def test_four_clients_every_push_applied_once_with_staleness_and_falling_loss(tmp_path, tiny_npz):
     run = tmp_path / "run"
-    result = mpi_train(5, "--data", str(tiny_npz), *TINY, "--steps", "40", "--n-sync", "2", "--out", str(run))
+    result = mpi_train(5, "--data", str(tiny_npz), *TINY, "--steps", "40", "--n-sync", "2", "--threads", "1",
+                       "--out", str(run))
     assert result.returncode == 0, result.stderr
     s = summary(run)
     assert s["pushes_sent"] == s["pushes_applied"] == s["version"] == 4 * 20 and s["pushes_rejected"] == 0
@@ -68,6 +69,17 @@ def test_four_clients_every_push_applied_once_with_staleness_and_falling_loss(tm
     assert s["staleness"]["max"] == max(r["staleness"] for r in server_rows)
     losses = [r["loss"] for r in sorted(rows(run, "clients"), key=lambda r: r["time"])]
     assert np.mean(losses[-20:]) < 0.5 * np.mean(losses[:20])
+    # The simulator replays this real run's arrival order: with the MPI run's thread count
+    # (1 per client here) it reproduces every push's staleness and every loss exactly.
+    replay = tmp_path / "replay"
+    result = run_command([str(BIN / "asgd"), "train", "--quiet", "--backend", "sim", "--clients", "4",
+                          "--data", str(tiny_npz), *TINY, "--steps", "40", "--n-sync", "2", "--replay", str(run),
+                          "--threads", "1", "--eval-samples", "50", "--out", str(replay)], timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert [(r["client"], r["staleness"]) for r in rows(replay, "server")] == \
+        [(r["client"], r["staleness"]) for r in server_rows]
+    assert sorted((r["client"], r["step"], r["loss"]) for r in rows(replay, "clients")) == \
+        sorted((r["client"], r["step"], r["loss"]) for r in rows(run, "clients"))
 
 
 @pytest.mark.parametrize("n_sync", [1, 4])

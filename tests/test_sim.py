@@ -103,3 +103,22 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path, tiny_npz, capsys):
     assert main(["train", "--backend", "sim", "--data", str(tiny_npz), "--init", str(tmp_path / "small.npz")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "init:" in err and "holds 10 float32 weights" in err
+
+
+def test_replay_reruns_a_recorded_arrival_order(tmp_path, tiny_npz):
+    flags = ["--clients", "3", "--steps", "6", "--n-sync", "2"]
+    jittery = sim(tmp_path / "jittery", tiny_npz, *flags, "--speed-jitter", "0.6", "--seed", "3")
+    recorded = [(r["client"], r["staleness"]) for r in rows(jittery, "server")]
+    assert len({s for _, s in recorded}) > 1  # jitter gave a pattern worth replaying
+    replayed = sim(tmp_path / "replayed", tiny_npz, *flags, "--seed", "3", "--replay", str(jittery))
+    assert [(r["client"], r["staleness"]) for r in rows(replayed, "server")] == recorded
+    plain = sim(tmp_path / "plain", tiny_npz, *flags, "--seed", "3")
+    assert [(r["client"], r["staleness"]) for r in rows(plain, "server")] != recorded
+
+
+def test_replay_of_a_run_that_does_not_fit_is_refused(tmp_path, tiny_npz, capsys):
+    recorded = sim(tmp_path / "rec", tiny_npz, "--clients", "2", "--steps", "4")
+    code = main(["train", "--backend", "sim", "--data", str(tiny_npz), "--clients", "2", "--steps", "6",
+                 "--replay", str(recorded), "--out", str(tmp_path / "bad")])
+    assert code == 2 and "replay:" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
