@@ -77,3 +77,14 @@ def test_loss_falls_on_the_tiny_dataset(tmp_path, dataset):
     rows = [json.loads(line) for line in (tmp_path / "run" / "clients.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in rows]
     assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3])
+
+
+def test_paper_scale_convnet_builds_and_runs_a_step():
+    import torch
+
+    from clients.models import MODELS
+
+    model = build_model("convnet", (3, 224, 224), 1000, seed=0)
+    assert sum(p.numel() for p in model.parameters()) > 50_000_000 and "convnet" in MODELS
+    logits = model(torch.zeros(2, 3, 224, 224))
+    assert logits.shape == (2, 1000)
