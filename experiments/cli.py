@@ -2,6 +2,7 @@
 
     asgd train [CONFIG.toml] [--clients K --n-sync N ...]   start K clients + 1 server on MPI
     mpiexec -n K+1 asgd train [CONFIG.toml] [flags]           the same, launched by you
+    asgd sweep SPEC.toml                                       a resumable grid of runs
     asgd report RUN_DIR                                        summary + training-error figure
 
 Every input is checked here, before any MPI process starts: a bad one exits with
@@ -37,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return _train(args, argv)
+        if args.command == "sweep":
+            from experiments.sweep import run_sweep
+            return run_sweep(args.spec, args.out, args.jobs, args.retry_failed, args.quiet)
         from experiments.report import report
         return report(args.run_dir, args.window)
     except (ConfigError, InputError) as error:
@@ -56,6 +60,12 @@ def _parser() -> argparse.ArgumentParser:
             train.add_argument(flag, action="store_const", const=True, default=None, help=text)
         else:
             train.add_argument(flag, type=kinds[key.name], default=None, help=text, metavar=key.name.upper())
+    sweep = commands.add_parser("sweep", help="run a grid of runs from a spec (resumable)")
+    sweep.add_argument("spec", help="sweep spec (TOML); see experiments/configs/")
+    sweep.add_argument("--out", help="sweep folder (default results/sweeps/<name>)")
+    sweep.add_argument("--jobs", type=int, default=0, help="points run at once (default: cores for sim, 1 for mpi)")
+    sweep.add_argument("--retry-failed", action="store_true", help="run failed points again")
+    sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     report = commands.add_parser("report", help="summarise a run directory and plot its curves")
     report.add_argument("run_dir")
     report.add_argument("--window", type=int, default=400, help="smoothing window, in minibatches")

@@ -1,4 +1,4 @@
-"""One progress bar, drawn by the server's rank on the launching terminal."""
+"""One progress bar: drawn by the server's rank on the launching terminal, or by a sweep."""
 from __future__ import annotations
 
 import sys
@@ -9,8 +9,9 @@ from typing import TextIO
 class Progress:
     """A text bar over minibatches, redrawn at most twice a second; silent when quiet."""
 
-    def __init__(self, total: int, quiet: bool = False, stream: TextIO = sys.stderr, label: str = "train"):
-        self.total, self.quiet, self.stream, self.label = total, quiet, stream, label
+    def __init__(self, total: int, quiet: bool = False, stream: TextIO = sys.stderr, label: str = "train",
+                 unit: str = "minibatches"):
+        self.total, self.quiet, self.stream, self.label, self.unit = total, quiet, stream, label, unit
         self.start = time.monotonic()
         self._last_draw = 0.0
         self.done = 0
@@ -26,9 +27,9 @@ class Progress:
     def line(self, elapsed: float) -> str:
         fraction = min(self.done / self.total, 1.0) if self.total else 1.0
         bar = "#" * int(30 * fraction)
-        eta = elapsed * (1 - fraction) / fraction if fraction else float("nan")
-        return (f"{self.label} [{bar:<30}] {100 * fraction:3.0f}% {self.done}/{self.total} minibatches"
-                f"  {elapsed:5.0f} s  ETA {eta:4.0f} s ")
+        eta = f"{elapsed * (1 - fraction) / fraction:4.0f} s" if fraction else "   ? s"
+        return (f"{self.label} [{bar:<30}] {100 * fraction:3.0f}% {self.done}/{self.total} {self.unit}"
+                f"  {elapsed:5.0f} s  ETA {eta} ")
 
     def close(self, note: str = "") -> None:
         if not self.quiet:

@@ -26,7 +26,7 @@ from paramserver.rundir import RunDir
 from paramserver.runlog import read_jsonl, truncate_jsonl, write_json_atomic
 
 CHANGEABLE = {"steps", "quiet", "stall_timeout", "eval_samples", "keep_snapshots", "device", "resume",
-              "inject_fault", "out"}
+              "inject_fault", "out", "threads"}
 RECORD_ONLY = {"provenance", "num_params", "resumed"}  # config.json keys that are not config
 
 

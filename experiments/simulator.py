@@ -246,6 +246,16 @@ def _timing(cfg: RunConfig, replica: Replica, dataset: Dataset, size: int) -> Si
     return SimTiming(step, apply, cfg.sim_bandwidth, cfg.sim_latency)
 
 
+def measure_timing(cfg: RunConfig, threads: int) -> tuple[float, float]:
+    """(step time, apply time) of this config's model and data with `threads` torch threads."""
+    torch.set_num_threads(threads)
+    dataset = load_dataset(cfg.data, cfg.data_dir or None)
+    model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
+    replica = Replica(model, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                      device=pick_device(cfg.device, local_rank=0))
+    return _measure_step(replica, dataset, cfg.batch_size), _measure_apply(cfg, len(replica.initial_weights()))
+
+
 def _measure_step(replica: Replica, dataset: Dataset, batch_size: int) -> float:
     """Median of real minibatches on a scratch client (its own vectors and data order)."""
     scratch = Client(replica, dataset.train, ShardSampler(np.arange(len(dataset.train)), batch_size, 0, 0))

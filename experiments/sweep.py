@@ -1,0 +1,230 @@
+"""`asgd sweep SPEC.toml`: a grid of runs (clients x n_sync x start x mode x seed), resumable.
+
+    asgd sweep experiments/configs/proxy/fig2.toml [--out DIR] [--jobs N] [--retry-failed]
+
+Each point is one `asgd train` in a subprocess (the simulator, or `mpiexec` per point),
+with a timeout, writing its own run directory under DIR/runs/. DIR/index.json lists
+the points and their status, rewritten atomically after each one. Run the sweep again
+after a kill and it finishes only what is missing: a complete point is skipped, one
+with a checkpoint is resumed (`--resume`), one without is started over; a failed point
+keeps its reason and is retried only with --retry-failed.
+
+A spec (TOML):
+
+    name = "fig2-cold"        # the sweep's folder name
+    scale = "proxy"           # shown in figure captions
+    backend = "sim"           # or "mpi"
+    timeout = 3600            # seconds per run
+    warm_start = 300          # warm-start minibatches of the points with start = "warm"
+    [base]                    # asgd train config keys shared by every point
+    steps = 200
+    [grid]                    # every combination is a point
+    clients = [1, 2, 4, 8]
+    n_sync = [1, 4, 16]
+    start = ["cold", "warm"]
+    mode = ["async"]
+    seed = [0]
+
+In the simulator every point uses one step time, measured once for the sweep (unless
+`sim_step_time` is in [base]), so the points' virtual clocks are comparable.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from experiments.progress import Progress
+from paramserver.config import ConfigError, RunConfig, load_config
+from paramserver.runlog import write_json_atomic
+
+GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")
+SPEC_KEYS = {"name", "scale", "backend", "timeout", "warm_start", "base", "grid"}
+OWN_KEYS = {"clients", "n_sync", "mode", "seed", "warm_start", "out", "backend", "resume", "quiet"}
+
+
+@dataclass(frozen=True)
+class Point:
+    id: str
+    settings: dict[str, Any]   # the grid values: clients, n_sync, start, mode, seed
+    config: RunConfig          # the point's whole config
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    scale: str
+    backend: str
+    timeout: float
+    points: list[Point]
+
+
+def load_spec(path: str) -> Spec:
+    """The spec and every point's validated config; errors are one line (ConfigError)."""
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"sweep {path}: cannot read ({error})") from None
+    unknown = sorted(set(raw) - SPEC_KEYS) + sorted(set(raw.get("grid", {})) - set(GRID_KEYS))
+    clashing = sorted(set(raw.get("base", {})) & OWN_KEYS)
+    if unknown or clashing:
+        raise ConfigError(f"sweep {path}: unknown key {unknown[0]!r}" if unknown else
+                          f"sweep {path}: [base] may not set {clashing[0]!r} (the grid and spec do)")
+    grid = {key: raw.get("grid", {}).get(key, default) for key, default in
+            zip(GRID_KEYS, ([1], [1], ["cold"], ["async"], [0]))}
+    if any(not isinstance(values, list) or not values for values in grid.values()):
+        raise ConfigError(f"sweep {path}: every [grid] entry must be a non-empty list")
+    backend = raw.get("backend", "sim")
+    points = {}
+    for values in itertools.product(*(grid[key] for key in GRID_KEYS)):
+        point = _point(dict(zip(GRID_KEYS, values)), raw, backend)
+        points.setdefault(point.id, point)  # sync modes ignore n_sync: one point, not several
+    return Spec(raw.get("name", Path(path).stem), raw.get("scale", "proxy"), backend,
+                float(raw.get("timeout", 3600)), list(points.values()))
+
+
+def _point(settings: dict[str, Any], raw: dict[str, Any], backend: str) -> Point:
+    if settings["start"] not in ("cold", "warm"):
+        raise ConfigError(f"sweep: start must be cold or warm, got {settings['start']!r}")
+    if settings["mode"] == "sync":
+        settings = {**settings, "n_sync": 1}
+    keys = {"clients": settings["clients"], "n_sync": settings["n_sync"], "mode": settings["mode"],
+            "seed": settings["seed"], "backend": backend,
+            "warm_start": raw.get("warm_start", 0) if settings["start"] == "warm" else 0}
+    config = load_config(None, {**raw.get("base", {}), **keys})
+    if settings["start"] == "warm" and not config.warm_start:
+        raise ConfigError("sweep: warm points need warm_start > 0 in the spec")
+    point_id = f"{settings['mode']}-c{settings['clients']}-n{settings['n_sync']}-{settings['start']}-s{settings['seed']}"
+    return Point(point_id, settings, config)
+
+
+class SweepRunner:
+    """Runs the missing points of a spec into one folder, keeping index.json current."""
+
+    def __init__(self, spec: Spec, out: Path, jobs: int, retry_failed: bool, quiet: bool):
+        self.spec, self.out, self.retry_failed = spec, out, retry_failed
+        cores = len(os.sched_getaffinity(0))
+        self.jobs = jobs or (cores if spec.backend == "sim" else 1)
+        self.threads = max(1, cores // self.jobs)
+        self.lock = threading.Lock()
+        self.index = self._load_index()
+        self.progress = Progress(len(spec.points), quiet=quiet, label="sweep", unit="points")
+
+    def _load_index(self) -> dict[str, Any]:
+        path = self.out / "index.json"
+        old = json.loads(path.read_text()) if path.exists() else {}
+        status = {p["id"]: p["status"] for p in old.get("points", [])}
+        points = [{"id": p.id, **p.settings, "run": f"runs/{p.id}", "status": status.get(p.id, "pending")}
+                  for p in self.spec.points]
+        meta = {k: v for k, v in old.items() if k != "points"}
+        return {**meta, "name": self.spec.name, "scale": self.spec.scale, "backend": self.spec.backend,
+                "points": points}
+
+    def run(self) -> int:
+        for sub in ("runs", "configs"):
+            (self.out / sub).mkdir(parents=True, exist_ok=True)
+        if self.spec.backend == "sim":
+            self._fix_sim_timings()
+        entries = {e["id"]: e for e in self.index["points"]}
+        todo = [p for p in self.spec.points if self._wanted(entries[p.id])]
+        self.progress.update(len(self.spec.points) - len(todo))
+        self._save()
+        with ThreadPoolExecutor(self.jobs) as pool:
+            list(pool.map(self._run_point, todo))
+        self.progress.close()
+        failed = [e["id"] for e in self.index["points"] if e["status"] != "complete"]
+        return 1 if failed else 0
+
+    def _wanted(self, entry: dict[str, Any]) -> bool:
+        if (self.out / entry["run"] / "summary.json").exists() and _complete(self.out / entry["run"]):
+            entry["status"] = "complete"
+            return False
+        return not entry["status"].startswith("failed") or self.retry_failed
+
+    def _fix_sim_timings(self) -> None:
+        """One step and apply time for every point, measured once and kept in index.json."""
+        if "sim_step_time" not in self.index:
+            from experiments.simulator import measure_timing
+            step, apply = measure_timing(self.spec.points[-1].config, self.threads)
+            self.index.update(sim_step_time=step, sim_apply_time=apply)
+        base = {"sim_step_time": self.index["sim_step_time"], "sim_apply_time": self.index["sim_apply_time"]}
+        self.spec = Spec(self.spec.name, self.spec.scale, self.spec.backend, self.spec.timeout,
+                         [Point(p.id, p.settings, _with(p.config, base)) for p in self.spec.points])
+
+    def _run_point(self, point: Point) -> str:
+        run = self.out / "runs" / point.id
+        if (run / "checkpoint" / "latest.npz").exists():
+            command = ["train", "--resume", str(run), "--quiet"]
+        else:
+            shutil.rmtree(run, ignore_errors=True)
+            config = self.out / "configs" / f"{point.id}.toml"
+            config.write_text(_toml(_with(point.config, {"threads": self.threads}).to_dict()))
+            command = ["train", str(config), "--out", str(run), "--quiet"]
+        status = _execute(self._launcher(point) + command, self.spec.timeout, run)
+        with self.lock:
+            next(e for e in self.index["points"] if e["id"] == point.id)["status"] = status
+            self._save()
+            self.progress.update(self.progress.done + 1)
+        return status
+
+    def _launcher(self, point: Point) -> list[str]:
+        python = [sys.executable, "-m", "experiments.cli"]
+        if self.spec.backend == "sim":
+            return python
+        from experiments.launch import find_mpiexec
+        ranks = point.config.clients + (1 if point.config.mode == "async" else 0)
+        return [find_mpiexec() or "mpiexec", "-n", str(ranks), *python]
+
+    def _save(self) -> None:
+        write_json_atomic(self.out / "index.json", self.index)
+
+
+def _execute(argv: list[str], timeout: float, run: Path) -> str:
+    """Run one point; its status: complete, or failed with the reason."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)  # mpiexec's ranks end with it
+        proc.communicate()
+        return f"failed: timeout after {timeout:g} s"
+    if proc.returncode == 0 and _complete(run):
+        return "complete"
+    lines = [line for line in err.splitlines() if line.strip()]
+    return f"failed: exit {proc.returncode}: {lines[-1].strip() if lines else 'no message'}"
+
+
+def _complete(run: Path) -> bool:
+    try:
+        return json.loads((run / "summary.json").read_text()).get("status") == "complete"
+    except (OSError, ValueError):
+        return False
+
+
+def _with(config: RunConfig, changes: dict[str, Any]) -> RunConfig:
+    return RunConfig(**{**config.to_dict(), **changes})
+
+
+def _toml(values: dict[str, Any]) -> str:
+    """A flat TOML table of plain values (None means: leave the key out)."""
+    skip = {"out", "resume", "quiet"}
+    return "".join(f"{key} = {json.dumps(value)}\n" for key, value in values.items()
+                   if value is not None and key not in skip)
+
+
+def run_sweep(spec_path: str, out: str | None, jobs: int, retry_failed: bool, quiet: bool) -> int:
+    spec = load_spec(spec_path)
+    folder = Path(out or f"results/sweeps/{spec.name}")
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(spec_path, folder / "spec.toml")
+    return SweepRunner(spec, folder, jobs, retry_failed, quiet).run()

@@ -1,0 +1,188 @@
+"""The paper's figures from a sweep directory (Figs. 1-4, staleness, modes), as files.
+
+Colour always means client count and line style n_sync, so figures can be read side by
+side; every number plotted comes from plots.analysis.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from plots.analysis import (Point, Sweep, curve, default_start, speedups,  # noqa: E402
+                            staleness_table)
+from plots.rundata import load_json, load_log  # noqa: E402
+
+LINESTYLES = ["-", "--", ":", "-."]
+PAPER_SPEEDUP = (8, 3.2)  # Paine et al. 2013: 3.2x at 8 GPUs
+MODE_COLOURS = {"async": "tab:blue", "sync": "tab:red", "local-sgd": "tab:green"}
+
+
+def client_colour(clients: int) -> tuple:
+    """A fixed place on viridis for 1..32 clients (log2 spaced), the same in every figure."""
+    return plt.cm.viridis(0.9 * min(np.log2(max(clients, 1)) / 5, 1.0))
+
+
+def nsync_style(n_sync: int, n_syncs: Sequence[int]) -> str:
+    """Solid, dashed, dotted, dash-dot in order of increasing n_sync within the sweep."""
+    return LINESTYLES[sorted(n_syncs).index(n_sync) % len(LINESTYLES)]
+
+
+def save(fig: Figure, stem: str | Path) -> list[Path]:
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_name(f"{stem.name}.png"), stem.with_name(f"{stem.name}.pdf")]
+    fig.savefig(paths[0], dpi=150)
+    fig.savefig(paths[1])
+    return paths
+
+
+def _axes(axes: Axes | Sequence[Axes] | None, n: int, **kw) -> tuple[Figure, list[Axes], bool]:
+    """Draw into the caller's axes when given; otherwise a new row of n panels that the caller owns."""
+    if axes is None:
+        fig, made = plt.subplots(1, n, figsize=(max(4.8, 3.6 * n), 3.8), squeeze=False, **kw)
+        return fig, list(made[0]), True
+    axes = [axes] if isinstance(axes, Axes) else list(axes)
+    if len(axes) < n:
+        raise ValueError(f"this figure needs {n} axes, got {len(axes)}")
+    return axes[0].figure, axes[:n], False
+
+
+def _finish(fig: Figure, owned: bool, sweep: Sweep, points: list[Point], window: int | None = None) -> Figure:
+    """Only a figure this module made gets the caption, so a caller's own layout is left alone."""
+    if not owned:
+        return fig
+    config = load_json(points[0].run, "config")
+    parts = [f"sweep {sweep.name}", f"scale: {sweep.meta.get('scale', '?')}", f"data: {config.get('data', '?')}",
+             f"model: {config.get('model', '?')}", "seeds: " + ",".join(str(s) for s in sorted({p.seed for p in points}))]
+    if window is not None:
+        parts.append(f"training error: trailing mean over {window} minibatches")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.text(0.5, 0.01, " · ".join(parts), ha="center", va="bottom", fontsize=7, color="0.3")
+    return fig
+
+
+def _time_label(sweep: Sweep, point: Point) -> str:
+    backend = sweep.meta.get("backend") or load_json(point.run, "config").get("backend", "mpi")
+    return "virtual time (s)" if backend == "sim" else "wall time (s)"
+
+
+def _need(items: list, what: str) -> list:
+    if not items:
+        raise ValueError(f"the sweep has no complete {what}")
+    return items
+
+
+def _plot_seeds(ax: Axes, points: list[Point], window: int, label: str, **style) -> None:
+    """Every seed drawn in the same style; only the first labelled so the legend stays one line per setting."""
+    for i, p in enumerate(sorted(points, key=lambda p: p.seed)):
+        c = curve(p, window)
+        ax.plot(c.time, 100 * c.error, label=label if i == 0 else None, alpha=1.0 if i == 0 else 0.5, lw=1.2, **style)
+
+
+def fig1_single_client(sweep: Sweep, window: int = 400, ax: Axes | None = None) -> Figure:
+    ones = _need(sweep.select(mode="async", clients=1, start="cold"), "cold 1-client async point")
+    point = min(ones, key=lambda p: (p.n_sync, p.seed))
+    fig, (ax,), owned = _axes(ax, 1)
+    c = curve(point, window)
+    ax.plot(c.epochs, 100 * c.error, color=client_colour(1), label=f"training error (trailing {window} minibatches)")
+    evals = load_log(point.run, "eval")
+    if evals:
+        batch = load_json(point.run, "config").get("batch_size", 64)
+        epochs = [e["minibatches"] * batch / point.train_size for e in evals]
+        ax.plot(epochs, [100 * e["test_error"] for e in evals], "o-", ms=3, color="tab:red", label="test error")
+    ax.set(xlabel="epochs", ylabel="error (%)", title=f"Fig. 1: one client (n_sync {point.n_sync}, seed {point.seed})")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _finish(fig, owned, sweep, [point], window)
+
+
+def fig_start(sweep: Sweep, start: str = "cold", window: int = 400, axes: Sequence[Axes] | None = None) -> Figure:
+    points = _need(sweep.select(mode="async", start=start), f"async points with start {start}")
+    n_syncs = sweep.values("n_sync", mode="async", start=start)
+    fig, panels, owned = _axes(axes, len(n_syncs), sharey=True)
+    for ax, n in zip(panels, n_syncs):
+        for k in sweep.values("clients", mode="async", start=start, n_sync=n):
+            _plot_seeds(ax, sweep.select(mode="async", start=start, n_sync=n, clients=k), window,
+                        f"{k} client{'s' * (k > 1)}", color=client_colour(k), ls=nsync_style(n, n_syncs))
+        ax.set(title=f"n_sync {n}", xlabel=_time_label(sweep, points[0]))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    panels[0].set_ylabel("training error (%)")
+    fig.suptitle(f"Fig. {2 if start == 'cold' else 3}: {start} start")
+    return _finish(fig, owned, sweep, points, window)
+
+
+def fig4_speedup(sweep: Sweep, target: float | None = None, start: str | None = None,
+                 ax: Axes | None = None, window: int = 400) -> Figure:
+    """Speedup in time to a common target error; the star is the paper's number for comparison."""
+    start = start or default_start(sweep)
+    points = _need(sweep.select(mode="async", start=start), f"async points with start {start}")
+    rows = [r for r in speedups(sweep, target, start, window) if r["mode"] == "async"]
+    n_syncs = sorted({r["n_sync"] for r in rows})
+    fig, (ax,), owned = _axes(ax, 1)
+    for n in n_syncs:
+        xy = [(r["clients"], r["speedup"]) for r in rows if r["n_sync"] == n and r["speedup"] is not None]
+        if xy:
+            ax.plot(*zip(*xy), marker="o", color="0.15", ls=nsync_style(n, n_syncs), label=f"n_sync {n}")
+    top = max([r["clients"] for r in rows] + [PAPER_SPEEDUP[0]])
+    ticks = [2 ** i for i in range(int(np.log2(top)) + 1)]
+    ax.plot(ticks, ticks, ls="--", color="0.6", label="ideal (linear)")
+    ax.plot(*PAPER_SPEEDUP, marker="*", ms=14, color="tab:orange", ls="none")
+    ax.annotate("paper: 3.2x at 8 GPUs", PAPER_SPEEDUP, xytext=(-10, 14), textcoords="offset points",
+                ha="right", fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.set(xlabel="clients", ylabel="speedup to target (x)",
+           title=f"Fig. 4: {start} start, target error {100 * rows[0]['target']:.1f}%")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _finish(fig, owned, sweep, points)
+
+
+def fig_staleness(sweep: Sweep, axes: Sequence[Axes] | None = None) -> Figure:
+    n_syncs = _need(sweep.values("n_sync", mode="async"), "async points")
+    rows = _need([r for r in staleness_table(sweep) if r["n_sync"] == n_syncs[0] and r["histogram"]],
+                 f"async points at n_sync {n_syncs[0]} with staleness histograms")
+    fig, panels, owned = _axes(axes, len(rows))
+    for ax, r in zip(panels, rows):
+        ax.bar(list(r["histogram"]), list(r["histogram"].values()), width=0.8, color=client_colour(r["clients"]))
+        ax.set_yscale("log")
+        ax.set(title=f"{r['clients']} clients: mean {r['mean']:.2f}, max {r['max']}",
+               xlabel="staleness (server versions)")
+        ax.grid(alpha=0.3, axis="y")
+    panels[0].set_ylabel("pushes")
+    fig.suptitle(f"Staleness of pushes, async, n_sync {n_syncs[0]}")
+    return _finish(fig, owned, sweep, sweep.select(mode="async", n_sync=n_syncs[0]))
+
+
+def fig_modes(sweep: Sweep, window: int = 400, axes: Sequence[Axes] | None = None) -> Figure:
+    """Panels only at client counts where some non-async mode ran, so every panel compares modes."""
+    others = _need([p for p in sweep.points if p.mode != "async"], "points of modes other than async")
+    counts = sorted({p.clients for p in others})
+    starts = {p.start for p in others}
+    fig, panels, owned = _axes(axes, len(counts), sharey=True)
+    shown = []
+    for ax, k in zip(panels, counts):
+        points = [p for p in sweep.select(clients=k) if p.start in starts]
+        shown += points
+        settings = sorted({(p.mode, p.n_sync, p.start) for p in points})
+        for mode, n, start in sorted(settings, key=lambda s: (s[0] != "async", s)):
+            label = mode if mode == "sync" else f"{mode}, n_sync {n}"
+            n_syncs = sorted({p.n_sync for p in points if p.mode == mode})
+            _plot_seeds(ax, [p for p in points if (p.mode, p.n_sync, p.start) == (mode, n, start)], window,
+                        label + (f" ({start})" if len(starts) > 1 else ""), color=MODE_COLOURS.get(mode, "0.3"),
+                        ls=nsync_style(n, n_syncs))
+        ax.set(title=f"{k} clients", xlabel=_time_label(sweep, points[0]))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    panels[0].set_ylabel("training error (%)")
+    fig.suptitle("Modes: async vs sync vs local-sgd")
+    return _finish(fig, owned, sweep, shown, window)

@@ -1,0 +1,95 @@
+"""Sweeps: a grid of runs in subprocesses, an index, resumable after a kill, failures kept."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.cli import main
+from tests.conftest import BIN, kill_tree
+
+
+def spec(tmp_path: Path, data: Path, grid: str, base: str = "", name: str = "s", steps: int = 8) -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(f'name = "{name}"\nbackend = "sim"\ntimeout = 120\nwarm_start = 10\n'
+                    f'[base]\nsteps = {steps}\ndata = "{data}"\nbatch_size = 32\neval_samples = 50\n{base}\n'
+                    f"[grid]\n{grid}\n")
+    return path
+
+
+def index(out: Path) -> dict:
+    return json.loads((out / "index.json").read_text())
+
+
+def rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "clients.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("grid,base,expected", [
+    ("clients = [1]\nbogus = [1]", "", "unknown key 'bogus'"),
+    ("clients = [1]", "clients = 3", "[base] may not set 'clients'"),
+    ("clients = 2", "", "must be a non-empty list"),
+    ('start = ["tepid"]', "", "start must be cold or warm"),
+    ("n_sync = [0]", "", "n_sync: must be at least 1"),
+])
+def test_bad_specs_exit_2_with_one_line(tmp_path, tiny_npz, capsys, grid, base, expected):
+    assert main(["sweep", str(spec(tmp_path, tiny_npz, grid, base)), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err
+
+
+def test_grid_runs_every_point_once_and_indexes_them(tmp_path, tiny_npz):
+    grid = 'clients = [1, 2]\nn_sync = [1, 2]\nmode = ["async", "sync"]\nstart = ["cold", "warm"]'
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec(tmp_path, tiny_npz, grid)), "--out", str(out), "--quiet"]) == 0
+    points = index(out)["points"]
+    assert len(points) == 12  # sync ignores n_sync: 2 x 2 x 2 async + 2 x 2 sync
+    assert {p["status"] for p in points} == {"complete"}
+    for p in points:
+        run = out / p["run"]
+        config = json.loads((run / "config.json").read_text())
+        assert (config["clients"], config["mode"], config["warm_start"] > 0) == \
+            (p["clients"], p["mode"], p["start"] == "warm")
+        assert len(rows(run)) == 8 * p["clients"]
+    steps = {json.loads((out / p["run"] / "config.json").read_text())["sim_step_time"] for p in points}
+    assert steps == {index(out)["sim_step_time"]}  # one measured step time for every point
+
+
+def test_a_killed_sweep_finishes_only_what_is_missing(tmp_path, tiny_npz):
+    out = tmp_path / "out"
+    path = spec(tmp_path, tiny_npz, "clients = [1, 2, 3]\nn_sync = [1, 2]", base="eval_every = 5", steps=40)
+    command = [str(BIN / "asgd"), "sweep", str(path), "--out", str(out), "--quiet", "--jobs", "2"]
+    first = subprocess.Popen(command, start_new_session=True, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (out / "index.json").exists() or \
+            sum(p["status"] == "complete" for p in index(out)["points"]) < 2:
+        assert first.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    kill_tree(first.pid)
+    first.wait()
+    done_before = {p["id"]: (out / p["run"] / "summary.json").stat().st_mtime
+                   for p in index(out)["points"] if p["status"] == "complete"}
+    assert 2 <= len(done_before) < 6
+    assert main(["sweep", str(path), "--out", str(out), "--quiet"]) == 0
+    for p in index(out)["points"]:
+        assert p["status"] == "complete"
+        assert sorted((r["client"], r["step"]) for r in rows(out / p["run"])) == \
+            [(c, s) for c in range(p["clients"]) for s in range(1, 41)]  # no minibatch twice
+        if p["id"] in done_before:  # finished points were not run again
+            assert (out / p["run"] / "summary.json").stat().st_mtime == done_before[p["id"]]
+
+
+def test_a_failed_point_keeps_its_reason_and_is_retried_only_on_request(tmp_path, tiny_npz):
+    out = tmp_path / "out"
+    failing = spec(tmp_path, tiny_npz, "clients = [2]", base='eval_every = 2\ninject_fault = "0:5"')
+    assert main(["sweep", str(failing), "--out", str(out), "--quiet"]) == 1
+    [point] = index(out)["points"]
+    assert point["status"].startswith("failed: exit 1") and "InjectedFault" in point["status"]
+    fixed = spec(tmp_path, tiny_npz, "clients = [2]", base="eval_every = 2", name="s2")
+    assert main(["sweep", str(fixed), "--out", str(out), "--quiet"]) == 1  # not retried
+    assert index(out)["points"][0]["status"] == point["status"]
+    assert main(["sweep", str(fixed), "--out", str(out), "--quiet", "--retry-failed"]) == 0
+    assert len(rows(out / point["run"])) == 16  # resumed from its checkpoint, nothing twice
