@@ -3,7 +3,7 @@
     asgd train [CONFIG.toml] [--clients K --n-sync N ...]   start K clients + 1 server on MPI
     mpiexec -n K+1 asgd train [CONFIG.toml] [flags]           the same, launched by you
     asgd sweep SPEC.toml                                       a resumable grid of runs
-    asgd report RUN_DIR                                        summary + training-error figure
+    asgd report RUN_DIR | SWEEP_DIR                            summary, tables, findings, figures
 
 Every input is checked here, before any MPI process starts: a bad one exits with
 status 2 and one line saying which field is wrong and why.
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             from experiments.sweep import run_sweep
             return run_sweep(args.spec, args.out, args.jobs, args.retry_failed, args.quiet)
         from experiments.report import report
-        return report(args.run_dir, args.window)
+        return report(args.path, args.window, args.figures, args.target)
     except (ConfigError, InputError) as error:
         return _error(str(error))
 
@@ -66,9 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--jobs", type=int, default=0, help="points run at once (default: cores for sim, 1 for mpi)")
     sweep.add_argument("--retry-failed", action="store_true", help="run failed points again")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
-    report = commands.add_parser("report", help="summarise a run directory and plot its curves")
-    report.add_argument("run_dir")
+    report = commands.add_parser("report", help="summarise a run or a sweep: tables, findings, figures")
+    report.add_argument("path", help="a run directory or a sweep folder")
     report.add_argument("--window", type=int, default=400, help="smoothing window, in minibatches")
+    report.add_argument("--figures", help="where a sweep's tables and figures go (default: SWEEP/figures)")
+    report.add_argument("--target", type=float, help="target training error for speedups "
+                                                       "(default: the 1-client run's final error + 5%%)")
     return parser
 
 

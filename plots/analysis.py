@@ -92,6 +92,7 @@ def _curve(run: Path, window: int, train_size: int, _stamp: tuple[int, int]) -> 
 
 
 def time_to_target(c: Curve, target: float) -> float | None:
+    """On the smoothed curve, so one lucky minibatch does not count as arriving."""
     hit = np.flatnonzero(c.error <= target)
     return float(c.time[hit[0]]) if hit.size else None
 
@@ -120,7 +121,8 @@ def default_target(sweep: Sweep, window: int = 400, start: str = "cold") -> floa
 
 
 def default_start(sweep: Sweep) -> str:
-    """Warm when the sweep has a warm 1-client baseline: the paper measured its speedup from a warm start."""
+    """Warm when the sweep has a warm 1-client baseline: without the cold start's early slowdown the
+    speedup measures the steady state, which is what adding clients is for."""
     return "warm" if sweep.select(mode="async", clients=1, start="warm") else "cold"
 
 
@@ -212,8 +214,8 @@ def _early_errors(sweep: Sweep, start: str, n_sync: int, window: int) -> tuple[i
     return m, {k: float(np.mean([_error_at(curve(p, window), m) for p in points if p.clients == k])) for k in counts}
 
 
-def _fmt(errors: dict[int, float], unit: str = "clients") -> str:
-    return ", ".join(f"{k} {unit}: {v:.4f}" for k, v in errors.items())
+def _fmt(errors: dict[int, float], label: str = "{} clients") -> str:
+    return ", ".join(f"{label.format(k)}: {v:.4f}" for k, v in errors.items())
 
 
 def _missing(why: str) -> dict:
@@ -245,7 +247,7 @@ def _n_sync_hurts(sweep: Sweep, window: int) -> dict:
               for n in n_syncs}
     return {"holds": final[n_syncs[-1]] > final[n_syncs[0]],
             "evidence": f"cold, async, {k} clients, smoothed error at {int(m)} minibatches: "
-                        f"{_fmt(final, 'n_sync')}; jaggedness (mean |2nd difference| of the smoothed "
+                        f"{_fmt(final, 'n_sync {}')}; jaggedness (mean |2nd difference| of the smoothed "
                         f"curve): " + ", ".join(f"n_sync {n}: {v:.2e}" for n, v in jagged.items())}
 
 
@@ -271,7 +273,8 @@ def _speedup_grows(sweep: Sweep, window: int) -> dict:
     n_syncs = sweep.values("n_sync", mode="async", start=start)
     if not sweep.select(mode="async", clients=1, start=start) or not n_syncs:
         return _missing(f"needs a 1-client async point with start {start}")
-    rows = [r for r in speedups(sweep, start=start, window=window) if r["mode"] == "async" and r["n_sync"] == n_syncs[0]]
+    rows = [r for r in speedups(sweep, start=start, window=window)
+            if r["mode"] == "async" and r["n_sync"] == n_syncs[0]]
     base = [r for r in rows if r["clients"] == 1]
     many = {r["clients"]: r["speedup"] for r in rows if r["clients"] > 1}
     if len(many) < 2 or not base or base[0]["time_to_target"] is None:

@@ -5,6 +5,7 @@ side; every number plotted comes from plots.analysis.
 """
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -55,18 +56,27 @@ def _axes(axes: Axes | Sequence[Axes] | None, n: int, **kw) -> tuple[Figure, lis
     return axes[0].figure, axes[:n], False
 
 
-def _finish(fig: Figure, owned: bool, sweep: Sweep, points: list[Point], window: int | None = None) -> Figure:
-    """Only a figure this module made gets the caption, so a caller's own layout is left alone."""
+def _finish(fig: Figure, owned: bool, sweep: Sweep, points: list[Point], window: int | None = None,
+            title: str | None = None) -> Figure:
+    """Only a figure this module made gets the title and caption, so a caller's own layout is left alone."""
     if not owned:
         return fig
+    if title:
+        fig.suptitle(title)
     config = load_json(points[0].run, "config")
+    seeds = ",".join(str(s) for s in sorted({p.seed for p in points}))
     parts = [f"sweep {sweep.name}", f"scale: {sweep.meta.get('scale', '?')}", f"data: {config.get('data', '?')}",
-             f"model: {config.get('model', '?')}", "seeds: " + ",".join(str(s) for s in sorted({p.seed for p in points}))]
+             f"model: {config.get('model', '?')}", f"seeds: {seeds}"]
     if window is not None:
         parts.append(f"training error: trailing mean over {window} minibatches")
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.text(0.5, 0.01, " · ".join(parts), ha="center", va="bottom", fontsize=7, color="0.3")
+    caption = textwrap.fill(" · ".join(parts), width=int(16 * fig.get_figwidth()))
+    fig.tight_layout(rect=(0, 0.02 + 0.035 * (caption.count("\n") + 1), 1, 1))
+    fig.text(0.5, 0.01, caption, ha="center", va="bottom", fontsize=7, color="0.3")
     return fig
+
+
+def _clients(k: int) -> str:
+    return f"{k} client{'s' * (k != 1)}"
 
 
 def _time_label(sweep: Sweep, point: Point) -> str:
@@ -111,13 +121,12 @@ def fig_start(sweep: Sweep, start: str = "cold", window: int = 400, axes: Sequen
     for ax, n in zip(panels, n_syncs):
         for k in sweep.values("clients", mode="async", start=start, n_sync=n):
             _plot_seeds(ax, sweep.select(mode="async", start=start, n_sync=n, clients=k), window,
-                        f"{k} client{'s' * (k > 1)}", color=client_colour(k), ls=nsync_style(n, n_syncs))
+                        _clients(k), color=client_colour(k), ls=nsync_style(n, n_syncs))
         ax.set(title=f"n_sync {n}", xlabel=_time_label(sweep, points[0]))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     panels[0].set_ylabel("training error (%)")
-    fig.suptitle(f"Fig. {2 if start == 'cold' else 3}: {start} start")
-    return _finish(fig, owned, sweep, points, window)
+    return _finish(fig, owned, sweep, points, window, f"Fig. {2 if start == 'cold' else 3}: {start} start")
 
 
 def fig4_speedup(sweep: Sweep, target: float | None = None, start: str | None = None,
@@ -136,8 +145,8 @@ def fig4_speedup(sweep: Sweep, target: float | None = None, start: str | None = 
     ticks = [2 ** i for i in range(int(np.log2(top)) + 1)]
     ax.plot(ticks, ticks, ls="--", color="0.6", label="ideal (linear)")
     ax.plot(*PAPER_SPEEDUP, marker="*", ms=14, color="tab:orange", ls="none")
-    ax.annotate("paper: 3.2x at 8 GPUs", PAPER_SPEEDUP, xytext=(-10, 14), textcoords="offset points",
-                ha="right", fontsize=8)
+    ax.annotate("paper: 3.2x at 8 GPUs", PAPER_SPEEDUP, xytext=(-12, -4), textcoords="offset points",
+                ha="right", va="top", fontsize=8)
     ax.set_xscale("log", base=2)
     ax.set_xticks(ticks, [str(t) for t in ticks])
     ax.set(xlabel="clients", ylabel="speedup to target (x)",
@@ -155,12 +164,15 @@ def fig_staleness(sweep: Sweep, axes: Sequence[Axes] | None = None) -> Figure:
     for ax, r in zip(panels, rows):
         ax.bar(list(r["histogram"]), list(r["histogram"].values()), width=0.8, color=client_colour(r["clients"]))
         ax.set_yscale("log")
-        ax.set(title=f"{r['clients']} clients: mean {r['mean']:.2f}, max {r['max']}",
+        top = max(r["histogram"])
+        ax.set_xticks(range(0, top + 1, max(1, -(-(top + 1) // 10))))
+        ax.set_xlim(-0.6, top + 0.6)
+        ax.set(title=f"{_clients(r['clients'])}: mean {r['mean']:.2f}, max {r['max']}",
                xlabel="staleness (server versions)")
         ax.grid(alpha=0.3, axis="y")
     panels[0].set_ylabel("pushes")
-    fig.suptitle(f"Staleness of pushes, async, n_sync {n_syncs[0]}")
-    return _finish(fig, owned, sweep, sweep.select(mode="async", n_sync=n_syncs[0]))
+    return _finish(fig, owned, sweep, sweep.select(mode="async", n_sync=n_syncs[0]),
+                   title=f"Staleness of pushes, async, n_sync {n_syncs[0]}")
 
 
 def fig_modes(sweep: Sweep, window: int = 400, axes: Sequence[Axes] | None = None) -> Figure:
@@ -180,9 +192,8 @@ def fig_modes(sweep: Sweep, window: int = 400, axes: Sequence[Axes] | None = Non
             _plot_seeds(ax, [p for p in points if (p.mode, p.n_sync, p.start) == (mode, n, start)], window,
                         label + (f" ({start})" if len(starts) > 1 else ""), color=MODE_COLOURS.get(mode, "0.3"),
                         ls=nsync_style(n, n_syncs))
-        ax.set(title=f"{k} clients", xlabel=_time_label(sweep, points[0]))
+        ax.set(title=_clients(k), xlabel=_time_label(sweep, points[0]))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     panels[0].set_ylabel("training error (%)")
-    fig.suptitle("Modes: async vs sync vs local-sgd")
-    return _finish(fig, owned, sweep, shown, window)
+    return _finish(fig, owned, sweep, shown, window, "Modes: async vs sync vs local-sgd")

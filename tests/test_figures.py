@@ -1,0 +1,209 @@
+"""Sweep analysis and figures on synthetic run directories: exact numbers on hand-made curves,
+the paper's findings on sweeps built to show (or contradict) them, and every figure written."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+
+from plots import analysis, figures
+from plots.analysis import curve, default_target, findings, load_sweep, speedups, time_to_target
+
+DT = 0.01  # virtual seconds per client minibatch
+
+
+def write_run(run: Path, config: dict, rows: list[dict], staleness: dict | None = None) -> None:
+    """A run directory as the trainer leaves it, from client rows already made."""
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"batch_size": 64, "data": "synthetic", "model": "cnn",
+                                                 "backend": "sim", "seed": 0, **config}))
+    (run / "clients.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pushes = [{"time": r["time"], "client": r["client"], "version": i + 1, "staleness": r["staleness"],
+               "apply_s": 1e-4} for i, r in enumerate(r for r in rows if "staleness" in r)]
+    (run / "server.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pushes))
+    hist: dict[str, int] = {}
+    for p in pushes:
+        hist[str(p["staleness"])] = hist.get(str(p["staleness"]), 0) + 1
+    values = [p["staleness"] for p in pushes] or [0]
+    stats = staleness or {"mean": float(np.mean(values)), "max": max(values), "p50": 0.0, "p90": 0.0,
+                          "histogram": hist}
+    evals = [{"version": 0, "time": 0.0, "minibatches": m, "test_error": 0.9 - m / (2 * len(rows)),
+              "test_loss": 1.0} for m in range(0, len(rows) + 1, max(1, len(rows) // 4))]
+    (run / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    (run / "summary.json").write_text(json.dumps({"status": "complete", "final_test_error": 0.1,
+                                                  "time_s": rows[-1]["time"], "minibatches": len(rows),
+                                                  "samples": 64 * len(rows), "staleness": stats}))
+
+
+def write_index(root: Path, points: list[dict], **meta) -> Path:
+    index = {"name": root.name, "scale": "proxy", "backend": "sim", "train_size": 60000, **meta, "points": points}
+    (root / "index.json").write_text(json.dumps(index))
+    return root
+
+
+def point(mode: str, clients: int, n_sync: int, start: str = "cold", seed: int = 0, status: str = "complete") -> dict:
+    pid = f"{mode}-c{clients}-n{n_sync}-{start}-s{seed}"
+    return {"id": pid, "mode": mode, "clients": clients, "n_sync": n_sync, "start": start, "seed": seed,
+            "run": f"runs/{pid}", "status": status}
+
+
+def synthetic_error(m: np.ndarray, p: dict, flip: bool) -> np.ndarray:
+    """Error decaying with total minibatches m: more clients slow the decay (much less so warm),
+    and a larger n_sync raises the floor (lowers it when `flip`)."""
+    k, n, warm = p["clients"], p["n_sync"], p["start"] == "warm"
+    tau = 40 * (1 + (0.02 if warm else 0.15) * (k - 1)) * (1.1 if p["mode"] != "async" else 1.0)
+    floor = 0.1 + (-0.01 if flip else 0.01) * (n - 1) * (k > 1) * (p["mode"] == "async")
+    noise = np.random.default_rng(p["seed"] * 100 + k).uniform(-0.01, 0.01, m.size)
+    return floor + ((0.4 if warm else 0.9) - floor) * np.exp(-m / tau) + noise
+
+
+def synthetic_rows(p: dict, flip: bool) -> list[dict]:
+    k, n = p["clients"], p["n_sync"]
+    steps = math.ceil(200 * (1 + 0.15 * (k - 1)) * 1.3 / k)
+    step, client = np.divmod(np.arange(steps * k), k)
+    errors = synthetic_error(np.arange(1, steps * k + 1), p, flip)
+    rows = []
+    for s, c, e in zip(step + 1, client, errors):
+        row = {"client": int(c), "step": int(s), "time": s * DT + c * 1e-5, "loss": 2 * e, "error": float(e),
+               "samples": 64}
+        if p["mode"] == "async" and s % n == 0:
+            row.update(version_pulled=int((s // n - 1) * k), staleness=min(int(c), k - 1) if s == n else k - 1)
+        rows.append(row)
+    return rows
+
+
+def make_sweep(root: Path, specs: list[dict], flip: bool = False) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for p in specs:
+        if p["status"] == "complete":
+            write_run(root / p["run"], {"mode": p["mode"], "clients": p["clients"], "n_sync": p["n_sync"],
+                                        "seed": p["seed"], "warm_start": 20 * (p["start"] == "warm")},
+                      synthetic_rows(p, flip))
+    return write_index(root, specs)
+
+
+def full_specs() -> list[dict]:
+    specs = [point("async", k, n, "cold", s) for k in (1, 2, 4, 8) for n in (1, 4)
+             for s in ((0, 1) if n == 1 else (0,))]
+    specs += [point("async", k, 1, "warm") for k in (1, 2, 4, 8)]
+    specs += [point("sync", 4, 1), point("local-sgd", 4, 4)]
+    return specs + [point("async", 16, 1, status="pending"), point("async", 32, 1, status="failed: out of memory")]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    return load_sweep(make_sweep(tmp_path_factory.mktemp("full"), full_specs()))
+
+
+def hand_run(root: Path, p: dict, times: list[float], errors: list[float], batch_size: int = 64) -> None:
+    rows = [{"client": 0, "step": i + 1, "time": t, "loss": e, "error": e, "samples": batch_size}
+            for i, (t, e) in enumerate(zip(times, errors))]
+    write_run(root / p["run"], {"mode": p["mode"], "clients": p["clients"], "n_sync": p["n_sync"],
+                                "batch_size": batch_size}, rows)
+
+
+def test_load_sweep_keeps_complete_points_with_absolute_runs(sweep):
+    assert len(sweep.points) == len(full_specs()) - 2
+    assert all(p.status == "complete" and p.run.is_absolute() and p.run.is_dir() for p in sweep.points)
+    assert sweep.meta["scale"] == "proxy" and "points" not in sweep.meta
+    assert [p.seed for p in sweep.select(mode="async", clients=2, n_sync=1, start="cold")] == [0, 1]
+    assert sweep.values("clients", mode="async") == [1, 2, 4, 8]
+
+
+def test_smoothing_and_time_to_target_on_a_known_curve(tmp_path):
+    p = point("async", 1, 1)
+    hand_run(tmp_path, p, [0.5 * i for i in range(1, 9)], [1, 1, 1, 1, 0.5, 0.2, 0.2, 0.2], batch_size=7500)
+    s = load_sweep(write_index(tmp_path, [p]))
+    c = curve(s.points[0], window=2)
+    np.testing.assert_allclose(c.error, [1, 1, 1, 1, 0.75, 0.35, 0.2, 0.2])
+    np.testing.assert_allclose(c.epochs, np.arange(1, 9) / 8)
+    assert time_to_target(c, 0.8) == 2.5
+    assert time_to_target(c, 0.4) == 3.0
+    assert time_to_target(c, 0.1) is None
+    assert default_target(s, window=2) == pytest.approx(0.21)
+
+
+def test_speedup_is_ratio_of_times_to_target(tmp_path):
+    specs = [point("async", 1, 1), point("async", 4, 1), point("async", 4, 1, seed=1), point("async", 8, 1)]
+    hand_run(tmp_path, specs[0], [0.5 * i for i in range(1, 13)], [1.0] * 5 + [0.0] * 7)
+    for p in specs[1:3]:
+        hand_run(tmp_path, p, [0.25 * i for i in range(1, 13)], [1.0] * 3 + [0.0] * 9)
+    hand_run(tmp_path, specs[3], [0.25 * i for i in range(1, 13)], [1.0] * 12)
+    rows = {r["clients"]: r for r in speedups(load_sweep(write_index(tmp_path, specs)), target=0.5, window=1)}
+    assert rows[1]["time_to_target"] == 3.0 and rows[1]["speedup"] == 1.0
+    assert rows[4]["time_to_target"] == 1.0 and rows[4]["seeds"] == 2 and rows[4]["reached"] == 1.0
+    assert rows[4]["speedup"] == pytest.approx(3.0) and rows[4]["efficiency"] == pytest.approx(0.75)
+    assert rows[8]["time_to_target"] is None and rows[8]["speedup"] is None and rows[8]["reached"] == 0.0
+    no_base = speedups(load_sweep(write_index(tmp_path, specs[1:])), target=0.5, window=1)
+    assert [r["speedup"] for r in no_base] == [None, None]
+
+
+def test_write_table_csv_parses_back_and_markdown_has_a_header(tmp_path, sweep):
+    rows = speedups(sweep, start="cold", window=20) + [{"mode": "x", "speedup": None}]
+    csv_path, md_path = analysis.write_table(rows, tmp_path / "t.csv", tmp_path / "t.md")
+    with csv_path.open(newline="") as f:
+        back = list(csv.DictReader(f))
+    assert len(back) == len(rows) and float(back[0]["speedup"]) == rows[0]["speedup"]
+    assert back[-1]["speedup"] == ""
+    lines = md_path.read_text().splitlines()
+    assert lines[0].startswith("| mode | n_sync | clients |") and set(lines[1]) <= set("|-")
+    assert lines[-1].split(" | ")[0] == "| x" and "–" in lines[-1]
+    table = analysis.staleness_table(sweep)
+    analysis.write_table(table, tmp_path / "s.csv", tmp_path / "s.md")
+    row8 = next(r for r in table if (r["clients"], r["n_sync"]) == (8, 1))
+    assert row8["max"] == 7 and row8["runs"] == 3 and sum(row8["histogram"].values()) == row8["pushes"]
+    assert "7:" in (tmp_path / "s.md").read_text()
+
+
+def test_findings_hold_on_a_sweep_built_to_show_them(sweep):
+    result = findings(sweep, window=20)
+    assert {k: v["holds"] for k, v in result.items()} == dict.fromkeys(analysis.CLAIMS, True), result
+    assert all(v["evidence"] and v["claim"] for v in result.values())
+
+
+def test_n_sync_finding_fails_when_larger_n_sync_is_better(tmp_path):
+    flipped = load_sweep(make_sweep(tmp_path, [point("async", k, n) for k in (1, 8) for n in (1, 4)], flip=True))
+    assert findings(flipped, window=20)["n_sync_hurts"]["holds"] is False
+
+
+def test_findings_are_none_without_the_points_they_need(tmp_path):
+    lone = load_sweep(make_sweep(tmp_path / "lone", [point("async", 1, 1)]))
+    assert {k: v["holds"] for k, v in findings(lone, window=20).items()} == dict.fromkeys(analysis.CLAIMS)
+    cold = load_sweep(make_sweep(tmp_path / "cold", [point("async", k, 1) for k in (1, 2, 4)]))
+    result = findings(cold, window=20)
+    assert result["warm_start_helps"]["holds"] is None and result["n_sync_hurts"]["holds"] is None
+    assert result["cold_start_slowdown"]["holds"] is True and result["speedup_grows"]["holds"] is True
+
+
+@pytest.mark.parametrize("make", [
+    lambda s: figures.fig1_single_client(s, window=20),
+    lambda s: figures.fig_start(s, "cold", window=20),
+    lambda s: figures.fig_start(s, "warm", window=20),
+    lambda s: figures.fig4_speedup(s, window=20),
+    lambda s: figures.fig4_speedup(s, start="cold", window=20),
+    figures.fig_staleness,
+    lambda s: figures.fig_modes(s, window=20),
+], ids=["fig1", "fig2", "fig3", "fig4", "fig4-cold", "staleness", "modes"])
+def test_every_figure_is_written_as_png_and_pdf(tmp_path, sweep, make):
+    fig = make(sweep)
+    try:
+        paths = figures.save(fig, tmp_path / "out" / "figure")
+    finally:
+        plt.close(fig)
+    assert [p.suffix for p in paths] == [".png", ".pdf"] and all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_figures_draw_into_given_axes_without_a_caption(sweep):
+    fig, axes = plt.subplots(1, 2)
+    try:
+        assert figures.fig_start(sweep, "cold", window=20, axes=axes) is fig
+        assert figures.fig4_speedup(sweep, ax=axes[0], window=20) is fig and not fig.texts
+        with pytest.raises(ValueError, match="needs 4 axes"):
+            figures.fig_staleness(sweep, axes=axes)
+    finally:
+        plt.close(fig)
