@@ -3,7 +3,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_OUT ?= runs/demo
 
-.PHONY: setup demo test clean
+SCALE ?= proxy
+RESULTS := results/$(SCALE)
+
+.PHONY: setup demo test clean figures fig1 fig2 fig3 fig4 modes
 
 setup: $(VENV)/.setup-done
 
@@ -21,3 +24,14 @@ test: setup
 
 clean:
 	rm -rf runs results .pytest_cache
+
+# The paper's figures: each runs its sweep (resumable: rerun after a kill) and writes
+# PNG and PDF, tables and findings to results/$(SCALE)/<figure>/. SCALE=paper runs the
+# ImageNet specs (edit their data path; see experiments/configs/paper/slurm.sbatch).
+fig1 fig2 fig3 modes: setup
+	$(BIN)/asgd sweep experiments/configs/$(SCALE)/$@.toml --out results/sweeps/$@-$(SCALE)
+	$(BIN)/asgd report results/sweeps/$@-$(SCALE) --figures $(RESULTS)/$@
+
+fig4: fig3  # the speedup figure comes from the warm-start sweep: $(RESULTS)/fig3/fig4_speedup.png
+
+figures: fig1 fig2 fig3 modes

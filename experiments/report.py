@@ -18,9 +18,12 @@ from plots.curves import plot_run
 from plots.rundata import load_json
 
 
-def report(path: str, window: int = 400, figures: str | None = None, target: float | None = None) -> int:
+def report(path: str, window: int | None = None, figures: str | None = None, target: float | None = None) -> int:
+    """`window` defaults to the sweep spec's (400 for a single run)."""
     if (Path(path) / "index.json").exists():
+        window = window or json.loads((Path(path) / "index.json").read_text()).get("window", 400)
         return _sweep_report(Path(path), window, Path(figures) if figures else Path(path) / "figures", target)
+    window = window or 400
     summary = load_json(path, "summary")
     if not summary:
         print(f"asgd: error: run_dir: {path} has no summary.json (not a finished run?)", file=sys.stderr)

@@ -27,7 +27,7 @@ from paramserver.runlog import read_jsonl, truncate_jsonl, write_json_atomic
 
 CHANGEABLE = {"steps", "quiet", "stall_timeout", "eval_samples", "keep_snapshots", "device", "resume",
               "inject_fault", "out", "threads"}
-RECORD_ONLY = {"provenance", "num_params", "resumed"}  # config.json keys that are not config
+RECORD_ONLY = {"provenance", "num_params", "train_size", "resumed"}  # config.json keys that are not config
 
 
 @dataclass(frozen=True)

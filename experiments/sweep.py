@@ -16,6 +16,7 @@ A spec (TOML):
     backend = "sim"           # or "mpi"
     timeout = 3600            # seconds per run
     warm_start = 300          # warm-start minibatches of the points with start = "warm"
+    window = 400              # smoothing window for `asgd report`, in minibatches
     [base]                    # asgd train config keys shared by every point
     steps = 200
     [grid]                    # every combination is a point
@@ -48,7 +49,7 @@ from paramserver.config import ConfigError, RunConfig, load_config
 from paramserver.runlog import write_json_atomic
 
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")
-SPEC_KEYS = {"name", "scale", "backend", "timeout", "warm_start", "base", "grid"}
+SPEC_KEYS = {"name", "scale", "backend", "timeout", "warm_start", "window", "base", "grid"}
 OWN_KEYS = {"clients", "n_sync", "mode", "seed", "warm_start", "out", "backend", "resume", "quiet"}
 
 
@@ -65,6 +66,7 @@ class Spec:
     scale: str
     backend: str
     timeout: float
+    window: int
     points: list[Point]
 
 
@@ -89,7 +91,7 @@ def load_spec(path: str) -> Spec:
         point = _point(dict(zip(GRID_KEYS, values)), raw, backend)
         points.setdefault(point.id, point)  # sync modes ignore n_sync: one point, not several
     return Spec(raw.get("name", Path(path).stem), raw.get("scale", "proxy"), backend,
-                float(raw.get("timeout", 3600)), list(points.values()))
+                float(raw.get("timeout", 3600)), int(raw.get("window", 400)), list(points.values()))
 
 
 def _point(settings: dict[str, Any], raw: dict[str, Any], backend: str) -> Point:
@@ -127,7 +129,7 @@ class SweepRunner:
                   for p in self.spec.points]
         meta = {k: v for k, v in old.items() if k != "points"}
         return {**meta, "name": self.spec.name, "scale": self.spec.scale, "backend": self.spec.backend,
-                "points": points}
+                "window": self.spec.window, "points": points}
 
     def run(self) -> int:
         for sub in ("runs", "configs"):
@@ -157,7 +159,7 @@ class SweepRunner:
             step, apply = measure_timing(self.spec.points[-1].config, self.threads)
             self.index.update(sim_step_time=step, sim_apply_time=apply)
         base = {"sim_step_time": self.index["sim_step_time"], "sim_apply_time": self.index["sim_apply_time"]}
-        self.spec = Spec(self.spec.name, self.spec.scale, self.spec.backend, self.spec.timeout,
+        self.spec = Spec(self.spec.name, self.spec.scale, self.spec.backend, self.spec.timeout, self.spec.window,
                          [Point(p.id, p.settings, _with(p.config, base)) for p in self.spec.points])
 
     def _run_point(self, point: Point) -> str:
@@ -172,6 +174,8 @@ class SweepRunner:
         status = _execute(self._launcher(point) + command, self.spec.timeout, run)
         with self.lock:
             next(e for e in self.index["points"] if e["id"] == point.id)["status"] = status
+            if status == "complete":  # epochs in the figures need the training-set size
+                self.index["train_size"] = json.loads((run / "config.json").read_text())["train_size"]
             self._save()
             self.progress.update(self.progress.done + 1)
         return status

@@ -75,3 +75,17 @@ def mpi_train(ranks: int, *flags: str, timeout: float = 120) -> subprocess.Compl
     """`mpiexec -n RANKS asgd train FLAGS` as a user types it."""
     return run_command([str(BIN / "mpiexec"), "-n", str(ranks), str(BIN / "asgd"), "train", "--quiet", *flags],
                        timeout)
+
+
+@pytest.fixture(scope="session")
+def small_sweep(tmp_path_factory, tiny_npz) -> Path:
+    """A 12-point simulated sweep (async and sync, cold and warm, 1-2 clients) to analyse."""
+    from experiments.cli import main
+
+    folder = tmp_path_factory.mktemp("sweep")
+    spec = folder / "small.toml"
+    spec.write_text(f'name = "small"\nbackend = "sim"\ntimeout = 120\nwarm_start = 10\n'
+                    f'[base]\nsteps = 8\ndata = "{tiny_npz}"\nbatch_size = 32\neval_samples = 50\n'
+                    f'[grid]\nclients = [1, 2]\nn_sync = [1, 2]\nmode = ["async", "sync"]\nstart = ["cold", "warm"]\n')
+    assert main(["sweep", str(spec), "--out", str(folder / "out"), "--quiet"]) == 0
+    return folder / "out"

@@ -41,10 +41,8 @@ def test_bad_specs_exit_2_with_one_line(tmp_path, tiny_npz, capsys, grid, base, 
     assert err.count("\n") == 1 and expected in err
 
 
-def test_grid_runs_every_point_once_and_indexes_them(tmp_path, tiny_npz):
-    grid = 'clients = [1, 2]\nn_sync = [1, 2]\nmode = ["async", "sync"]\nstart = ["cold", "warm"]'
-    out = tmp_path / "out"
-    assert main(["sweep", str(spec(tmp_path, tiny_npz, grid)), "--out", str(out), "--quiet"]) == 0
+def test_grid_runs_every_point_once_and_indexes_them(small_sweep):
+    out = small_sweep
     points = index(out)["points"]
     assert len(points) == 12  # sync ignores n_sync: 2 x 2 x 2 async + 2 x 2 sync
     assert {p["status"] for p in points} == {"complete"}
@@ -93,3 +91,13 @@ def test_a_failed_point_keeps_its_reason_and_is_retried_only_on_request(tmp_path
     assert index(out)["points"][0]["status"] == point["status"]
     assert main(["sweep", str(fixed), "--out", str(out), "--quiet", "--retry-failed"]) == 0
     assert len(rows(out / point["run"])) == 16  # resumed from its checkpoint, nothing twice
+
+
+def test_report_of_a_sweep_writes_tables_findings_and_figures(small_sweep, tmp_path, capsys):
+    assert main(["report", str(small_sweep), "--figures", str(tmp_path / "fig"), "--window", "8"]) == 0
+    written = {p.name for p in (tmp_path / "fig").iterdir()}
+    assert {"speedups.csv", "speedups.md", "staleness.csv", "findings.json"} <= written
+    for stem in ("fig1_single_client", "fig2_cold_start", "fig3_warm_start", "fig4_speedup", "staleness", "modes"):
+        assert {f"{stem}.png", f"{stem}.pdf"} <= written
+    assert set(json.loads((tmp_path / "fig" / "findings.json").read_text())) == \
+        {"cold_start_slowdown", "n_sync_hurts", "warm_start_helps", "speedup_grows"}
