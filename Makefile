@@ -6,7 +6,7 @@ DEMO_OUT ?= runs/demo
 SCALE ?= proxy
 RESULTS := results/$(SCALE)
 
-.PHONY: setup demo test clean figures fig1 fig2 fig3 fig4 modes
+.PHONY: setup demo test clean figures fig1 fig2 fig3 fig4 starts modes
 
 setup: $(VENV)/.setup-done
 
@@ -28,10 +28,11 @@ clean:
 # The paper's figures: each runs its sweep (resumable: rerun after a kill) and writes
 # PNG and PDF, tables and findings to results/$(SCALE)/<figure>/. SCALE=paper runs the
 # ImageNet specs (edit their data path; see experiments/configs/paper/slurm.sbatch).
-fig1 fig2 fig3 modes: setup
+fig1 starts modes: setup
 	$(BIN)/asgd sweep experiments/configs/$(SCALE)/$@.toml --out results/sweeps/$@-$(SCALE)
 	$(BIN)/asgd report results/sweeps/$@-$(SCALE) --figures $(RESULTS)/$@
 
-fig4: fig3  # the speedup figure comes from the warm-start sweep: $(RESULTS)/fig3/fig4_speedup.png
+# Figs. 2 (cold), 3 (warm) and 4 (speedup) come from one sweep: results/$(SCALE)/starts/.
+fig2 fig3 fig4: starts
 
-figures: fig1 fig2 fig3 modes
+figures: fig1 starts modes
