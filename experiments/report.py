@@ -70,7 +70,9 @@ def _figures(sweep, window: int, target: float | None, start: str) -> dict:
     return {
         "fig1_single_client": lambda: figures.fig1_single_client(sweep, window),
         "fig2_cold_start": lambda: figures.fig_start(sweep, "cold", window),
+        "fig2_cold_start_minibatches": lambda: figures.fig_start(sweep, "cold", window, x="minibatches"),
         "fig3_warm_start": lambda: figures.fig_start(sweep, "warm", window),
+        "fig3_warm_start_minibatches": lambda: figures.fig_start(sweep, "warm", window, x="minibatches"),
         "fig4_speedup": lambda: figures.fig4_speedup(sweep, target, start, window=window),
         "staleness": lambda: figures.fig_staleness(sweep),
         "modes": lambda: figures.fig_modes(sweep, window),

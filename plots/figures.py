@@ -90,11 +90,12 @@ def _need(items: list, what: str) -> list:
     return items
 
 
-def _plot_seeds(ax: Axes, points: list[Point], window: int, label: str, **style) -> None:
+def _plot_seeds(ax: Axes, points: list[Point], window: int, label: str, x: str = "time", **style) -> None:
     """Every seed drawn in the same style; only the first labelled so the legend stays one line per setting."""
     for i, p in enumerate(sorted(points, key=lambda p: p.seed)):
         c = curve(p, window)
-        ax.plot(c.time, 100 * c.error, label=label if i == 0 else None, alpha=1.0 if i == 0 else 0.5, lw=1.2, **style)
+        ax.plot(getattr(c, x), 100 * c.error, label=label if i == 0 else None, alpha=1.0 if i == 0 else 0.5,
+                lw=1.2, **style)
 
 
 def fig1_single_client(sweep: Sweep, window: int = 400, ax: Axes | None = None) -> Figure:
@@ -114,15 +115,21 @@ def fig1_single_client(sweep: Sweep, window: int = 400, ax: Axes | None = None) 
     return _finish(fig, owned, sweep, [point], window)
 
 
-def fig_start(sweep: Sweep, start: str = "cold", window: int = 400, axes: Sequence[Axes] | None = None) -> Figure:
+def fig_start(sweep: Sweep, start: str = "cold", window: int = 400, axes: Sequence[Axes] | None = None,
+              x: str = "time") -> Figure:
+    """Against time (the paper's axes: what more clients buy) or, with x="minibatches",
+    against the minibatches of all clients (what staleness costs per unit of work)."""
     points = _need(sweep.select(mode="async", start=start), f"async points with start {start}")
     n_syncs = sweep.values("n_sync", mode="async", start=start)
     fig, panels, owned = _axes(axes, len(n_syncs), sharey=True)
     for ax, n in zip(panels, n_syncs):
         for k in sweep.values("clients", mode="async", start=start, n_sync=n):
             _plot_seeds(ax, sweep.select(mode="async", start=start, n_sync=n, clients=k), window,
-                        _clients(k), color=client_colour(k), ls=nsync_style(n, n_syncs))
-        ax.set(title=f"n_sync {n}", xlabel=_time_label(sweep, points[0]))
+                        _clients(k), x, color=client_colour(k), ls=nsync_style(n, n_syncs))
+        ax.set(title=f"n_sync {n}", xlabel=_time_label(sweep, points[0]) if x == "time" else
+               "minibatches (all clients)")
+        if x == "minibatches":
+            ax.set_xscale("log")  # 1 to 32 clients process 32x apart
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     panels[0].set_ylabel("training error (%)")
