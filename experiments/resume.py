@@ -23,7 +23,7 @@ import numpy as np
 
 from paramserver.config import ConfigError, RunConfig, load_config
 from paramserver.rundir import RunDir
-from paramserver.runlog import read_jsonl, truncate_jsonl, write_json_atomic
+from paramserver.runlog import CorruptFile, read_jsonl, truncate_jsonl, write_json_atomic
 
 CHANGEABLE = {"steps", "quiet", "stall_timeout", "eval_samples", "keep_snapshots", "device", "resume",
               "inject_fault", "out", "threads"}
@@ -52,6 +52,10 @@ def resumed_config(run_dir: str, overrides: dict[str, Any]) -> RunConfig:
             raise ConfigError(f"resume: {key} cannot change when resuming (run has {stored.get(key)!r})")
     if not (Path(run_dir) / "checkpoint" / "latest.npz").exists():
         raise ConfigError(f"resume: {run_dir} has no checkpoint to resume from")
+    try:
+        RunDir(run_dir).load_checkpoint()
+    except CorruptFile as error:
+        raise ConfigError(f"resume: {error}") from None
     given = {k: v for k, v in overrides.items() if v is not None}
     cfg = load_config(None, {**stored, **given, "out": run_dir, "resume": run_dir})
     summary = Path(run_dir) / "summary.json"

@@ -8,10 +8,13 @@ with `allow_pickle=False`.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import sys
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -102,11 +105,35 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+class CorruptFile(ValueError):
+    """A checkpoint or snapshot that cannot be trusted; one line naming the file."""
+
+
+def _checksum(arrays: dict[str, np.ndarray]) -> str:
+    digest = hashlib.sha256()
+    for key in sorted(k for k in arrays if k != "checksum"):
+        value = np.ascontiguousarray(arrays[key])
+        digest.update(f"{key}:{value.dtype.str}:{value.shape};".encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()
+
+
 def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """An atomic `.npz` of plain arrays (a checkpoint or a snapshot)."""
+    """An atomic `.npz` of plain arrays (a checkpoint or a snapshot), with a SHA-256 of
+    their contents so a damaged file is refused instead of trained on."""
+    arrays = {**arrays, "checksum": np.array(_checksum(arrays))}
     _replace_atomically(path, lambda f: np.savez(f, **arrays))
 
 
 def load_arrays(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as data:
-        return {k: data[k] for k in data.files}
+    """The arrays of a `.npz`, checked against its checksum when it has one (a user's own
+    file for --init may not)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+        raise CorruptFile(f"{path}: unreadable ({error})") from None
+    stored = arrays.pop("checksum", None)
+    if stored is not None and str(stored) != _checksum(arrays):
+        raise CorruptFile(f"{path}: checksum mismatch: the file is corrupt")
+    return arrays

@@ -88,3 +88,15 @@ def test_mpi_job_killed_mid_run_resumes_with_every_minibatch_once(tmp_path, tiny
     result = mpi_train(4, "--resume", str(run), timeout=120)
     assert result.returncode == 0, result.stderr
     assert_logged_once(run, clients=3, steps=1000, versions=3000)
+
+
+def test_resume_from_a_corrupt_checkpoint_exits_2(tmp_path, tiny_npz, capsys):
+    run = tmp_path / "run"
+    assert train("--data", str(tiny_npz), "--out", str(run), "--clients", "2", "--steps", "2") == 0
+    checkpoint = run / "checkpoint" / "latest.npz"
+    data = bytearray(checkpoint.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    checkpoint.write_bytes(bytes(data))
+    assert main(["train", "--resume", str(run), "--steps", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "resume:" in err and "latest.npz" in err

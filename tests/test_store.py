@@ -79,3 +79,29 @@ def test_checkpoint_round_trip_without_pickle(tmp_path):
     np.testing.assert_array_equal(restored.rule.buffer, store.rule.buffer)
     with pytest.raises(ValueError, match="holds 6 weights, the model has 3"):
         Store(np.zeros(3, np.float32), AddRule()).load_state(load_arrays(tmp_path / "ck.npz"))
+
+
+@pytest.mark.parametrize("where", [0.5, 0.9])
+def test_a_damaged_checkpoint_is_refused(tmp_path, where):
+    from paramserver.runlog import CorruptFile
+
+    path = tmp_path / "ck.npz"
+    save_arrays(path, {"weights": np.arange(1000, dtype=np.float32), "version": np.array(3)})
+    data = bytearray(path.read_bytes())
+    data[int(where * len(data))] ^= 0xFF  # one flipped byte, as a bad disk would
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptFile, match="ck.npz"):
+        load_arrays(path)
+
+
+def test_a_checkpoint_with_tampered_arrays_fails_its_checksum(tmp_path):
+    from paramserver.runlog import CorruptFile
+
+    path = tmp_path / "ck.npz"
+    save_arrays(path, {"weights": np.zeros(4, np.float32)})
+    with np.load(path) as data:
+        arrays = dict(data)
+    arrays["weights"] = np.ones(4, np.float32)  # rewritten as a valid zip, old checksum kept
+    np.savez(path, **arrays)
+    with pytest.raises(CorruptFile, match="checksum mismatch"):
+        load_arrays(path)
