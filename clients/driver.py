@@ -82,11 +82,11 @@ def run_client(transport: Transport, client: Client, plan: ClientPlan,
     """Train up to `plan.steps` minibatches over MPI, from `start` = (step, pushes so far,
     after a resume); returns the number of pushes sent in all."""
     loop = ClientLoop(client, plan, clock, *start)
-    transport.send(plan.server, Tag.PULL, Pull())
+    transport.send(plan.server, Tag.PULL, Pull(), timeout=plan.timeout)
     client.sync(_receive_weights(transport, client, plan))
     while not loop.done:
         message, fetch = loop.advance()
-        transport.send(plan.server, message.tag, message.header, message.payload)
+        transport.send(plan.server, message.tag, message.header, message.payload, plan.timeout)
         if fetch:
             client.sync(_receive_weights(transport, client, plan))
     return loop.pushes

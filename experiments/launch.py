@@ -140,7 +140,10 @@ def _make_client(index: int, cfg: RunConfig, clients: int, model, dataset: Datas
 def _plan(rank: int, cfg: RunConfig) -> ClientPlan:
     fault = cfg.fault
     return ClientPlan(index=rank - 1, steps=cfg.steps, n_push=cfg.push_every, n_fetch=cfg.fetch_every,
-                      timeout=cfg.stall_timeout, fault_step=fault[1] if fault and fault[0] == rank else None)
+                      # Twice the server's: when one client stalls, the server (which names
+                      # it) must give up before the others blame the busy server.
+                      timeout=2 * cfg.stall_timeout,
+                      fault_step=fault[1] if fault and fault[0] == rank else None)
 
 
 def _fail(transport: Transport, error: Exception, index: int) -> NoReturn:

@@ -35,7 +35,8 @@ def serve_run(setup: RunSetup, transport: Any, clock: Callable[[], float],
     fault = cfg.fault
     serving = Serving(transport, store, run, list(range(1, clients + 1)), every, cfg.stall_timeout, clock,
                       fault_version=fault[1] if fault and fault[0] == 0 else None,
-                      progress=progress.update, apply_cost=apply_cost, tally=tally, log_lines=lines)
+                      progress=progress.update, apply_cost=apply_cost, tally=tally, log_lines=lines,
+                      hosts={r["rank"]: r["host"] for r in setup.provenance.get("ranks", [])})
     try:
         wall = time.perf_counter()
         tally = drive(serving)

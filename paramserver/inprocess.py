@@ -37,5 +37,6 @@ class InProcessLink:
         into[:] = payload.view(into.dtype)
         return into
 
-    def send(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None) -> None:
+    def send(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None,
+             timeout: float = 0.0) -> None:
         self._replies.append((dest, header, None if payload is None else payload.copy()))

@@ -25,6 +25,10 @@ class ClientFailed(RuntimeError):
     """A client reported an exception; the job must end."""
 
 
+class ClientStalled(TimeoutError):
+    """A client has sent nothing for longer than the stall timeout."""
+
+
 @dataclass
 class ServerTally:
     """What the summary and a checkpoint need from the serving loop."""
@@ -71,6 +75,7 @@ class Serving:
     apply_cost: float | None = None   # seconds an apply is logged as taking; None: measured
     tally: ServerTally | None = None
     log_lines: tuple[int, int] = (0, 0)  # rows already in (server, clients) logs
+    hosts: dict[int, str] = field(default_factory=dict)  # rank -> host, to name a stalled client
 
     def __post_init__(self) -> None:
         self.server_log = self.run.writer("server", self.log_lines[0])
@@ -98,28 +103,52 @@ class Serving:
 
 
 def serve(s: Serving) -> ServerTally:
-    """Handle messages until every client has stopped."""
-    last_heard = {r: s.clock() for r in s.client_ranks}
+    """Handle messages until every client has stopped; a client silent for longer than
+    the stall timeout ends the job, named (rank, host, last step, last message)."""
+    heard = {r: (s.clock(), "none") for r in s.client_ranks}  # rank -> (when, last tag)
     try:
         while not s.done:
-            msg = _next_message(s, last_heard)
-            last_heard[msg.source] = s.clock()
-            handle(s, msg)
+            msg = _next_message(s, heard)
+            heard[msg.source] = (s.clock(), _tag_name(msg.tag))
+            try:
+                handle(s, msg)
+            except PeerTimeout:  # it sent, then stopped taking our reply
+                raise _stalled(s, msg.source, heard[msg.source]) from None
     finally:
         s.close()
     s.run.save_snapshot(s.store.weights, s.store.version, s.clock(), s.tally.minibatches)
     return s.tally
 
 
-def _next_message(s: Serving, last_heard: dict[int, float]) -> Message:
-    try:
-        return s.transport.recv(timeout=s.stall_timeout)
-    except PeerTimeout:
+def _next_message(s: Serving, heard: dict[int, tuple[float, str]]) -> Message:
+    """Waits no longer than the first waiting client's stall deadline, and checks it even
+    while other clients keep the server busy."""
+    while True:
         waiting = [r for r in s.client_ranks if r not in s.tally.stops]
-        silent = min(waiting, key=last_heard.__getitem__)
-        raise PeerTimeout(
-            f"server: no message from any client for {s.stall_timeout:g} s; waiting on "
-            f"ranks {waiting}, silent longest: rank {silent}") from None
+        first = min(waiting, key=lambda r: heard[r][0])
+        left = heard[first][0] + s.stall_timeout - s.clock()
+        if left <= 0:
+            raise _stalled(s, first, heard[first])
+        try:
+            return s.transport.recv(timeout=left)
+        except PeerTimeout:
+            continue
+
+
+def _tag_name(tag: int) -> str:
+    try:
+        return Tag(tag).name
+    except ValueError:
+        return f"unknown tag {tag}"
+
+
+def _stalled(s: Serving, rank: int, heard: tuple[float, str]) -> ClientStalled:
+    client = s.client(rank)
+    what = (f"client {client} (rank {rank}, host {s.hosts.get(rank, '?')}) silent for "
+            f"{s.clock() - heard[0]:.0f} s (stall timeout {s.stall_timeout:g} s); last step "
+            f"{s.tally.client_steps[client]}, last message {heard[1]}")
+    s.server_log.write({"time": s.clock(), "client": client, "rank": rank, "stalled": what})
+    return ClientStalled(what)
 
 
 def handle(s: Serving, msg: Message) -> None:
@@ -137,7 +166,7 @@ def handle(s: Serving, msg: Message) -> None:
         _apply_push(s, msg)
     if msg.tag in (Tag.PULL, Tag.PUSH) and not problem and (msg.tag == Tag.PULL or msg.header.fetch):
         weights, version = s.store.pull(s.client(msg.source))
-        s.transport.send(msg.source, Tag.WEIGHTS, Weights(version, weights.size), weights)
+        s.transport.send(msg.source, Tag.WEIGHTS, Weights(version, weights.size), weights, s.stall_timeout)
 
 
 def _message_problem(s: Serving, msg: Message) -> str:

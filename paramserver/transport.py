@@ -40,11 +40,22 @@ class Transport:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
 
-    def send(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None) -> None:
-        """A header, then its payload buffer (never pickled) if there is one."""
-        self.comm.send(header, dest=dest, tag=int(tag))
+    def send(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None,
+             timeout: float = 600.0) -> None:
+        """A header, then its payload buffer (never pickled) if there is one; returns when
+        both are out. Even a small MPI send blocks while the receiver does not take it (a
+        stopped process fills MPICH's shared-memory queue), so a send waits like a receive:
+        polled, and no longer than `timeout`."""
+        requests = [self.comm.isend(header, dest=dest, tag=int(tag))]
         if payload is not None:
-            self.comm.Send([_as_bytes(payload), MPI.BYTE], dest=dest, tag=int(Tag.PAYLOAD))
+            requests.append(self.comm.Isend([_as_bytes(payload), MPI.BYTE], dest=dest, tag=int(Tag.PAYLOAD)))
+        deadline = time.monotonic() + timeout
+        sleep = _FIRST_SLEEP
+        while not MPI.Request.Testall(requests):
+            if time.monotonic() > deadline:
+                raise PeerTimeout(f"rank {self.rank}: rank {dest} took nothing for {timeout:g} s")
+            time.sleep(sleep)
+            sleep = min(sleep * 2, _MAX_SLEEP)
 
     def recv(self, timeout: float, source: int = ANY, tag: int = MPI.ANY_TAG) -> Message:
         """The next header from `source` (any rank by default), waiting without spinning."""
