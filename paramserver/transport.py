@@ -1,10 +1,12 @@
 """The only module that talks MPI: headers as small objects, payloads as raw buffers.
 
-Waiting never spins a core. A blocking MPI receive busy-polls (MPICH and Open MPI
-both do), which on a small machine steals the CPU the clients train on; here every
-wait is `Iprobe` plus a sleep that backs off from 50 us to 1 ms, so an idle rank costs
-about 1% of a core and a message waits at most ~1 ms longer to be noticed. Every wait
-has a timeout, so a silent peer becomes an error that names it instead of a hang.
+Waiting never spins a core for long. A blocking MPI receive busy-polls (MPICH and Open
+MPI both do), which on a small machine steals the CPU the clients train on; here every
+wait for a message is `Iprobe` plus a sleep that backs off from 50 us to 1 ms, so an
+idle rank costs about 1% of a core and a message waits at most ~1 ms longer to be
+noticed. A transfer already under way is polled busily for about as long as its bytes
+should take, then with the same backoff. Every wait has a timeout, sends included, so
+a silent peer becomes an error that names it instead of a hang.
 """
 from __future__ import annotations
 
@@ -49,13 +51,7 @@ class Transport:
         requests = [self.comm.isend(header, dest=dest, tag=int(tag))]
         if payload is not None:
             requests.append(self.comm.Isend([_as_bytes(payload), MPI.BYTE], dest=dest, tag=int(Tag.PAYLOAD)))
-        deadline = time.monotonic() + timeout
-        sleep = _FIRST_SLEEP
-        while not MPI.Request.Testall(requests):
-            if time.monotonic() > deadline:
-                raise PeerTimeout(f"rank {self.rank}: rank {dest} took nothing for {timeout:g} s")
-            time.sleep(sleep)
-            sleep = min(sleep * 2, _MAX_SLEEP)
+        self._complete(requests, timeout, dest, 0 if payload is None else payload.nbytes)
 
     def recv(self, timeout: float, source: int = ANY, tag: int = MPI.ANY_TAG) -> Message:
         """The next header from `source` (any rank by default), waiting without spinning."""
@@ -71,12 +67,25 @@ class Transport:
         """
         status = self._wait(source, int(Tag.PAYLOAD), timeout)
         nbytes = status.Get_count(MPI.BYTE)
-        if nbytes == into.nbytes:
-            self.comm.Recv([_as_bytes(into), MPI.BYTE], source=source, tag=int(Tag.PAYLOAD))
-            return into
-        odd = np.empty(nbytes, np.uint8)
-        self.comm.Recv([odd, MPI.BYTE], source=source, tag=int(Tag.PAYLOAD))
-        return odd
+        target = into if nbytes == into.nbytes else np.empty(nbytes, np.uint8)
+        request = self.comm.Irecv([_as_bytes(target), MPI.BYTE], source=source, tag=int(Tag.PAYLOAD))
+        self._complete([request], timeout, source, nbytes)  # a sender stopped mid-transfer times out
+        return target
+
+    def _complete(self, requests: list[MPI.Request], timeout: float, peer: int, nbytes: int) -> None:
+        """Wait for transfers with `peer`: busy at first, for as long as the bytes should
+        take at 1 GB/s plus 10 ms (MPI moves a large message only while we call into it),
+        then with backoff sleeps, so a peer that is gone costs little CPU until `timeout`."""
+        now = time.monotonic()
+        busy_until, deadline = now + 0.01 + nbytes / 1e9, now + timeout
+        sleep = _FIRST_SLEEP
+        while not MPI.Request.Testall(requests):
+            now = time.monotonic()
+            if now > deadline:
+                raise PeerTimeout(f"rank {self.rank}: no transfer with rank {peer} for {timeout:g} s")
+            if now > busy_until:
+                time.sleep(sleep)
+                sleep = min(sleep * 2, _MAX_SLEEP)
 
     def _wait(self, source: int, tag: int, timeout: float) -> MPI.Status:
         status = MPI.Status()
