@@ -18,8 +18,7 @@ from typing import NoReturn
 
 import torch
 
-from clients.client import Client, Replica
-from clients.data import Dataset, ShardSampler, load_dataset, shard_indices
+from clients.data import load_dataset
 from clients.driver import ClientPlan, run_client
 from clients.models import build_model, flat_weights
 from experiments.collectiverun import collective_run
@@ -27,7 +26,7 @@ from experiments.provenance import provenance
 from experiments.runrecord import RunSetup
 from experiments.serverrun import serve_run
 from experiments.resume import resume_point
-from experiments.start import start_client, starting_weights
+from experiments.start import make_client, make_replica, start_client, starting_weights
 from paramserver.config import RunConfig
 from paramserver.protocol import Fail, Tag
 from paramserver.transport import Transport
@@ -92,7 +91,7 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
         prov = provenance(MPI.Get_library_version().splitlines()[0].strip(), ranks) if ranks else {}
         weights, warm_rows = starting_weights(cfg, dataset, device) if transport.rank == 0 else \
             (flat_weights(model), [])
-        client = _make_client(index, cfg, clients, model, dataset, device) if index >= 0 else None
+        client = make_client(cfg, make_replica(cfg, model, device), dataset, clients, index) if index >= 0 else None
         point = resume_point(out) if cfg.resume and transport.rank == 0 else None
         transport.barrier()  # time starts together on every rank, after all setup
         transport.bcast_array(weights)  # from rank 0: the warm start's or the checkpoint's
@@ -128,13 +127,6 @@ def _mpi_average(transport: Transport):
 
 def _flatten(gathered: list[list[dict]] | None) -> list[dict] | None:
     return None if gathered is None else [row for rows in gathered for row in rows]
-
-
-def _make_client(index: int, cfg: RunConfig, clients: int, model, dataset: Dataset, device: str) -> Client:
-    shard = shard_indices(len(dataset.train), clients, index, cfg.seed)
-    replica = Replica(model, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=device)
-    return Client(replica, dataset.train, ShardSampler(shard, cfg.batch_size, cfg.seed, index),
-                  push_gradients=cfg.rule != "add")
 
 
 def _plan(rank: int, cfg: RunConfig) -> ClientPlan:

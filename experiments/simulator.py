@@ -33,7 +33,7 @@ import torch
 
 from clients.client import Client, Replica
 from clients.collective import mean_in_place
-from clients.data import Dataset, ShardSampler, load_dataset, shard_indices
+from clients.data import Dataset, ShardSampler, load_dataset
 from clients.driver import ClientLoop, ClientPlan, Outgoing
 from clients.models import build_model
 from experiments.collectiverun import collective_run
@@ -42,7 +42,7 @@ from experiments.provenance import provenance
 from experiments.runrecord import RunSetup
 from experiments.serverrun import serve_run
 from experiments.resume import resume_point
-from experiments.start import start_client, starting_weights
+from experiments.start import make_client, make_replica, start_client, starting_weights
 from paramserver.config import ConfigError, RunConfig
 from paramserver.inprocess import InProcessLink
 from paramserver.protocol import Pull, Tag
@@ -170,8 +170,8 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     dataset = load_dataset(cfg.data, cfg.data_dir or None)
     device = pick_device(cfg.device, local_rank=0)
     model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
-    replica = Replica(model, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=device)
-    sim_clients = [_client(cfg, replica, dataset, clients, i) for i in range(clients)]
+    replica = make_replica(cfg, model, device)
+    sim_clients = [make_client(cfg, replica, dataset, clients, i) for i in range(clients)]
     timing = _timing(cfg, replica, dataset, sim_clients[0].size)
     weights, warm_rows = starting_weights(cfg, dataset, device, StepClock(timing.step_time))
     point = resume_point(out) if cfg.resume else None
@@ -228,12 +228,6 @@ def replay_order(cfg: RunConfig, clients: int) -> list[tuple[Tag, int]]:
     return order
 
 
-def _client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int, i: int) -> Client:
-    shard = shard_indices(len(dataset.train), clients, i, cfg.seed)
-    sampler = ShardSampler(shard, cfg.batch_size, cfg.seed, i)
-    return Client(replica, dataset.train, sampler, push_gradients=cfg.rule != "add")
-
-
 def _speed_factors(seed: int, clients: int, jitter: float) -> list[float]:
     rng = np.random.default_rng([seed, 0x5BEED])
     return [float(f) for f in rng.uniform(1 - jitter, 1 + jitter, clients)] if jitter else [1.0] * clients
@@ -251,8 +245,7 @@ def measure_timing(cfg: RunConfig, threads: int) -> tuple[float, float]:
     torch.set_num_threads(threads)
     dataset = load_dataset(cfg.data, cfg.data_dir or None)
     model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
-    replica = Replica(model, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                      device=pick_device(cfg.device, local_rank=0))
+    replica = make_replica(cfg, model, pick_device(cfg.device, local_rank=0))
     return _measure_step(replica, dataset, cfg.batch_size), _measure_apply(cfg, len(replica.initial_weights()))
 
 

@@ -13,9 +13,10 @@ from typing import Callable
 
 import numpy as np
 import torch
+from torch import nn
 
 from clients.client import Client, Replica
-from clients.data import Dataset, ShardSampler
+from clients.data import Dataset, ShardSampler, shard_indices
 from clients.models import build_model, flat_weights, host_copy
 from experiments.resume import ResumePoint
 from paramserver.config import RunConfig
@@ -26,6 +27,18 @@ WARM_STREAM = 1_000_003  # the ShardSampler "client" number of the warm-start or
 
 class StartError(ValueError):
     """The --init checkpoint cannot be used (one line)."""
+
+
+def make_replica(cfg: RunConfig, model: nn.Module, device: str) -> Replica:
+    """The model with the run's client optimizer."""
+    return Replica(model, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=device)
+
+
+def make_client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int, index: int) -> Client:
+    """Client `index` of `clients`, on its shard of the training set, stepping on `replica`."""
+    shard = shard_indices(len(dataset.train), clients, index, cfg.seed)
+    return Client(replica, dataset.train, ShardSampler(shard, cfg.batch_size, cfg.seed, index),
+                  push_gradients=cfg.rule != "add")
 
 
 def checkpoint_weights(path: str, size: int) -> np.ndarray:
@@ -50,7 +63,7 @@ def starting_weights(cfg: RunConfig, dataset: Dataset, device: str,
         weights = checkpoint_weights(cfg.init, weights.size)
     if not cfg.warm_start:
         return weights, []
-    replica = Replica(model, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=device)
+    replica = make_replica(cfg, model, device)
     sampler = ShardSampler(np.arange(len(dataset.train)), cfg.batch_size, cfg.seed, WARM_STREAM)
     client = Client(replica, dataset.train, sampler)
     client.sync(weights)

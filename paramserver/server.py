@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from paramserver.config import InjectedFault
-from paramserver.protocol import Fail, Push, Stop, Tag, Weights, well_formed
+from paramserver.protocol import Push, Stop, Tag, Weights, well_formed
 from paramserver.rundir import RunDir
 from paramserver.store import ApplyResult, Store
 from paramserver.transport import Message, PeerTimeout, Transport
