@@ -7,6 +7,7 @@ them, both from seeds alone, so a run can be repeated and resumed exactly.
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import shutil
@@ -26,8 +27,11 @@ FASHION_MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz
 IDX_IMAGES, IDX_LABELS = 2051, 2049
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 STD_FLOOR = 1e-8
+PIXEL_LIMIT = 1e30  # float pixels beyond it, standardised (down to STD_FLOOR), overflow float32
 _CHUNK_ELEMENTS = 1 << 22
-_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
+# what reading a damaged file raises; zipfile: NotImplementedError for a mangled compression
+# method or flag, RuntimeError for a member flagged as encrypted
+_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError)
 
 
 class DataError(ValueError):
@@ -214,18 +218,20 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
         raise DataError(f"data: {path}: no such file")
     if not zipfile.is_zipfile(path):
         raise DataError(f"data: {path}: not a .npz (zip) archive; write it with np.savez")
-    try:
-        npz = np.load(path, allow_pickle=False)
-    except _READ_ERRORS as e:
-        raise DataError(f"data: {path}: not a readable .npz file ({e})") from e
     arrays = {}
-    with npz:
+    with contextlib.ExitStack() as files:  # np.load leaves a file it opened open when the archive is corrupt
+        try:
+            npz = files.enter_context(np.load(files.enter_context(open(path, "rb")), allow_pickle=False))
+        except _READ_ERRORS as e:
+            raise DataError(f"data: {path}: not a readable .npz file ({e})") from e
         for key in ("x", "y", "x_test", "y_test"):
             try:
                 if key in npz.files:
                     arrays[key] = npz[key]
             except _READ_ERRORS as e:
                 raise _field_error(path, key, f"cannot be read ({e})") from e
+            if key in arrays and not isinstance(arrays[key], np.ndarray):  # np.load hands other members as bytes
+                raise _field_error(path, key, "is not a .npy array; write the file with np.savez")
     return arrays
 
 
@@ -246,6 +252,10 @@ def _images(arrays: dict[str, np.ndarray], key: str, path: Path) -> np.ndarray:
         raise _field_error(path, key, f"is empty (shape {x.shape})")
     if x.dtype.kind == "f" and not np.isfinite(x).all():
         raise _field_error(path, key, "contains NaN or infinite values")
+    if x.dtype.kind == "f" and float(np.abs(x).max()) > PIXEL_LIMIT:
+        raise _field_error(path, key, f"has values beyond ±{PIXEL_LIMIT:g}, too large to standardise in float32")
+    if x.dtype == np.float16:  # standardised in float16, the std floor rounds to 0 (NaN) and 65504 overflows
+        x = x.astype(np.float32)
     return x[:, None] if x.ndim == 3 else x
 
 
@@ -261,6 +271,8 @@ def _labels(arrays: dict[str, np.ndarray], key: str, n: int, path: Path) -> np.n
         raise _field_error(path, key, f"has {len(y)} labels but '{'x' + key[1:]}' has {n} samples")
     if y.min() < 0:
         raise _field_error(path, key, f"has a negative label ({y.min()})")
+    if y.max() > np.iinfo(np.int64).max:  # uint64 labels would wrap to negative ones
+        raise _field_error(path, key, f"has a label too large for int64 ({y.max()})")
     return y.astype(np.int64)
 
 

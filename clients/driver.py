@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from clients.client import Client
+from paramserver.compress import ErrorFeedback, make_codec
 from paramserver.config import InjectedFault
 from paramserver.protocol import Pull, Push, Stop, Tag
 from paramserver.transport import Transport
@@ -30,6 +31,7 @@ class ClientPlan:
     timeout: float         # longest wait for the server's reply
     server: int = 0
     fault_step: int | None = None
+    compress: str = "none"  # pushes and pulls on the wire (paramserver/compress.py)
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,17 @@ class ClientLoop:
     pushes: int = 0
     done: bool = False
     rows: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.codec = make_codec(self.plan.compress)
+        compressed = self.plan.compress != "none"
+        self.feedback = ErrorFeedback(self.codec, self.client.size) if compressed else None
+        # where pulled weights land, as they come over the wire
+        self.wire = np.empty(self.client.size, self.codec.wire) if compressed else self.client.incoming
+
+    def take_weights(self, data: np.ndarray) -> None:
+        """The server's weights, as they came over the wire."""
+        self.client.sync(self.codec.decode(data, self.client.incoming))
 
     def advance(self) -> tuple[Outgoing, bool]:
         """Train up to the next sync point: (the message to send, whether weights come back)."""
@@ -72,7 +85,9 @@ class ClientLoop:
 
     def _push(self, fetch: bool) -> Outgoing:
         push = self.client.take_push()
-        header = Push(self.step, push.size, fetch, rows=tuple(self.rows))
+        if self.feedback is not None:
+            push = self.feedback.encode(push)
+        header = Push(self.step, push.size, fetch, self.codec.dtype, rows=tuple(self.rows))
         self.rows, self.pushes = [], self.pushes + 1
         return Outgoing(Tag.PUSH, header, push)
 
@@ -83,15 +98,18 @@ def run_client(transport: Transport, client: Client, plan: ClientPlan,
     after a resume); returns the number of pushes sent in all."""
     loop = ClientLoop(client, plan, clock, *start)
     transport.send(plan.server, Tag.PULL, Pull(), timeout=plan.timeout)
-    client.sync(_receive_weights(transport, client, plan))
+    loop.take_weights(_receive_weights(transport, loop))
     while not loop.done:
         message, fetch = loop.advance()
         transport.send(plan.server, message.tag, message.header, message.payload, plan.timeout)
         if fetch:
-            client.sync(_receive_weights(transport, client, plan))
+            loop.take_weights(_receive_weights(transport, loop))
     return loop.pushes
 
 
-def _receive_weights(transport: Transport, client: Client, plan: ClientPlan) -> np.ndarray:
-    transport.recv(plan.timeout, source=plan.server, tag=Tag.WEIGHTS)
-    return transport.recv_payload(plan.server, client.incoming, plan.timeout)
+def _receive_weights(transport: Transport, loop: ClientLoop) -> np.ndarray:
+    plan = loop.plan
+    # The reply comes as soon as the server has taken our push, applied it and sent the
+    # weights back: about three passes over the bytes, unless it is busy with others.
+    transport.recv(plan.timeout, source=plan.server, tag=Tag.WEIGHTS, busy=0.01 + 3 * loop.wire.nbytes / 1e9)
+    return transport.recv_payload(plan.server, loop.wire, plan.timeout)

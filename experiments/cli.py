@@ -29,7 +29,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (the usage is in --help)."""
 
     def error(self, message: str):
-        self.exit(2, f"asgd: error: {message}\n")
+        self.exit(2, f"asgd: error: {_one_line(message)}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "sweep":
             from experiments.sweep import run_sweep
             return run_sweep(args.spec, args.out, args.jobs, args.retry_failed, args.quiet)
+        if args.command == "bench":
+            from experiments.bench.suite import run_bench
+            return run_bench(args.out, args.quick)
         from experiments.report import report
         return report(args.path, args.window, args.figures, args.target)
     except (ConfigError, InputError) as error:
@@ -63,9 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     sweep = commands.add_parser("sweep", help="run a grid of runs from a spec (resumable)")
     sweep.add_argument("spec", help="sweep spec (TOML); see experiments/configs/")
     sweep.add_argument("--out", help="sweep folder (default results/sweeps/<name>)")
-    sweep.add_argument("--jobs", type=int, default=0, help="points run at once (default: cores for sim, 1 for mpi)")
+    sweep.add_argument("--jobs", type=_count, default=0, help="points run at once (default: cores for sim, 1 for mpi)")
     sweep.add_argument("--retry-failed", action="store_true", help="run failed points again")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+    bench = commands.add_parser("bench", help="measure the server, the wire, peers and the simulator (minutes)")
+    bench.add_argument("--out", default="results/bench.json", help="where the figures go (default: %(default)s)")
+    bench.add_argument("--quick", action="store_true", help="fewer repeats and sizes (a smoke run, not for the README)")
     report = commands.add_parser("report", help="summarise a run or a sweep: tables, findings, figures")
     report.add_argument("path", help="a run directory or a sweep folder")
     report.add_argument("--window", type=int, help="smoothing window, in minibatches (default: the sweep "
@@ -74,6 +80,17 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--target", type=float, help="target training error for speedups "
                                                        "(default: the 1-client run's final error + 5%%)")
     return parser
+
+
+def _count(text: str) -> int:
+    """A count where 0 means automatic (--jobs): a negative one would reach the thread pool."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0 (0: automatic), got {value}")
+    return value
 
 
 def _help(key) -> str:
@@ -104,7 +121,10 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
             raise InputError("backend: no mpiexec found; run 'make setup' or install an MPI library")
         clients = cfg.clients or DEFAULT_CLIENTS
         servers = 1 if cfg.mode == "async" else 0
-        launch.relaunch(mpiexec, [*argv, "--clients", str(clients), "--out", out], clients + servers)
+        from experiments.supervise import supervise
+        command, env = launch.mpiexec_command(mpiexec, clients + servers,
+                                              [*argv, "--clients", str(clients), "--out", out])
+        return supervise(command, env, out)
     return launch.run_mpi(cfg, out)
 
 
@@ -112,6 +132,7 @@ def _check_inputs(cfg: RunConfig) -> None:
     """What the config alone cannot know: the data, the model, the run directory."""
     from clients.data import DataError, load_dataset
     from clients.models import MODELS
+    from experiments.launch import launcher_rank
 
     if cfg.model not in MODELS:
         raise InputError(f"model: unknown model {cfg.model!r} (choose from {', '.join(MODELS)})")
@@ -119,20 +140,30 @@ def _check_inputs(cfg: RunConfig) -> None:
         dataset = load_dataset(cfg.data, cfg.data_dir or None)
     except DataError as error:
         raise InputError(str(error)) from None
-    if cfg.clients and len(dataset.train) // cfg.clients < cfg.batch_size:
+    # without --clients: asgd's default when it starts (or simulates) the job; under a
+    # user's mpiexec every rank but the server, unknown here, so at least the whole set
+    clients = cfg.clients or (DEFAULT_CLIENTS if cfg.backend == "sim" or launcher_rank() is None else 1)
+    if len(dataset.train) // clients < cfg.batch_size:
         raise InputError(f"batch_size: {cfg.batch_size} is more than a client's shard of "
-                         f"{len(dataset.train) // cfg.clients} samples")
-    if cfg.init:
-        from clients.models import build_model, flat_weights
-        from experiments.start import StartError, checkpoint_weights
-        try:
-            size = flat_weights(build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)).size
-            checkpoint_weights(cfg.init, size)
-        except StartError as error:
-            raise InputError(str(error)) from None
+                         f"{len(dataset.train) // clients} samples")
+    if cfg.init or cfg.resume:
+        _check_start_weights(cfg, dataset)
     out = Path(cfg.out) if cfg.out and not cfg.resume else None
     if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(f"out: {out} already exists and is not an empty directory; choose another --out")
+
+
+def _check_start_weights(cfg: RunConfig, dataset) -> None:
+    """The checkpoint a run starts from (--resume's own, else --init's) fits the model this
+    config builds: refused here in one line, not on every rank after MPI started."""
+    from clients.models import build_model, flat_weights
+    from experiments.start import StartError, checkpoint_weights, start_checkpoint
+
+    size = flat_weights(build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)).size
+    try:
+        checkpoint_weights(*start_checkpoint(cfg), size)
+    except StartError as error:
+        raise InputError(str(error)) from None
 
 
 def _default_out(cfg: RunConfig) -> str:
@@ -149,8 +180,13 @@ def _error(message: str) -> int:
     from experiments.launch import launcher_rank
 
     if launcher_rank() in (None, 0):
-        print(f"asgd: error: {message}", file=sys.stderr)
+        print(f"asgd: error: {_one_line(message)}", file=sys.stderr)
     return 2
+
+
+def _one_line(message: str) -> str:
+    """The message on one line, whatever line breaks a path or value in it carries."""
+    return " ".join(message.splitlines())
 
 
 if __name__ == "__main__":

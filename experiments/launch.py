@@ -8,9 +8,11 @@ seconds (MPI_Abort), after the server wrote a `failed` summary when it could.
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,9 +28,11 @@ from experiments.provenance import provenance
 from experiments.runrecord import RunSetup
 from experiments.serverrun import serve_run
 from experiments.resume import resume_point
+from experiments.supervise import direct_stdio
 from experiments.start import make_client, make_replica, start_client, starting_weights
 from paramserver.config import RunConfig
-from paramserver.protocol import Fail, Tag
+from paramserver.liveness import PeerDied, PeerWatch
+from paramserver.protocol import Bye, Fail, Tag
 from paramserver.transport import Transport
 
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
@@ -48,17 +52,30 @@ def find_mpiexec() -> str | None:
     return str(beside) if beside.exists() else shutil.which("mpiexec")
 
 
-def relaunch(mpiexec: str, argv: list[str], ranks: int) -> NoReturn:
-    """Replace this process with `mpiexec -n ranks` running the same command."""
+def mpiexec_command(mpiexec: str, ranks: int, argv: list[str]) -> tuple[list[str], dict]:
+    """The command and environment that run `asgd train argv` on `ranks` ranks.
+
+    MPICH's launcher is told not to kill every rank the moment one dies
+    (-disable-auto-cleanup): the survivors name the dead rank, record it and end the job
+    themselves (MPI_Abort), or go on without it (--on-client-failure continue). Open MPI
+    has no such switch: there a dead rank ends the job at once, unnamed."""
     env = dict(os.environ)
     # Open MPI refuses root and more ranks than cores unless told; MPICH ignores these.
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
     env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
-    command = [mpiexec, "-n", str(ranks), sys.executable, "-m", "experiments.cli", *argv]
-    sys.stdout.flush()
-    os.execvpe(mpiexec, command, env)
+    flags = ["-disable-auto-cleanup"] if is_hydra(mpiexec) else []
+    return [mpiexec, *flags, "-n", str(ranks), sys.executable, "-m", "experiments.cli", *argv], env
+
+
+def is_hydra(mpiexec: str) -> bool:
+    """MPICH's launcher (hydra), which knows -disable-auto-cleanup."""
+    try:
+        result = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "HYDRA" in result.stdout
 
 
 def run_mpi(cfg: RunConfig, out: str) -> int:
@@ -69,8 +86,9 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
     """
     from mpi4py import MPI
 
+    direct_stdio()
     comm = MPI.COMM_WORLD
-    transport = Transport(comm)
+    transport = Transport(comm, timeout=cfg.stall_timeout)
     servers = 1 if cfg.mode == "async" else 0
     clients = cfg.clients or transport.size - servers
     if clients < 1 or transport.size != clients + servers:
@@ -86,9 +104,10 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
         dataset = load_dataset(cfg.data, cfg.data_dir or None)
         model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
         info = {"rank": transport.rank, "role": "client" if index >= 0 else "server",
-                "host": socket.gethostname(), "device": device_name(device)}
-        ranks = transport.gather(info)
-        prov = provenance(MPI.Get_library_version().splitlines()[0].strip(), ranks) if ranks else {}
+                "host": socket.gethostname(), "pid": os.getpid(), "device": device_name(device)}
+        ranks = transport.bcast(transport.gather(info))
+        transport.watch = PeerWatch(ranks, info["host"])
+        prov = provenance(MPI.Get_library_version().splitlines()[0].strip(), ranks) if transport.rank == 0 else {}
         weights, warm_rows = starting_weights(cfg, dataset, device) if transport.rank == 0 else \
             (flat_weights(model), [])
         client = make_client(cfg, make_replica(cfg, model, device), dataset, clients, index) if index >= 0 else None
@@ -106,12 +125,14 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
             return collective_run(setup, [client], [index], _mpi_average(transport), clock,
                                   gather=lambda rows: _flatten(transport.gather(rows)), point=point)
         if client is None:
-            return serve_run(setup, transport, clock)
+            _say_bye(transport, clients, serve_run(setup, transport, clock)["lost_clients"])
+            return 0
         run_client(transport, client, _plan(transport.rank, cfg), clock,
                    start=(point.client_steps[index], point.client_pushes[index]) if point else (0, 0))
+        _wait_for_bye(transport)
         return 0
     except Exception as error:  # noqa: BLE001 - any failure must end the whole job
-        _fail(transport, error, index)
+        return _fail(transport, error, index, keep_going=cfg.on_client_failure == "continue")
 
 
 def _mpi_average(transport: Transport):
@@ -135,26 +156,60 @@ def _plan(rank: int, cfg: RunConfig) -> ClientPlan:
                       # Twice the server's: when one client stalls, the server (which names
                       # it) must give up before the others blame the busy server.
                       timeout=2 * cfg.stall_timeout,
-                      fault_step=fault[1] if fault and fault[0] == rank else None)
+                      fault_step=fault[1] if fault and fault[0] == rank else None, compress=cfg.compress)
 
 
-def _fail(transport: Transport, error: Exception, index: int) -> NoReturn:
+def _fail(transport: Transport, error: Exception, index: int, keep_going: bool) -> int:
+    """End the job, after the server had a moment to record why. Under `keep_going` a
+    client leaves the server to carry on without it: it returns (exit status 1), and
+    waits in MPI_Finalize until the job ends (exiting without it would make MPICH's
+    launcher end every rank)."""
     role = "server" if index < 0 else f"client {index}"
     reason = f"{type(error).__name__}: {error}"
     print(f"asgd: rank {transport.rank} ({role}) failed: {reason}", file=sys.stderr, flush=True)
-    if transport.rank != 0:
-        _tell_server(transport, reason)
+    server_gone = isinstance(error, PeerDied) and 0 in error.ranks
+    if transport.rank != 0 and not server_gone:
+        _tell_server(transport, reason, wait=not keep_going)
+        if keep_going:
+            return 1
     transport.abort(1)
     raise SystemExit(1)  # not reached: Abort ends the process
 
 
-def _tell_server(transport: Transport, reason: str) -> None:
-    """Send FAIL so the server records the reason, then give it a moment to abort the job."""
+def _tell_server(transport: Transport, reason: str, wait: bool) -> None:
+    """Send FAIL so the server records the reason; give it a moment to abort the job (or,
+    when it goes on without us, just until the message is out)."""
     request = transport.comm.isend(Fail(reason), dest=0, tag=int(Tag.FAIL))
     deadline = time.monotonic() + FAIL_GRACE_S
-    while time.monotonic() < deadline:
-        request.Test()
+    while time.monotonic() < deadline and (not request.Test() or wait):
         time.sleep(0.05)
+
+
+def _say_bye(transport: Transport, clients: int, lost: list[dict]) -> None:
+    """Tell the clients the run is recorded, so they may exit; with clients lost, leave at
+    once: MPI_Finalize would wait for them forever."""
+    gone = {entry["rank"] for entry in lost}
+    for rank in range(1, clients + 1):
+        if rank not in gone:
+            transport.send(rank, Tag.BYE, Bye(len(gone)), timeout=10)
+    if gone:
+        _exit(0)
+
+
+def _wait_for_bye(transport: Transport) -> None:
+    """A client stays until the server has recorded the run (an evaluation may take
+    minutes): if it ended first while a client was lost, MPICH's launcher would end every
+    rank, the server included. After a run with lost clients, it leaves the same way."""
+    if transport.recv(math.inf, source=0, tag=Tag.BYE).header.lost:
+        _exit(0)
+
+
+def _exit(status: int) -> NoReturn:
+    """Leave without MPI_Finalize, which waits for every rank, dead ones included (MPICH's
+    launcher then ends the ranks still waiting in theirs: the run is recorded by now)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _set_threads(local, is_client: bool, threads: int) -> None:

@@ -41,12 +41,8 @@ class ResumePoint:
 
 def resumed_config(run_dir: str, overrides: dict[str, Any]) -> RunConfig:
     """The run's own config, with the few flags a resume may change."""
-    path = Path(run_dir) / "config.json"
-    try:
-        stored = {k: v for k, v in json.loads(path.read_text()).items() if k not in RECORD_ONLY}
-        stored["inject_fault"] = ""  # a test's fault is for the run it was given to
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"resume: cannot read {path} ({error})") from None
+    stored = {k: v for k, v in _record(Path(run_dir) / "config.json").items() if k not in RECORD_ONLY}
+    stored["inject_fault"] = ""  # a test's fault is for the run it was given to
     for key, value in overrides.items():
         if value is not None and key not in CHANGEABLE and value != stored.get(key):
             raise ConfigError(f"resume: {key} cannot change when resuming (run has {stored.get(key)!r})")
@@ -59,10 +55,22 @@ def resumed_config(run_dir: str, overrides: dict[str, Any]) -> RunConfig:
     given = {k: v for k, v in overrides.items() if v is not None}
     cfg = load_config(None, {**stored, **given, "out": run_dir, "resume": run_dir})
     summary = Path(run_dir) / "summary.json"
-    if summary.exists() and json.loads(summary.read_text()).get("status") == "complete" \
-            and cfg.steps <= stored["steps"]:
+    if summary.exists() and _record(summary).get("status") == "complete" \
+            and cfg.steps <= stored.get("steps", RunConfig.steps):
         raise ConfigError(f"resume: {run_dir} is complete; pass a larger --steps to train on")
     return cfg
+
+
+def _record(path: Path) -> dict[str, Any]:
+    """A JSON object the run wrote (config.json, summary.json), refused in one line when
+    damaged or edited into something else."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"resume: cannot read {path} ({error})") from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"resume: {path} is not a JSON object")
+    return record
 
 
 def resume_point(run_dir: str) -> ResumePoint:

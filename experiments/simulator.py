@@ -117,7 +117,7 @@ class Simulation:
                 self._arrive(serving, when, i, item)
             else:
                 if kind == "reply":   # weights reach client i
-                    self.loops[i].client.sync(item)
+                    self.loops[i].take_weights(item)
                 self._window(when, i)
         if not serving.done:
             raise RuntimeError("simulation: events ran out before every client stopped (replay order?)")
@@ -189,12 +189,13 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
         return collective_run(setup, sim_clients, list(range(clients)), mean_in_place, lockstep,
                               gather=lambda rows: rows, advance=lockstep.advance, point=point)
     clocks = [StepClock(timing.step_time * f) for f in factors]
-    loops = [ClientLoop(c, ClientPlan(i, cfg.steps, cfg.push_every, cfg.fetch_every, cfg.stall_timeout), clk,
+    loops = [ClientLoop(c, ClientPlan(i, cfg.steps, cfg.push_every, cfg.fetch_every, cfg.stall_timeout,
+                                                 compress=cfg.compress), clk,
                         step=starts[i], pushes=point.client_pushes[i] if point else 0)
              for i, (c, clk) in enumerate(zip(sim_clients, clocks))]
     simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order)
-    return serve_run(setup, simulation.link, lambda: simulation.now, drive=simulation.run,
-                     apply_cost=timing.apply_time)
+    serve_run(setup, simulation.link, lambda: simulation.now, drive=simulation.run, apply_cost=timing.apply_time)
+    return 0
 
 
 def replay_order(cfg: RunConfig, clients: int) -> list[tuple[Tag, int]]:

@@ -41,14 +41,23 @@ def make_client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int
                   push_gradients=cfg.rule != "add")
 
 
-def checkpoint_weights(path: str, size: int) -> np.ndarray:
-    """The weights saved in a checkpoint, checked against the model's size."""
+def start_checkpoint(cfg: RunConfig) -> tuple[str, str] | None:
+    """(flag, path) of the checkpoint a run starts from: its own after --resume, else --init's."""
+    if cfg.resume:
+        return "resume", str(Path(cfg.resume) / "checkpoint" / "latest.npz")
+    return ("init", cfg.init) if cfg.init else None
+
+
+def checkpoint_weights(flag: str, path: str, size: int) -> np.ndarray:
+    """The weights saved in a checkpoint, checked against the model's; `flag` names the
+    option that chose the file (a checkpoint of another model names both shapes)."""
     try:
         weights = load_arrays(path)["weights"]
     except (OSError, ValueError, KeyError) as error:
-        raise StartError(f"init: cannot read weights from {path} ({error})") from None
-    if weights.dtype != np.float32 or weights.ndim != 1 or weights.size != size:
-        raise StartError(f"init: {path} holds {weights.size} {weights.dtype} weights, the model has {size} float32")
+        raise StartError(f"{flag}: cannot read weights from {path} ({error})") from None
+    if weights.dtype != np.float32 or weights.shape != (size,):
+        raise StartError(f"{flag}: {path} holds {weights.dtype} weights of shape {weights.shape}; "
+                         f"the model needs float32 of shape ({size},)")
     return weights
 
 
@@ -57,11 +66,10 @@ def starting_weights(cfg: RunConfig, dataset: Dataset, device: str,
     """(initial weights, warm-start rows); `clock` times the rows (default: wall seconds)."""
     model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
     weights = flat_weights(model)
-    if cfg.resume:
-        return checkpoint_weights(str(Path(cfg.resume) / "checkpoint" / "latest.npz"), weights.size), []
-    if cfg.init:
-        weights = checkpoint_weights(cfg.init, weights.size)
-    if not cfg.warm_start:
+    start = start_checkpoint(cfg)
+    if start:
+        weights = checkpoint_weights(*start, weights.size)
+    if cfg.resume or not cfg.warm_start:  # a resumed run's warm start is in its checkpoint
         return weights, []
     replica = make_replica(cfg, model, device)
     sampler = ShardSampler(np.arange(len(dataset.train)), cfg.batch_size, cfg.seed, WARM_STREAM)

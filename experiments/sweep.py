@@ -49,7 +49,10 @@ from paramserver.config import ConfigError, RunConfig, load_config
 from paramserver.runlog import write_json_atomic
 
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")
-SPEC_KEYS = {"name", "scale", "backend", "timeout", "warm_start", "window", "base", "grid"}
+SPEC_KEYS = {"name": str, "scale": str, "backend": str, "timeout": float, "warm_start": int, "window": int,
+             "base": dict, "grid": dict}  # key: the type load_spec reads it as
+KIND_NAMES = {str: "a string", float: "a number", int: "an integer", dict: "a table"}
+MAX_TIMEOUT = 2**31 // 1000  # seconds (24 days): a point's wait is one poll() of a C int of milliseconds
 OWN_KEYS = {"clients", "n_sync", "mode", "seed", "warm_start", "out", "backend", "resume", "quiet"}
 
 
@@ -74,9 +77,10 @@ def load_spec(path: str) -> Spec:
     """The spec and every point's validated config; errors are one line (ConfigError)."""
     try:
         raw = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as error:
+    except (OSError, ValueError) as error:  # ValueError: not TOML, not UTF-8, an int of over 4300 digits
         raise ConfigError(f"sweep {path}: cannot read ({error})") from None
-    unknown = sorted(set(raw) - SPEC_KEYS) + sorted(set(raw.get("grid", {})) - set(GRID_KEYS))
+    _check_spec_values(raw, path)
+    unknown = sorted(set(raw) - SPEC_KEYS.keys()) + sorted(set(raw.get("grid", {})) - set(GRID_KEYS))
     clashing = sorted(set(raw.get("base", {})) & OWN_KEYS)
     if unknown or clashing:
         raise ConfigError(f"sweep {path}: unknown key {unknown[0]!r}" if unknown else
@@ -92,6 +96,19 @@ def load_spec(path: str) -> Spec:
         points.setdefault(point.id, point)  # sync modes ignore n_sync: one point, not several
     return Spec(raw.get("name", Path(path).stem), raw.get("scale", "proxy"), backend,
                 float(raw.get("timeout", 3600)), int(raw.get("window", 400)), list(points.values()))
+
+
+def _check_spec_values(raw: dict[str, Any], path: str) -> None:
+    """The spec's own keys hold what load_spec reads them as: TOML allows any type anywhere."""
+    for key, kind in SPEC_KEYS.items():
+        value = raw.get(key)
+        allowed = (int, float) if kind is float else kind
+        if value is not None and (not isinstance(value, allowed) or isinstance(value, bool)):
+            raise ConfigError(f"sweep {path}: {key} must be {KIND_NAMES[kind]}, got {value!r}")
+    if not 0 < raw.get("timeout", 1) <= MAX_TIMEOUT:
+        raise ConfigError(f"sweep {path}: timeout must be in (0, {MAX_TIMEOUT}] seconds, got {raw['timeout']!r}")
+    if raw.get("window", 1) < 1:
+        raise ConfigError(f"sweep {path}: window must be at least 1, got {raw['window']!r}")
 
 
 def _point(settings: dict[str, Any], raw: dict[str, Any], backend: str) -> Point:
@@ -171,7 +188,8 @@ class SweepRunner:
             config = self.out / "configs" / f"{point.id}.toml"
             config.write_text(_toml(_with(point.config, {"threads": self.threads}).to_dict()))
             command = ["train", str(config), "--out", str(run), "--quiet"]
-        status = _execute(self._launcher(point) + command, self.spec.timeout, run)
+        # mpi points launch themselves (under the supervisor, which names a dead rank)
+        status = _execute([sys.executable, "-m", "experiments.cli", *command], self.spec.timeout, run)
         with self.lock:
             next(e for e in self.index["points"] if e["id"] == point.id)["status"] = status
             if status == "complete":  # epochs in the figures need the training-set size
@@ -179,14 +197,6 @@ class SweepRunner:
             self._save()
             self.progress.update(self.progress.done + 1)
         return status
-
-    def _launcher(self, point: Point) -> list[str]:
-        python = [sys.executable, "-m", "experiments.cli"]
-        if self.spec.backend == "sim":
-            return python
-        from experiments.launch import find_mpiexec
-        ranks = point.config.clients + (1 if point.config.mode == "async" else 0)
-        return [find_mpiexec() or "mpiexec", "-n", str(ranks), *python]
 
     def _save(self) -> None:
         write_json_atomic(self.out / "index.json", self.index)
@@ -229,6 +239,9 @@ def _toml(values: dict[str, Any]) -> str:
 def run_sweep(spec_path: str, out: str | None, jobs: int, retry_failed: bool, quiet: bool) -> int:
     spec = load_spec(spec_path)
     folder = Path(out or f"results/sweeps/{spec.name}")
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"out: cannot create the sweep folder {folder} ({error.strerror})") from None
     shutil.copyfile(spec_path, folder / "spec.toml")
     return SweepRunner(spec, folder, jobs, retry_failed, quiet).run()

@@ -7,14 +7,18 @@ command-line flags share names (`n_sync` is `--n-sync`).
 from __future__ import annotations
 
 import dataclasses
+import math
+import sys
 import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional, get_type_hints
 
+from paramserver.compress import CODECS
 from paramserver.rules import RULES
 
 BACKENDS = ("mpi", "sim")
 MODES = ("async", "sync", "local-sgd")
+FAILURE_POLICIES = ("abort", "continue")
 
 
 class ConfigError(ValueError):
@@ -65,6 +69,10 @@ class RunConfig:
     eval_every: int = _key(0, "server versions between test evaluations (0: about 20 a run)")
     eval_samples: int = _key(0, "test samples per evaluation (0: the whole test split)")
     stall_timeout: float = _key(600.0, "seconds any rank waits for a peer before failing the job")
+    compress: str = _key("none", "none, fp16 or bf16: pushes (with error feedback) and pulls as 16-bit floats "
+                         "on the wire; the server keeps float32 weights")
+    on_client_failure: str = _key("abort", "abort (end the job naming the client; resumable) or continue "
+                                  "(the server carries on with the other clients; async mode)")
     keep_snapshots: bool = _key(False, "keep the weight snapshots after evaluating them")
     quiet: bool = _key(False, "no progress bar or final line")
     sim_step_time: float = _key(0.0, "sim: seconds per minibatch (0: measured from real steps)")
@@ -120,10 +128,21 @@ def _check_types(cfg: RunConfig) -> None:
             continue
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            object.__setattr__(cfg, name, float(value))
+            value = float(value) if abs(value) <= sys.float_info.max else math.inf  # refused just below
+            object.__setattr__(cfg, name, value)
             ok = True
         if not ok:
             raise ConfigError(f"{name}: expected {kind.__name__}, got {value!r}")
+        _check_magnitude(name, value)
+
+
+def _check_magnitude(name: str, value: Any) -> None:
+    """Numbers torch and numpy can take: an infinite rate or timeout trains on nothing or
+    never ends, and ints past 64 bits overflow torch.manual_seed and numpy arrays."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name}: must be a finite number, got {value}")
+    if isinstance(value, int) and not -2**63 <= value < 2**63:
+        raise ConfigError(f"{name}: must fit in 64 bits, got {value}")
 
 
 def _require(ok: bool, field: str, reason: str) -> None:
@@ -148,12 +167,19 @@ def _check_values(cfg: RunConfig) -> None:
     _require(cfg.warm_start >= 0, "warm_start", f"must be non-negative, got {cfg.warm_start}")
     for name in ("eval_every", "eval_samples", "threads"):
         _require(getattr(cfg, name) >= 0, name, f"must be non-negative (0: automatic), got {getattr(cfg, name)}")
+    _require(cfg.threads < 2**31, "threads", f"must be below 2**31 (torch takes a C int), got {cfg.threads}")
     for name in ("sim_step_time", "sim_apply_time", "sim_latency"):
         _require(getattr(cfg, name) >= 0, name, f"must be non-negative, got {getattr(cfg, name)}")
     _require(cfg.sim_bandwidth > 0, "sim_bandwidth", f"must be positive, got {cfg.sim_bandwidth}")
     _require(0 <= cfg.speed_jitter < 1, "speed_jitter", f"must be in [0, 1), got {cfg.speed_jitter}")
     _require(not cfg.replay or (cfg.backend == "sim" and cfg.mode == "async"), "replay",
              "needs --backend sim and --mode async")
+    _require(cfg.compress in CODECS, "compress", f"expected {', '.join(CODECS)}, got {cfg.compress!r}")
+    _require(cfg.compress == "none" or cfg.mode == "async", "compress", "needs --mode async (pushes and pulls)")
+    _require(cfg.on_client_failure in FAILURE_POLICIES, "on_client_failure",
+             f"expected {' or '.join(FAILURE_POLICIES)}, got {cfg.on_client_failure!r}")
+    _require(cfg.on_client_failure == "abort" or cfg.mode == "async", "on_client_failure",
+             "continue needs --mode async (a collective cannot go on without a rank)")
     _require(cfg.stall_timeout > 0, "stall_timeout", f"must be positive, got {cfg.stall_timeout}")
     _require(cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
              "device", f"expected auto, cpu or cuda[:N], got {cfg.device!r}")
@@ -184,7 +210,7 @@ def _read_toml(path: str) -> dict[str, Any]:
             table = tomllib.load(f)
     except OSError as e:
         raise ConfigError(f"config {path}: cannot read ({e.strerror})") from None
-    except tomllib.TOMLDecodeError as e:
+    except ValueError as e:  # TOMLDecodeError, bytes that are not UTF-8, an int of over 4300 digits
         raise ConfigError(f"config {path}: not valid TOML ({e})") from None
     nested = [k for k, v in table.items() if isinstance(v, dict)]
     if nested:

@@ -14,7 +14,8 @@ Message sequence (one client; the server serves all clients in arrival order):
       | -- PUSH(rows, fetch=True) + data ---> |  checks, applies, logs staleness
       | <---------- WEIGHTS(version) + data - |  (only when the push asks to fetch)
       |   ... until the step budget is done   |
-      | -- STOP(steps, pushes) -------------> |  exits when every client has stopped
+      | -- STOP(steps, pushes) -------------> |  ends when every client has stopped (or is lost)
+      | <---------------------- BYE(lost) --- |  once the run is recorded; then all exit
       | -- FAIL(reason) --------------------> |  on an exception; then the job aborts
 
 With n_fetch != n_push a client also sends PUSH(fetch=False) (no reply) or a bare
@@ -36,6 +37,8 @@ class Tag(IntEnum):
     FAIL = 4
     WEIGHTS = 5
     PAYLOAD = 6
+    GATHER = 7     # a small object on its way to a gather's root (startup, sync modes' rows)
+    BYE = 8
 
 
 @dataclass(frozen=True)
@@ -64,14 +67,35 @@ class Fail:
 
 
 @dataclass(frozen=True)
+class Bye:
+    lost: int                  # clients the run went on without
+
+
+@dataclass(frozen=True)
 class Weights:
     version: int
     size: int
 
 
-HEADERS = {Tag.PULL: Pull, Tag.PUSH: Push, Tag.STOP: Stop, Tag.FAIL: Fail, Tag.WEIGHTS: Weights}
+HEADERS = {Tag.PULL: Pull, Tag.PUSH: Push, Tag.STOP: Stop, Tag.FAIL: Fail, Tag.WEIGHTS: Weights, Tag.BYE: Bye}
+FROM_CLIENTS = (Tag.PULL, Tag.PUSH, Tag.STOP, Tag.FAIL)
+_LOGGABLE = (int, float, str, bool, type(None))
 
 
 def well_formed(tag: int, header: Any) -> bool:
-    """True when `header` is the header type that `tag` announces."""
-    return tag in HEADERS and isinstance(header, HEADERS[Tag(tag)])
+    """True when `header` is the header type that `tag` announces, with fields of the
+    declared types (headers are unpickled from the wire, so nothing else guarantees it)."""
+    if tag not in HEADERS or not isinstance(header, HEADERS[Tag(tag)]):
+        return False
+    if isinstance(header, Push):
+        return (_is_int(header.step) and _is_int(header.size) and isinstance(header.fetch, bool)
+                and isinstance(header.dtype, str) and isinstance(header.rows, tuple)
+                and all(isinstance(row, dict) and all(isinstance(v, _LOGGABLE) for v in row.values())
+                        for row in header.rows))
+    if isinstance(header, Stop):
+        return _is_int(header.steps) and _is_int(header.pushes)
+    return True
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -125,14 +125,26 @@ def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
     _replace_atomically(path, lambda f: np.savez(f, **arrays))
 
 
+def _npz(file) -> np.lib.npyio.NpzFile:
+    """np.load of an archive; a lone array (np.save's .npy) is no checkpoint (ValueError)."""
+    loaded = np.load(file, allow_pickle=False)
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise ValueError("a single .npy array, not a .npz archive of named arrays")
+    return loaded
+
+
 def load_arrays(path: Path) -> dict[str, np.ndarray]:
     """The arrays of a `.npz`, checked against its checksum when it has one (a user's own
     file for --init may not)."""
     try:
-        with np.load(path, allow_pickle=False) as data:
+        with open(path, "rb") as file, _npz(file) as data:  # np.load leaks a file it opened on a bad archive
             arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error,
+            NotImplementedError, RuntimeError) as error:  # zipfile: a mangled compression method or flag
         raise CorruptFile(f"{path}: unreadable ({error})") from None
+    odd = sorted(k for k, v in arrays.items() if not isinstance(v, np.ndarray))  # np.load hands those as bytes
+    if odd:
+        raise CorruptFile(f"{path}: member {odd[0]!r} is not a .npy array")
     stored = arrays.pop("checksum", None)
     if stored is not None and str(stored) != _checksum(arrays):
         raise CorruptFile(f"{path}: checksum mismatch: the file is corrupt")

@@ -5,28 +5,47 @@ each push with the Store's rule, replies with the weights when asked, writes a
 server.jsonl row per push and the clients' rows to clients.jsonl, snapshots the weights
 every `eval_every` versions for the test evaluation, and returns when every client has
 sent STOP. A malformed push is logged and rejected; it never reaches the weights.
+
+A client that fails (it reports an exception), stalls (silent past the stall timeout)
+or dies (`PeerWatch`) is lost: by default that ends the job, naming it; with
+`on_client_failure = "continue"` the server records it and goes on with the others.
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
+from paramserver.compress import Codec
 from paramserver.config import InjectedFault
-from paramserver.protocol import Push, Stop, Tag, Weights, well_formed
+from paramserver.liveness import PeerDied
+from paramserver.protocol import FROM_CLIENTS, Push, Stop, Tag, Weights, well_formed
 from paramserver.rundir import RunDir
 from paramserver.store import ApplyResult, Store
 from paramserver.transport import Message, PeerTimeout, Transport
 
 
-class ClientFailed(RuntimeError):
-    """A client reported an exception; the job must end."""
+class ClientLost(RuntimeError):
+    """A client can no longer take part: the job ends, or goes on without it."""
+
+    def __init__(self, rank: int, what: str):
+        super().__init__(what)
+        self.rank = rank
 
 
-class ClientStalled(TimeoutError):
+class ClientFailed(ClientLost):
+    """A client reported an exception."""
+
+
+class ClientStalled(ClientLost):
     """A client has sent nothing for longer than the stall timeout."""
+
+
+class ClientDied(ClientLost):
+    """A client's process is gone."""
 
 
 @dataclass
@@ -38,6 +57,7 @@ class ServerTally:
     samples: int = 0
     rejected: int = 0
     stops: dict[int, Stop] = field(default_factory=dict)
+    lost: dict[int, dict] = field(default_factory=dict)  # rank -> what the summary says of it
 
     def __post_init__(self) -> None:
         self.client_steps = np.zeros(self.clients, np.int64)   # step of each client's last push handled
@@ -75,12 +95,18 @@ class Serving:
     apply_cost: float | None = None   # seconds an apply is logged as taking; None: measured
     tally: ServerTally | None = None
     log_lines: tuple[int, int] = (0, 0)  # rows already in (server, clients) logs
-    hosts: dict[int, str] = field(default_factory=dict)  # rank -> host, to name a stalled client
+    hosts: dict[int, str] = field(default_factory=dict)  # rank -> host, to name a lost client
+    on_client_failure: str = "abort"
+    busy_s: float = 0.0  # wall time spent handling messages (the rest is waiting for them)
+    codec: Codec = field(default_factory=Codec)  # pushes and pulls on the wire
+    wire_bytes: list[int] = field(default_factory=lambda: [0, 0])  # payload bytes (pushed, pulled)
 
     def __post_init__(self) -> None:
         self.server_log = self.run.writer("server", self.log_lines[0])
         self.client_log = self.run.writer("clients", self.log_lines[1])
-        self.buffer = np.empty(self.store.size, np.float32)  # pushes land here
+        self.buffer = np.empty(self.store.size, np.float32)  # pushes, as float32
+        compressed = self.codec.wire != np.float32
+        self.wire = np.empty(self.store.size, self.codec.wire) if compressed else self.buffer  # as they come
         if self.tally is None:
             self.tally = ServerTally(len(self.client_ranks))
             self.run.save_snapshot(self.store.weights, self.store.version, 0.0, 0)
@@ -89,8 +115,13 @@ class Serving:
         return self.client_ranks.index(rank)
 
     @property
+    def waiting(self) -> list[int]:
+        """Client ranks still expected to send something."""
+        return [r for r in self.client_ranks if r not in self.tally.stops and r not in self.tally.lost]
+
+    @property
     def done(self) -> bool:
-        return len(self.tally.stops) == len(self.client_ranks)
+        return not self.waiting
 
     def checkpoint(self) -> None:
         """Weights, rule and tallies, with the time and log lengths they correspond to."""
@@ -103,29 +134,38 @@ class Serving:
 
 
 def serve(s: Serving) -> ServerTally:
-    """Handle messages until every client has stopped; a client silent for longer than
-    the stall timeout ends the job, named (rank, host, last step, last message)."""
+    """Handle messages until every client has stopped or is lost."""
     heard = {r: (s.clock(), "none") for r in s.client_ranks}  # rank -> (when, last tag)
     try:
         while not s.done:
-            msg = _next_message(s, heard)
-            heard[msg.source] = (s.clock(), _tag_name(msg.tag))
             try:
-                handle(s, msg)
-            except PeerTimeout:  # it sent, then stopped taking our reply
-                raise _stalled(s, msg.source, heard[msg.source]) from None
+                _serve_one(s, heard)
+            except ClientLost as lost:
+                _lose(s, lost, heard[lost.rank])
     finally:
         s.close()
     s.run.save_snapshot(s.store.weights, s.store.version, s.clock(), s.tally.minibatches)
     return s.tally
 
 
+def _serve_one(s: Serving, heard: dict[int, tuple[float, str]]) -> None:
+    msg = _next_message(s, heard)
+    heard[msg.source] = (s.clock(), _tag_name(msg.tag))
+    start = time.perf_counter()
+    try:
+        handle(s, msg)
+        s.busy_s += time.perf_counter() - start
+    except PeerTimeout:  # it sent, then stopped taking our reply
+        raise _stalled(s, msg.source, heard[msg.source]) from None
+    except PeerDied as died:  # it died in the middle of a transfer
+        raise ClientDied(msg.source, str(died)) from None
+
+
 def _next_message(s: Serving, heard: dict[int, tuple[float, str]]) -> Message:
     """Waits no longer than the first waiting client's stall deadline, and checks it even
     while other clients keep the server busy."""
     while True:
-        waiting = [r for r in s.client_ranks if r not in s.tally.stops]
-        first = min(waiting, key=lambda r: heard[r][0])
+        first = min(s.waiting, key=lambda r: heard[r][0])
         left = heard[first][0] + s.stall_timeout - s.clock()
         if left <= 0:
             raise _stalled(s, first, heard[first])
@@ -133,6 +173,10 @@ def _next_message(s: Serving, heard: dict[int, tuple[float, str]]) -> Message:
             return s.transport.recv(timeout=left)
         except PeerTimeout:
             continue
+        except PeerDied as died:
+            clients = [r for r in died.ranks if r in s.waiting]
+            if clients:
+                raise ClientDied(clients[0], str(died)) from None
 
 
 def _tag_name(tag: int) -> str:
@@ -143,12 +187,22 @@ def _tag_name(tag: int) -> str:
 
 
 def _stalled(s: Serving, rank: int, heard: tuple[float, str]) -> ClientStalled:
-    client = s.client(rank)
-    what = (f"client {client} (rank {rank}, host {s.hosts.get(rank, '?')}) silent for "
-            f"{s.clock() - heard[0]:.0f} s (stall timeout {s.stall_timeout:g} s); last step "
-            f"{s.tally.client_steps[client]}, last message {heard[1]}")
-    s.server_log.write({"time": s.clock(), "client": client, "rank": rank, "stalled": what})
-    return ClientStalled(what)
+    return ClientStalled(rank, f"silent for {s.clock() - heard[0]:.0f} s (stall timeout {s.stall_timeout:g} s)")
+
+
+def _lose(s: Serving, lost: ClientLost, heard: tuple[float, str]) -> None:
+    """Name the client in the log; end the job, or (continue) go on without it."""
+    client = s.client(lost.rank)
+    step = int(s.tally.client_steps[client])
+    what = (f"client {client} (rank {lost.rank}, host {s.hosts.get(lost.rank, '?')}) lost: {lost}; "
+            f"last step {step}, last message {heard[1]}")
+    s.server_log.write({"time": s.clock(), "client": client, "rank": lost.rank, "lost": what,
+                        "kind": type(lost).__name__})
+    if s.on_client_failure != "continue":
+        raise type(lost)(lost.rank, what)
+    s.tally.lost[lost.rank] = {"client": client, "rank": lost.rank, "last_step": step,
+                               "reason": f"{type(lost).__name__}: {lost}"}
+    print(f"asgd: {what}; continuing with {len(s.waiting)} client(s)", file=sys.stderr, flush=True)
 
 
 def handle(s: Serving, msg: Message) -> None:
@@ -156,17 +210,19 @@ def handle(s: Serving, msg: Message) -> None:
     problem = _message_problem(s, msg)
     if problem:
         if msg.tag == Tag.PUSH and isinstance(msg.header, Push):
-            s.transport.recv_payload(msg.source, s.buffer, s.stall_timeout)  # drain, then drop
+            s.transport.recv_payload(msg.source, s.wire, s.stall_timeout)  # drain, then drop
         _reject(s, msg.source, problem)
     elif msg.tag == Tag.FAIL:
-        raise ClientFailed(f"client rank {msg.source} failed: {msg.header.reason}")
+        raise ClientFailed(msg.source, f"failed: {msg.header.reason}")
     elif msg.tag == Tag.STOP:
         s.tally.stops[msg.source] = msg.header
     elif msg.tag == Tag.PUSH:
         _apply_push(s, msg)
     if msg.tag in (Tag.PULL, Tag.PUSH) and not problem and (msg.tag == Tag.PULL or msg.header.fetch):
         weights, version = s.store.pull(s.client(msg.source))
-        s.transport.send(msg.source, Tag.WEIGHTS, Weights(version, weights.size), weights, s.stall_timeout)
+        data = s.codec.encode(weights)
+        s.transport.send(msg.source, Tag.WEIGHTS, Weights(version, weights.size), data, s.stall_timeout)
+        s.wire_bytes[1] += data.nbytes
 
 
 def _message_problem(s: Serving, msg: Message) -> str:
@@ -174,6 +230,10 @@ def _message_problem(s: Serving, msg: Message) -> str:
         return f"message tag {msg.tag} from rank {msg.source}, which is not a client"
     if msg.source in s.tally.stops:
         return f"message tag {msg.tag} from rank {msg.source} after its STOP"
+    if msg.source in s.tally.lost:
+        return f"message tag {msg.tag} from rank {msg.source}, a client lost before"
+    if msg.tag not in FROM_CLIENTS:
+        return f"message tag {_tag_name(msg.tag)} is not one a client sends"
     if not well_formed(msg.tag, msg.header):
         return f"malformed message: tag {msg.tag} with header {type(msg.header).__name__}"
     return ""
@@ -182,14 +242,16 @@ def _message_problem(s: Serving, msg: Message) -> str:
 def _apply_push(s: Serving, msg: Message) -> None:
     header: Push = msg.header
     client = s.client(msg.source)
-    payload = s.transport.recv_payload(msg.source, s.buffer, s.stall_timeout)
+    payload = s.transport.recv_payload(msg.source, s.wire, s.stall_timeout)
+    s.wire_bytes[0] += payload.nbytes
     pulled = s.store.pulled.get(client, 0)
     start = time.perf_counter()
-    if header.dtype != "float32" or payload.dtype != np.float32:
-        reason = f"payload of {payload.nbytes} bytes as {header.dtype}, expected {s.store.size} float32"
+    if header.dtype != s.codec.dtype or payload.dtype != s.codec.wire or header.size != s.store.size:
+        reason = (f"payload of {payload.nbytes} bytes as {header.size} {header.dtype}, "
+                  f"expected {s.store.size} {s.codec.dtype}")
         result = ApplyResult(False, s.store.version, s.store.version - pulled, reason)
     else:
-        result = s.store.apply(client, payload)
+        result = s.store.apply(client, s.codec.decode(payload, s.buffer))
     apply_s = time.perf_counter() - start if s.apply_cost is None else s.apply_cost
     if result.accepted:
         s.server_log.write({"time": s.clock(), "client": client, "version": result.version,

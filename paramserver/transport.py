@@ -5,26 +5,37 @@ MPI both do), which on a small machine steals the CPU the clients train on; here
 wait for a message is `Iprobe` plus a sleep that backs off from 50 us to 1 ms, so an
 idle rank costs about 1% of a core and a message waits at most ~1 ms longer to be
 noticed. A transfer already under way is polled busily for about as long as its bytes
-should take, then with the same backoff. Every wait has a timeout, sends included, so
-a silent peer becomes an error that names it instead of a hang.
+should take, then with the same backoff. Every wait has a timeout, sends and
+collectives included, so a silent peer becomes an error that names it instead of a
+hang, and every wait asks the `PeerWatch` (when there is one) whether a peer it waits
+for has died.
 """
 from __future__ import annotations
 
+import math
+import os
+import pickle
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
 
+from paramserver.liveness import PeerDied, PeerWatch
 from paramserver.protocol import Tag
 
 ANY = MPI.ANY_SOURCE
 _FIRST_SLEEP, _MAX_SLEEP = 50e-6, 1e-3
+_BUSY = 1e-3  # a message the peer sends right after its last one comes within this
 
 
 class PeerTimeout(TimeoutError):
     """No message came from the awaited rank(s) within the timeout."""
+
+
+class PeerFailed(RuntimeError):
+    """A rank reported an exception (FAIL) while this one waited in a collective."""
 
 
 @dataclass(frozen=True)
@@ -37,10 +48,12 @@ class Message:
 class Transport:
     """Point-to-point messages over one communicator."""
 
-    def __init__(self, comm: MPI.Comm):
+    def __init__(self, comm: MPI.Comm, watch: PeerWatch | None = None, timeout: float = 600.0):
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        self.watch = watch
+        self.timeout = timeout  # for collectives, whose callers have no better bound
 
     def send(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None,
              timeout: float = 600.0) -> None:
@@ -51,11 +64,15 @@ class Transport:
         requests = [self.comm.isend(header, dest=dest, tag=int(tag))]
         if payload is not None:
             requests.append(self.comm.Isend([_as_bytes(payload), MPI.BYTE], dest=dest, tag=int(Tag.PAYLOAD)))
-        self._complete(requests, timeout, dest, 0 if payload is None else payload.nbytes)
+        self._complete(requests, timeout, [dest], 0 if payload is None else payload.nbytes)
 
-    def recv(self, timeout: float, source: int = ANY, tag: int = MPI.ANY_TAG) -> Message:
-        """The next header from `source` (any rank by default), waiting without spinning."""
-        status = self._wait(source, tag, timeout)
+    def recv(self, timeout: float, source: int = ANY, tag: int = MPI.ANY_TAG, busy: float = _BUSY) -> Message:
+        """The next header from `source` (any rank by default); `busy`: seconds it is
+        expected soon (see `_poll`)."""
+        status = self._wait(source, tag, timeout, busy)
+        if status.Get_tag() == Tag.PAYLOAD:  # a payload whose header was not a push: drain it
+            self.recv_payload(status.Get_source(), np.empty(0, np.uint8), timeout)
+            return Message(status.Get_source(), status.Get_tag(), None)
         header = self.comm.recv(source=status.Get_source(), tag=status.Get_tag())
         return Message(status.Get_source(), status.Get_tag(), header)
 
@@ -69,60 +86,106 @@ class Transport:
         nbytes = status.Get_count(MPI.BYTE)
         target = into if nbytes == into.nbytes else np.empty(nbytes, np.uint8)
         request = self.comm.Irecv([_as_bytes(target), MPI.BYTE], source=source, tag=int(Tag.PAYLOAD))
-        self._complete([request], timeout, source, nbytes)  # a sender stopped mid-transfer times out
+        self._complete([request], timeout, [source], nbytes)  # a sender stopped mid-transfer times out
         return target
 
-    def _complete(self, requests: list[MPI.Request], timeout: float, peer: int, nbytes: int) -> None:
-        """Wait for transfers with `peer`: busy at first, for as long as the bytes should
-        take at 1 GB/s plus 10 ms (MPI moves a large message only while we call into it),
-        then with backoff sleeps, so a peer that is gone costs little CPU until `timeout`."""
+    def _complete(self, requests: list[MPI.Request], timeout: float, peers: list[int] | None,
+                  nbytes: int) -> None:
+        """Wait for transfers with `peers` (None: every rank, for a collective), busily for
+        as long as the bytes should take at 1 GB/s plus 10 ms: MPI moves a large message
+        only while we call into it."""
+        self._poll(lambda: self._test(requests, peers), timeout, lambda: self._check(peers, collective=peers is None),
+                   0.01 + nbytes / 1e9,
+                   lambda: "no transfer with " + ("every rank" if peers is None else f"rank {peers[0]}"))
+
+    def _wait(self, source: int, tag: int, timeout: float, busy: float = _BUSY) -> MPI.Status:
+        status = MPI.Status()
+        self._poll(lambda: self.comm.Iprobe(source=source, tag=tag, status=status), timeout,
+                   lambda: self._check(None if source == ANY else [source]), busy,
+                   lambda: "no message from " + ("any rank" if source == ANY else f"rank {source}"))
+        return status
+
+    def _poll(self, done: Callable[[], bool], timeout: float, check: Callable[[], None], busy: float,
+              what: Callable[[], str]) -> None:
+        """Until `done()`: for `busy` seconds poll, yielding the core to any process that
+        wants it (a reply due soon is seen at once, yet a rank that waits on a crowded
+        machine does not take CPU from the ranks that compute); then sleep between polls,
+        backing off from 50 us to 1 ms, and `check()` whether the peers are still there."""
         now = time.monotonic()
-        busy_until, deadline = now + 0.01 + nbytes / 1e9, now + timeout
+        busy_until, deadline = now + busy, now + timeout
         sleep = _FIRST_SLEEP
-        while not MPI.Request.Testall(requests):
+        while not done():
             now = time.monotonic()
             if now > deadline:
-                raise PeerTimeout(f"rank {self.rank}: no transfer with rank {peer} for {timeout:g} s")
-            if now > busy_until:
-                time.sleep(sleep)
-                sleep = min(sleep * 2, _MAX_SLEEP)
-
-    def _wait(self, source: int, tag: int, timeout: float) -> MPI.Status:
-        status = MPI.Status()
-        deadline = time.monotonic() + timeout
-        sleep = _FIRST_SLEEP
-        while not self.comm.Iprobe(source=source, tag=tag, status=status):
-            if time.monotonic() > deadline:
-                who = "any rank" if source == ANY else f"rank {source}"
-                raise PeerTimeout(f"rank {self.rank}: no message from {who} for {timeout:g} s")
+                raise PeerTimeout(f"rank {self.rank}: {what()} for {timeout:g} s")
+            if now < busy_until:
+                os.sched_yield()
+                continue
+            check()
             time.sleep(sleep)
             sleep = min(sleep * 2, _MAX_SLEEP)
-        return status
+
+    def _test(self, requests: list[MPI.Request], peers: list[int] | None) -> bool:
+        """Testall; an MPI error on a transfer with one peer means that peer is gone (MPICH
+        reports a dead process so, when it notices before the launcher ends the job)."""
+        try:
+            return MPI.Request.Testall(requests)
+        except MPI.Exception as error:
+            if peers is None or len(peers) != 1:
+                raise
+            name = self.watch.names[peers[0]] if self.watch else f"rank {peers[0]}"
+            raise PeerDied(peers, f"{name} died (MPI error {error.Get_error_class()} on a transfer)") from None
+
+    def _check_failed(self) -> None:
+        """A rank that failed will not join the collective: say so now, not at the timeout."""
+        status = MPI.Status()
+        if self.comm.Iprobe(source=ANY, tag=int(Tag.FAIL), status=status):
+            header = self.comm.recv(source=status.Get_source(), tag=int(Tag.FAIL))
+            raise PeerFailed(f"rank {status.Get_source()} failed: {getattr(header, 'reason', header)}")
+
+    def _check(self, peers: list[int] | None, collective: bool = False) -> None:
+        """Raise when a peer we wait for died, or (in a collective) reported a failure."""
+        if self.watch is not None:
+            self.watch.check(peers)
+        if collective:
+            self._check_failed()
 
     def allreduce_mean(self, array: np.ndarray) -> None:
         """Replace `array` (contiguous float32) by its mean over all ranks, in place."""
-        self.comm.Allreduce(MPI.IN_PLACE, [array, MPI.FLOAT], op=MPI.SUM)
+        self._complete([self.comm.Iallreduce(MPI.IN_PLACE, [array, MPI.FLOAT], op=MPI.SUM)],
+                       self.timeout, None, 2 * array.nbytes)
         array /= self.size
 
     def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
         """Small objects from every rank, as a list on `root` (None elsewhere)."""
-        return self.comm.gather(obj, root=root)
+        if self.rank != root:
+            self.send(root, Tag.GATHER, obj, timeout=self.timeout)
+            return None
+        return [obj if rank == root else self._gathered(rank) for rank in range(self.size)]
+
+    def _gathered(self, rank: int) -> Any:
+        msg = self.recv(self.timeout, source=rank)
+        if msg.tag == Tag.FAIL:  # it failed instead of sending its part
+            raise PeerFailed(f"rank {rank} failed: {getattr(msg.header, 'reason', msg.header)}")
+        return msg.header
 
     def barrier(self) -> None:
-        """Wait for every rank, without spinning (ranks may wait long, e.g. for a warm start)."""
-        request = self.comm.Ibarrier()
-        sleep = _FIRST_SLEEP
-        while not request.Test():
-            time.sleep(sleep)
-            sleep = min(sleep * 2, _MAX_SLEEP)
+        """Wait for every rank, without spinning and without a timeout (ranks may wait long,
+        e.g. for a warm start), but not for a dead or failed rank."""
+        self._complete([self.comm.Ibarrier()], math.inf, None, 0)
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
         """A small object from `root`, on every rank."""
-        return self.comm.bcast(obj, root=root)
+        data = pickle.dumps(obj) if self.rank == root else b""
+        size = self.bcast_array(np.array([len(data)], np.int64), root)
+        blob = self.bcast_array(np.frombuffer(data, np.uint8).copy() if self.rank == root
+                                else np.empty(int(size[0]), np.uint8), root)
+        return obj if self.rank == root else pickle.loads(blob.tobytes())
 
     def bcast_array(self, array: np.ndarray, root: int = 0) -> np.ndarray:
         """`root`'s array, on every rank (the others pass an array of the same size)."""
-        self.comm.Bcast([_as_bytes(array), MPI.BYTE], root=root)
+        self._complete([self.comm.Ibcast([_as_bytes(array), MPI.BYTE], root=root)],
+                       self.timeout, None, array.nbytes)
         return array
 
     def abort(self, code: int) -> None:

@@ -1,4 +1,5 @@
-"""Shared test helpers: a small generated dataset and a hard-timeout command runner."""
+"""Shared test helpers: a small generated dataset, a hard-timeout command runner, and a
+server driver over the in-process link with a message builder."""
 from __future__ import annotations
 
 import os
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from paramserver.protocol import Push, Tag
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -89,3 +92,32 @@ def small_sweep(tmp_path_factory, tiny_npz) -> Path:
                     f'[grid]\nclients = [1, 2]\nn_sync = [1, 2]\nmode = ["async", "sync"]\nstart = ["cold", "warm"]\n')
     assert main(["sweep", str(spec), "--out", str(folder / "out"), "--quiet"]) == 0
     return folder / "out"
+
+
+def make_serving(path: Path, weights: np.ndarray, clients: int, transport=None, clock=lambda: 0.0):
+    """The real server driver (`add` rule) for client ranks 1..`clients`, in a fresh run dir,
+    over an in-process link unless given another `transport`. Imported here, not at the top,
+    because the server module loads MPI and most tests never need it."""
+    from paramserver.inprocess import InProcessLink
+    from paramserver.rules import AddRule
+    from paramserver.rundir import RunDir
+    from paramserver.server import Serving
+    from paramserver.store import Store
+
+    run = RunDir(path)
+    run.create()
+    return Serving(transport or InProcessLink(), Store(weights, AddRule()), run, list(range(1, clients + 1)),
+                   eval_every=0, stall_timeout=1.0, clock=clock)
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A server of the 4 weights 0, 1, 2, 3 with clients at ranks 1 and 2."""
+    serving = make_serving(tmp_path / "run", np.arange(4, dtype=np.float32), clients=2)
+    yield serving
+    serving.close()
+
+
+def push(step: int, payload: np.ndarray, fetch: bool = True, dtype: str = "float32") -> tuple:
+    """(tag, header, payload) of a push carrying one log row, as a client sends it."""
+    return Tag.PUSH, Push(step, payload.size, fetch, dtype, rows=({"client": 0, "step": step, "loss": 1.0},)), payload

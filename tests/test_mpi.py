@@ -149,33 +149,11 @@ def test_warm_start_under_mpi_starts_every_client_from_the_warm_weights(tmp_path
     assert len(first_losses) == 2 and max(first_losses) < 0.8 * np.log(4)
 
 
-def test_a_stopped_client_is_named_within_the_stall_timeout(tmp_path, tiny_npz):
-    import os
-    import signal
-    import subprocess
-
-    from tests.conftest import descendants, kill_tree
-
+def test_compressed_pushes_and_pulls_under_mpi(tmp_path, tiny_npz):
     run = tmp_path / "run"
-    command = [str(BIN / "mpiexec"), "-n", "3", str(BIN / "asgd"), "train", "--quiet", "--data", str(tiny_npz),
-               *TINY, "--steps", "100000", "--stall-timeout", "3", "--out", str(run)]
-    job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not (run / "server.jsonl").exists() or (run / "server.jsonl").read_bytes().count(b"\n") < 20:
-            assert job.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        [client] = [pid for pid in descendants(job.pid)
-                    if b"PMI_RANK=2\x00" in Path(f"/proc/{pid}/environ").read_bytes()]
-        os.kill(client, signal.SIGSTOP)  # alive but silent, as a hung GPU driver would leave it
-        stopped = time.monotonic()
-        _, err = job.communicate(timeout=30)
-        named_after = time.monotonic() - stopped
-    finally:
-        kill_tree(job.pid)
-    assert job.returncode != 0 and named_after < 3 + 10
-    assert "ClientStalled" in err and "client 1 (rank 2, host " in err and "last step" in err
-    stall_rows = [r for r in rows(run, "server") if "stalled" in r]
-    assert len(stall_rows) == 1 and stall_rows[0]["rank"] == 2
-    assert summary(run)["status"].startswith("failed: ClientStalled")
+    result = mpi_train(3, "--data", str(tiny_npz), *TINY, "--steps", "20", "--compress", "bf16",
+                       "--eval-samples", "50", "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    s = summary(run)
+    assert s["pushes_applied"] == s["version"] == 40 and s["pushes_rejected"] == 0
+    assert s["wire_bytes_pushed"] == 40 * 2 * np.load(run / "checkpoint" / "latest.npz")["weights"].size

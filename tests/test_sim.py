@@ -102,7 +102,7 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path, tiny_npz, capsys):
     np.savez(tmp_path / "small.npz", weights=np.zeros(10, np.float32))
     assert main(["train", "--backend", "sim", "--data", str(tiny_npz), "--init", str(tmp_path / "small.npz")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "init:" in err and "holds 10 float32 weights" in err
+    assert err.count("\n") == 1 and "init:" in err and "float32 weights of shape (10,)" in err and "needs float32 of shape (" in err
 
 
 def test_replay_reruns_a_recorded_arrival_order(tmp_path, tiny_npz):

@@ -1,6 +1,6 @@
 """What a waiting server costs the clients: blocking MPI receive against our polled wait.
 
-    OMP_NUM_THREADS=1 mpiexec -n 3 python -m experiments.bench.idle_wait [SECONDS]
+    OMP_NUM_THREADS=1 mpiexec -n 3 python -m experiments.bench.idle_wait [SECONDS] [--json OUT]
 
 Rank 0 waits for one message while ranks 1 and 2 compute (numpy matrix products) for
 SECONDS; then rank 1 sends. Printed per mode: rank 0's CPU time while waiting, and the
@@ -9,9 +9,10 @@ ranks, a spinning waiter shows up as fewer products.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import resource
-import sys
 import time
 
 import numpy as np
@@ -56,15 +57,22 @@ def trial(comm: MPI.Comm, mode: str, seconds: float) -> tuple[float, float]:
 
 
 def main() -> None:
-    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 3.0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("seconds", type=float, nargs="?", default=3.0)
+    parser.add_argument("--json", help="also write the figures here (for asgd bench)")
+    args = parser.parse_args()
     comm = MPI.COMM_WORLD
-    results = {mode: trial(comm, mode, seconds) for mode in ("blocking Recv", "polled wait")}
+    results = {mode: trial(comm, mode, args.seconds) for mode in ("blocking Recv", "polled wait")}
     if comm.rank == 0:
         base = results["blocking Recv"][1]
-        print(f"{comm.size - 1} computing ranks, {seconds:g} s, {os.cpu_count()} cores")
+        print(f"{comm.size - 1} computing ranks, {args.seconds:g} s, {os.cpu_count()} cores")
         print(f"{'waiter':<14} {'waiter CPU s':>12} {'products/s':>11} {'vs blocking':>11}")
         for mode, (cpu, rate) in results.items():
             print(f"{mode:<14} {cpu:12.2f} {rate:11.1f} {rate / base:10.2f}x")
+        if args.json:
+            with open(args.json, "w") as out:
+                json.dump({"blocking_cpu_s": results["blocking Recv"][0], "polled_cpu_s": results["polled wait"][0],
+                           "speedup": results["polled wait"][1] / base}, out)
 
 
 if __name__ == "__main__":

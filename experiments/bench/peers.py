@@ -1,0 +1,87 @@
+"""Baselines ("peers") for our benchmark to compare against; not part of the tool.
+
+    python -m experiments.bench.peers      # both baselines, 2 clients x 50 steps
+
+- `ddp_throughput`: torch DistributedDataParallel on the gloo backend, K processes on
+  localhost, gradients all-reduced every step (synchronous data parallelism).
+- `rpc_ps_throughput`: an asynchronous parameter server on torch.distributed.rpc in the
+  style of PyTorch's tutorial (`rpc_ps.py` says how): 1 server + K trainers.
+
+Each trains what an `asgd train` client trains (`peer_setup.py`): the same model,
+initial weights, data shard and order, batch size, and SGD (lr 0.01, momentum 0.9,
+weight decay 5e-4), on Fashion-MNIST when installed (never downloaded), else on
+synthetic images of the same shape. Each returns samples per second over the timed
+steps: clients * steps * batch_size / the slowest process's time for its `steps`
+minibatches, measured after `warmup` untimed ones, with torch.set_num_threads(threads)
+in every process. Process start-up and data loading are outside the timed window
+(`call_s` in the result includes them).
+
+Processes are spawned, so a calling script needs the usual `if __name__ == "__main__":`
+guard. Every process ends within `timeout` seconds: the call kills the ones still
+running and raises TimeoutError (PeerError when one fails).
+"""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from experiments.bench.peer_setup import (PeerError, Workload, backward, batch_source, build, digest,
+                                          make_workload, run_processes, sgd, summary, timed, train_split)
+from experiments.bench.rpc_ps import rpc_process
+
+
+def ddp_throughput(clients: int, steps: int, batch_size: int = 64, model: str = "cnn", warmup: int = 5,
+                   threads: int = 1, timeout: float = 300) -> dict:
+    """DDP (gloo) with `clients` ranks; raises PeerError if the ranks do not end with identical weights."""
+    w = make_workload(clients, steps, batch_size, model, warmup, threads, timeout)
+    start = time.perf_counter()
+    ranks = run_processes(_ddp_rank, w.clients, w)
+    call_s = time.perf_counter() - start
+    # DDP's contract: the same start and the same averaged gradient every step keep all
+    # replicas bit-identical. A mismatch would mean the baseline is not doing its job.
+    if len({weights for _, weights in ranks}) != 1:
+        raise PeerError(f"DDP ranks ended with different weights after {w.warmup + w.steps} steps")
+    return summary(w, [seconds for seconds, _ in ranks], call_s)
+
+
+def rpc_ps_throughput(clients: int, steps: int, batch_size: int = 64, model: str = "cnn", warmup: int = 5,
+                      threads: int = 1, timeout: float = 300) -> dict:
+    """RPC parameter server: 1 server process + `clients` trainer processes, asynchronous."""
+    w = make_workload(clients, steps, batch_size, model, warmup, threads, timeout)
+    start = time.perf_counter()
+    trainer_seconds = run_processes(rpc_process, w.clients + 1, w)[0]
+    return summary(w, trainer_seconds, time.perf_counter() - start)
+
+
+def _ddp_rank(rank: int, w: Workload) -> tuple[float, str]:
+    """One DDP rank: its timed seconds and a digest of its final weights."""
+    split = train_split(w)  # loaded before the rendezvous, so no rank waits on another's loading
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{w.port}", rank=rank, world_size=w.clients,
+                            timeout=timedelta(seconds=w.timeout))
+    try:
+        model = build(w)
+        replica, optimizer, next_batch = DistributedDataParallel(model), sgd(model), batch_source(w, split, rank)
+
+        def step() -> None:
+            optimizer.zero_grad()
+            backward(replica, *next_batch())
+            optimizer.step()
+
+        seconds = timed(step, w)
+        return seconds, digest(model)
+    finally:
+        dist.destroy_process_group()
+
+
+def _print(name: str, result: dict) -> None:
+    print(f"{name}: {result['samples_per_s']:.0f} samples/s ({result['clients']} clients x {result['steps']} "
+          f"steps of {result['batch_size']}, {result['model']} on {result['data']}; timed {result['wall_s']:.2f} s, "
+          f"whole call {result['call_s']:.1f} s)")
+
+
+if __name__ == "__main__":
+    _print("DDP (gloo)", ddp_throughput(clients=2, steps=50))
+    _print("RPC parameter server", rpc_ps_throughput(clients=2, steps=50))

@@ -1,0 +1,177 @@
+"""`asgd bench` (also `make bench`): every performance figure of the tool, side by side.
+
+    asgd bench [--out results/bench.json] [--quick]
+
+One run measures, on this machine, each comparison in the same run and prints ratios:
+1. wire: push + pull through the server against raw MPI, and apply against memcpy
+   (experiments/bench/wire.py);
+2. server under load: 1, 2, 4, 8 clients pushing without compute (oversubscribed where
+   cores are few), and whether a waiting rank leaves the cores to the others
+   (experiments/bench/idle_wait.py);
+3. peers: samples/s of our async server (n_sync 1 and 10) and sync mode against torch
+   DDP (gloo) and a torch.distributed.rpc parameter server (experiments/bench/peers.py),
+   same model, data, clients and batch;
+4. simulator: its wall time against the pure compute of the same minibatches.
+Every figure is a median over repeats after a warm-up, or a rate over a timed window
+after one. Nothing here asserts a time: the numbers are for reading.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from experiments.launch import find_mpiexec
+from paramserver.runlog import read_jsonl, write_json_atomic
+
+PYTHON = [sys.executable, "-m"]
+WARMUP = 5
+
+
+def mpi(ranks: int, module: str, *args: str, timeout: float = 300) -> Any:
+    """Run a benchmark module on `ranks` MPI ranks; what rank 0 wrote to --json."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "result.json"
+        command = [find_mpiexec() or "mpiexec", "-n", str(ranks), *PYTHON, module, *args, "--json", str(out)]
+        subprocess.run(command, check=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        return json.loads(out.read_text())
+
+
+def wire(quick: bool) -> list[dict]:
+    sizes = "1e5,1e6,4e6" if quick else "1e5,1e6,4e6,1.6e7"
+    return mpi(2, "experiments.bench.wire", "wire", "--sizes", sizes, "--repeats", "10" if quick else "30")
+
+
+def load(quick: bool) -> list[dict]:
+    seconds = "1" if quick else "3"
+    return [mpi(k + 1, "experiments.bench.wire", "load", "--size", "1e6", "--seconds", seconds) for k in (1, 2, 4, 8)]
+
+
+def idle() -> dict:
+    return mpi(3, "experiments.bench.idle_wait", "2")
+
+
+def asgd_train(out: Path, *flags: str, timeout: float = 600) -> dict:
+    """One `asgd train` run (it starts its own MPI job); its summary."""
+    command = [sys.executable, "-m", "experiments.cli", "train", "--quiet", "--out", str(out), *flags]
+    subprocess.run(command, check=True, timeout=timeout)
+    return json.loads((out / "summary.json").read_text())
+
+
+def timed_rate(run: Path, clients: int, steps: int, batch: int) -> float:
+    """samples/s over steps WARMUP+1 .. WARMUP+steps, timed by the slowest client (as the peers are)."""
+    times = {(r["client"], r["step"]): r["time"] for r in read_jsonl(run / "clients.jsonl")}
+    slowest = max(times[(c, WARMUP + steps)] - times[(c, WARMUP)] for c in range(clients))
+    return clients * steps * batch / slowest
+
+
+def peers(quick: bool, clients: int = 2, batch: int = 64) -> list[dict]:
+    from experiments.bench.peer_setup import fashion_mnist_installed
+    from experiments.bench.peers import ddp_throughput, rpc_ps_throughput
+
+    if not fashion_mnist_installed():
+        return [{"system": "skipped: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)"}]
+    steps = 40 if quick else 150
+    flags = ["--clients", str(clients), "--steps", str(WARMUP + steps), "--threads", "1", "--batch-size", str(batch),
+             "--eval-samples", "100"]
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for name, more in (("ours: async, n_sync 1", ["--n-sync", "1"]), ("ours: async, n_sync 10", ["--n-sync", "10"]),
+                           ("ours: sync (allreduce)", ["--mode", "sync"])):
+            run = Path(folder) / name.replace(" ", "_").replace(",", "").replace(":", "").replace("(", "")[:30]
+            asgd_train(run, *flags, *more)
+            rows.append({"system": name, "samples_per_s": timed_rate(run, clients, steps, batch)})
+    for name, measure in (("torch DDP (gloo)", ddp_throughput), ("torch.distributed.rpc PS", rpc_ps_throughput)):
+        result = measure(clients, steps, batch, warmup=WARMUP, threads=1)
+        rows.append({"system": name, "samples_per_s": result["samples_per_s"]})
+    return rows
+
+
+def simulator(quick: bool) -> list[dict]:
+    """The sim backend's wall time for K clients against one process computing the same
+    minibatches (its overhead: events, binding K clients to one model, the server)."""
+    total = 240 if quick else 960
+    compute = compute_seconds(total)
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for k in (1, 8, 32):
+            summary = asgd_train(Path(folder) / f"sim{k}", "--backend", "sim", "--clients", str(k),
+                                 "--steps", str(total // k), "--eval-samples", "100", "--threads", "1")
+            rows.append({"clients": k, "minibatches": total, "sim_wall_s": summary["train_wall_s"],
+                         "compute_s": compute, "overhead": summary["train_wall_s"] / compute})
+    return rows
+
+
+def compute_seconds(minibatches: int) -> float:
+    """Wall time of `minibatches` steps of the default model on one client, in this process."""
+    import torch
+
+    from clients.data import load_dataset
+    from clients.models import build_model
+    from experiments.start import make_client, make_replica
+    from paramserver.config import RunConfig
+
+    torch.set_num_threads(1)
+    cfg = RunConfig()
+    dataset = load_dataset(cfg.data)
+    client = make_client(cfg, make_replica(cfg, build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed),
+                                           "cpu"), dataset, 1, 0)
+    for _ in range(WARMUP):
+        client.step()
+    start = time.perf_counter()
+    for _ in range(minibatches):
+        client.step()
+    return time.perf_counter() - start
+
+
+def run_bench(out: str, quick: bool) -> int:
+    """Measure everything, print the tables, write `out` (JSON)."""
+    from mpi4py import MPI
+
+    started = time.perf_counter()
+    results: dict[str, Any] = {"machine": {"cores": os.cpu_count(), "mpi": MPI.Get_library_version().splitlines()[0],
+                                           "quick": quick}}
+    for name, measure in (("wire", wire), ("load", load), ("idle", lambda quick: idle()), ("peers", peers),
+                          ("simulator", simulator)):
+        print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        results[name] = measure(quick)
+    results["machine"]["bench_s"] = time.perf_counter() - started
+    write_json_atomic(Path(out), results)
+    print(tables(results))
+    return 0
+
+
+def tables(r: dict[str, Any]) -> str:
+    """The results as the Markdown tables the README shows."""
+    lines = [f"{r['machine']['cores']} cores, {r['machine']['mpi']}", "",
+             "| floats | MB | raw one-way ms | push+pull ms | apply ms | apply / memcpy | ratio (target <= 1.25) |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {w['floats']:.0e} | {w['mbytes']:.1f} | {w['raw_one_way_ms']:.3f} | {w['round_trip_ms']:.3f} | "
+              f"{w['apply_ms']:.3f} | {w['apply_vs_copy']:.2f} | {w['ratio']:.2f} |" for w in r["wire"]]
+    lines += ["", "| clients (no compute, 1e6 floats) | pushes/s | MB/s through the server | server busy |",
+              "|---:|---:|---:|---:|"]
+    lines += [f"| {x['clients']} | {x['pushes_per_s']:.0f} | {x['mbytes_per_s']:.0f} | {x['server_busy']:.0%} |"
+              for x in r["load"]]
+    idle = r["idle"]
+    lines += ["", f"A waiting rank (2 computing ranks beside it): blocking Recv burns {idle['blocking_cpu_s']:.2f} s "
+              f"CPU, our wait {idle['polled_cpu_s']:.2f} s; the computing ranks do {idle['speedup']:.2f}x the work "
+              f"beside ours."]
+    peers = r["peers"]
+    if "samples_per_s" in peers[0]:
+        ours = {p["system"]: p["samples_per_s"] for p in peers}
+        lines += ["", "| system (2 clients, same model, data, batch) | samples/s | ours async n_sync 1 / it |",
+                  "|---|---:|---:|"]
+        lines += [f"| {p['system']} | {p['samples_per_s']:.0f} | "
+                  f"{ours['ours: async, n_sync 1'] / p['samples_per_s']:.2f} |" for p in peers]
+    else:
+        lines += ["", f"peers: {peers[0]['system']}"]
+    lines += ["", "| simulated clients | minibatches | sim wall s | pure compute s | overhead (target <= 1.15) |",
+              "|---:|---:|---:|---:|---:|"]
+    lines += [f"| {x['clients']} | {x['minibatches']} | {x['sim_wall_s']:.2f} | {x['compute_s']:.2f} | "
+              f"{x['overhead']:.2f} |" for x in r["simulator"]]
+    return "\n".join(lines)

@@ -1,0 +1,185 @@
+"""The server against the physical limits: the wire, the apply, and many clients at once.
+
+    mpiexec -n 2 python -m experiments.bench.wire wire --sizes 1e5,1e6,4e6,1.6e7 --json OUT
+    mpiexec -n K+1 python -m experiments.bench.wire load --size 1e6 --seconds 3 --json OUT
+
+`wire` (2 ranks): for each model size P, the median round trip of a push + pull of P
+floats through the real server loop (`serve()`, with its store, logs and checks) from
+rank 1, against raw blocking MPI Send/Recv of the same bytes between the same ranks,
+and the server's apply against a plain memory copy of P floats. ratio = round trip /
+(2 x raw one-way + apply).
+`load` (K+1 ranks): K clients push P floats and pull the weights back as fast as they
+can (no compute) for SECONDS: pushes/s and bytes/s through the server and the
+fraction of its time the server was busy handling messages, and its resident memory
+after the first tenth of the time and at the end.
+Results go to --json (rank 0). `asgd bench` runs both and prints the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from typing import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from paramserver.protocol import Pull, Push, Stop, Tag
+from paramserver.rules import AddRule
+from paramserver.rundir import RunDir
+from paramserver.server import Serving, serve
+from paramserver.store import Store
+from paramserver.transport import Transport
+
+WARMUP = 3
+
+
+def median_ms(samples: list[float]) -> float:
+    return 1e3 * statistics.median(samples)
+
+
+def raw_round_trips(comm: MPI.Comm, data: np.ndarray, repeats: int) -> list[float]:
+    """Blocking Send/Recv there and back: what MPI alone costs (timed on rank 1)."""
+    times = []
+    for _ in range(WARMUP + repeats):
+        comm.Barrier()
+        start = time.perf_counter()
+        if comm.rank == 1:
+            comm.Send([data, MPI.FLOAT], dest=0)
+            comm.Recv([data, MPI.FLOAT], source=0)
+        else:
+            comm.Recv([data, MPI.FLOAT], source=1)
+            comm.Send([data, MPI.FLOAT], dest=1)
+        times.append(time.perf_counter() - start)
+    return times[WARMUP:]
+
+
+def serve_clients(transport: Transport, size: int, clients: int,
+                  progress: Callable[[int], None] = lambda minibatches: None) -> Serving:
+    """Rank 0: the real server loop over a scratch run directory, until every client stops."""
+    with tempfile.TemporaryDirectory() as folder:
+        run = RunDir(folder)
+        run.create()
+        serving = Serving(transport, Store(np.zeros(size, np.float32), AddRule()), run,
+                          list(range(1, clients + 1)), eval_every=0, stall_timeout=600.0, clock=time.perf_counter,
+                          progress=progress)
+        serve(serving)
+    return serving
+
+
+def rss_mb() -> float:
+    """This process's resident memory (Linux)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def push_pull(transport: Transport, payload: np.ndarray, into: np.ndarray, step: int) -> None:
+    """One client sync point: push, then take the weights the server sends back."""
+    row = {"client": transport.rank - 1, "step": step, "loss": 0.0}
+    transport.send(0, Tag.PUSH, Push(step, payload.size, True, rows=(row,)), payload)
+    transport.recv(600.0, source=0, tag=Tag.WEIGHTS, busy=0.01 + 3 * payload.nbytes / 1e9)  # as clients do
+    transport.recv_payload(0, into, 600.0)
+
+
+def client_round_trips(transport: Transport, size: int, repeats: int) -> list[float]:
+    payload, into = np.full(size, 1e-6, np.float32), np.empty(size, np.float32)
+    transport.send(0, Tag.PULL, Pull())
+    transport.recv(600.0, source=0, tag=Tag.WEIGHTS)
+    transport.recv_payload(0, into, 600.0)
+    times = []
+    for step in range(1, WARMUP + repeats + 1):
+        start = time.perf_counter()
+        push_pull(transport, payload, into, step)
+        times.append(time.perf_counter() - start)
+    transport.send(0, Tag.STOP, Stop(WARMUP + repeats, WARMUP + repeats))
+    return times[WARMUP:]
+
+
+def apply_and_copy(size: int, repeats: int) -> tuple[list[float], list[float]]:
+    """The server's apply of one push (checks included) and a memory copy of the same size."""
+    store = Store(np.zeros(size, np.float32), AddRule())
+    push, target = np.full(size, 1e-6, np.float32), np.empty(size, np.float32)
+    applies, copies = [], []
+    for _ in range(WARMUP + repeats):
+        start = time.perf_counter()
+        store.apply(0, push)
+        applies.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        np.copyto(target, push)
+        copies.append(time.perf_counter() - start)
+    return applies[WARMUP:], copies[WARMUP:]
+
+
+def wire(comm: MPI.Comm, sizes: list[int], repeats: int) -> list[dict] | None:
+    transport = Transport(comm)
+    rows = []
+    for size in sizes:
+        raw = raw_round_trips(comm, np.ones(size, np.float32), repeats)
+        comm.Barrier()
+        ours = client_round_trips(transport, size, repeats) if comm.rank == 1 else None
+        if comm.rank == 0:
+            serve_clients(transport, size, clients=1)
+        ours = comm.bcast(ours, root=1)
+        if comm.rank == 0:
+            applies, copies = apply_and_copy(size, repeats)
+            raw_one_way, apply = median_ms(raw) / 2, median_ms(applies)
+            rows.append({"floats": size, "mbytes": 4 * size / 1e6, "raw_one_way_ms": raw_one_way,
+                         "round_trip_ms": median_ms(ours), "apply_ms": apply, "copy_ms": median_ms(copies),
+                         "apply_vs_copy": apply / median_ms(copies),
+                         "ratio": median_ms(ours) / (2 * raw_one_way + apply)})
+    return rows if comm.rank == 0 else None
+
+
+def load(comm: MPI.Comm, size: int, seconds: float) -> dict | None:
+    """K clients pushing and pulling without compute for `seconds`."""
+    transport = Transport(comm)
+    comm.Barrier()
+    if comm.rank == 0:
+        start, rss = time.perf_counter(), []  # (seconds, MB) every 100 pushes
+        serving = serve_clients(transport, size, comm.size - 1, progress=lambda n: n % 100 or rss.append(
+            (time.perf_counter() - start, rss_mb())))
+        wall = time.perf_counter() - start
+        pushes = serving.store.version
+        warm = [mb for t, mb in rss if t > wall / 10] or [rss_mb()]
+        return {"clients": comm.size - 1, "floats": size, "seconds": wall, "pushes": pushes,
+                "pushes_per_s": pushes / wall, "mbytes_per_s": pushes * 2 * 4 * size / wall / 1e6,
+                "server_busy": serving.busy_s / wall, "rejected": serving.tally.rejected,
+                "pushes_sent": sum(stop.pushes for stop in serving.tally.stops.values()),
+                "clients_stopped": len(serving.tally.stops),
+                "rss_mb_after_warmup": warm[0], "rss_mb_end": warm[-1], "rss_mb_max": max(warm)}
+    payload, into = np.full(size, 1e-6, np.float32), np.empty(size, np.float32)
+    transport.send(0, Tag.PULL, Pull())
+    transport.recv(600.0, source=0, tag=Tag.WEIGHTS)
+    transport.recv_payload(0, into, 600.0)
+    step, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        step += 1
+        push_pull(transport, payload, into, step)
+    transport.send(0, Tag.STOP, Stop(step, step))
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=("wire", "load"))
+    parser.add_argument("--sizes", default="1e5,1e6,4e6,1.6e7", help="wire: model sizes, in floats")
+    parser.add_argument("--size", type=float, default=1e6, help="load: model size, in floats")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--json", required=True, help="where rank 0 writes the results")
+    args = parser.parse_args()
+    comm = MPI.COMM_WORLD
+    if args.what == "wire":
+        result = wire(comm, [int(float(s)) for s in args.sizes.split(",")], args.repeats)
+    else:
+        result = load(comm, int(args.size), args.seconds)
+    if comm.rank == 0:
+        with open(args.json, "w") as out:
+            json.dump(result, out, indent=1)
+
+
+if __name__ == "__main__":
+    main()

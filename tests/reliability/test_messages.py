@@ -1,0 +1,178 @@
+"""Bad messages at the server driver: each is rejected, logged with its reason in
+server.jsonl, leaves the weights (byte for byte) and the version as they were, and the
+next good push still applies.
+
+Each bad message goes through `handle()` on its own (InProcessLink.deliver), and all of
+them through one `serve()` loop over a scripted transport, which must end at the last
+client's STOP and not before.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, NamedTuple
+
+import numpy as np
+import pytest
+
+from paramserver.inprocess import InProcessLink
+from paramserver.protocol import Fail, Pull, Push, Stop, Tag, Weights
+from paramserver.runlog import read_jsonl
+from paramserver.server import Serving, serve
+from paramserver.transport import Message
+from tests.conftest import make_serving, push
+
+GOOD = np.ones(4, np.float32)
+NAN = np.array([1, np.nan, 0, 0], np.float32)
+
+
+class Bad(NamedTuple):
+    """One bad message: (source rank, tag, header, payload).
+
+    `reason`: a part of the logged rejection ("" for any). `answered`: a push rejected for
+    its payload still gets the weights it asked for, so its client is not left waiting.
+    `stopped`: sent after client rank 2's STOP.
+    """
+    message: tuple[int, int, Any, np.ndarray | None]
+    reason: str
+    answered: bool = False
+    stopped: bool = False
+
+
+BAD = {
+    # (a) a tag the server does not take from a client
+    "unknown tag": Bad((1, 99, Pull(), None), "tag unknown tag 99 is not one a client sends"),
+    "PAYLOAD without its header": Bad((1, Tag.PAYLOAD, None, None), "tag PAYLOAD is not one a client sends"),
+    "WEIGHTS from a client": Bad((1, Tag.WEIGHTS, Weights(0, 4), None), "tag WEIGHTS is not one a client sends"),
+    # (b) a known tag with another header type
+    "PUSH with a Stop header": Bad((1, Tag.PUSH, Stop(1, 1), GOOD), "with header Stop"),
+    "PUSH without a header": Bad((1, Tag.PUSH, None, GOOD), "with header NoneType"),
+    "PULL with a Push header": Bad((1, Tag.PULL, Push(1, 4, True), None), "with header Push"),
+    "STOP with a Pull header": Bad((1, Tag.STOP, Pull(), None), "with header Pull"),
+    "FAIL with a Stop header": Bad((1, Tag.FAIL, Stop(0, 0), None), "with header Stop"),
+    # (c) a payload of the wrong size
+    "5 floats": Bad((1, *push(1, np.ones(5, np.float32))), "payload of 20 bytes", answered=True),
+    "3 floats": Bad((1, *push(1, np.ones(3, np.float32))), "payload of 12 bytes", answered=True),
+    "no floats": Bad((1, *push(1, np.ones(0, np.float32))), "payload of 0 bytes", answered=True),
+    # (d) the wrong dtype
+    "float32 bytes said to be float64": Bad((1, *push(1, GOOD, dtype="float64")), "4 float64", answered=True),
+    "two float64": Bad((1, *push(1, np.ones(2, np.float64), dtype="float64")), "2 float64", answered=True),
+    "four float64 said to be float32": Bad((1, *push(1, np.ones(4, np.float64))), "of 32 bytes", answered=True),
+    "header says 5 floats, 4 come": Bad((1, Tag.PUSH, Push(1, 5, True), GOOD), "as 5 float32", answered=True),
+    "6 bytes": Bad((1, *push(1, np.ones(6, np.uint8))), "payload of 6 bytes", answered=True),
+    # (e) a rank that is not a client
+    "push from rank 0": Bad((0, *push(1, GOOD)), "rank 0, which is not a client"),
+    "pull from rank 0": Bad((0, Tag.PULL, Pull(), None), "rank 0, which is not a client"),
+    "push from rank 3": Bad((3, *push(1, GOOD)), "rank 3, which is not a client"),
+    "pull from rank 3": Bad((3, Tag.PULL, Pull(), None), "rank 3, which is not a client"),
+    "STOP from rank 3": Bad((3, Tag.STOP, Stop(0, 0), None), "rank 3, which is not a client"),
+    # (f) anything after the client's STOP
+    "second STOP": Bad((2, Tag.STOP, Stop(5, 5), None), "after its STOP", stopped=True),
+    "push after STOP": Bad((2, *push(1, GOOD)), "after its STOP", stopped=True),
+    "pull after STOP": Bad((2, Tag.PULL, Pull(), None), "after its STOP", stopped=True),
+    "FAIL after STOP": Bad((2, Tag.FAIL, Fail("late"), None), "after its STOP", stopped=True),
+    # (g) values that are not finite
+    "NaN": Bad((1, *push(1, NAN)), "NaN or Inf", answered=True),
+    "+Inf": Bad((1, *push(1, np.array([0, 0, np.inf, 1], np.float32))), "NaN or Inf", answered=True),
+    "-Inf": Bad((1, *push(1, np.array([-np.inf, 0, 0, 1], np.float32))), "NaN or Inf", answered=True),
+    "NaN without fetch": Bad((1, *push(1, NAN, fetch=False)), "NaN or Inf"),
+}
+
+def start(s: Serving, stopped: bool) -> None:
+    """Both clients pull and client 1 pushes (version 1, so "untouched" is not just "still
+    empty"); client rank 2 stops if the bad message comes after its STOP."""
+    link = s.transport
+    for rank in (1, 2):
+        link.deliver(s, rank, Tag.PULL, Pull())
+    link.deliver(s, 1, *push(1, GOOD))
+    if stopped:
+        link.deliver(s, 2, Tag.STOP, Stop(0, 0))
+
+
+def state(s: Serving) -> tuple:
+    """Everything a bad message must leave alone: the weights' bytes, the version, what was
+    applied with which staleness, and which clients have stopped."""
+    return (s.store.weights.tobytes(), s.store.version, dict(s.store.applied), dict(s.store.staleness),
+            dict(s.tally.stops))
+
+
+def rejections(s: Serving) -> list[dict]:
+    return [row for row in read_jsonl(s.run.path / "server.jsonl") if "rejected" in row]
+
+
+def assert_rejected(row: dict, bad: Bad) -> None:
+    assert row["rank"] == bad.message[0] and row["rejected"] and bad.reason in row["rejected"]
+
+
+@pytest.mark.parametrize("bad", BAD.values(), ids=BAD.keys())
+def test_bad_message_is_rejected_logged_and_harmless(served, bad):
+    link = served.transport
+    start(served, bad.stopped)
+    before = state(served)
+    replies = link.deliver(served, *bad.message)
+    assert state(served) == before
+    assert [header.version for _, header, _ in replies] == ([1] if bad.answered else [])
+    [row] = rejections(served)
+    assert_rejected(row, bad)
+    assert served.tally.rejected == 1
+    [(_, reply, weights)] = link.deliver(served, 1, *push(2, GOOD))
+    assert reply.version == 2
+    np.testing.assert_array_equal(weights, np.arange(4) + 2)
+
+
+@pytest.mark.parametrize("header", [Push(None, 4, True), Push(1, 4, True, rows=("loss 1.0",)),
+                                    Push(1, 4, True, rows=({"loss": np.ones(2)},))],
+                         ids=["step not an int", "row not a dict", "row value not loggable"])
+def test_push_header_with_fields_of_wrong_types_is_rejected_before_it_applies(served, header):
+    start(served, stopped=False)
+    before = state(served)
+    served.transport.deliver(served, 1, Tag.PUSH, header, GOOD)
+    assert state(served) == before
+    assert len(rejections(served)) == 1
+
+
+class Script(InProcessLink):
+    """serve()'s transport: hands over the given messages in order, each payload after its
+    header, as MPI would."""
+
+    def __init__(self, messages: list[tuple[int, int, Any, np.ndarray | None]]):
+        super().__init__()
+        self.messages = deque(messages)
+
+    def recv(self, timeout: float) -> Message:
+        source, tag, header, self._payload = self.messages.popleft()
+        return Message(source, int(tag), header)
+
+
+def test_serve_rejects_every_bad_message_and_ends_only_when_every_client_stopped(tmp_path):
+    # In the order sent: client rank 2 stops between the two groups. The bugs fail on their own above.
+    bad = sorted(BAD.values(), key=lambda b: b.stopped)
+    script = [(1, Tag.PULL, Pull(), None), (2, Tag.PULL, Pull(), None), (1, *push(1, GOOD))]
+    script += [b.message for b in bad if not b.stopped] + [(2, Tag.STOP, Stop(0, 0), None)]
+    script += [b.message for b in bad if b.stopped] + [(1, *push(2, GOOD)), (1, Tag.STOP, Stop(2, 2), None)]
+    s = make_serving(tmp_path / "run", np.arange(4, dtype=np.float32), clients=2, transport=Script(script))
+    tally = serve(s)
+    assert not s.transport.messages  # it did not stop early
+    assert tally.rejected == len(bad) and tally.stops == {2: Stop(0, 0), 1: Stop(2, 2)}
+    for row, b in zip(rejections(s), bad, strict=True):
+        assert_rejected(row, b)
+    assert [row["version"] for row in read_jsonl(s.run.path / "server.jsonl") if "version" in row] == [1, 2]
+    np.testing.assert_array_equal(s.store.weights, np.arange(4) + 2)
+
+
+def test_a_payload_without_its_push_header_is_drained_not_unpickled():
+    """Over real MPI (this process alone): a payload the server did not read as a push's
+    comes out as a PAYLOAD message to reject, and the next header reads normally."""
+    from mpi4py import MPI
+
+    from paramserver.transport import Transport
+
+    comm = MPI.COMM_SELF
+    transport = Transport(comm)
+    # As a client sends them (a send to oneself completes only once received):
+    sent = [comm.isend(Stop(1, 1), dest=0, tag=Tag.PUSH),  # handle() rejects it and reads no payload
+            comm.Isend([GOOD, MPI.FLOAT], dest=0, tag=Tag.PAYLOAD), comm.isend(Pull(), dest=0, tag=Tag.PULL)]
+    assert transport.recv(timeout=5).tag == Tag.PUSH
+    stray = transport.recv(timeout=5)
+    assert (stray.tag, stray.header) == (Tag.PAYLOAD, None)
+    assert transport.recv(timeout=5).header == Pull()
+    MPI.Request.Waitall(sent)
