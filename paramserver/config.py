@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import sys
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -66,9 +67,13 @@ class RunConfig:
     threads: int = _key(0, "torch threads per client (0: a node's cores shared by its client ranks; "
                            "all cores in the simulator)")
     device: str = _key("auto", "auto (cuda:<local rank mod GPUs> with CUDA, else cpu), cpu or cuda[:N]")
+    server_device: str = _key("cpu", "where the server keeps the weights and applies pushes: cpu (numpy) or "
+                                     "cuda[:N] (a GPU; weights go to MPI through a pinned host buffer)")
     eval_every: int = _key(0, "server versions between test evaluations (0: about 20 a run)")
     eval_samples: int = _key(0, "test samples per evaluation (0: the whole test split)")
     stall_timeout: float = _key(600.0, "seconds any rank waits for a peer before failing the job")
+    servers: int = _key(1, "server ranks (0..S-1), each holding a contiguous slice of the weights; "
+                        "clients push and pull every slice at once")
     compress: str = _key("none", "none, fp16 or bf16: pushes (with error feedback) and pulls as 16-bit floats "
                          "on the wire; the server keeps float32 weights")
     on_client_failure: str = _key("abort", "abort (end the job naming the client; resumable) or continue "
@@ -174,6 +179,11 @@ def _check_values(cfg: RunConfig) -> None:
     _require(0 <= cfg.speed_jitter < 1, "speed_jitter", f"must be in [0, 1), got {cfg.speed_jitter}")
     _require(not cfg.replay or (cfg.backend == "sim" and cfg.mode == "async"), "replay",
              "needs --backend sim and --mode async")
+    _require(cfg.servers >= 1, "servers", f"must be at least 1, got {cfg.servers}")
+    _require(cfg.servers == 1 or (cfg.mode == "async" and cfg.backend == "mpi"), "servers",
+             "more than one server needs --mode async --backend mpi")
+    _require(cfg.servers == 1 or not cfg.resume, "servers",
+             "a run with more than one server cannot be resumed (its servers' slices are not checkpointed together)")
     _require(cfg.compress in CODECS, "compress", f"expected {', '.join(CODECS)}, got {cfg.compress!r}")
     _require(cfg.compress == "none" or cfg.mode == "async", "compress", "needs --mode async (pushes and pulls)")
     _require(cfg.on_client_failure in FAILURE_POLICIES, "on_client_failure",
@@ -183,6 +193,10 @@ def _check_values(cfg: RunConfig) -> None:
     _require(cfg.stall_timeout > 0, "stall_timeout", f"must be positive, got {cfg.stall_timeout}")
     _require(cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
              "device", f"expected auto, cpu or cuda[:N], got {cfg.device!r}")
+    _require(re.fullmatch(r"cpu|cuda(:\d+)?", cfg.server_device) is not None, "server_device",
+             f"expected cpu or cuda[:N], got {cfg.server_device!r}")
+    _require(cfg.server_device == "cpu" or cfg.mode == "async", "server_device",
+             "needs --mode async (only async runs have a server)")
     _require(_fault_ok(cfg.inject_fault), "inject_fault", f"expected RANK:STEP, got {cfg.inject_fault!r}")
 
 

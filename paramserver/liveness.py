@@ -40,6 +40,11 @@ class PeerWatch:
     def _on_alarm(self, signum: int, frame: object) -> None:
         self.alarm = True
 
+    def close(self) -> None:
+        """Ignore the launcher's alarms from now on: Python drops its handlers at exit,
+        and a late SIGUSR1 (a rank that ended first) would kill this one in MPI_Finalize."""
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
     def check(self, peers: list[int] | None = None) -> None:
         """Raise PeerDied when one of `peers` (None: any rank not reported dead before) is dead.
 

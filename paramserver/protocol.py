@@ -19,7 +19,10 @@ Message sequence (one client; the server serves all clients in arrival order):
       | -- FAIL(reason) --------------------> |  on an exception; then the job aborts
 
 With n_fetch != n_push a client also sends PUSH(fetch=False) (no reply) or a bare
-PULL at its fetch steps. `rows` carries the client's per-minibatch log rows, so only
+PULL at its fetch steps. With S sharded servers (ranks 0..S-1, `shard_bounds`) a
+client sends each message to every server, each push carrying that server's slice
+(rows go to server 0 only), and takes WEIGHTS from each; server 0 reads the other
+servers' slices with PULL for snapshots, and says BYE to them last. `rows` carries the client's per-minibatch log rows, so only
 the server's rank writes the run directory and clients on other hosts need no shared
 file system.
 """
@@ -75,6 +78,12 @@ class Bye:
 class Weights:
     version: int
     size: int
+
+
+def shard_bounds(size: int, servers: int) -> list[tuple[int, int]]:
+    """The contiguous slice of the flat vector each of `servers` server ranks owns."""
+    edges = [size * s // servers for s in range(servers + 1)]
+    return list(zip(edges[:-1], edges[1:]))
 
 
 HEADERS = {Tag.PULL: Pull, Tag.PUSH: Push, Tag.STOP: Stop, Tag.FAIL: Fail, Tag.WEIGHTS: Weights, Tag.BYE: Bye}

@@ -1,7 +1,8 @@
 """Server update rules: how a pushed vector changes the weights.
 
-A rule is a small strategy object with state the checkpoint can save. All work in
-place on float32 numpy arrays so an apply costs about one pass over the weights.
+A rule is a small strategy object: which update, its settings, and state the checkpoint
+can save. The arithmetic runs where the weights live (`paramserver/arrays.py`: numpy in
+place on the host by default, a fused kernel on a GPU), about one pass over the weights.
 
 - `add`: the client pushes the change its own optimizer made to its weights (the
   paper's setting, our default); the server adds it.
@@ -11,19 +12,19 @@ place on float32 numpy arrays so an apply costs about one pass over the weights.
 """
 from __future__ import annotations
 
-import numpy as np
+from typing import Any
 
 
 class AddRule:
     """w += delta. Stateless."""
 
-    def apply(self, weights: np.ndarray, push: np.ndarray) -> None:
-        np.add(weights, push, out=weights)
+    def apply(self, weights: Any, push: Any, backend: Any) -> None:
+        backend.add(weights, push)
 
-    def state(self) -> dict[str, np.ndarray]:
+    def state(self) -> dict[str, Any]:
         return {}
 
-    def load_state(self, state: dict[str, np.ndarray]) -> None:
+    def load_state(self, state: dict[str, Any]) -> None:
         pass
 
 
@@ -32,23 +33,15 @@ class SGDRule:
 
     def __init__(self, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
-        self.buffer: np.ndarray | None = None
+        self.buffer: Any = None  # the momentum buffer, an array of the weights' backend
 
-    def apply(self, weights: np.ndarray, push: np.ndarray) -> None:
-        grad = push + self.weight_decay * weights if self.weight_decay else push.copy()
-        if self.momentum:
-            if self.buffer is None:
-                self.buffer = grad  # torch starts the buffer at the first gradient
-            else:
-                self.buffer *= self.momentum
-                self.buffer += grad
-            grad = self.buffer
-        weights -= np.float32(self.lr) * grad
+    def apply(self, weights: Any, push: Any, backend: Any) -> None:
+        self.buffer = backend.sgd(weights, push, self.buffer, self.lr, self.momentum, self.weight_decay)
 
-    def state(self) -> dict[str, np.ndarray]:
+    def state(self) -> dict[str, Any]:
         return {} if self.buffer is None else {"momentum_buffer": self.buffer}
 
-    def load_state(self, state: dict[str, np.ndarray]) -> None:
+    def load_state(self, state: dict[str, Any]) -> None:
         self.buffer = state.get("momentum_buffer")
 
 

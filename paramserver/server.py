@@ -100,6 +100,10 @@ class Serving:
     busy_s: float = 0.0  # wall time spent handling messages (the rest is waiting for them)
     codec: Codec = field(default_factory=Codec)  # pushes and pulls on the wire
     wire_bytes: list[int] = field(default_factory=lambda: [0, 0])  # payload bytes (pushed, pulled)
+    # Sharded servers: server 0 assembles the whole vector from every slice (`gather`);
+    # the others let server 0 read theirs (`peers`).
+    gather: Callable[[np.ndarray], np.ndarray] | None = None
+    peers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self.server_log = self.run.writer("server", self.log_lines[0])
@@ -109,10 +113,14 @@ class Serving:
         self.wire = np.empty(self.store.size, self.codec.wire) if compressed else self.buffer  # as they come
         if self.tally is None:
             self.tally = ServerTally(len(self.client_ranks))
-            self.run.save_snapshot(self.store.weights, self.store.version, 0.0, 0)
+            self.run.save_snapshot(self.weights(), self.store.version, 0.0, 0)
 
     def client(self, rank: int) -> int:
         return self.client_ranks.index(rank)
+
+    def weights(self) -> np.ndarray:
+        """The whole weight vector: this server's, or with sharded servers, every slice."""
+        return self.store.weights if self.gather is None else self.gather(self.store.weights)
 
     @property
     def waiting(self) -> list[int]:
@@ -125,7 +133,8 @@ class Serving:
 
     def checkpoint(self) -> None:
         """Weights, rule and tallies, with the time and log lengths they correspond to."""
-        self.run.save_checkpoint({**self.store.state(), **self.tally.arrays(), "time": np.array(self.clock()),
+        self.run.save_checkpoint({**self.store.state(), "weights": self.weights(), **self.tally.arrays(),
+                                  "time": np.array(self.clock()),
                                   "lines": np.array([self.server_log.lines, self.client_log.lines])})
 
     def close(self) -> None:
@@ -144,7 +153,7 @@ def serve(s: Serving) -> ServerTally:
                 _lose(s, lost, heard[lost.rank])
     finally:
         s.close()
-    s.run.save_snapshot(s.store.weights, s.store.version, s.clock(), s.tally.minibatches)
+    s.run.save_snapshot(s.weights(), s.store.version, s.clock(), s.tally.minibatches)
     return s.tally
 
 
@@ -207,6 +216,10 @@ def _lose(s: Serving, lost: ClientLost, heard: tuple[float, str]) -> None:
 
 def handle(s: Serving, msg: Message) -> None:
     """One message: the whole of the server's reaction to it, replies included."""
+    if msg.source in s.peers and msg.tag == Tag.PULL:  # server 0 reads this slice for a snapshot
+        s.transport.send(msg.source, Tag.WEIGHTS, Weights(s.store.version, s.store.size), s.store.weights,
+                         s.stall_timeout)
+        return
     problem = _message_problem(s, msg)
     if problem:
         if msg.tag == Tag.PUSH and isinstance(msg.header, Push):
@@ -260,7 +273,7 @@ def _apply_push(s: Serving, msg: Message) -> None:
         _reject(s, msg.source, result.reason)
     _log_client_rows(s, client, header, pulled, result)
     if result.accepted and s.eval_every and result.version % s.eval_every == 0:
-        s.run.save_snapshot(s.store.weights, result.version, s.clock(), s.tally.minibatches)
+        s.run.save_snapshot(s.weights(), result.version, s.clock(), s.tally.minibatches)
         s.checkpoint()
     if s.fault_version is not None and result.version >= s.fault_version:
         raise InjectedFault(f"injected fault on the server at version {result.version}")

@@ -5,14 +5,20 @@ The staleness of a push is the number of other pushes applied since the pushing 
 last pulled: `version (before this apply) - version that client last pulled`. A push
 that is malformed (wrong length or dtype, NaN or Inf) is rejected before it can touch
 the weights, and counted.
+
+Where the weights live is the `backend` strategy's business (paramserver/arrays.py):
+numpy on the host by default, or a GPU tensor. Outside the Store they are always a
+host float32 vector (`weights`), so the server loop does not care which.
 """
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from paramserver.arrays import HostArrays
 from paramserver.rules import AddRule, SGDRule
 
 
@@ -27,8 +33,10 @@ class ApplyResult:
 class Store:
     """Weights plus the bookkeeping the server needs to serve clients in any order."""
 
-    def __init__(self, weights: np.ndarray, rule: AddRule | SGDRule, version: int = 0):
-        self.weights = np.ascontiguousarray(weights, dtype=np.float32).copy()
+    def __init__(self, weights: np.ndarray, rule: AddRule | SGDRule, version: int = 0,
+                 backend: Any = None):
+        self.backend = backend or HostArrays()
+        self.array = self.backend.adopt(weights)  # the weights, where the backend keeps them
         self.rule = rule
         self.version = version
         self.pulled: dict[int, int] = {}
@@ -38,13 +46,17 @@ class Store:
 
     @property
     def size(self) -> int:
-        return self.weights.size
+        return self.array.shape[0]
+
+    @property
+    def weights(self) -> np.ndarray:
+        """The weights as a host float32 vector: on the host the live array, from a GPU a
+        reused pinned buffer. Not a copy of its own: use it before the next apply or read."""
+        return self.backend.stage(self.array)
 
     def pull(self, client: int) -> tuple[np.ndarray, int]:
-        """The weights to send and their version; remembers what `client` now holds.
-
-        The array is the live vector, not a copy: send it before the next apply.
-        """
+        """The weights to send (`weights`: send them before the next apply) and their
+        version; remembers what `client` now holds."""
         self.pulled[client] = self.version
         return self.weights, self.version
 
@@ -68,7 +80,7 @@ class Store:
         if reason:
             self.rejected[client] += 1
             return ApplyResult(False, self.version, staleness, reason)
-        self.rule.apply(self.weights, push)
+        self.rule.apply(self.array, self.backend.upload(push), self.backend)
         self.version += 1
         self.applied[client] += 1
         self.staleness[staleness] += 1
@@ -88,18 +100,18 @@ class Store:
     def state(self) -> dict[str, np.ndarray]:
         """Arrays for a checkpoint (no objects, so it loads without pickle)."""
         arrays = {"weights": self.weights, "version": np.array(self.version)}
-        arrays.update({f"rule.{k}": v for k, v in self.rule.state().items()})
+        arrays.update({f"rule.{k}": self.backend.export(v) for k, v in self.rule.state().items()})
         for name in ("pulled", "applied", "rejected", "staleness"):
             arrays[f"store.{name}"] = np.array(sorted(dict(getattr(self, name)).items()), np.int64).reshape(-1, 2)
         return arrays
 
     def load_state(self, arrays: dict[str, np.ndarray]) -> None:
         weights = arrays["weights"]
-        if weights.shape != self.weights.shape:
+        if weights.shape != (self.size,):
             raise ValueError(f"checkpoint holds {weights.size} weights, the model has {self.size}")
-        self.weights[:] = weights
+        self.backend.load(self.array, weights)
         self.version = int(arrays["version"])
-        self.rule.load_state({k[5:]: v for k, v in arrays.items() if k.startswith("rule.")})
+        self.rule.load_state({k[5:]: self.backend.adopt(v) for k, v in arrays.items() if k.startswith("rule.")})
         self.pulled = {int(k): int(v) for k, v in arrays["store.pulled"]}
         for name in ("applied", "rejected", "staleness"):
             setattr(self, name, Counter({int(k): int(v) for k, v in arrays[f"store.{name}"]}))

@@ -61,10 +61,18 @@ class Transport:
         both are out. Even a small MPI send blocks while the receiver does not take it (a
         stopped process fills MPICH's shared-memory queue), so a send waits like a receive:
         polled, and no longer than `timeout`."""
-        requests = [self.comm.isend(header, dest=dest, tag=int(tag))]
-        if payload is not None:
-            requests.append(self.comm.Isend([_as_bytes(payload), MPI.BYTE], dest=dest, tag=int(Tag.PAYLOAD)))
-        self._complete(requests, timeout, [dest], 0 if payload is None else payload.nbytes)
+        self.send_many([(dest, tag, header, payload)], timeout)
+
+    def send_many(self, messages: list[tuple[int, Tag, Any, np.ndarray | None]], timeout: float = 600.0) -> None:
+        """Several (dest, tag, header, payload) at once: every transfer is under way
+        before we wait for any (a client pushing to sharded servers)."""
+        requests, nbytes = [], 0
+        for dest, tag, header, payload in messages:
+            requests.append(self.comm.isend(header, dest=dest, tag=int(tag)))
+            if payload is not None:
+                requests.append(self.comm.Isend([_as_bytes(payload), MPI.BYTE], dest=dest, tag=int(Tag.PAYLOAD)))
+                nbytes += payload.nbytes
+        self._complete(requests, timeout, sorted({m[0] for m in messages}), nbytes)
 
     def recv(self, timeout: float, source: int = ANY, tag: int = MPI.ANY_TAG, busy: float = _BUSY) -> Message:
         """The next header from `source` (any rank by default); `busy`: seconds it is
@@ -82,12 +90,23 @@ class Transport:
         It lands in `into` when the byte counts match (no allocation on the hot path);
         otherwise in a fresh byte array, which the caller will reject by its size.
         """
-        status = self._wait(source, int(Tag.PAYLOAD), timeout)
-        nbytes = status.Get_count(MPI.BYTE)
+        nbytes = self._wait(source, int(Tag.PAYLOAD), timeout).Get_count(MPI.BYTE)
         target = into if nbytes == into.nbytes else np.empty(nbytes, np.uint8)
         request = self.comm.Irecv([_as_bytes(target), MPI.BYTE], source=source, tag=int(Tag.PAYLOAD))
         self._complete([request], timeout, [source], nbytes)  # a sender stopped mid-transfer times out
         return target
+
+    def expect_payloads(self, sources: list[int], intos: list[np.ndarray]) -> list[MPI.Request]:
+        """Receives posted before the headers that announce them: a peer's send then
+        completes whatever we are busy with (a client pushing to sharded servers must not
+        hold up a server that already answers it). Sizes must be right: a longer payload
+        is an MPI truncation error. Wait for them with `complete`."""
+        return [self.comm.Irecv([_as_bytes(into), MPI.BYTE], source=source, tag=int(Tag.PAYLOAD))
+                for source, into in zip(sources, intos)]
+
+    def complete(self, requests: list[MPI.Request], peers: list[int], nbytes: int, timeout: float) -> None:
+        """Wait for requests from `expect_payloads`."""
+        self._complete(requests, timeout, peers, nbytes)
 
     def _complete(self, requests: list[MPI.Request], timeout: float, peers: list[int] | None,
                   nbytes: int) -> None:
@@ -96,7 +115,8 @@ class Transport:
         only while we call into it."""
         self._poll(lambda: self._test(requests, peers), timeout, lambda: self._check(peers, collective=peers is None),
                    0.01 + nbytes / 1e9,
-                   lambda: "no transfer with " + ("every rank" if peers is None else f"rank {peers[0]}"))
+                   lambda: "no transfer with " + ("every rank" if peers is None else
+                                                  "rank " + ", ".join(map(str, peers))))
 
     def _wait(self, source: int, tag: int, timeout: float, busy: float = _BUSY) -> MPI.Status:
         status = MPI.Status()
@@ -131,10 +151,10 @@ class Transport:
         try:
             return MPI.Request.Testall(requests)
         except MPI.Exception as error:
-            if peers is None or len(peers) != 1:
+            if peers is None or error.Get_error_class() == MPI.ERR_TRUNCATE:
                 raise
-            name = self.watch.names[peers[0]] if self.watch else f"rank {peers[0]}"
-            raise PeerDied(peers, f"{name} died (MPI error {error.Get_error_class()} on a transfer)") from None
+            names = " or ".join(self.watch.names[p] if self.watch else f"rank {p}" for p in peers)
+            raise PeerDied(peers, f"{names} died (MPI error {error.Get_error_class()} on a transfer)") from None
 
     def _check_failed(self) -> None:
         """A rank that failed will not join the collective: say so now, not at the timeout."""

@@ -68,3 +68,17 @@ def test_a_used_run_directory_is_refused(tmp_path, capsys, tiny_npz):
     (tmp_path / "run" / "summary.json").write_text("{}")
     assert main(["train", "--data", str(tiny_npz), "--out", str(tmp_path / "run")]) == 2
     assert "out:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--servers", "2", "--backend", "sim"], "servers: more than one server needs --mode async --backend mpi"),
+    (["--servers", "0"], "servers: must be at least 1"),
+    (["--compress", "fp8"], "compress: expected none, fp16, bf16"),
+    (["--compress", "bf16", "--mode", "sync"], "compress: needs --mode async"),
+    (["--on-client-failure", "retry"], "on_client_failure: expected abort or continue"),
+    (["--on-client-failure", "continue", "--mode", "local-sgd"], "on_client_failure: continue needs --mode async"),
+])
+def test_scale_out_and_failure_flags_are_checked_before_launch(flags, message, capsys):
+    assert main(["train", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err

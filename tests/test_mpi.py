@@ -157,3 +157,27 @@ def test_compressed_pushes_and_pulls_under_mpi(tmp_path, tiny_npz):
     s = summary(run)
     assert s["pushes_applied"] == s["version"] == 40 and s["pushes_rejected"] == 0
     assert s["wire_bytes_pushed"] == 40 * 2 * np.load(run / "checkpoint" / "latest.npz")["weights"].size
+
+
+def test_one_client_with_two_sharded_servers_equals_plain_sgd(tmp_path, tiny_npz):
+    run = tmp_path / "run"
+    result = mpi_train(3, "--servers", "2", "--clients", "1", "--data", str(tiny_npz), *TINY, "--steps", "12",
+                       "--eval-every", "4", "--eval-samples", "50", "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    weights = load_arrays(run / "checkpoint" / "latest.npz")["weights"]
+    expected = plain_sgd(load_dataset(str(tiny_npz)), 12, batch_size=32, lr=0.01)
+    np.testing.assert_allclose(weights, expected, atol=1e-6, rtol=0)  # both slices, put together
+    assert [r["version"] for r in rows(run, "eval")] == [0, 4, 8, 12]
+
+
+def test_sharded_servers_apply_every_push_once(tmp_path, tiny_npz):
+    run = tmp_path / "run"
+    result = mpi_train(5, "--servers", "2", "--data", str(tiny_npz), *TINY, "--steps", "30", "--n-sync", "2",
+                       "--eval-samples", "50", "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    s = summary(run)
+    assert s["pushes_sent"] == s["pushes_applied"] == s["version"] == 3 * 15 and s["pushes_rejected"] == 0
+    assert sorted((r["client"], r["step"]) for r in rows(run, "clients")) == [(c, n) for c in range(3)
+                                                                             for n in range(1, 31)]
+    assert [r["role"] for r in json.loads((run / "config.json").read_text())["provenance"]["ranks"]] == \
+        ["server", "server", "client", "client", "client"]

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from experiments.bench.peer_setup import PeerError, Workload, make_workload, run_processes
-from experiments.bench.peers import ddp_throughput, rpc_ps_throughput
+from experiments.bench.peers import ddp_throughput, rpc_ps_load, rpc_ps_throughput
 
 pytestmark = pytest.mark.slow  # every test spawns processes that import torch: seconds each
 
@@ -30,6 +30,17 @@ def test_baseline_reports_throughput(bench) -> None:
     assert result["clients"] == 2 and result["steps"] == 3 and result["batch_size"] == 16
     assert result["samples_per_s"] == pytest.approx(2 * 3 * 16 / result["wall_s"])
     assert 0 < result["wall_s"] < result["call_s"]
+
+
+@pytest.mark.slow
+def test_rpc_load_pushes_within_its_timeout() -> None:
+    start = time.monotonic()
+    result = rpc_ps_load(1, 1000, 1.0, timeout=60)
+    assert time.monotonic() - start < 60
+    assert result["pushes"] > 0 and result["clients"] == 1 and result["floats"] == 1000
+    assert result["pushes_per_s"] == pytest.approx(result["pushes"] / result["seconds"])
+    assert result["mbytes_per_s"] == pytest.approx(result["pushes"] * 2 * 4 * 1000 / result["seconds"] / 1e6)
+    assert not mp.active_children()
 
 
 def test_hanging_processes_are_killed_at_the_timeout() -> None:

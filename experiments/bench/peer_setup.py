@@ -4,7 +4,8 @@ Baselines only, not part of the tool. This module fixes what every baseline proc
 trains, so a baseline differs from an `asgd train` client only in how it communicates:
 the same model and initial weights, the same data shard and minibatch order, the same
 batch size and SGD hyper-parameters (the tool's own defaults, read from `RunConfig`).
-It also starts the processes and collects their timings under one hard deadline.
+It also starts the processes and collects their timings under one hard deadline, for
+training (`Workload`) and for no-compute load (`Load`) alike.
 """
 from __future__ import annotations
 
@@ -56,18 +57,42 @@ class Workload:
     port: int
 
 
+@dataclass(frozen=True)
+class Load:
+    """A no-compute measurement: `clients` trainers exchanging `size` floats with the server for `seconds`."""
+
+    clients: int
+    size: int
+    seconds: float
+    timeout: float
+    port: int
+    threads: int = 1
+
+
 def make_workload(clients: int, steps: int, batch_size: int, model: str, warmup: int, threads: int,
                   timeout: float) -> Workload:
     """Check the arguments in the caller, where a mistake is one clear line, not K tracebacks."""
-    for name, value, least in (("clients", clients, 1), ("steps", steps, 1), ("batch_size", batch_size, 1),
-                               ("warmup", warmup, 0), ("threads", threads, 1)):
-        if value < least:
-            raise ValueError(f"{name} must be >= {least}, got {value}")
-    if timeout <= 0:
-        raise ValueError(f"timeout must be positive, got {timeout}")
+    _check(timeout, ("clients", clients, 1), ("steps", steps, 1), ("batch_size", batch_size, 1),
+           ("warmup", warmup, 0), ("threads", threads, 1))
     if model not in SHAPES:
         raise ValueError(f"model: unknown model {model!r} (choose from {', '.join(SHAPES)})")
     return Workload(clients, steps, batch_size, model, warmup, threads, timeout, free_port())
+
+
+def make_load(clients: int, size: int, seconds: float, timeout: float) -> Load:
+    """As `make_workload`, for a no-compute load."""
+    _check(timeout, ("clients", clients, 1), ("size", size, 1))
+    if seconds <= 0:
+        raise ValueError(f"seconds must be positive, got {seconds}")
+    return Load(clients, size, seconds, timeout, free_port())
+
+
+def _check(timeout: float, *least: tuple[str, int, int]) -> None:
+    for name, value, bound in least:
+        if value < bound:
+            raise ValueError(f"{name} must be >= {bound}, got {value}")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
 
 
 def free_port() -> int:
@@ -145,7 +170,7 @@ def summary(w: Workload, seconds: list[float], call_s: float) -> dict:
             "data": data_name(w.model), "threads": w.threads}
 
 
-def run_processes(target: Callable[[int, Workload], Any], nprocs: int, w: Workload) -> list[Any]:
+def run_processes(target: Callable[[int, Any], Any], nprocs: int, w: Workload | Load) -> list[Any]:
     """`target(rank, w)` in `nprocs` fresh processes; their return values by rank.
 
     Every process has ended when this returns or raises: any still running at the
@@ -174,7 +199,7 @@ def run_processes(target: Callable[[int, Workload], Any], nprocs: int, w: Worklo
         results.close()
 
 
-def _child(target: Callable[[int, Workload], Any], rank: int, w: Workload, results: Any) -> None:
+def _child(target: Callable[[int, Any], Any], rank: int, w: Workload | Load, results: Any) -> None:
     torch.set_num_threads(w.threads)
     try:
         results.put((rank, True, target(rank, w)))

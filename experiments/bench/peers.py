@@ -1,6 +1,6 @@
 """Baselines ("peers") for our benchmark to compare against; not part of the tool.
 
-    python -m experiments.bench.peers      # both baselines, 2 clients x 50 steps
+    python -m experiments.bench.peers      # both baselines, 2 clients x 50 steps; RPC load, 2 clients
 
 - `ddp_throughput`: torch DistributedDataParallel on the gloo backend, K processes on
   localhost, gradients all-reduced every step (synchronous data parallelism).
@@ -16,6 +16,11 @@ minibatches, measured after `warmup` untimed ones, with torch.set_num_threads(th
 in every process. Process start-up and data loading are outside the timed window
 (`call_s` in the result includes them).
 
+`rpc_ps_load` is the RPC server without compute, against which `wire.py load` measures ours:
+K trainers send P-float gradients to the same server and take its P floats back as fast as
+they can; it reports the calls completed by all trainers in a timed window of `seconds`,
+after a short warm-up, as pushes/s and MB/s (both directions), as `wire.py load` does.
+
 Processes are spawned, so a calling script needs the usual `if __name__ == "__main__":`
 guard. Every process ends within `timeout` seconds: the call kills the ones still
 running and raises TimeoutError (PeerError when one fails).
@@ -28,9 +33,9 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from experiments.bench.peer_setup import (PeerError, Workload, backward, batch_source, build, digest,
+from experiments.bench.peer_setup import (PeerError, Workload, backward, batch_source, build, digest, make_load,
                                           make_workload, run_processes, sgd, summary, timed, train_split)
-from experiments.bench.rpc_ps import rpc_process
+from experiments.bench.rpc_ps import rpc_load_process, rpc_process
 
 
 def ddp_throughput(clients: int, steps: int, batch_size: int = 64, model: str = "cnn", warmup: int = 5,
@@ -54,6 +59,14 @@ def rpc_ps_throughput(clients: int, steps: int, batch_size: int = 64, model: str
     start = time.perf_counter()
     trainer_seconds = run_processes(rpc_process, w.clients + 1, w)[0]
     return summary(w, trainer_seconds, time.perf_counter() - start)
+
+
+def rpc_ps_load(clients: int, size: int, seconds: float, timeout: float = 120) -> dict:
+    """The RPC parameter server without compute: `clients` trainers, `size` floats each way, `seconds` timed."""
+    w = make_load(clients, size, seconds, timeout)
+    pushes = sum(run_processes(rpc_load_process, w.clients + 1, w)[0])
+    return {"clients": clients, "floats": size, "seconds": seconds, "pushes": pushes,
+            "pushes_per_s": pushes / seconds, "mbytes_per_s": pushes * 2 * 4 * size / seconds / 1e6}
 
 
 def _ddp_rank(rank: int, w: Workload) -> tuple[float, str]:
@@ -85,3 +98,6 @@ def _print(name: str, result: dict) -> None:
 if __name__ == "__main__":
     _print("DDP (gloo)", ddp_throughput(clients=2, steps=50))
     _print("RPC parameter server", rpc_ps_throughput(clients=2, steps=50))
+    load = rpc_ps_load(clients=2, size=10**6, seconds=3)
+    print(f"RPC parameter server, no compute: {load['pushes_per_s']:.0f} pushes/s, {load['mbytes_per_s']:.0f} MB/s "
+          f"({load['clients']} clients, {load['floats']:.0e} floats, {load['seconds']:g} s)")

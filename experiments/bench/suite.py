@@ -8,10 +8,13 @@ One run measures, on this machine, each comparison in the same run and prints ra
 2. server under load: 1, 2, 4, 8 clients pushing without compute (oversubscribed where
    cores are few), and whether a waiting rank leaves the cores to the others
    (experiments/bench/idle_wait.py);
-3. peers: samples/s of our async server (n_sync 1 and 10) and sync mode against torch
+3. server against a peer: pushes/s of our server and of a torch.distributed.rpc
+   parameter server with 1, 2, 4 clients pushing 1e6 floats without compute, where the
+   server is what limits (wire.py load, peers.rpc_ps_load);
+4. peers: samples/s of our async server (n_sync 1 and 10) and sync mode against torch
    DDP (gloo) and a torch.distributed.rpc parameter server (experiments/bench/peers.py),
    same model, data, clients and batch;
-4. simulator: its wall time against the pure compute of the same minibatches.
+5. simulator: its wall time against the pure compute of the same minibatches.
 Every figure is a median over repeats after a warm-up, or a rate over a timed window
 after one. Nothing here asserts a time: the numbers are for reading.
 """
@@ -48,12 +51,29 @@ def wire(quick: bool) -> list[dict]:
 
 
 def load(quick: bool) -> list[dict]:
+    """Clients 1..8 on one server (1e6 floats), then 4 clients on 1, 2 and 4 sharded servers
+    (4e6 floats: enough bytes per push that splitting them can pay)."""
     seconds = "1" if quick else "3"
-    return [mpi(k + 1, "experiments.bench.wire", "load", "--size", "1e6", "--seconds", seconds) for k in (1, 2, 4, 8)]
+    def run(servers: int, clients: int, size: str) -> dict:
+        return mpi(servers + clients, "experiments.bench.wire", "load", "--size", size, "--seconds", seconds,
+                   "--servers", str(servers))
+    return [run(1, k, "1e6") for k in (1, 2, 4, 8)] + [run(s, 4, "4e6") for s in (1, 2, 4)]
 
 
 def idle() -> dict:
     return mpi(3, "experiments.bench.idle_wait", "2")
+
+
+def server_peers(quick: bool, size: int = 10**6) -> list[dict]:
+    """Our server (one, `wire.py load`) against the RPC parameter server, K clients pushing
+    `size` floats and pulling them back without compute: the servers are the bottleneck."""
+    from experiments.bench.peers import rpc_ps_load
+
+    seconds = 1.0 if quick else 3.0
+    return [{"clients": k, "floats": size,
+             "ours": mpi(1 + k, "experiments.bench.wire", "load", "--size", str(size), "--seconds", str(seconds),
+                         "--servers", "1"),
+             "rpc_ps": rpc_ps_load(k, size, seconds)} for k in ((1, 2) if quick else (1, 2, 4))]
 
 
 def asgd_train(out: Path, *flags: str, timeout: float = 600) -> dict:
@@ -136,8 +156,8 @@ def run_bench(out: str, quick: bool) -> int:
     started = time.perf_counter()
     results: dict[str, Any] = {"machine": {"cores": os.cpu_count(), "mpi": MPI.Get_library_version().splitlines()[0],
                                            "quick": quick}}
-    for name, measure in (("wire", wire), ("load", load), ("idle", lambda quick: idle()), ("peers", peers),
-                          ("simulator", simulator)):
+    for name, measure in (("wire", wire), ("load", load), ("idle", lambda quick: idle()),
+                          ("server_peers", server_peers), ("peers", peers), ("simulator", simulator)):
         print(f"bench: {name} ...", file=sys.stderr, flush=True)
         results[name] = measure(quick)
     results["machine"]["bench_s"] = time.perf_counter() - started
@@ -153,14 +173,18 @@ def tables(r: dict[str, Any]) -> str:
              "|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {w['floats']:.0e} | {w['mbytes']:.1f} | {w['raw_one_way_ms']:.3f} | {w['round_trip_ms']:.3f} | "
               f"{w['apply_ms']:.3f} | {w['apply_vs_copy']:.2f} | {w['ratio']:.2f} |" for w in r["wire"]]
-    lines += ["", "| clients (no compute, 1e6 floats) | pushes/s | MB/s through the server | server busy |",
-              "|---:|---:|---:|---:|"]
-    lines += [f"| {x['clients']} | {x['pushes_per_s']:.0f} | {x['mbytes_per_s']:.0f} | {x['server_busy']:.0%} |"
-              for x in r["load"]]
+    lines += ["", "| servers | clients (no compute) | floats | pushes/s | MB/s through the servers | server 0 busy |",
+              "|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {x['servers']} | {x['clients']} | {x['floats']:.0e} | {x['pushes_per_s']:.0f} | "
+              f"{x['mbytes_per_s']:.0f} | {x['server_busy']:.0%} |" for x in r["load"]]
     idle = r["idle"]
     lines += ["", f"A waiting rank (2 computing ranks beside it): blocking Recv burns {idle['blocking_cpu_s']:.2f} s "
               f"CPU, our wait {idle['polled_cpu_s']:.2f} s; the computing ranks do {idle['speedup']:.2f}x the work "
               f"beside ours."]
+    lines += ["", "| clients (no compute, 1e6 floats) | ours pushes/s | RPC PS pushes/s | ours / RPC |",
+              "|---:|---:|---:|---:|"]
+    lines += [f"| {x['clients']} | {x['ours']['pushes_per_s']:.0f} | {x['rpc_ps']['pushes_per_s']:.0f} | "
+              f"{x['ours']['pushes_per_s'] / max(x['rpc_ps']['pushes_per_s'], 1e-9):.2f} |" for x in r["server_peers"]]
     peers = r["peers"]
     if "samples_per_s" in peers[0]:
         ours = {p["system"]: p["samples_per_s"] for p in peers}

@@ -1,15 +1,15 @@
 """The server against the physical limits: the wire, the apply, and many clients at once.
 
     mpiexec -n 2 python -m experiments.bench.wire wire --sizes 1e5,1e6,4e6,1.6e7 --json OUT
-    mpiexec -n K+1 python -m experiments.bench.wire load --size 1e6 --seconds 3 --json OUT
+    mpiexec -n S+K python -m experiments.bench.wire load --size 1e6 --seconds 3 --servers S --json OUT
 
 `wire` (2 ranks): for each model size P, the median round trip of a push + pull of P
 floats through the real server loop (`serve()`, with its store, logs and checks) from
 rank 1, against raw blocking MPI Send/Recv of the same bytes between the same ranks,
 and the server's apply against a plain memory copy of P floats. ratio = round trip /
 (2 x raw one-way + apply).
-`load` (K+1 ranks): K clients push P floats and pull the weights back as fast as they
-can (no compute) for SECONDS: pushes/s and bytes/s through the server and the
+`load` (S+K ranks): K clients push P floats and pull the weights back as fast as they
+can (no compute) for SECONDS, to S servers each holding a slice (`--servers`): pushes/s and bytes/s through the server and the
 fraction of its time the server was busy handling messages, and its resident memory
 after the first tenth of the time and at the end.
 Results go to --json (rank 0). `asgd bench` runs both and prints the table.
@@ -27,7 +27,8 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-from paramserver.protocol import Pull, Push, Stop, Tag
+from clients.driver import Outgoing, ServerLink
+from paramserver.protocol import Pull, Push, Stop, Tag, shard_bounds
 from paramserver.rules import AddRule
 from paramserver.rundir import RunDir
 from paramserver.server import Serving, serve
@@ -57,15 +58,17 @@ def raw_round_trips(comm: MPI.Comm, data: np.ndarray, repeats: int) -> list[floa
     return times[WARMUP:]
 
 
-def serve_clients(transport: Transport, size: int, clients: int,
+def serve_clients(transport: Transport, size: int, clients: int, servers: int = 1,
                   progress: Callable[[int], None] = lambda minibatches: None) -> Serving:
-    """Rank 0: the real server loop over a scratch run directory, until every client stops."""
+    """A server rank: the real server loop over a scratch run directory, on its slice of
+    a `size`-float model, until every client stops."""
+    lo, hi = shard_bounds(size, servers)[transport.rank]
     with tempfile.TemporaryDirectory() as folder:
         run = RunDir(folder)
         run.create()
-        serving = Serving(transport, Store(np.zeros(size, np.float32), AddRule()), run,
-                          list(range(1, clients + 1)), eval_every=0, stall_timeout=600.0, clock=time.perf_counter,
-                          progress=progress)
+        serving = Serving(transport, Store(np.zeros(hi - lo, np.float32), AddRule()), run,
+                          list(range(servers, servers + clients)), eval_every=0, stall_timeout=600.0,
+                          clock=time.perf_counter, progress=progress)
         serve(serving)
     return serving
 
@@ -76,25 +79,26 @@ def rss_mb() -> float:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
 
 
-def push_pull(transport: Transport, payload: np.ndarray, into: np.ndarray, step: int) -> None:
-    """One client sync point: push, then take the weights the server sends back."""
-    row = {"client": transport.rank - 1, "step": step, "loss": 0.0}
-    transport.send(0, Tag.PUSH, Push(step, payload.size, True, rows=(row,)), payload)
-    transport.recv(600.0, source=0, tag=Tag.WEIGHTS, busy=0.01 + 3 * payload.nbytes / 1e9)  # as clients do
-    transport.recv_payload(0, into, 600.0)
+def client_link(transport: Transport, size: int, servers: int) -> ServerLink:
+    return ServerLink(transport, tuple(range(servers)), shard_bounds(size, servers), 600.0)
+
+
+def push_pull(link: ServerLink, payload: np.ndarray, into: np.ndarray, step: int) -> None:
+    """One client sync point, as clients do it: push, then take the weights back."""
+    row = {"client": link.transport.rank - len(link.servers), "step": step, "loss": 0.0}
+    link.exchange(Outgoing(Tag.PUSH, Push(step, payload.size, True, rows=(row,)), payload), into)
 
 
 def client_round_trips(transport: Transport, size: int, repeats: int) -> list[float]:
     payload, into = np.full(size, 1e-6, np.float32), np.empty(size, np.float32)
-    transport.send(0, Tag.PULL, Pull())
-    transport.recv(600.0, source=0, tag=Tag.WEIGHTS)
-    transport.recv_payload(0, into, 600.0)
+    link = client_link(transport, size, 1)
+    link.exchange(Outgoing(Tag.PULL, Pull()), into)
     times = []
     for step in range(1, WARMUP + repeats + 1):
         start = time.perf_counter()
-        push_pull(transport, payload, into, step)
+        push_pull(link, payload, into, step)
         times.append(time.perf_counter() - start)
-    transport.send(0, Tag.STOP, Stop(WARMUP + repeats, WARMUP + repeats))
+    link.exchange(Outgoing(Tag.STOP, Stop(WARMUP + repeats, WARMUP + repeats)), None)
     return times[WARMUP:]
 
 
@@ -133,33 +137,37 @@ def wire(comm: MPI.Comm, sizes: list[int], repeats: int) -> list[dict] | None:
     return rows if comm.rank == 0 else None
 
 
-def load(comm: MPI.Comm, size: int, seconds: float) -> dict | None:
-    """K clients pushing and pulling without compute for `seconds`."""
+def load(comm: MPI.Comm, size: int, seconds: float, servers: int) -> dict | None:
+    """K clients pushing and pulling without compute for `seconds`, to `servers` servers."""
     transport = Transport(comm)
+    clients = comm.size - servers
     comm.Barrier()
-    if comm.rank == 0:
+    if comm.rank < servers:
         start, rss = time.perf_counter(), []  # (seconds, MB) every 100 pushes
-        serving = serve_clients(transport, size, comm.size - 1, progress=lambda n: n % 100 or rss.append(
+        serving = serve_clients(transport, size, clients, servers, progress=lambda n: n % 100 or rss.append(
             (time.perf_counter() - start, rss_mb())))
         wall = time.perf_counter() - start
-        pushes = serving.store.version
-        warm = [mb for t, mb in rss if t > wall / 10] or [rss_mb()]
-        return {"clients": comm.size - 1, "floats": size, "seconds": wall, "pushes": pushes,
-                "pushes_per_s": pushes / wall, "mbytes_per_s": pushes * 2 * 4 * size / wall / 1e6,
-                "server_busy": serving.busy_s / wall, "rejected": serving.tally.rejected,
-                "pushes_sent": sum(stop.pushes for stop in serving.tally.stops.values()),
-                "clients_stopped": len(serving.tally.stops),
-                "rss_mb_after_warmup": warm[0], "rss_mb_end": warm[-1], "rss_mb_max": max(warm)}
+        return None if comm.rank else _load_figures(serving, size, wall, servers, rss)
     payload, into = np.full(size, 1e-6, np.float32), np.empty(size, np.float32)
-    transport.send(0, Tag.PULL, Pull())
-    transport.recv(600.0, source=0, tag=Tag.WEIGHTS)
-    transport.recv_payload(0, into, 600.0)
+    link = client_link(transport, size, servers)
+    link.exchange(Outgoing(Tag.PULL, Pull()), into)
     step, end = 0, time.perf_counter() + seconds
     while time.perf_counter() < end:
         step += 1
-        push_pull(transport, payload, into, step)
-    transport.send(0, Tag.STOP, Stop(step, step))
+        push_pull(link, payload, into, step)
+    link.exchange(Outgoing(Tag.STOP, Stop(step, step)), None)
     return None
+
+
+def _load_figures(serving: Serving, size: int, wall: float, servers: int, rss: list[tuple[float, float]]) -> dict:
+    pushes = serving.store.version
+    warm = [mb for t, mb in rss if t > wall / 10] or [rss_mb()]
+    return {"clients": len(serving.client_ranks), "servers": servers, "floats": size, "seconds": wall,
+            "pushes": pushes, "pushes_per_s": pushes / wall, "mbytes_per_s": pushes * 2 * 4 * size / wall / 1e6,
+            "server_busy": serving.busy_s / wall, "rejected": serving.tally.rejected,
+            "pushes_sent": sum(stop.pushes for stop in serving.tally.stops.values()),
+            "clients_stopped": len(serving.tally.stops),
+            "rss_mb_after_warmup": warm[0], "rss_mb_end": warm[-1], "rss_mb_max": max(warm)}
 
 
 def main() -> None:
@@ -169,13 +177,14 @@ def main() -> None:
     parser.add_argument("--size", type=float, default=1e6, help="load: model size, in floats")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--servers", type=int, default=1, help="load: server ranks (sharded)")
     parser.add_argument("--json", required=True, help="where rank 0 writes the results")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     if args.what == "wire":
         result = wire(comm, [int(float(s)) for s in args.sizes.split(",")], args.repeats)
     else:
-        result = load(comm, int(args.size), args.seconds)
+        result = load(comm, int(args.size), args.seconds, args.servers)
     if comm.rank == 0:
         with open(args.json, "w") as out:
             json.dump(result, out, indent=1)
