@@ -124,7 +124,7 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
         return _play(transport, setup, client, index, servers, point,
                      clock=lambda: offset + time.perf_counter() - start)
     except Exception as error:  # noqa: BLE001 - any failure must end the whole job
-        return _fail(transport, error, index, servers, keep_going=cfg.on_client_failure == "continue")
+        _fail(transport, error, index, servers, keep_going=cfg.on_client_failure == "continue")
     finally:
         if transport.watch is not None:
             transport.watch.close()
@@ -174,11 +174,11 @@ def _plan(index: int, servers: int, cfg: RunConfig) -> ClientPlan:
                       fault_step=fault[1] if fault and fault[0] == index + servers else None, compress=cfg.compress)
 
 
-def _fail(transport: Transport, error: Exception, index: int, servers: int, keep_going: bool) -> int:
+def _fail(transport: Transport, error: Exception, index: int, servers: int, keep_going: bool) -> NoReturn:
     """End the job, after the server had a moment to record why. Under `keep_going` a
-    client leaves the server to carry on without it: it returns (exit status 1), and
-    waits in MPI_Finalize until the job ends (exiting without it would make MPICH's
-    launcher end every rank)."""
+    client leaves alone once its FAIL is out (exit status 1, without MPI_Finalize, which
+    would wait for the others forever); the launcher's SIGUSR1 about it is caught by the
+    others' PeerWatch."""
     role = "server" if index < 0 else f"client {index}"
     reason = f"{type(error).__name__}: {error}"
     print(f"asgd: rank {transport.rank} ({role}) failed: {reason}", file=sys.stderr, flush=True)
@@ -186,7 +186,7 @@ def _fail(transport: Transport, error: Exception, index: int, servers: int, keep
     if index >= 0 and not server_gone:
         _tell_servers(transport, servers, reason, wait=not keep_going)
         if keep_going:
-            return 1
+            _exit(1)
     transport.abort(1)
     raise SystemExit(1)  # not reached: Abort ends the process
 

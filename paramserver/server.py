@@ -31,9 +31,10 @@ from paramserver.transport import Message, PeerTimeout, Transport
 class ClientLost(RuntimeError):
     """A client can no longer take part: the job ends, or goes on without it."""
 
-    def __init__(self, rank: int, what: str):
+    def __init__(self, rank: int, what: str, named: bool = False):
         super().__init__(what)
         self.rank = rank
+        self.named = named  # logged already: it ends the job
 
 
 class ClientFailed(ClientLost):
@@ -104,6 +105,8 @@ class Serving:
     # the others let server 0 read theirs (`peers`).
     gather: Callable[[np.ndarray], np.ndarray] | None = None
     peers: tuple[int, ...] = ()
+    heard: dict[int, tuple[float, str]] = field(default_factory=dict)  # rank -> (when, last tag), for stalls
+    replies: list[tuple[int, list, int]] = field(default_factory=list)  # in flight: (rank, requests, bytes)
 
     def __post_init__(self) -> None:
         self.server_log = self.run.writer("server", self.log_lines[0])
@@ -144,48 +147,77 @@ class Serving:
 
 def serve(s: Serving) -> ServerTally:
     """Handle messages until every client has stopped or is lost."""
-    heard = {r: (s.clock(), "none") for r in s.client_ranks}  # rank -> (when, last tag)
+    s.heard.update({r: (s.clock(), "none") for r in s.client_ranks})
     try:
         while not s.done:
             try:
-                _serve_one(s, heard)
+                _serve_one(s)
             except ClientLost as lost:
-                _lose(s, lost, heard[lost.rank])
+                if lost.named:
+                    raise
+                _lose(s, lost)
+        _flush_replies(s)
     finally:
         s.close()
     s.run.save_snapshot(s.weights(), s.store.version, s.clock(), s.tally.minibatches)
     return s.tally
 
 
-def _serve_one(s: Serving, heard: dict[int, tuple[float, str]]) -> None:
-    msg = _next_message(s, heard)
-    heard[msg.source] = (s.clock(), _tag_name(msg.tag))
+def _serve_one(s: Serving) -> None:
+    msg = _next_message(s)
+    s.heard[msg.source] = (s.clock(), _tag_name(msg.tag))
     start = time.perf_counter()
     try:
         handle(s, msg)
         s.busy_s += time.perf_counter() - start
-    except PeerTimeout:  # it sent, then stopped taking our reply
-        raise _stalled(s, msg.source, heard[msg.source]) from None
+    except PeerTimeout:  # it stopped sending halfway
+        raise _stalled(s, msg.source) from None
     except PeerDied as died:  # it died in the middle of a transfer
         raise ClientDied(msg.source, str(died)) from None
 
 
-def _next_message(s: Serving, heard: dict[int, tuple[float, str]]) -> Message:
+def _next_message(s: Serving) -> Message:
     """Waits no longer than the first waiting client's stall deadline, and checks it even
     while other clients keep the server busy."""
     while True:
-        first = min(s.waiting, key=lambda r: heard[r][0])
-        left = heard[first][0] + s.stall_timeout - s.clock()
+        first = min(s.waiting, key=lambda r: s.heard[r][0])
+        left = s.heard[first][0] + s.stall_timeout - s.clock()
         if left <= 0:
-            raise _stalled(s, first, heard[first])
+            raise _stalled(s, first)
+        # Replies in flight move only while we call into MPI: poll closely while they should.
+        in_flight = sum(nbytes for _, _, nbytes in s.replies)
         try:
-            return s.transport.recv(timeout=left)
+            return s.transport.recv(timeout=left, busy=1e-3 + in_flight / 1e9)
         except PeerTimeout:
             continue
         except PeerDied as died:
             clients = [r for r in died.ranks if r in s.waiting]
             if clients:
                 raise ClientDied(clients[0], str(died)) from None
+
+
+def _reply(s: Serving, rank: int, header: Weights, data: np.ndarray) -> None:
+    """Start sending the weights and go on serving: the transfer completes while we take
+    the next message (waiting for it here would leave the server idle until the client
+    is scheduled, half its time on a crowded machine). `data` may be the live weights,
+    so every reply in flight is finished before the next apply (`_flush_replies`)."""
+    s.replies.append((rank, s.transport.post(rank, Tag.WEIGHTS, header, data), data.nbytes))
+    s.wire_bytes[1] += data.nbytes
+
+
+def _flush_replies(s: Serving) -> None:
+    """Finish every reply in flight; a client that does not take its reply within the
+    stall timeout, or died, is lost (and the others' replies still finish)."""
+    replies, s.replies = s.replies, []
+    for rank, requests, nbytes in replies:
+        if rank in s.tally.lost:
+            continue
+        try:
+            s.transport.complete(requests, [rank], nbytes, s.stall_timeout)
+        except PeerTimeout:
+            _lose(s, _stalled(s, rank))
+        except PeerDied as died:
+            _lose(s, ClientDied(rank, str(died)))
 
 
 def _tag_name(tag: int) -> str:
@@ -195,20 +227,21 @@ def _tag_name(tag: int) -> str:
         return f"unknown tag {tag}"
 
 
-def _stalled(s: Serving, rank: int, heard: tuple[float, str]) -> ClientStalled:
-    return ClientStalled(rank, f"silent for {s.clock() - heard[0]:.0f} s (stall timeout {s.stall_timeout:g} s)")
+def _stalled(s: Serving, rank: int) -> ClientStalled:
+    return ClientStalled(rank, f"silent for {s.clock() - s.heard[rank][0]:.0f} s "
+                               f"(stall timeout {s.stall_timeout:g} s)")
 
 
-def _lose(s: Serving, lost: ClientLost, heard: tuple[float, str]) -> None:
+def _lose(s: Serving, lost: ClientLost) -> None:
     """Name the client in the log; end the job, or (continue) go on without it."""
     client = s.client(lost.rank)
     step = int(s.tally.client_steps[client])
     what = (f"client {client} (rank {lost.rank}, host {s.hosts.get(lost.rank, '?')}) lost: {lost}; "
-            f"last step {step}, last message {heard[1]}")
+            f"last step {step}, last message {s.heard[lost.rank][1]}")
     s.server_log.write({"time": s.clock(), "client": client, "rank": lost.rank, "lost": what,
                         "kind": type(lost).__name__})
     if s.on_client_failure != "continue":
-        raise type(lost)(lost.rank, what)
+        raise type(lost)(lost.rank, what, named=True)
     s.tally.lost[lost.rank] = {"client": client, "rank": lost.rank, "last_step": step,
                                "reason": f"{type(lost).__name__}: {lost}"}
     print(f"asgd: {what}; continuing with {len(s.waiting)} client(s)", file=sys.stderr, flush=True)
@@ -233,9 +266,7 @@ def handle(s: Serving, msg: Message) -> None:
         _apply_push(s, msg)
     if msg.tag in (Tag.PULL, Tag.PUSH) and not problem and (msg.tag == Tag.PULL or msg.header.fetch):
         weights, version = s.store.pull(s.client(msg.source))
-        data = s.codec.encode(weights)
-        s.transport.send(msg.source, Tag.WEIGHTS, Weights(version, weights.size), data, s.stall_timeout)
-        s.wire_bytes[1] += data.nbytes
+        _reply(s, msg.source, Weights(version, weights.size), s.codec.encode(weights))
 
 
 def _message_problem(s: Serving, msg: Message) -> str:
@@ -264,6 +295,7 @@ def _apply_push(s: Serving, msg: Message) -> None:
                   f"expected {s.store.size} {s.codec.dtype}")
         result = ApplyResult(False, s.store.version, s.store.version - pulled, reason)
     else:
+        _flush_replies(s)  # replies in flight may be reading the weights
         result = s.store.apply(client, s.codec.decode(payload, s.buffer))
     apply_s = time.perf_counter() - start if s.apply_cost is None else s.apply_cost
     if result.accepted:

@@ -66,13 +66,18 @@ class Transport:
     def send_many(self, messages: list[tuple[int, Tag, Any, np.ndarray | None]], timeout: float = 600.0) -> None:
         """Several (dest, tag, header, payload) at once: every transfer is under way
         before we wait for any (a client pushing to sharded servers)."""
-        requests, nbytes = [], 0
-        for dest, tag, header, payload in messages:
-            requests.append(self.comm.isend(header, dest=dest, tag=int(tag)))
-            if payload is not None:
-                requests.append(self.comm.Isend([_as_bytes(payload), MPI.BYTE], dest=dest, tag=int(Tag.PAYLOAD)))
-                nbytes += payload.nbytes
+        requests = [request for dest, tag, header, payload in messages
+                    for request in self.post(dest, tag, header, payload)]
+        nbytes = sum(m[3].nbytes for m in messages if m[3] is not None)
         self._complete(requests, timeout, sorted({m[0] for m in messages}), nbytes)
+
+    def post(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None) -> list[MPI.Request]:
+        """Start sending a header and its payload; finish with `complete` (the payload
+        must not change until then)."""
+        requests = [self.comm.isend(header, dest=dest, tag=int(tag))]
+        if payload is not None:
+            requests.append(self.comm.Isend([_as_bytes(payload), MPI.BYTE], dest=dest, tag=int(Tag.PAYLOAD)))
+        return requests
 
     def recv(self, timeout: float, source: int = ANY, tag: int = MPI.ANY_TAG, busy: float = _BUSY) -> Message:
         """The next header from `source` (any rank by default); `busy`: seconds it is
@@ -105,7 +110,7 @@ class Transport:
                 for source, into in zip(sources, intos)]
 
     def complete(self, requests: list[MPI.Request], peers: list[int], nbytes: int, timeout: float) -> None:
-        """Wait for requests from `expect_payloads`."""
+        """Wait for requests from `expect_payloads` or `post`."""
         self._complete(requests, timeout, peers, nbytes)
 
     def _complete(self, requests: list[MPI.Request], timeout: float, peers: list[int] | None,

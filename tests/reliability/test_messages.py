@@ -138,13 +138,13 @@ class Script(InProcessLink):
         super().__init__()
         self.messages = deque(messages)
 
-    def recv(self, timeout: float) -> Message:
+    def recv(self, timeout: float, busy: float = 0.0) -> Message:
         source, tag, header, self._payload = self.messages.popleft()
         return Message(source, int(tag), header)
 
 
 def test_serve_rejects_every_bad_message_and_ends_only_when_every_client_stopped(tmp_path):
-    # In the order sent: client rank 2 stops between the two groups. The bugs fail on their own above.
+    # In the order sent: client rank 2 stops between the two groups.
     bad = sorted(BAD.values(), key=lambda b: b.stopped)
     script = [(1, Tag.PULL, Pull(), None), (2, Tag.PULL, Pull(), None), (1, *push(1, GOOD))]
     script += [b.message for b in bad if not b.stopped] + [(2, Tag.STOP, Stop(0, 0), None)]
