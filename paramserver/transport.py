@@ -86,7 +86,8 @@ class Transport:
         if status.Get_tag() == Tag.PAYLOAD:  # a payload whose header was not a push: drain it
             self.recv_payload(status.Get_source(), np.empty(0, np.uint8), timeout)
             return Message(status.Get_source(), status.Get_tag(), None)
-        header = self.comm.recv(source=status.Get_source(), tag=status.Get_tag())
+        header = self._dead_on_error(lambda: self.comm.recv(source=status.Get_source(), tag=status.Get_tag()),
+                                     [status.Get_source()])
         return Message(status.Get_source(), status.Get_tag(), header)
 
     def recv_payload(self, source: int, into: np.ndarray, timeout: float) -> np.ndarray:
@@ -118,15 +119,18 @@ class Transport:
         """Wait for transfers with `peers` (None: every rank, for a collective), busily for
         as long as the bytes should take at 1 GB/s plus 10 ms: MPI moves a large message
         only while we call into it."""
-        self._poll(lambda: self._test(requests, peers), timeout, lambda: self._check(peers, collective=peers is None),
-                   0.01 + nbytes / 1e9,
+        self._poll(lambda: self._test(requests, peers), timeout,
+                   lambda: self._check(peers, collective=peers is None), 0.01 + nbytes / 1e9,
                    lambda: "no transfer with " + ("every rank" if peers is None else
                                                   "rank " + ", ".join(map(str, peers))))
 
     def _wait(self, source: int, tag: int, timeout: float, busy: float = _BUSY) -> MPI.Status:
         status = MPI.Status()
-        self._poll(lambda: self.comm.Iprobe(source=source, tag=tag, status=status), timeout,
-                   lambda: self._check(None if source == ANY else [source]), busy,
+        peers = None if source == ANY else [source]
+
+        def probe() -> bool:
+            return self._dead_on_error(lambda: self.comm.Iprobe(source=source, tag=tag, status=status), peers)
+        self._poll(probe, timeout, lambda: self._check(peers), busy,
                    lambda: "no message from " + ("any rank" if source == ANY else f"rank {source}"))
         return status
 
@@ -151,15 +155,23 @@ class Transport:
             sleep = min(sleep * 2, _MAX_SLEEP)
 
     def _test(self, requests: list[MPI.Request], peers: list[int] | None) -> bool:
-        """Testall; an MPI error on a transfer with one peer means that peer is gone (MPICH
-        reports a dead process so, when it notices before the launcher ends the job)."""
+        return self._dead_on_error(lambda: MPI.Request.Testall(requests), peers)
+
+    def _dead_on_error(self, call: Callable[[], Any], peers: list[int] | None) -> Any:
+        """`call()`; an MPI error while talking to given peers means one of them is gone
+        (MPICH reports a dead process so, when it notices before the launcher ends the job)."""
         try:
-            return MPI.Request.Testall(requests)
+            return call()
         except MPI.Exception as error:
-            if peers is None or error.Get_error_class() == MPI.ERR_TRUNCATE:
+            if error.Get_error_class() == MPI.ERR_TRUNCATE:
+                raise
+            if peers is None:  # from any rank: the watch may know which one died
+                if self.watch is not None:
+                    self.watch.alarm = True
+                    self.watch.check(None)
                 raise
             names = " or ".join(self.watch.names[p] if self.watch else f"rank {p}" for p in peers)
-            raise PeerDied(peers, f"{names} died (MPI error {error.Get_error_class()} on a transfer)") from None
+            raise PeerDied(peers, f"{names} died (MPI error {error.Get_error_class()})") from None
 
     def _check_failed(self) -> None:
         """A rank that failed will not join the collective: say so now, not at the timeout."""
