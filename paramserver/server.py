@@ -234,6 +234,8 @@ def _stalled(s: Serving, rank: int) -> ClientStalled:
 
 def _lose(s: Serving, lost: ClientLost) -> None:
     """Name the client in the log; end the job, or (continue) go on without it."""
+    if lost.rank in s.tally.lost:  # a late word of a client already written off
+        return
     client = s.client(lost.rank)
     step = int(s.tally.client_steps[client])
     what = (f"client {client} (rank {lost.rank}, host {s.hosts.get(lost.rank, '?')}) lost: {lost}; "

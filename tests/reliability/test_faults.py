@@ -108,8 +108,8 @@ def test_with_continue_a_killed_client_is_recorded_and_the_run_completes(tmp_pat
     assert job.returncode == 0, err
     s = summary(run)
     [lost] = s["lost_clients"]
-    assert lost["client"] == 1 and lost["rank"] == 2 and "ClientDied" in lost["reason"]
-    assert s["status"] == "complete" and s["pushes_applied"] == s["version"] == s["minibatches"]
+    assert lost["client"] == 1 and lost["rank"] == 2 and "ClientDied" in lost["reason"], (lost, err)
+    assert s["status"] == "complete" and s["pushes_applied"] == s["version"] == s["minibatches"], (s, err)
     steps = sorted((r["client"], r["step"]) for r in rows(run, "clients"))
     assert steps == [(c, n) for c in (0, 1, 2) for n in range(1, (lost["last_step"] if c == 1 else 300) + 1)]
 
@@ -124,3 +124,15 @@ def test_with_continue_a_failing_client_is_recorded_and_the_run_completes(tmp_pa
     assert s["lost_clients"] == [{"client": 1, "rank": 2, "last_step": 6, "reason": s["lost_clients"][0]["reason"]}]
     assert "InjectedFault" in s["lost_clients"][0]["reason"]
     assert s["minibatches"] == 60 + 6
+
+
+@pytest.mark.parametrize("mode", ["sync", "local-sgd"])
+def test_a_failing_rank_in_a_collective_mode_is_recorded_and_ends_the_job(tmp_path, tiny_npz, mode):
+    run = tmp_path / "run"
+    start_time = time.monotonic()
+    result = run_command([str(BIN / "asgd"), "train", "--clients", "3", "--mode", mode, "--inject-fault", "2:5",
+                          *flags(tiny_npz, run, "--steps", "40")], timeout=120)
+    assert result.returncode != 0 and time.monotonic() - start_time < 60
+    assert "rank 2 (client 2) failed: InjectedFault" in result.stderr
+    status = summary(run)["status"]  # written by rank 0, which heard of it from rank 2
+    assert status.startswith("failed: PeerFailed: rank 2 failed: InjectedFault")
