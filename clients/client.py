@@ -7,10 +7,13 @@ an MPI run each process has one client on its own replica; the simulator steps K
 clients on one replica. No MPI inside.
 
 The client keeps `base`, the weights as they would be without its unpushed work.
-A push hands over the work done since the last push (the weight change, or for
-gradient rules the summed gradients) and moves `base` up to the current weights. A
-fetch replaces the weights with the server's plus any work not pushed yet, so with
-n_push == n_fetch (the paper's setting) the client simply takes the server's weights.
+A push hands over what the server's rule asks for (`pushes`): the work done since the
+last push (the weight change, or for gradient rules the summed gradients), moving
+`base` up to the current weights, or for elastic averaging (EASGD) the weights
+themselves. A fetch replaces the weights with the server's plus any work not pushed
+yet, so with n_push == n_fetch (the paper's setting) the client simply takes the
+server's weights; under EASGD the answer to a push is the center that push moved, and
+the client moves towards it by the same elastic step (its weights stay its own).
 Momentum and weight decay stay in the client's own optimizer state.
 
 On a GPU the host vectors that meet the wire (`base`, `incoming`, each push) are
@@ -71,12 +74,19 @@ class Replica:
 
 
 class Client:
-    def __init__(self, replica: Replica, train: Split, sampler: ShardSampler, push_gradients: bool = False):
+    """`pushes`: "delta", "gradient" or "weights" (the rule's `pushes`); `elastic`: the
+    EASGD coefficient alpha when the client pushes its weights."""
+
+    def __init__(self, replica: Replica, train: Split, sampler: ShardSampler, pushes: str = "delta",
+                 elastic: float = 0.0):
         self.replica, self.train, self.sampler = replica, train, sampler
         self.weights = replica.initial_weights()
         self.grad = torch.zeros_like(self.weights)
         self.momentum = torch.zeros_like(self.weights)
-        self.grad_sum = torch.zeros_like(self.weights) if push_gradients else None
+        self.pushes = pushes
+        self.grad_sum = torch.zeros_like(self.weights) if pushes == "gradient" else None
+        self.elastic = elastic
+        self.answer_due = False  # an EASGD push awaits the center it moved
         self.base = host_copy(self.weights)
         self.incoming = host_empty(self.size, replica.device)  # where pulled weights land
         self.unpushed_steps = 0
@@ -116,7 +126,9 @@ class Client:
     def take_push(self) -> np.ndarray:
         """The work since the last push, as one flat float32 host vector."""
         weights = host_copy(self.weights)
-        if self.grad_sum is not None:
+        if self.pushes == "weights":
+            push, self.answer_due = weights, True
+        elif self.grad_sum is not None:
             push = host_copy(self.grad_sum)
             self.grad_sum.zero_()
         else:
@@ -130,9 +142,19 @@ class Client:
 
         A blocking copy to the device (from the pinned `incoming`, one DMA): it is done
         when this returns, so MPI may receive the next weights into `incoming` at once."""
-        if self.unpushed_steps:
+        if self.answer_due:
+            self._elastic_step(weights)
+        elif self.unpushed_steps:
             weights_now = host_copy(self.weights)
             self.weights.copy_(torch.from_numpy(weights + (weights_now - self.base)))
         else:
             self.weights.copy_(torch.from_numpy(weights))
         np.copyto(self.base, weights)
+
+    def _elastic_step(self, center: np.ndarray) -> None:
+        """x -= alpha (x - center_before): the server moved the center by that much towards
+        x, so center_after = center_before + alpha (x - center_before), which gives
+        x - center_before = (x - center_after) / (1 - alpha)."""
+        center = torch.from_numpy(center).to(self.weights.device)
+        self.weights.sub_(self.weights - center, alpha=self.elastic / (1 - self.elastic))
+        self.answer_due = False

@@ -16,7 +16,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from paramserver.config import ConfigError, RunConfig, field_types, load_config
+from paramserver.config import ConfigError, RunConfig, field_types, flag_type, load_config
 
 DEFAULT_CLIENTS = 2  # when asgd starts mpiexec itself and --clients is not given
 
@@ -62,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
         if kinds[key.name] is bool:
             train.add_argument(flag, action="store_const", const=True, default=None, help=text)
         else:
-            train.add_argument(flag, type=kinds[key.name], default=None, help=text, metavar=key.name.upper())
+            train.add_argument(flag, type=flag_type(key.name), default=None, help=text, metavar=key.name.upper())
     sweep = commands.add_parser("sweep", help="run a grid of runs from a spec (resumable)")
     sweep.add_argument("spec", help="sweep spec (TOML); see experiments/configs/")
     sweep.add_argument("--out", help="sweep folder (default results/sweeps/<name>)")

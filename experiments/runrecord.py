@@ -49,7 +49,7 @@ def open_run(setup: RunSetup, every: int) -> RunDir:
     run = RunDir(setup.out)
     run.create()
     run.write_config({**setup.cfg.to_dict(), "out": setup.out, "clients": setup.clients, "eval_every": every,
-                      "num_params": setup.weights.size, "train_size": len(setup.dataset.train),
+                      "momentum_used": round(setup.cfg.client_momentum(setup.clients), 6), "num_params": setup.weights.size, "train_size": len(setup.dataset.train),
                       "provenance": setup.provenance})
     if setup.warm_rows:
         with run.writer("warm_start") as log:

@@ -17,11 +17,11 @@ from clients.driver import Outgoing, ServerLink
 from experiments.progress import Progress
 from experiments.runrecord import RunSetup, async_versions, eval_every, finish_run, open_run, record_failure
 from experiments.resume import cut_back
-from paramserver.arrays import make_backend
+from paramserver.arrays import ServerArrays
 from paramserver.compress import make_codec
 from paramserver.config import RunConfig
 from paramserver.protocol import Pull, Tag, shard_bounds
-from paramserver.rules import make_rule
+from paramserver.rules import make_rule, state_bytes
 from paramserver.rundir import RunDir
 from paramserver.server import ServerTally, Serving, handle, serve
 from paramserver.store import Store
@@ -37,7 +37,7 @@ def serve_run(setup: RunSetup, transport: Any, clock: Callable[[], float],
     cfg, clients = setup.cfg, setup.clients
     every = eval_every(cfg, async_versions(cfg, clients))
     bounds = shard_bounds(setup.weights.size, cfg.servers)
-    store = make_store(cfg, setup.weights[slice(*bounds[0])])
+    store = make_store(cfg, setup.weights[slice(*bounds[0])], clients)
     tally, lines = None, (0, 0)
     if cfg.resume:
         run = RunDir(setup.out)
@@ -79,7 +79,7 @@ def serve_slice(setup: RunSetup, transport: Any, clock: Callable[[], float], sha
     with tempfile.TemporaryDirectory() as scratch:
         run = RunDir(scratch)
         run.create()
-        serving = Serving(transport, make_store(cfg, setup.weights[lo:hi]), run,
+        serving = Serving(transport, make_store(cfg, setup.weights[lo:hi], setup.clients), run,
                           list(range(cfg.servers, cfg.servers + setup.clients)), 0, cfg.stall_timeout, clock,
                           on_client_failure=cfg.on_client_failure, codec=make_codec(cfg.compress), peers=(0,))
         serve(serving)
@@ -88,10 +88,9 @@ def serve_slice(setup: RunSetup, transport: Any, clock: Callable[[], float], sha
     return msg.header.lost
 
 
-def make_store(cfg: RunConfig, weights: np.ndarray) -> Store:
-    """The server's store for these weights: its rule, on its device."""
-    return Store(weights, make_rule(cfg.rule, cfg.effective_server_lr, cfg.server_momentum, cfg.weight_decay),
-                 backend=make_backend(cfg.server_device))
+def make_store(cfg: RunConfig, weights: np.ndarray, clients: int) -> Store:
+    """The server's store for these weights: its rule for `clients` clients, on its device."""
+    return Store(weights, make_rule(cfg.rule, cfg, clients), backend=ServerArrays(cfg.server_device))
 
 
 def _gatherer(transport: Any, bounds: list[tuple[int, int]], timeout: float):
@@ -117,5 +116,6 @@ def _counts(store: Store, tally: ServerTally) -> dict[str, Any]:
         "pushes_applied": sum(store.applied.values()),
         "pushes_rejected": tally.rejected,
         "staleness": store.staleness_stats(),
+        "rule_state_bytes": state_bytes(store.rule),
         "lost_clients": sorted(tally.lost.values(), key=lambda lost: lost["client"]),
     }

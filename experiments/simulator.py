@@ -11,19 +11,24 @@ only its flat vectors.
 
 Time model: client i's minibatch takes `step_time * factor_i` (factor_i drawn once from
 U(1-j, 1+j) by the seed); a message takes `latency + bytes / bandwidth`; the server is
-one queue: it handles one message at a time, an apply costs `apply_time`, and sending a
+one queue: it handles one message at a time, a push costs it `apply_time` (by default
+the real handler's measured time for a push: checks, apply, log rows), and sending a
 reply occupies it for the reply's transfer. A client that pushes without fetching goes
-on once its push is sent. `time` in the logs is this virtual time.
+on once its push is sent. `time` in the logs is this virtual time. A cost profile
+(`sim_profile`, `PROFILES`) gives the costs not set: `measured` (this host and model)
+or `paper` (the paper's model size, GPUs and network, so n_sync's trade-off between
+communication and staleness shows even though the proxy model is small).
 """
 from __future__ import annotations
 
 import heapq
-import math
 import itertools
-from collections import defaultdict, deque
+import math
 import platform
 import socket
+import tempfile
 import time
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,20 +50,43 @@ from experiments.resume import resume_point
 from experiments.start import make_client, make_replica, start_client, starting_weights
 from paramserver.config import ConfigError, RunConfig
 from paramserver.inprocess import InProcessLink
-from paramserver.protocol import Pull, Tag
+from paramserver.protocol import Pull, Push, Tag
+from paramserver.rundir import RunDir
 from paramserver.runlog import read_jsonl
 from paramserver.server import ServerTally, Serving
 
 
 @dataclass(frozen=True)
 class SimTiming:
+    """Virtual costs. `push_bytes`: what a push or a pull of float32 weights carries (None:
+    the model's own bytes); a compressed payload carries its share of that."""
+
     step_time: float
-    apply_time: float
+    apply_time: float       # the server's time for a push: checks, apply, logs
     bandwidth: float
     latency: float
+    push_bytes: float | None = None
 
-    def transfer(self, nbytes: int) -> float:
-        return self.latency + nbytes / self.bandwidth
+    def wire_bytes(self, payload: np.ndarray | None) -> float:
+        if payload is None:
+            return 0.0
+        return payload.nbytes if self.push_bytes is None else self.push_bytes * payload.itemsize / 4
+
+    def transfer(self, payload: np.ndarray | None) -> float:
+        return self.latency + self.wire_bytes(payload) / self.bandwidth
+
+
+# The costs a profile gives the sim_* keys left at 0 (None: measured on this host).
+# paper: Paine et al. trained Krizhevsky's cuda-convnet ImageNet network (60 M weights:
+# 240 MB as float32 on the wire each way) on 2013 GPUs. Krizhevsky et al. (2012) report
+# 90 epochs in 5-6 days on two GTX 580s, 0.56 s a 128-image minibatch for the pair, so
+# about 1.1 s on one GPU (10.6 days for about 90 epochs: the paper's single-GPU time).
+# The network: 10 Gb/s Ethernet (1.25 GB/s), 50 us a message. The server: 0.1 s a push,
+# about three passes over 240 MB at the 7 GB/s of a 2013 Xeon's memory.
+PROFILES: dict[str, SimTiming] = {
+    "measured": SimTiming(step_time=None, apply_time=None, bandwidth=1.1e10, latency=2e-6),
+    "paper": SimTiming(step_time=1.1, apply_time=0.1, bandwidth=1.25e9, latency=5e-5, push_bytes=240e6),
+}
 
 
 class StepClock:
@@ -77,10 +105,10 @@ class LockstepClock:
     """Virtual time of a sync or local-sgd run: each step waits for the slowest client,
     and an average costs a ring allreduce (2(K-1)/K of the bytes, 2(K-1) latencies)."""
 
-    def __init__(self, step_times: list[float], timing: SimTiming, nbytes: int, cfg: RunConfig):
+    def __init__(self, step_times: list[float], timing: SimTiming, weights: np.ndarray, cfg: RunConfig):
         k = len(step_times)
         self.step = max(step_times)
-        self.allreduce = 2 * (k - 1) * (timing.latency + nbytes / k / timing.bandwidth)
+        self.allreduce = 2 * (k - 1) * (timing.latency + timing.wire_bytes(weights) / k / timing.bandwidth)
         self.cfg, self.now = cfg, 0.0
 
     def advance(self, step: int) -> None:
@@ -108,7 +136,7 @@ class Simulation:
 
     def run(self, serving: Serving) -> ServerTally:
         for i in range(len(self.loops)):
-            self._schedule(self.now + self.timing.transfer(0), "arrive", i, Outgoing(Tag.PULL, Pull()))
+            self._schedule(self.now + self.timing.transfer(None), "arrive", i, Outgoing(Tag.PULL, Pull()))
         while self.events:
             when, _, kind, i, item = heapq.heappop(self.events)
             if kind == "arrive":      # a message reaches the server
@@ -144,7 +172,7 @@ class Simulation:
         replies = self.link.deliver(serving, i + 1, message.tag, message.header, message.payload)
         busy_until = start + (self.timing.apply_time if message.tag == Tag.PUSH else 0.0)
         for _, _, weights in replies:
-            busy_until += self.timing.transfer(weights.nbytes)
+            busy_until += self.timing.transfer(weights)
             self._schedule(busy_until, "reply", i, weights)
         self.server_free = busy_until
 
@@ -153,8 +181,7 @@ class Simulation:
         loop, clock = self.loops[i], self.clocks[i]
         clock.now = when
         message, fetch = loop.advance()
-        nbytes = 0 if message.payload is None else message.payload.nbytes
-        sent = clock.now + self.timing.transfer(nbytes)
+        sent = clock.now + self.timing.transfer(message.payload)
         self._schedule(sent, "arrive", i, message)
         if not fetch and not loop.done:
             self._schedule(sent, "window", i, None)
@@ -168,9 +195,9 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     dataset = load_dataset(cfg.data, cfg.data_dir or None)
     device = pick_device(cfg.device, local_rank=0)
     model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
-    replica = make_replica(cfg, model, device)
+    replica = make_replica(cfg, model, device, clients)
     sim_clients = [make_client(cfg, replica, dataset, clients, i) for i in range(clients)]
-    timing = _timing(cfg, replica, dataset, sim_clients[0].size)
+    timing = _timing(cfg, replica, dataset, sim_clients[0].size, clients)
     weights, warm_rows = starting_weights(cfg, dataset, device, StepClock(timing.step_time))
     point = resume_point(out) if cfg.resume else None
     starts = [start_client(client, cfg, i, point) for i, client in enumerate(sim_clients)]
@@ -179,10 +206,10 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     factors = _speed_factors(cfg.seed, clients, cfg.speed_jitter)
     info = {"rank": 0, "role": "simulator", "host": socket.gethostname(), "device": device}
     prov = provenance(f"none (simulator, {platform.python_implementation()})", [info])
-    prov["sim"] = {**timing.__dict__, "speed_factors": factors}
+    prov["sim"] = {**timing.__dict__, "profile": cfg.sim_profile, "speed_factors": factors}
     setup = RunSetup(cfg, out, clients, model, weights, dataset, device, prov, warm_rows)
     if cfg.mode != "async":
-        lockstep = LockstepClock([timing.step_time * f for f in factors], timing, weights.nbytes, cfg)
+        lockstep = LockstepClock([timing.step_time * f for f in factors], timing, weights, cfg)
         lockstep.now = point.time if point else 0.0
         return collective_run(setup, sim_clients, list(range(clients)), mean_in_place, lockstep,
                               gather=lambda rows: rows, advance=lockstep.advance, point=point)
@@ -232,20 +259,24 @@ def _speed_factors(seed: int, clients: int, jitter: float) -> list[float]:
     return [float(f) for f in rng.uniform(1 - jitter, 1 + jitter, clients)] if jitter else [1.0] * clients
 
 
-def _timing(cfg: RunConfig, replica: Replica, dataset: Dataset, size: int) -> SimTiming:
-    """The configured timings; a zero step or apply time is measured here, once."""
-    step = cfg.sim_step_time or _measure_step(replica, dataset, cfg.batch_size)
-    apply = cfg.sim_apply_time or _measure_apply(cfg, size)
-    return SimTiming(step, apply, cfg.sim_bandwidth, cfg.sim_latency)
+def _timing(cfg: RunConfig, replica: Replica, dataset: Dataset, size: int, clients: int) -> SimTiming:
+    """The configured costs, else the profile's; a step or push time neither gives is
+    measured here, once."""
+    profile = PROFILES[cfg.sim_profile]
+    step = cfg.sim_step_time or profile.step_time or _measure_step(replica, dataset, cfg.batch_size)
+    apply = cfg.sim_apply_time or profile.apply_time or measure_push(cfg, size, clients)
+    return SimTiming(step, apply, cfg.sim_bandwidth or profile.bandwidth, cfg.sim_latency or profile.latency,
+                     cfg.sim_push_bytes or profile.push_bytes)
 
 
 def measure_timing(cfg: RunConfig, threads: int) -> tuple[float, float]:
-    """(step time, apply time) of this config's model and data with `threads` torch threads."""
+    """(step time, push time) of this config's model and data with `threads` torch threads."""
     torch.set_num_threads(threads)
     dataset = load_dataset(cfg.data, cfg.data_dir or None)
     model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
-    replica = make_replica(cfg, model, pick_device(cfg.device, local_rank=0))
-    return _measure_step(replica, dataset, cfg.batch_size), _measure_apply(cfg, len(replica.initial_weights()))
+    replica = make_replica(cfg, model, pick_device(cfg.device, local_rank=0), 1)
+    return (_measure_step(replica, dataset, cfg.batch_size),
+            measure_push(cfg, len(replica.initial_weights()), cfg.clients or 1))
 
 
 def _measure_step(replica: Replica, dataset: Dataset, batch_size: int) -> float:
@@ -259,12 +290,23 @@ def _measure_step(replica: Replica, dataset: Dataset, batch_size: int) -> float:
     return float(np.median(times[2:]))  # the first steps warm up allocators
 
 
-def _measure_apply(cfg: RunConfig, size: int) -> float:
-    store = make_store(cfg, np.zeros(size, np.float32))
-    push = np.zeros(size, np.float32)
-    times = []
-    for _ in range(7):
-        start = time.perf_counter()
-        store.apply(0, push)
-        times.append(time.perf_counter() - start)
+def measure_push(cfg: RunConfig, size: int, clients: int) -> float:
+    """The real server's time for one push, all of it: the handler with its checks, the
+    rule's apply, the client's n_push log rows and the reply (median of 7 after 2), in a
+    scratch run directory. Calibrates the simulated server, so simulated clients queue
+    at it when real ones would (the wire's own cost is the bandwidth and latency)."""
+    link = InProcessLink()
+    with tempfile.TemporaryDirectory() as scratch:
+        run = RunDir(scratch)
+        run.create()
+        serving = Serving(link, make_store(cfg, np.zeros(size, np.float32), clients), run, [1], 0, math.inf,
+                          time.perf_counter)
+        row = {"client": 0, "step": 1, "time": 0.0, "loss": 2.3, "error": 0.9, "samples": cfg.batch_size}
+        header = Push(cfg.push_every, size, True, rows=(row,) * cfg.push_every)
+        push, times = np.zeros(size, np.float32), []
+        for _ in range(9):
+            start = time.perf_counter()
+            link.deliver(serving, 1, Tag.PUSH, header, push)
+            times.append(time.perf_counter() - start)
+        serving.close()
     return float(np.median(times[2:]))

@@ -20,6 +20,7 @@ from clients.data import Dataset, ShardSampler, shard_indices
 from clients.models import build_model, flat_weights, host_copy
 from experiments.resume import ResumePoint
 from paramserver.config import RunConfig
+from paramserver.rules import easgd_alpha, rule_class
 from paramserver.runlog import load_arrays
 
 WARM_STREAM = 1_000_003  # the ShardSampler "client" number of the warm-start order
@@ -29,16 +30,21 @@ class StartError(ValueError):
     """The --init checkpoint cannot be used (one line)."""
 
 
-def make_replica(cfg: RunConfig, model: nn.Module, device: str) -> Replica:
-    """The model with the run's client optimizer."""
-    return Replica(model, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, device=device)
+def make_replica(cfg: RunConfig, model: nn.Module, device: str, clients: int) -> Replica:
+    """The model with the run's client optimizer, for one of `clients` clients (the
+    momentum `auto` gives them)."""
+    return Replica(model, lr=cfg.lr, momentum=cfg.client_momentum(clients), weight_decay=cfg.weight_decay,
+                   device=device)
 
 
 def make_client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int, index: int) -> Client:
-    """Client `index` of `clients`, on its shard of the training set, stepping on `replica`."""
+    """Client `index` of `clients`, on its shard of the training set, stepping on `replica`,
+    pushing what the server's rule takes."""
     shard = shard_indices(len(dataset.train), clients, index, cfg.seed)
+    pushes = rule_class(cfg.rule).pushes if cfg.mode == "async" else "delta"
+    elastic = easgd_alpha(cfg.easgd_beta, clients) if pushes == "weights" else 0.0
     return Client(replica, dataset.train, ShardSampler(shard, cfg.batch_size, cfg.seed, index),
-                  push_gradients=cfg.rule != "add")
+                  pushes=pushes, elastic=elastic)
 
 
 def start_checkpoint(cfg: RunConfig) -> tuple[str, str] | None:
@@ -71,7 +77,7 @@ def starting_weights(cfg: RunConfig, dataset: Dataset, device: str,
         weights = checkpoint_weights(*start, weights.size)
     if cfg.resume or not cfg.warm_start:  # a resumed run's warm start is in its checkpoint
         return weights, []
-    replica = make_replica(cfg, model, device)
+    replica = make_replica(cfg, model, device, clients=1)
     sampler = ShardSampler(np.arange(len(dataset.train)), cfg.batch_size, cfg.seed, WARM_STREAM)
     client = Client(replica, dataset.train, sampler)
     client.sync(weights)

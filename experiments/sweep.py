@@ -25,6 +25,13 @@ A spec (TOML):
     start = ["cold", "warm"]
     mode = ["async"]
     seed = [0]
+    rule = ["add", "dcasgd"]  # these four name the point only where a grid has them
+    momentum = [0.9, "auto"]
+    speed_jitter = [0.0, 0.5]
+    sim_profile = ["measured", "paper"]
+
+`[[grid]]` tables instead of one `[grid]`: the points are the union of their grids (a
+full grid for some rules, a smaller one for others), each point once.
 
 In the simulator every point uses one step time, measured once for the sweep (unless
 `sim_step_time` is in [base]), so the points' virtual clocks are comparable.
@@ -49,9 +56,11 @@ from paramserver.config import ConfigError, RunConfig, load_config
 from paramserver.runlog import write_json_atomic
 
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")
+VARIANT_KEYS = ("rule", "momentum", "speed_jitter", "sim_profile")  # grid keys that are config keys as such
+VARIANT_TAGS = {"rule": "", "momentum": "m", "speed_jitter": "j", "sim_profile": ""}  # their part of a point id
 SPEC_KEYS = {"name": str, "scale": str, "backend": str, "timeout": float, "warm_start": int, "window": int,
-             "base": dict, "grid": dict}  # key: the type load_spec reads it as
-KIND_NAMES = {str: "a string", float: "a number", int: "an integer", dict: "a table"}
+             "base": dict, "grid": (dict, list)}  # key: the type load_spec reads it as
+KIND_NAMES = {str: "a string", float: "a number", int: "an integer", dict: "a table", (dict, list): "a table"}
 MAX_TIMEOUT = 2**31 // 1000  # seconds (24 days): a point's wait is one poll() of a C int of milliseconds
 OWN_KEYS = {"clients", "n_sync", "mode", "seed", "warm_start", "out", "backend", "resume", "quiet"}
 
@@ -80,20 +89,27 @@ def load_spec(path: str) -> Spec:
     except (OSError, ValueError) as error:  # ValueError: not TOML, not UTF-8, an int of over 4300 digits
         raise ConfigError(f"sweep {path}: cannot read ({error})") from None
     _check_spec_values(raw, path)
-    unknown = sorted(set(raw) - SPEC_KEYS.keys()) + sorted(set(raw.get("grid", {})) - set(GRID_KEYS))
+    grids = raw.get("grid", {})
+    grids = grids if isinstance(grids, list) else [grids]
+    if not all(isinstance(table, dict) for table in grids):
+        raise ConfigError(f"sweep {path}: grid must be a table, or tables ([[grid]])")
+    keys = GRID_KEYS + VARIANT_KEYS
+    unknown = sorted(set(raw) - SPEC_KEYS.keys()) + sorted({k for g in grids for k in g} - set(keys))
     clashing = sorted(set(raw.get("base", {})) & OWN_KEYS)
     if unknown or clashing:
         raise ConfigError(f"sweep {path}: unknown key {unknown[0]!r}" if unknown else
                           f"sweep {path}: [base] may not set {clashing[0]!r} (the grid and spec do)")
-    grid = {key: raw.get("grid", {}).get(key, default) for key, default in
-            zip(GRID_KEYS, ([1], [1], ["cold"], ["async"], [0]))}
-    if any(not isinstance(values, list) or not values for values in grid.values()):
-        raise ConfigError(f"sweep {path}: every [grid] entry must be a non-empty list")
     backend = raw.get("backend", "sim")
     points = {}
-    for values in itertools.product(*(grid[key] for key in GRID_KEYS)):
-        point = _point(dict(zip(GRID_KEYS, values)), raw, backend)
-        points.setdefault(point.id, point)  # sync modes ignore n_sync: one point, not several
+    for table in grids:
+        grid = {key: table.get(key, default) for key, default in
+                zip(GRID_KEYS, ([1], [1], ["cold"], ["async"], [0]))}
+        grid.update({key: table[key] for key in VARIANT_KEYS if key in table})
+        if any(not isinstance(values, list) or not values for values in grid.values()):
+            raise ConfigError(f"sweep {path}: every [grid] entry must be a non-empty list")
+        for values in itertools.product(*grid.values()):
+            point = _point(dict(zip(grid, values)), raw, backend)
+            points.setdefault(point.id, point)  # sync modes ignore n_sync: one point, not several
     return Spec(raw.get("name", Path(path).stem), raw.get("scale", "proxy"), backend,
                 float(raw.get("timeout", 3600)), int(raw.get("window", 400)), list(points.values()))
 
@@ -118,12 +134,15 @@ def _point(settings: dict[str, Any], raw: dict[str, Any], backend: str) -> Point
         settings = {**settings, "n_sync": 1}
     keys = {"clients": settings["clients"], "n_sync": settings["n_sync"], "mode": settings["mode"],
             "seed": settings["seed"], "backend": backend,
-            "warm_start": raw.get("warm_start", 0) if settings["start"] == "warm" else 0}
+            "warm_start": raw.get("warm_start", 0) if settings["start"] == "warm" else 0,
+            **{key: settings[key] for key in VARIANT_KEYS if key in settings}}
     config = load_config(None, {**raw.get("base", {}), **keys})
     if settings["start"] == "warm" and not config.warm_start:
         raise ConfigError("sweep: warm points need warm_start > 0 in the spec")
     point_id = f"{settings['mode']}-c{settings['clients']}-n{settings['n_sync']}-{settings['start']}-s{settings['seed']}"
-    return Point(point_id, settings, config)
+    point_id += "".join(f"-{VARIANT_TAGS[key]}{settings[key]}" for key in VARIANT_KEYS if key in settings)
+    # the index holds every variant's value, given or not, so the analysis can tell points apart
+    return Point(point_id, {**settings, **{key: getattr(config, key) for key in VARIANT_KEYS}}, config)
 
 
 class SweepRunner:
@@ -170,14 +189,20 @@ class SweepRunner:
         return not entry["status"].startswith("failed") or self.retry_failed
 
     def _fix_sim_timings(self) -> None:
-        """One step and apply time for every point, measured once and kept in index.json."""
+        """One step and push time for every point of the measured cost profile, measured
+        once and kept in index.json (a point's own sim_* keys and other profiles' values stand)."""
+        measured = [p for p in self.spec.points if p.config.sim_profile == "measured"]
+        if not measured:
+            return
         if "sim_step_time" not in self.index:
             from experiments.simulator import measure_timing
-            step, apply = measure_timing(self.spec.points[-1].config, self.threads)
-            self.index.update(sim_step_time=step, sim_apply_time=apply)
+            step, push = measure_timing(measured[-1].config, self.threads)
+            self.index.update(sim_step_time=step, sim_apply_time=push)
         base = {"sim_step_time": self.index["sim_step_time"], "sim_apply_time": self.index["sim_apply_time"]}
+        points = [Point(p.id, p.settings, _with(p.config, {k: getattr(p.config, k) or v for k, v in base.items()}))
+                  if p in measured else p for p in self.spec.points]
         self.spec = Spec(self.spec.name, self.spec.scale, self.spec.backend, self.spec.timeout, self.spec.window,
-                         [Point(p.id, p.settings, _with(p.config, base)) for p in self.spec.points])
+                         points)
 
     def _run_point(self, point: Point) -> str:
         run = self.out / "runs" / point.id

@@ -1,70 +1,57 @@
-"""Where the server's weights live and how an update runs there: a small strategy.
+"""Where the server's weights live: a torch tensor on `server_device`, and the host
+vectors MPI, the push checks and the checkpoints see.
 
-The Store and the rules are written once; a backend owns the storage and the
-elementwise kernels:
-- `HostArrays` (the default, `server_device = "cpu"`): numpy, in place, no copies.
-  The wire buffer and the weights are the same memory.
-- `TorchArrays` (`server_device = "cuda[:N]"`, paramserver/gpu.py): a torch tensor on
-  the device, each update one fused kernel, and the weights handed to MPI through a
-  pinned host buffer.
+The rules (paramserver/rules.py) are written once on torch tensors; this class owns the
+storage around them:
+- on the CPU (`server_device = "cpu"`, the default) the tensor shares the memory of a
+  numpy vector: the wire buffer, the weights and each push are the same bytes, nothing
+  is copied;
+- on a GPU (`cuda[:N]`) the weights stay in device memory, pushes are uploaded with one
+  blocking copy and the weights reach MPI through a reused pinned host buffer.
 
-`adopt`, `upload` and `load` take host numpy vectors and `stage` and `export` give them
-back (what MPI, the push checks and the checkpoints see); `add` and `sgd` work on the
-backend's own arrays (what the rules update).
+`adopt`, `upload` and `load` take host numpy vectors; `stage` and `export` give them back.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
+import torch
 
 
-class HostArrays:
-    """float32 numpy vectors on the host."""
+class ServerArrays:
+    """float32 torch tensors on `device`."""
 
-    def adopt(self, host: np.ndarray) -> np.ndarray:
+    def __init__(self, device: str = "cpu"):
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"server_device: {device}, but torch finds no CUDA device here")
+        self.on_host = self.device.type == "cpu"
+        self._staging: torch.Tensor | None = None  # the weights on their way to the wire (GPU)
+
+    def adopt(self, host: np.ndarray) -> torch.Tensor:
         """A private float32 copy of `host`, to update in place."""
-        return np.array(host, dtype=np.float32, order="C")
+        return torch.from_numpy(np.array(host, dtype=np.float32, order="C")).to(self.device)
 
-    def upload(self, push: np.ndarray) -> np.ndarray:
-        """The push where the weights are: already there."""
-        return push
+    def upload(self, push: np.ndarray) -> torch.Tensor:
+        """The push where the weights are: the same memory on the host; on a GPU a blocking
+        copy, so the server may receive the next push into the same buffer once it returns."""
+        return torch.from_numpy(push).to(self.device)
 
-    def stage(self, weights: np.ndarray) -> np.ndarray:
-        """The weights as a host vector for the wire: the live array itself."""
-        return weights
+    def stage(self, weights: torch.Tensor) -> np.ndarray:
+        """The weights as a host vector for the wire: on the host the live array, from a GPU
+        a reused page-locked buffer (one DMA), valid until the next call."""
+        if self.on_host:
+            return weights.numpy()
+        if self._staging is None or self._staging.shape != weights.shape:
+            self._staging = torch.empty(weights.shape, dtype=torch.float32, pin_memory=True)
+        self._staging.copy_(weights, non_blocking=True)
+        # The copy is only queued on the stream: wait for it, or MPI (which knows nothing
+        # of CUDA streams) would send a half-written buffer.
+        torch.cuda.current_stream(self.device).synchronize()
+        return self._staging.numpy()
 
-    def export(self, array: np.ndarray) -> np.ndarray:
-        """A host vector of `array`'s values for a checkpoint (here the live array)."""
-        return array
+    def export(self, array: torch.Tensor) -> np.ndarray:
+        """A host vector of `array`'s values, for a checkpoint (a copy from a GPU)."""
+        return array.numpy() if self.on_host else array.cpu().numpy()
 
-    def load(self, array: np.ndarray, host: np.ndarray) -> None:
-        array[:] = host
-
-    def add(self, weights: np.ndarray, push: np.ndarray) -> None:
-        np.add(weights, push, out=weights)
-
-    def sgd(self, weights: np.ndarray, push: np.ndarray, buffer: np.ndarray | None, lr: float,
-            momentum: float, weight_decay: float) -> np.ndarray | None:
-        """torch.optim.SGD's step on `weights` for the gradient `push`; returns the momentum
-        buffer (None without momentum; torch starts it at the first gradient)."""
-        grad = push + weight_decay * weights if weight_decay else push.copy()
-        if momentum:
-            if buffer is None:
-                buffer = grad
-            else:
-                buffer *= momentum
-                buffer += grad
-            grad = buffer
-        weights -= np.float32(lr) * grad
-        return buffer
-
-
-def make_backend(device: str) -> Any:
-    """The backend for `server_device`: numpy for "cpu", else torch tensors on that device
-    (imported only then, so a CPU server never loads torch for its weights)."""
-    if device == "cpu":
-        return HostArrays()
-    from paramserver.gpu import TorchArrays
-
-    return TorchArrays(device)
+    def load(self, array: torch.Tensor, host: np.ndarray) -> None:
+        array.copy_(torch.from_numpy(np.ascontiguousarray(host, np.float32)))

@@ -12,7 +12,7 @@ import re
 import sys
 import tomllib
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional, get_type_hints
+from typing import Any, Callable, Optional, get_type_hints
 
 from paramserver.compress import CODECS
 from paramserver.rules import RULES
@@ -20,6 +20,7 @@ from paramserver.rules import RULES
 BACKENDS = ("mpi", "sim")
 MODES = ("async", "sync", "local-sgd")
 FAILURE_POLICIES = ("abort", "continue")
+SIM_PROFILES = ("measured", "paper")  # their values: experiments/simulator.py
 
 
 class ConfigError(ValueError):
@@ -51,11 +52,14 @@ class RunConfig:
     steps: int = _key(500, "minibatches per client")
     batch_size: int = _key(64, "samples per minibatch")
     lr: float = _key(0.01, "client learning rate")
-    momentum: float = _key(0.9, "client SGD momentum (the buffer stays on the client)")
+    momentum: float = _key(0.9, "client SGD momentum (the buffer stays on the client), or auto: lowered "
+                                "with the number of clients to offset the momentum asynchrony adds")
     weight_decay: float = _key(5e-4, "client L2 weight decay")
-    rule: str = _key("add", "server update rule: add (clients push weight deltas) or sgd (gradient sums)")
-    server_lr: Optional[float] = _key(None, "learning rate of the sgd rule (default: lr)")
+    rule: str = _key("add", "server update rule: " + ", ".join(RULES) + " (README: Update rules)")
+    server_lr: Optional[float] = _key(None, "learning rate of the sgd and adagrad rules (default: lr)")
     server_momentum: float = _key(0.0, "momentum of the sgd rule")
+    dc_lambda: float = _key(2.0, "dcasgd: lambda0 of the adaptive delay compensation (0: the add rule)")
+    easgd_beta: float = _key(0.9, "easgd: the elastic coefficient is beta / clients")
     seed: int = _key(0, "seed of the initial weights, shards and data order")
     warm_start: int = _key(0, "train this many minibatches on one client first; every client starts there")
     init: str = _key("", "start from the weights of this checkpoint (a run's checkpoint/latest.npz)")
@@ -80,10 +84,16 @@ class RunConfig:
                                   "(the server carries on with the other clients; async mode)")
     keep_snapshots: bool = _key(False, "keep the weight snapshots after evaluating them")
     quiet: bool = _key(False, "no progress bar or final line")
-    sim_step_time: float = _key(0.0, "sim: seconds per minibatch (0: measured from real steps)")
-    sim_apply_time: float = _key(0.0, "sim: seconds per server apply (0: measured)")
-    sim_bandwidth: float = _key(1.1e10, "sim: bytes/s of a transfer (default: MPI measured on a 2-core host)")
-    sim_latency: float = _key(2e-6, "sim: seconds added to every transfer")
+    sim_profile: str = _key("measured", "sim: the costs below by default: measured (this host, this model) or "
+                                        "paper (the paper's ImageNet model, GPUs and network; README: Simulator)")
+    sim_step_time: float = _key(0.0, "sim: seconds per minibatch (0: the profile's; measured: from real steps)")
+    sim_apply_time: float = _key(0.0, "sim: server seconds per push, checks, apply and logs (0: the profile's; "
+                                      "measured: the real handler's)")
+    sim_bandwidth: float = _key(0.0, "sim: bytes/s of a transfer (0: the profile's; measured: 1.1e10, MPI on "
+                                     "the 2-core reference host)")
+    sim_latency: float = _key(0.0, "sim: seconds added to every transfer (0: the profile's; measured: 2e-6)")
+    sim_push_bytes: int = _key(0, "sim: bytes a push (and a pull) carries on the wire (0: the profile's; "
+                                  "measured: the model's)")
     speed_jitter: float = _key(0.0, "sim: client i's step time is sim_step_time * U(1-j, 1+j), seeded")
     replay: str = _key("", "sim: apply pushes in the order of this run directory's server.jsonl")
     inject_fault: str = _key("", "RANK:STEP; raise an exception there (for tests)")
@@ -99,6 +109,13 @@ class RunConfig:
     @property
     def fetch_every(self) -> int:
         return self.n_fetch or self.n_sync
+
+    def client_momentum(self, clients: int) -> float:
+        """The clients' momentum: as set, or with `auto` (async runs) lowered to offset
+        the implicit momentum of K asynchronous clients (see `auto_momentum`)."""
+        if self.momentum != "auto":
+            return self.momentum
+        return auto_momentum(clients) if self.mode == "async" else AUTO_BASE_MOMENTUM
 
     @property
     def effective_server_lr(self) -> float:
@@ -116,6 +133,17 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
+AUTO_BASE_MOMENTUM = 0.9  # the momentum `auto` keeps in total, and gives one client
+
+
+def auto_momentum(clients: int) -> float:
+    """Explicit momentum for K asynchronous clients: K clients add implicit momentum of
+    about 1 - 1/K (Mitliagkas et al. 2016), which passes a step on amplified K times as a
+    momentum does by 1 / (1 - mu); the explicit momentum left, mu_K = 1 - K (1 - 0.9),
+    keeps the product at one client's 10 (0.9 with one client, 0.8 with two, 0 from 10)."""
+    return max(0.0, 1.0 - clients * (1.0 - AUTO_BASE_MOMENTUM))
+
+
 def field_types() -> dict[str, type]:
     """The base type of each field (Optional[int] -> int)."""
     hints = get_type_hints(RunConfig)
@@ -126,10 +154,20 @@ def field_types() -> dict[str, type]:
     return base
 
 
+def flag_type(name: str) -> Callable[[str], Any]:
+    """How a command-line value of `name` is read: its field's type, and for momentum
+    also the word `auto`."""
+    if name == "momentum":
+        def momentum(text: str) -> float | str:
+            return text if text == "auto" else float(text)
+        return momentum
+    return field_types()[name]
+
+
 def _check_types(cfg: RunConfig) -> None:
     for name, kind in field_types().items():
         value = getattr(cfg, name)
-        if value is None:
+        if value is None or (name == "momentum" and value == "auto"):
             continue
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -166,16 +204,22 @@ def _check_values(cfg: RunConfig) -> None:
     _require(cfg.lr > 0, "lr", f"must be positive, got {cfg.lr}")
     _require(cfg.server_lr is None or cfg.server_lr > 0, "server_lr", f"must be positive, got {cfg.server_lr}")
     for name in ("momentum", "server_momentum"):
-        _require(0 <= getattr(cfg, name) < 1, name, f"must be in [0, 1), got {getattr(cfg, name)}")
+        value = getattr(cfg, name)
+        _require(value == "auto" and name == "momentum" or 0 <= value < 1, name, f"must be in [0, 1), got {value}")
+    _require(cfg.dc_lambda >= 0, "dc_lambda", f"must be non-negative, got {cfg.dc_lambda}")
+    _require(0 < cfg.easgd_beta < 1, "easgd_beta", f"must be in (0, 1), got {cfg.easgd_beta}")
+    _require(cfg.rule != "easgd" or cfg.push_every == cfg.fetch_every, "rule",
+             "easgd needs n_push == n_fetch (each push is answered by the center it moved)")
     _require(cfg.weight_decay >= 0, "weight_decay", f"must be non-negative, got {cfg.weight_decay}")
     _require(cfg.seed >= 0, "seed", f"must be non-negative, got {cfg.seed}")
     _require(cfg.warm_start >= 0, "warm_start", f"must be non-negative, got {cfg.warm_start}")
     for name in ("eval_every", "eval_samples", "threads"):
         _require(getattr(cfg, name) >= 0, name, f"must be non-negative (0: automatic), got {getattr(cfg, name)}")
     _require(cfg.threads < 2**31, "threads", f"must be below 2**31 (torch takes a C int), got {cfg.threads}")
-    for name in ("sim_step_time", "sim_apply_time", "sim_latency"):
-        _require(getattr(cfg, name) >= 0, name, f"must be non-negative, got {getattr(cfg, name)}")
-    _require(cfg.sim_bandwidth > 0, "sim_bandwidth", f"must be positive, got {cfg.sim_bandwidth}")
+    for name in ("sim_step_time", "sim_apply_time", "sim_latency", "sim_bandwidth", "sim_push_bytes"):
+        _require(getattr(cfg, name) >= 0, name, f"must be non-negative (0: the profile's), got {getattr(cfg, name)}")
+    _require(cfg.sim_profile in SIM_PROFILES, "sim_profile",
+             f"unknown profile {cfg.sim_profile!r} (choose from {', '.join(SIM_PROFILES)})")
     _require(0 <= cfg.speed_jitter < 1, "speed_jitter", f"must be in [0, 1), got {cfg.speed_jitter}")
     _require(not cfg.replay or (cfg.backend == "sim" and cfg.mode == "async"), "replay",
              "needs --backend sim and --mode async")
@@ -186,6 +230,8 @@ def _check_values(cfg: RunConfig) -> None:
              "a run with more than one server cannot be resumed (its servers' slices are not checkpointed together)")
     _require(cfg.compress in CODECS, "compress", f"expected {', '.join(CODECS)}, got {cfg.compress!r}")
     _require(cfg.compress == "none" or cfg.mode == "async", "compress", "needs --mode async (pushes and pulls)")
+    _require(cfg.compress == "none" or cfg.rule != "easgd", "compress",
+             "easgd pushes weights, not updates: error feedback cannot carry them")
     _require(cfg.on_client_failure in FAILURE_POLICIES, "on_client_failure",
              f"expected {' or '.join(FAILURE_POLICIES)}, got {cfg.on_client_failure!r}")
     _require(cfg.on_client_failure == "abort" or cfg.mode == "async", "on_client_failure",

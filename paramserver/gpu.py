@@ -1,15 +1,9 @@
-"""The server's GPU path: weights in device memory, and whether MPI could take them there.
+"""Whether MPI could take the server's GPU weights directly.
 
-`TorchArrays` keeps the weights as a float32 torch tensor on `server_device` (see
-paramserver/arrays.py for the strategy it fills in). An add is `add_`, one elementwise
-kernel; an sgd step is torch's fused SGD kernel (the one `torch.optim.SGD(fused=True)`
-runs): one pass reading weights, gradient and momentum buffer and writing two of them,
-with torch.optim.SGD's own arithmetic. A cupy ElementwiseKernel would be that same one
-pass, so the server needs no second GPU library, and the very code runs on CPU tensors,
-where the tests check it against numpy.
-
-Weights reach MPI through a pinned (page-locked) host buffer, and pushes go to the
-device from the server's receive buffer: staging is always used, even when
+A GPU server (`server_device = "cuda[:N]"`, paramserver/arrays.py) keeps its weights in
+device memory and runs the rules' torch arithmetic there. Weights reach MPI through a
+pinned (page-locked) host buffer, and pushes go to the device from the server's receive
+buffer: staging is always used, even when
 `cuda_aware_mpi()` says the library could take device pointers. The Transport moves
 numpy byte views, the server checks pushes (length, NaN/Inf) and decodes compressed
 ones on the host, and device memory handed to a library that is not CUDA-aware (the
@@ -21,62 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import sys
-
-import numpy as np
-import torch
-from torch.optim.sgd import sgd as torch_sgd  # the functional form of torch.optim.SGD
-
-
-class TorchArrays:
-    """float32 torch tensors on `device` (a GPU in a run; CPU tensors in tests)."""
-
-    def __init__(self, device: str):
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"server_device: {device}, but torch finds no CUDA device here")
-        self._staging: torch.Tensor | None = None  # the weights on their way to the wire
-
-    def adopt(self, host: np.ndarray) -> torch.Tensor:
-        return torch.tensor(np.asarray(host, np.float32), device=self.device)
-
-    def upload(self, push: np.ndarray) -> torch.Tensor:
-        # A blocking copy: once it returns, the server may receive the next push into
-        # the same host buffer.
-        return torch.from_numpy(push).to(self.device)
-
-    def stage(self, weights: torch.Tensor) -> np.ndarray:
-        """The weights in a reused host buffer, valid until the next call: page-locked on a
-        GPU, so the copy is one DMA at full speed."""
-        if self._staging is None or self._staging.shape != weights.shape:
-            self._staging = torch.empty(weights.shape, dtype=torch.float32, pin_memory=self.device.type == "cuda")
-        self._staging.copy_(weights, non_blocking=True)
-        # The copy is only queued on the stream: wait for it, or MPI (which knows nothing
-        # of CUDA streams) would send a half-written buffer.
-        self._wait()
-        return self._staging.numpy()
-
-    def export(self, array: torch.Tensor) -> np.ndarray:
-        """A host vector of `array`'s values, for a checkpoint (a copy from a GPU)."""
-        return array.cpu().numpy()
-
-    def load(self, array: torch.Tensor, host: np.ndarray) -> None:
-        array.copy_(torch.from_numpy(np.ascontiguousarray(host, np.float32)))
-
-    def add(self, weights: torch.Tensor, push: torch.Tensor) -> None:
-        weights.add_(push)
-
-    def sgd(self, weights: torch.Tensor, push: torch.Tensor, buffer: torch.Tensor | None, lr: float,
-            momentum: float, weight_decay: float) -> torch.Tensor | None:
-        """torch.optim.SGD's step, fused; returns the momentum buffer (created at the first
-        step with momentum, None without)."""
-        buffers = [buffer]
-        torch_sgd([weights], [push], buffers, fused=True, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                  dampening=0.0, nesterov=False, maximize=False)
-        return buffers[0]
-
-    def _wait(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
 
 
 def cuda_aware_mpi() -> bool | None:

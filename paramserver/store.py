@@ -6,20 +6,20 @@ last pulled: `version (before this apply) - version that client last pulled`. A 
 that is malformed (wrong length or dtype, NaN or Inf) is rejected before it can touch
 the weights, and counted.
 
-Where the weights live is the `backend` strategy's business (paramserver/arrays.py):
-numpy on the host by default, or a GPU tensor. Outside the Store they are always a
-host float32 vector (`weights`), so the server loop does not care which.
+The weights are a torch tensor where `server_device` says (paramserver/arrays.py: on
+the CPU it shares a numpy vector's memory), updated by the rule's torch arithmetic.
+Outside the Store they are always a host float32 vector (`weights`), so the server loop
+does not care where they live. The staleness of a push is known before its apply,
+because a rule may depend on it.
 """
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 
-from paramserver.arrays import HostArrays
-from paramserver.rules import AddRule, SGDRule
+from paramserver.arrays import ServerArrays
+from paramserver.rules import Rule
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,9 @@ class ApplyResult:
 class Store:
     """Weights plus the bookkeeping the server needs to serve clients in any order."""
 
-    def __init__(self, weights: np.ndarray, rule: AddRule | SGDRule, version: int = 0,
-                 backend: Any = None):
-        self.backend = backend or HostArrays()
+    def __init__(self, weights: np.ndarray, rule: Rule, version: int = 0,
+                 backend: ServerArrays | None = None):
+        self.backend = backend or ServerArrays()
         self.array = self.backend.adopt(weights)  # the weights, where the backend keeps them
         self.rule = rule
         self.version = version
@@ -58,6 +58,7 @@ class Store:
         """The weights to send (`weights`: send them before the next apply) and their
         version; remembers what `client` now holds."""
         self.pulled[client] = self.version
+        self.rule.pulled(client, self.array)
         return self.weights, self.version
 
     def check(self, push: np.ndarray) -> str:
@@ -80,7 +81,7 @@ class Store:
         if reason:
             self.rejected[client] += 1
             return ApplyResult(False, self.version, staleness, reason)
-        self.rule.apply(self.array, self.backend.upload(push), self.backend)
+        self.rule.apply(self.array, self.backend.upload(push), client, staleness)
         self.version += 1
         self.applied[client] += 1
         self.staleness[staleness] += 1

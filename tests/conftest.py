@@ -99,14 +99,14 @@ def make_serving(path: Path, weights: np.ndarray, clients: int, transport=None, 
     over an in-process link unless given another `transport`. Imported here, not at the top,
     because the server module loads MPI and most tests never need it."""
     from paramserver.inprocess import InProcessLink
-    from paramserver.rules import AddRule
+    from paramserver.rules import make_rule
     from paramserver.rundir import RunDir
     from paramserver.server import Serving
     from paramserver.store import Store
 
     run = RunDir(path)
     run.create()
-    return Serving(transport or InProcessLink(), Store(weights, AddRule()), run, list(range(1, clients + 1)),
+    return Serving(transport or InProcessLink(), Store(weights, make_rule("add")), run, list(range(1, clients + 1)),
                    eval_every=0, stall_timeout=1.0, clock=clock)
 
 

@@ -9,14 +9,19 @@ from clients.models import build_model
 
 
 def plain_sgd(dataset: Dataset, steps: int, *, model: str = "cnn", seed: int = 0, batch_size: int = 32,
-              lr: float = 0.05, momentum: float = 0.9, weight_decay: float = 5e-4, clients: int = 1) -> np.ndarray:
-    """Final weights, flattened, of `steps` minibatches of torch.optim.SGD.
+              lr: float = 0.05, momentum: float = 0.9, weight_decay: float = 5e-4, clients: int = 1,
+              optimizer: str = "SGD") -> np.ndarray:
+    """Final weights, flattened, of `steps` minibatches of torch.optim.SGD (or, with
+    optimizer="Adagrad", torch.optim.Adagrad at the same lr and weight decay).
 
     Each minibatch joins the next `batch_size` samples of each of `clients` shards (in
     the order those clients would see them), so one client gives client 0's run and K
     clients give the batch K*B that synchronous data parallelism is equivalent to."""
     net = build_model(model, dataset.shape, dataset.num_classes, seed)
-    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if optimizer == "Adagrad":
+        optimizer = torch.optim.Adagrad(net.parameters(), lr=lr, weight_decay=weight_decay)
+    else:
+        optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     samplers = [ShardSampler(shard_indices(len(dataset.train), clients, k, seed), batch_size, seed, k)
                 for k in range(clients)]
     for _ in range(steps):

@@ -12,7 +12,8 @@ from clients.driver import ClientLoop, ClientPlan
 from clients.models import build_model, flat_weights
 from paramserver.inprocess import InProcessLink
 from paramserver.protocol import Pull, Tag
-from paramserver.rules import make_rule
+from paramserver.config import RunConfig
+from paramserver.rules import make_rule, rule_class
 from paramserver.rundir import RunDir
 from paramserver.server import Serving
 from paramserver.store import Store
@@ -30,14 +31,15 @@ def one_client(run_path, dataset, n_push, n_fetch, rule="add", server_momentum=0
     def model():
         return build_model("cnn", dataset.shape, dataset.num_classes, seed=0)
 
-    store = Store(flat_weights(model()), make_rule(rule, LR, server_momentum, WD))
+    settings = RunConfig(lr=LR, server_momentum=server_momentum, weight_decay=WD)
+    store = Store(flat_weights(model()), make_rule(rule, settings))
     run = RunDir(run_path)
     run.create()
     link = InProcessLink()
     serving = Serving(link, store, run, [1], eval_every=0, stall_timeout=1.0, clock=lambda: 0.0)
     sampler = ShardSampler(shard_indices(len(dataset.train), 1, 0, 0), BATCH, 0, 0)
     replica = Replica(model(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
-    client = Client(replica, dataset.train, sampler, push_gradients=rule != "add")
+    client = Client(replica, dataset.train, sampler, pushes=rule_class(rule).pushes)
     loop = ClientLoop(client, ClientPlan(0, STEPS, n_push, n_fetch, timeout=1.0), clock=lambda: 0.0)
     [(_, _, weights)] = link.deliver(serving, 1, Tag.PULL, Pull())
     client.sync(weights)
@@ -70,6 +72,43 @@ def test_one_client_result_does_not_depend_on_sync_periods(tmp_path, dataset, n_
 def test_sgd_rule_with_server_momentum_equals_plain_sgd(tmp_path, dataset):
     store, _ = one_client(tmp_path / "run", dataset, 1, 1, rule="sgd", server_momentum=MOMENTUM)
     np.testing.assert_allclose(store.weights, plain_sgd(dataset, STEPS, batch_size=BATCH, lr=LR), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("rule", ["scaled", "staleness", "dcasgd"])
+def test_one_client_rules_reduce_to_plain_sgd(tmp_path, dataset, rule):
+    """With one client and n_sync 1 every push is fresh: scaled and staleness take the
+    whole step, and DC-ASGD has nothing to compensate (the weights are those pulled)."""
+    store, _ = one_client(tmp_path / "run", dataset, 1, 1, rule=rule)
+    np.testing.assert_allclose(store.weights, plain_sgd(dataset, STEPS, batch_size=BATCH, lr=LR), atol=1e-6, rtol=0)
+
+
+def test_adagrad_rule_with_one_client_equals_torch_adagrad(tmp_path, dataset):
+    store, _ = one_client(tmp_path / "run", dataset, 1, 1, rule="adagrad")
+    expected = plain_sgd(dataset, STEPS, batch_size=BATCH, lr=LR, optimizer="Adagrad")
+    np.testing.assert_allclose(store.weights, expected, atol=1e-6, rtol=0)
+
+
+def test_easgd_client_and_center_move_by_the_same_elastic_step(tmp_path, dataset):
+    """The center moves alpha (x - center) towards the pushed x; the client, given the
+    moved center back, moves alpha (x - old center) towards it: x - center shrinks by
+    1 - 2 alpha, as in EASGD."""
+    alpha = 0.3
+    replica = Replica(build_model("cnn", dataset.shape, dataset.num_classes, seed=0), lr=LR, momentum=MOMENTUM,
+                      weight_decay=WD)
+    client = Client(replica, dataset.train, ShardSampler(np.arange(len(dataset.train)), BATCH, 0, 0),
+                    pushes="weights", elastic=alpha)
+    center = flat_weights(build_model("cnn", dataset.shape, dataset.num_classes, seed=1))
+    client.sync(center)  # the first pull: the client takes the center as it is
+    np.testing.assert_array_equal(client.weights.numpy(), center)
+    for _ in range(3):
+        client.step()
+    x = client.weights.numpy().astype(np.float64).copy()
+    push = client.take_push()
+    np.testing.assert_array_equal(push, x.astype(np.float32))
+    moved = center + alpha * (push - center)  # what the easgd rule returns
+    client.sync(moved.astype(np.float32))
+    np.testing.assert_allclose(client.weights.numpy(), x - alpha * (x - center), atol=1e-6)
+    np.testing.assert_allclose(client.weights.numpy() - moved, (1 - 2 * alpha) * (x - center), atol=1e-6)
 
 
 def test_loss_falls_on_the_tiny_dataset(tmp_path, dataset):

@@ -5,13 +5,14 @@ import numpy as np
 import pytest
 import torch
 
-from paramserver.rules import AddRule, SGDRule, make_rule
+from paramserver.config import RunConfig
+from paramserver.rules import make_rule
 from paramserver.runlog import load_arrays, save_arrays
 from paramserver.store import Store
 
 
 def test_add_rule_adds_delta_and_bumps_version():
-    store = Store(np.arange(4, dtype=np.float32), AddRule())
+    store = Store(np.arange(4, dtype=np.float32), make_rule("add"))
     store.pull(0)
     result = store.apply(0, np.full(4, 0.5, np.float32))
     assert result.accepted and result.version == 1 and store.version == 1
@@ -24,7 +25,7 @@ def test_sgd_rule_matches_torch_sgd(momentum, weight_decay):
     start = rng.standard_normal(100).astype(np.float32)
     param = torch.nn.Parameter(torch.from_numpy(start.copy()))
     optimizer = torch.optim.SGD([param], lr=0.1, momentum=momentum, weight_decay=weight_decay)
-    store = Store(start, SGDRule(0.1, momentum, weight_decay))
+    store = Store(start, make_rule("sgd", RunConfig(lr=0.1, server_momentum=momentum, weight_decay=weight_decay)))
     for _ in range(5):
         grad = rng.standard_normal(100).astype(np.float32)
         param.grad = torch.from_numpy(grad.copy())
@@ -34,7 +35,7 @@ def test_sgd_rule_matches_torch_sgd(momentum, weight_decay):
 
 
 def test_staleness_counts_pushes_since_the_clients_pull():
-    store = Store(np.zeros(3, np.float32), AddRule())
+    store = Store(np.zeros(3, np.float32), make_rule("add"))
     for client in range(3):
         store.pull(client)  # everyone holds version 0
     delta = np.ones(3, np.float32)
@@ -55,7 +56,7 @@ def test_staleness_counts_pushes_since_the_clients_pull():
     (np.array([-np.inf, 1, 1, 1], np.float32), "Inf"),
 ])
 def test_bad_pushes_are_rejected_and_never_touch_the_weights(push, reason):
-    store = Store(np.arange(4, dtype=np.float32), AddRule())
+    store = Store(np.arange(4, dtype=np.float32), make_rule("add"))
     store.pull(0)
     result = store.apply(0, push)
     assert not result.accepted and reason in result.reason
@@ -64,21 +65,21 @@ def test_bad_pushes_are_rejected_and_never_touch_the_weights(push, reason):
 
 
 def test_large_finite_values_are_not_mistaken_for_inf():
-    store = Store(np.zeros(4, np.float32), AddRule())
+    store = Store(np.zeros(4, np.float32), make_rule("add"))
     assert store.apply(0, np.full(4, 3e38, np.float32)).accepted  # their float32 sum would overflow
 
 
 def test_checkpoint_round_trip_without_pickle(tmp_path):
-    store = Store(np.arange(6, dtype=np.float32), make_rule("sgd", 0.1, 0.9, 0.0))
+    store = Store(np.arange(6, dtype=np.float32), make_rule("sgd", RunConfig(lr=0.1, server_momentum=0.9, weight_decay=0.0)))
     store.apply(0, np.ones(6, np.float32))
     save_arrays(tmp_path / "ck.npz", store.state())
-    restored = Store(np.zeros(6, np.float32), make_rule("sgd", 0.1, 0.9, 0.0))
+    restored = Store(np.zeros(6, np.float32), make_rule("sgd", RunConfig(lr=0.1, server_momentum=0.9, weight_decay=0.0)))
     restored.load_state(load_arrays(tmp_path / "ck.npz"))  # load_arrays uses allow_pickle=False
     assert restored.version == 1
     np.testing.assert_array_equal(restored.weights, store.weights)
-    np.testing.assert_array_equal(restored.rule.buffer, store.rule.buffer)
+    np.testing.assert_array_equal(restored.rule.buffer.numpy(), store.rule.buffer.numpy())
     with pytest.raises(ValueError, match="holds 6 weights, the model has 3"):
-        Store(np.zeros(3, np.float32), AddRule()).load_state(load_arrays(tmp_path / "ck.npz"))
+        Store(np.zeros(3, np.float32), make_rule("add")).load_state(load_arrays(tmp_path / "ck.npz"))
 
 
 @pytest.mark.parametrize("where", [0.5, 0.9])

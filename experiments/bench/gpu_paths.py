@@ -7,9 +7,9 @@ For each model size P (floats), the median milliseconds of a repeat after a warm
   synchronize) against `.cpu()` (into pageable memory);
 - a client's pull onto the device: from the pinned `incoming` against from pageable memory;
 - the server's work for one fetching push: apply, then pull (the weights staged for the
-  wire), with the Store on the device (`TorchArrays`: upload, one fused kernel, staging
-  to pinned memory) against the numpy Store, for the add rule and the sgd rule with
-  momentum and weight decay.
+  wire), with the Store on the device (upload, the rule's torch kernels, staging to
+  pinned memory) against the same Store on the host, for every update rule (sgd with
+  server momentum 0.9 and weight decay).
 `experiments/bench/gpu_check.sh` runs it; with `--device cpu` it runs the same code on
 CPU tensors (a smoke test, not a measurement).
 """
@@ -25,13 +25,14 @@ import numpy as np
 import torch
 
 from clients.models import host_copy, host_empty
-from paramserver.arrays import HostArrays
-from paramserver.gpu import TorchArrays
-from paramserver.rules import make_rule
+from paramserver.arrays import ServerArrays
+from paramserver.config import RunConfig
+from paramserver.rules import RULES, make_rule
 from paramserver.store import Store
 
 WARMUP = 3
-RULES = (("add", 0.0, 0.0), ("sgd", 0.9, 5e-4))  # (rule, server momentum, weight decay)
+SETTINGS = RunConfig(server_momentum=0.9)  # and the default weight decay, 5e-4
+CLIENTS = 8  # the rules that depend on K see 8 clients
 
 
 def median_ms(work: Callable[[], object], repeats: int) -> float:
@@ -59,13 +60,12 @@ def client_row(size: int, device: torch.device, repeats: int) -> dict:
     return row
 
 
-def server_row(size: int, device: torch.device, rule: str, momentum: float, weight_decay: float,
-               repeats: int) -> dict:
+def server_row(size: int, device: torch.device, rule: str, repeats: int) -> dict:
     start = np.random.default_rng(0).standard_normal(size, dtype=np.float32)
     push = np.full(size, 1e-6, np.float32)
-    row = {"floats": size, "rule": rule, "server_momentum": momentum, "weight_decay": weight_decay}
-    for name, backend in (("host", HostArrays()), ("device", TorchArrays(str(device)))):
-        store = Store(start, make_rule(rule, 0.01, momentum, weight_decay), backend=backend)
+    row = {"floats": size, "rule": rule}
+    for name, backend in (("host", ServerArrays("cpu")), ("device", ServerArrays(str(device)))):
+        store = Store(start, make_rule(rule, SETTINGS, CLIENTS), backend=backend)
         row[f"{name}_push_pull_ms"] = median_ms(lambda: (store.apply(0, push), store.pull(0)), repeats)
     row["speedup"] = row["host_push_pull_ms"] / row["device_push_pull_ms"]
     return row
@@ -82,7 +82,7 @@ def main() -> None:
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "client": [client_row(size, device, args.repeats) for size in sizes],
-              "server": [server_row(size, device, *rule, args.repeats) for size in sizes for rule in RULES]}
+              "server": [server_row(size, device, rule, args.repeats) for size in sizes for rule in RULES]}
     print(json.dumps(result, indent=1))
     if args.json:
         with open(args.json, "w") as out:

@@ -154,7 +154,7 @@ def compute_seconds(minibatches: int) -> float:
     cfg = RunConfig()
     dataset = load_dataset(cfg.data)
     client = make_client(cfg, make_replica(cfg, build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed),
-                                           "cpu"), dataset, 1, 0)
+                                           "cpu", 1), dataset, 1, 0)
     for _ in range(WARMUP):
         client.step()
     start = time.perf_counter()

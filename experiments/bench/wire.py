@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from clients.driver import Outgoing, ServerLink
 from paramserver.protocol import Pull, Push, Stop, Tag, shard_bounds
-from paramserver.rules import AddRule
+from paramserver.rules import make_rule
 from paramserver.rundir import RunDir
 from paramserver.server import Serving, serve
 from paramserver.store import Store
@@ -66,7 +66,7 @@ def serve_clients(transport: Transport, size: int, clients: int, servers: int = 
     with tempfile.TemporaryDirectory() as folder:
         run = RunDir(folder)
         run.create()
-        serving = Serving(transport, Store(np.zeros(hi - lo, np.float32), AddRule()), run,
+        serving = Serving(transport, Store(np.zeros(hi - lo, np.float32), make_rule("add")), run,
                           list(range(servers, servers + clients)), eval_every=0, stall_timeout=600.0,
                           clock=time.perf_counter, progress=progress)
         serve(serving)
@@ -104,7 +104,7 @@ def client_round_trips(transport: Transport, size: int, repeats: int) -> list[fl
 
 def apply_and_copy(size: int, repeats: int) -> tuple[list[float], list[float]]:
     """The server's apply of one push (checks included) and a memory copy of the same size."""
-    store = Store(np.zeros(size, np.float32), AddRule())
+    store = Store(np.zeros(size, np.float32), make_rule("add"))
     push, target = np.full(size, 1e-6, np.float32), np.empty(size, np.float32)
     applies, copies = [], []
     for _ in range(WARMUP + repeats):
