@@ -7,6 +7,8 @@ For a sweep it writes, into DIR (default: the sweep folder's figures/): the spee
 table (time to a target error, speedup against 1 client, efficiency) and the staleness
 table as CSV and Markdown, findings.json (which of the paper's findings the sweep
 shows, with the numbers), and every figure the sweep has the points for, as PNG and PDF.
+A sweep that varies the update rule (`make rules`) gets the rules table, its summary
+per rule and the rules figure instead (plots/rules.py).
 """
 from __future__ import annotations
 
@@ -37,10 +39,12 @@ def report(path: str, window: int | None = None, figures: str | None = None, tar
 
 
 def _sweep_report(sweep_dir: Path, window: int, out: Path, target: float | None) -> int:
-    from plots import analysis, figures
+    from plots import analysis, figures, rules
 
     sweep = analysis.load_sweep(sweep_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if rules.is_rules_sweep(sweep):
+        return _rules_report(sweep, window, out)
     start = analysis.default_start(sweep)
     try:
         rows = analysis.speedups(sweep, target=target, start=start, window=window)
@@ -60,6 +64,24 @@ def _sweep_report(sweep_dir: Path, window: int, out: Path, target: float | None)
     for key, entry in found.items():
         verdict = {True: "holds", False: "does not hold", None: "not tested"}[entry["holds"]]
         print(f"- {entry.get('claim', key)}: {verdict}. {entry['evidence']}")
+    print("written:", ", ".join(str(p) for p in written))
+    return 0
+
+
+def _rules_report(sweep, window: int, out: Path) -> int:
+    """A sweep over update rules (or momentum, jitter, cost profile): the rules table, its
+    summary per rule and the speedup figure; the paper's figures need one setting."""
+    from plots import analysis, figures, rules
+
+    rows = rules.rules_table(sweep, window)
+    analysis.write_table(rows, out / "rules.csv", out / "rules.md")
+    analysis.write_table(rules.rules_summary(rows), out / "rules_summary.csv", out / "rules_summary.md")
+    print((out / "rules_summary.md").read_text())
+    written = [out / "rules.md", out / "rules_summary.md"]
+    try:
+        written += figures.save(rules.fig_rules(sweep, window, rows), out / "rules")
+    except ValueError as missing:
+        print(f"rules: skipped ({missing})")
     print("written:", ", ".join(str(p) for p in written))
     return 0
 

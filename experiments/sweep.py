@@ -17,6 +17,7 @@ A spec (TOML):
     timeout = 3600            # seconds per run
     warm_start = 300          # warm-start minibatches of the points with start = "warm"
     window = 400              # smoothing window for `asgd report`, in minibatches
+    steps_per_client = "equal"  # or "sqrt": K clients run steps / sqrt(K) each
     [base]                    # asgd train config keys shared by every point
     steps = 200
     [grid]                    # every combination is a point
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -58,10 +60,16 @@ from paramserver.runlog import write_json_atomic
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")
 VARIANT_KEYS = ("rule", "momentum", "speed_jitter", "sim_profile")  # grid keys that are config keys as such
 VARIANT_TAGS = {"rule": "", "momentum": "m", "speed_jitter": "j", "sim_profile": ""}  # their part of a point id
+DEFAULTS = RunConfig().to_dict()
 SPEC_KEYS = {"name": str, "scale": str, "backend": str, "timeout": float, "warm_start": int, "window": int,
+             "steps_per_client": str,
              "base": dict, "grid": (dict, list)}  # key: the type load_spec reads it as
 KIND_NAMES = {str: "a string", float: "a number", int: "an integer", dict: "a table", (dict, list): "a table"}
 MAX_TIMEOUT = 2**31 // 1000  # seconds (24 days): a point's wait is one poll() of a C int of milliseconds
+# "sqrt": K clients run steps / sqrt(K) minibatches each (steps * sqrt(K) in all), so
+# every point runs long enough to show a speedup of sqrt(K) or more at a fraction of the
+# cost of every client running `steps`.
+STEPS_PER_CLIENT = ("equal", "sqrt")
 OWN_KEYS = {"clients", "n_sync", "mode", "seed", "warm_start", "out", "backend", "resume", "quiet"}
 
 
@@ -123,6 +131,9 @@ def _check_spec_values(raw: dict[str, Any], path: str) -> None:
             raise ConfigError(f"sweep {path}: {key} must be {KIND_NAMES[kind]}, got {value!r}")
     if not 0 < raw.get("timeout", 1) <= MAX_TIMEOUT:
         raise ConfigError(f"sweep {path}: timeout must be in (0, {MAX_TIMEOUT}] seconds, got {raw['timeout']!r}")
+    if raw.get("steps_per_client", "equal") not in STEPS_PER_CLIENT:
+        raise ConfigError(f"sweep {path}: steps_per_client must be {' or '.join(STEPS_PER_CLIENT)}, "
+                          f"got {raw['steps_per_client']!r}")
     if raw.get("window", 1) < 1:
         raise ConfigError(f"sweep {path}: window must be at least 1, got {raw['window']!r}")
 
@@ -136,11 +147,17 @@ def _point(settings: dict[str, Any], raw: dict[str, Any], backend: str) -> Point
             "seed": settings["seed"], "backend": backend,
             "warm_start": raw.get("warm_start", 0) if settings["start"] == "warm" else 0,
             **{key: settings[key] for key in VARIANT_KEYS if key in settings}}
-    config = load_config(None, {**raw.get("base", {}), **keys})
+    base = raw.get("base", {})
+    if raw.get("steps_per_client") == "sqrt" and "steps" in base:
+        keys["steps"] = max(1, math.ceil(base["steps"] / math.sqrt(settings["clients"])))
+    config = load_config(None, {**base, **keys})
     if settings["start"] == "warm" and not config.warm_start:
         raise ConfigError("sweep: warm points need warm_start > 0 in the spec")
     point_id = f"{settings['mode']}-c{settings['clients']}-n{settings['n_sync']}-{settings['start']}-s{settings['seed']}"
-    point_id += "".join(f"-{VARIANT_TAGS[key]}{settings[key]}" for key in VARIANT_KEYS if key in settings)
+    # a variant names the point where it departs from asgd train's default, so two grids
+    # that reach the same config reach the same point
+    point_id += "".join(f"-{VARIANT_TAGS[key]}{getattr(config, key)}" for key in VARIANT_KEYS
+                        if getattr(config, key) != DEFAULTS[key])
     # the index holds every variant's value, given or not, so the analysis can tell points apart
     return Point(point_id, {**settings, **{key: getattr(config, key) for key in VARIANT_KEYS}}, config)
 

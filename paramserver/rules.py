@@ -20,11 +20,10 @@ staleness, `K` the clients:
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
-from torch import Tensor
-from torch.optim.sgd import sgd as torch_sgd  # torch.optim.SGD's own arithmetic, fused
+if TYPE_CHECKING:  # torch loads with the server's weights, not with the config that names a rule
+    from torch import Tensor
 
 
 class RuleSettings(Protocol):
@@ -94,6 +93,8 @@ class SGDRule(Rule):
         self.buffer: Tensor | None = None  # torch starts it at the first gradient
 
     def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
+        from torch.optim.sgd import sgd as torch_sgd  # torch.optim.SGD's own arithmetic, fused
+
         buffers = [self.buffer]
         torch_sgd([w], [d], buffers, fused=True, lr=self.lr, momentum=self.momentum,
                   weight_decay=self.weight_decay, dampening=0.0, nesterov=False, maximize=False)
@@ -121,7 +122,7 @@ class AdagradRule(Rule):
     def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
         g = d.add(w, alpha=self.weight_decay) if self.weight_decay else d
         if self.sum is None:
-            self.sum = torch.zeros_like(w)
+            self.sum = w.new_zeros(w.shape)
         self.sum.addcmul_(g, g)
         w.addcdiv_(g, self.sum.sqrt().add_(self.EPS), value=-self.lr)
 

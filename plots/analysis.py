@@ -32,6 +32,10 @@ class Point:
     run: Path
     status: str
     train_size: int = 60000
+    rule: str = "add"          # the rules sweep's axes (experiments/configs/*/rules.toml)
+    momentum: str = "0.9"      # as configured: a number, or "auto"
+    jitter: float = 0.0
+    profile: str = "measured"
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,9 @@ def load_sweep(sweep_dir: str | Path) -> Sweep:
     train_size = int(meta.get("train_size", 60000))
     points = [Point(id=p["id"], mode=p["mode"], clients=int(p["clients"]), n_sync=int(p["n_sync"]),
                     start=p.get("start", "cold"), seed=int(p.get("seed", 0)), run=(path / p["run"]).resolve(),
-                    status=p["status"], train_size=train_size)
+                    status=p["status"], train_size=train_size, rule=p.get("rule", "add"),
+                    momentum=str(p.get("momentum", 0.9)), jitter=float(p.get("speed_jitter", 0.0)),
+                    profile=p.get("sim_profile", "measured"))
               for p in index["points"] if p.get("status") == "complete"]
     return Sweep(name=meta.get("name", path.name), path=path, meta=meta, points=points)
 

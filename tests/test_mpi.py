@@ -181,3 +181,22 @@ def test_sharded_servers_apply_every_push_once(tmp_path, tiny_npz):
                                                                              for n in range(1, 31)]
     assert [r["role"] for r in json.loads((run / "config.json").read_text())["provenance"]["ranks"]] == \
         ["server", "server", "client", "client", "client"]
+
+
+@pytest.mark.parametrize("rule", ["scaled", "staleness", "dcasgd", "easgd", "adagrad", "sgd"])
+def test_every_rule_runs_under_mpiexec(tmp_path, tiny_npz, rule):
+    """Two clients, the rule's own push (delta, gradient sum or weights) and state: every
+    push applied once, the state in the checkpoint, the weights finite and moved."""
+    run = tmp_path / "run"
+    result = mpi_train(3, "--data", str(tiny_npz), *TINY, "--steps", "6", "--n-sync", "2", "--threads", "1",
+                       "--rule", rule, "--momentum", "auto", "--eval-samples", "50", "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    s = summary(run)
+    assert s["status"] == "complete" and s["pushes_sent"] == s["pushes_applied"] == 6
+    checkpoint = load_arrays(run / "checkpoint" / "latest.npz")
+    assert np.isfinite(checkpoint["weights"]).all()
+    state = {k for k in checkpoint if k.startswith("rule.")}
+    expected = {"dcasgd": {"rule.backup.0", "rule.backup.1", "rule.meansquare"}, "adagrad": {"rule.sum"}}
+    assert state == expected.get(rule, set())
+    assert s["rule_state_bytes"] == 4 * checkpoint["weights"].size * len(state)
+    assert json.loads((run / "config.json").read_text())["momentum_used"] == pytest.approx(0.8)

@@ -8,6 +8,7 @@ import pytest
 
 from experiments.cli import main
 from paramserver.config import InjectedFault
+from paramserver.runlog import load_arrays
 from tests.test_sim import TIMED, rows
 
 
@@ -68,6 +69,8 @@ def test_resume_refuses_changed_settings(tmp_path, tiny_npz, capsys):
 
 @pytest.mark.mpi
 def test_mpi_job_killed_mid_run_resumes_with_every_minibatch_once(tmp_path, tiny_npz):
+    """With DC-ASGD, whose state (each client's pulled weights, the mean square) the
+    resumed server must take from the checkpoint."""
     import subprocess
     import time
 
@@ -75,7 +78,7 @@ def test_mpi_job_killed_mid_run_resumes_with_every_minibatch_once(tmp_path, tiny
 
     run = tmp_path / "run"
     flags = ["--quiet", "--data", str(tiny_npz), "--batch-size", "32", "--lr", "0.01", "--steps", "1000",
-             "--eval-every", "100", "--eval-samples", "50", "--out", str(run)]
+             "--eval-every", "100", "--eval-samples", "50", "--rule", "dcasgd", "--out", str(run)]
     job = subprocess.Popen([str(BIN / "mpiexec"), "-n", "4", str(BIN / "asgd"), "train", *flags],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 90
@@ -85,6 +88,8 @@ def test_mpi_job_killed_mid_run_resumes_with_every_minibatch_once(tmp_path, tiny
     kill_tree(job.pid)  # SIGKILL: mpiexec and every rank, mid-write perhaps
     job.wait()
     assert not (run / "summary.json").exists()
+    saved = load_arrays(run / "checkpoint" / "latest.npz")
+    assert {"rule.backup.0", "rule.backup.1", "rule.backup.2", "rule.meansquare"} <= set(saved)
     result = mpi_train(4, "--resume", str(run), timeout=120)
     assert result.returncode == 0, result.stderr
     assert_logged_once(run, clients=3, steps=1000, versions=3000)

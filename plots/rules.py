@@ -1,0 +1,147 @@
+"""The rules sweep (`make rules`): every server update rule side by side, as numbers and a figure.
+
+For each setting (cost profile, start, speed jitter) the baseline is one client of the
+paper's rule (`add`, at nominal speed): the target is its final smoothed training error
++ 5%, as in Fig. 4. For every async point the table gives the time to that target, the
+speedup against the one client and against `--mode sync` at the same K (above 1: async
+is faster), its test error after as many minibatches in all as the one client ran (the
+same data seen) against the one client's final test error, and whether it diverged.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from plots.analysis import Point, Sweep, curve, time_to_target  # noqa: E402
+from plots.rundata import load_json, load_log  # noqa: E402
+
+DIVERGED = 0.5  # a final test error above this (chance: 90% on ten classes) counts as diverged
+VARIANTS = ("rule", "momentum", "jitter", "profile")
+
+
+def is_rules_sweep(sweep: Sweep) -> bool:
+    """A sweep that varies the server's rule, momentum, speed jitter or cost profile."""
+    return any(len({getattr(p, key) for p in sweep.points}) > 1 for key in VARIANTS)
+
+
+def _baseline(sweep: Sweep, profile: str, start: str) -> Point | None:
+    """One client at nominal speed, the `add` rule preferred, then the smallest n_sync."""
+    ones = [p for p in sweep.select(mode="async", clients=1, profile=profile, start=start) if p.jitter == 0]
+    return min(ones, key=lambda p: (p.rule != "add", p.n_sync, p.seed), default=None)
+
+
+def test_error_after(point: Point, minibatches: int) -> float | None:
+    """The test error of the first evaluation after `minibatches` in all (the last one if
+    the run is shorter)."""
+    rows = load_log(point.run, "eval")
+    later = [r for r in rows if r.get("minibatches", 0) >= minibatches]
+    row = later[0] if later else (rows[-1] if rows else None)
+    return None if row is None else row.get("test_error")
+
+
+def _time(point: Point | None, target: float, window: int) -> float | None:
+    return None if point is None else time_to_target(curve(point, window), target, window)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def rules_table(sweep: Sweep, window: int) -> list[dict]:
+    """One row per async point (seeds not averaged: a rules sweep runs one seed)."""
+    rows = []
+    settings = sorted({(p.profile, p.start, p.jitter) for p in sweep.points})
+    for profile, start, jitter in settings:
+        base = _baseline(sweep, profile, start)
+        if base is None:
+            continue
+        target = 1.05 * float(curve(base, window).error[-1])
+        t1 = _time(base, target, window)
+        base_test = load_json(base.run, "summary").get("final_test_error")
+        base_total = int(curve(base, window).minibatches[-1])
+        points = [p for p in sweep.select(mode="async", profile=profile, start=start) if p.jitter == jitter]
+        for p in sorted(points, key=lambda p: (p.rule, p.momentum, p.n_sync, p.clients, p.seed)):
+            t = _time(p, target, window)
+            sync = [s for s in sweep.select(mode="sync", clients=p.clients, profile=profile, start=start)
+                    if s.jitter == jitter]
+            final = load_json(p.run, "summary").get("final_test_error")
+            at_equal = test_error_after(p, base_total)
+            rows.append({"profile": profile, "start": start, "jitter": jitter, "rule": p.rule,
+                         "momentum": p.momentum, "n_sync": p.n_sync, "clients": p.clients, "target": target,
+                         "time_to_target": t, "speedup": _ratio(t1, t),
+                         "vs_sync": _ratio(_time(sync[0] if sync else None, target, window), t) if sync else None,
+                         "test_error_at_1_client_minibatches": at_equal,
+                         "gap_points": None if at_equal is None or base_test is None else 100 * (at_equal - base_test),
+                         "final_test_error": final,
+                         "diverged": final is None or not np.isfinite(final) or final > DIVERGED})
+    return rows
+
+
+def rules_summary(rows: list[dict]) -> list[dict]:
+    """One row per (rule, momentum): how often it diverged, its worst gap to one client at
+    equal minibatches, its cold-start speedups at 8 and 32 clients (measured costs, no
+    jitter, n_sync 1) and its worst standing against sync under speed jitter."""
+    out = []
+    for rule, momentum in sorted({(r["rule"], r["momentum"]) for r in rows}):
+        mine = [r for r in rows if r["rule"] == rule and r["momentum"] == momentum and r["clients"] > 1]
+        if not mine:
+            continue
+
+        def speedup(k: int) -> float | None:
+            hit = [r["speedup"] for r in mine if r["clients"] == k and r["n_sync"] == 1 and r["start"] == "cold"
+                   and r["jitter"] == 0 and r["profile"] == "measured"]
+            return hit[0] if hit else None
+        gaps = [r["gap_points"] for r in mine if r["gap_points"] is not None]
+        jittered = [r["vs_sync"] for r in mine if r["jitter"] > 0 and r["time_to_target"] is not None]
+        out.append({"rule": rule, "momentum": momentum, "runs": len(mine),
+                    "diverged": sum(r["diverged"] for r in mine) / len(mine),
+                    "worst_gap_points": max(gaps) if gaps else None,
+                    "speedup_8": speedup(8), "speedup_32": speedup(32),
+                    "worst_vs_sync_jitter": min((v for v in jittered if v is not None), default=None)})
+    return out
+
+
+def fig_rules(sweep: Sweep, window: int, rows: list[dict] | None = None) -> Figure:
+    """Speedup against clients, cold start and no jitter: a row of panels per cost
+    profile, one panel per n_sync, one line per (rule, momentum); never-reached is 0."""
+    rows = [r for r in (rows or rules_table(sweep, window)) if r["start"] == "cold" and r["jitter"] == 0]
+    if not rows:
+        raise ValueError("the sweep has no cold-start points without jitter to draw")
+    profiles = sorted({r["profile"] for r in rows})
+    n_syncs = sorted({r["n_sync"] for r in rows})
+    fig, axes = plt.subplots(len(profiles), len(n_syncs), figsize=(3.6 * len(n_syncs), 3.2 * len(profiles)),
+                             squeeze=False, sharey=True)
+    variants = sorted({(r["rule"], r["momentum"]) for r in rows})
+    colours = dict(zip(variants, plt.cm.tab10(np.arange(len(variants)) % 10)))
+    for i, profile in enumerate(profiles):
+        for j, n_sync in enumerate(n_syncs):
+            ax = axes[i][j]
+            _panel(ax, [r for r in rows if r["profile"] == profile and r["n_sync"] == n_sync], variants, colours)
+            ax.set_title(f"{profile} costs, n_sync {n_sync}", fontsize=9)
+            ax.set_xlabel("clients")
+            if j == 0:
+                ax.set_ylabel("time-to-target speedup")
+    axes[0][0].legend(fontsize=6, loc="upper left")
+    fig.suptitle(f"update rules, cold start: speedup against one client ({sweep.name})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _panel(ax, rows: list[dict], variants: Sequence[tuple[str, str]], colours: dict) -> None:
+    ks = sorted({r["clients"] for r in rows})
+    if ks:
+        ax.plot(ks, ks, color="0.8", lw=1, ls=":", label="linear")
+    for variant in variants:
+        mine = sorted((r for r in rows if (r["rule"], r["momentum"]) == variant), key=lambda r: r["clients"])
+        if mine:
+            ax.plot([r["clients"] for r in mine], [r["speedup"] or 0.0 for r in mine], marker="o", ms=3,
+                    color=colours[variant], label=f"{variant[0]} (momentum {variant[1]})")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("symlog", base=2, linthresh=1)
+    ax.grid(alpha=0.3)
