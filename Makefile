@@ -6,7 +6,7 @@ DEMO_OUT ?= runs/demo
 SCALE ?= proxy
 RESULTS := results/$(SCALE)
 
-.PHONY: setup demo test bench clean figures fig1 fig2 fig3 fig4 starts modes
+.PHONY: setup demo test bench clean figures fig1 fig2 fig3 fig4 starts modes rules
 
 setup: $(VENV)/.setup-done
 
@@ -33,11 +33,12 @@ clean:
 # The paper's figures: each runs its sweep (resumable: rerun after a kill) and writes
 # PNG and PDF, tables and findings to results/$(SCALE)/<figure>/. SCALE=paper runs the
 # ImageNet specs (edit their data path; see experiments/configs/paper/slurm.sbatch).
-fig1 starts modes: setup
+fig1 starts modes rules: setup
 	$(BIN)/asgd sweep experiments/configs/$(SCALE)/$@.toml --out results/sweeps/$@-$(SCALE)
 	$(BIN)/asgd report results/sweeps/$@-$(SCALE) --figures $(RESULTS)/$@
 
 # Figs. 2 (cold), 3 (warm) and 4 (speedup) come from one sweep: results/$(SCALE)/starts/.
+# `make rules`: the update rules side by side (about 30 minutes at proxy scale).
 fig2 fig3 fig4: starts
 
 figures: fig1 starts modes

@@ -6,8 +6,10 @@ cuts the logs back to those rows, drops snapshots taken after the checkpoint, an
 starts each client at the step after its last handled push, with its data order
 sought to that point (the order is a pure function of seed, client and epoch). So the
 finished logs hold every minibatch and every applied push exactly once. What is not
-restored: the clients' momentum buffers (they restart at zero) and the minibatches a
-client had run but not pushed when the job died (they are run again).
+restored: the clients' momentum buffers (they restart at zero), an EASGD client's own
+weights (it restarts from the center) and the minibatches a client had run but not
+pushed when the job died (they are run again). The server's rule state (DC-ASGD's
+copies, Adagrad's sums, momentum) is in the checkpoint and restored exactly.
 
 `--steps` may grow on resume, to extend a finished run; the settings that shape the
 run (model, data, clients, learning rates...) may not change.
@@ -27,7 +29,7 @@ from paramserver.runlog import CorruptFile, read_jsonl, truncate_jsonl, write_js
 
 CHANGEABLE = {"steps", "quiet", "stall_timeout", "eval_samples", "keep_snapshots", "device", "server_device",
               "resume", "inject_fault", "out", "threads"}
-RECORD_ONLY = {"provenance", "num_params", "train_size", "resumed"}  # config.json keys that are not config
+RECORD_ONLY = {"provenance", "num_params", "train_size", "resumed", "momentum_used"}  # config.json keys that are not config
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,6 @@ from paramserver.runlog import write_json_atomic
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")
 VARIANT_KEYS = ("rule", "momentum", "speed_jitter", "sim_profile")  # grid keys that are config keys as such
 VARIANT_TAGS = {"rule": "", "momentum": "m", "speed_jitter": "j", "sim_profile": ""}  # their part of a point id
-DEFAULTS = RunConfig().to_dict()
 SPEC_KEYS = {"name": str, "scale": str, "backend": str, "timeout": float, "warm_start": int, "window": int,
              "steps_per_client": str,
              "base": dict, "grid": (dict, list)}  # key: the type load_spec reads it as
@@ -154,10 +153,11 @@ def _point(settings: dict[str, Any], raw: dict[str, Any], backend: str) -> Point
     if settings["start"] == "warm" and not config.warm_start:
         raise ConfigError("sweep: warm points need warm_start > 0 in the spec")
     point_id = f"{settings['mode']}-c{settings['clients']}-n{settings['n_sync']}-{settings['start']}-s{settings['seed']}"
-    # a variant names the point where it departs from asgd train's default, so two grids
-    # that reach the same config reach the same point
+    # a variant names the point where it departs from the spec's [base] (or asgd train's
+    # default), so two grids that reach the same config reach the same point
+    reference = load_config(None, base)
     point_id += "".join(f"-{VARIANT_TAGS[key]}{getattr(config, key)}" for key in VARIANT_KEYS
-                        if getattr(config, key) != DEFAULTS[key])
+                        if getattr(config, key) != getattr(reference, key))
     # the index holds every variant's value, given or not, so the analysis can tell points apart
     return Point(point_id, {**settings, **{key: getattr(config, key) for key in VARIANT_KEYS}}, config)
 

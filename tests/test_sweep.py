@@ -34,6 +34,8 @@ def rows(run: Path) -> list[dict]:
     ("clients = 2", "", "must be a non-empty list"),
     ('start = ["tepid"]', "", "start must be cold or warm"),
     ("n_sync = [0]", "", "n_sync: must be at least 1"),
+    ('rule = ["magic"]', "", "rule: unknown rule 'magic'"),
+    ('momentum = ["lots"]', "", "momentum: expected float"),
 ])
 def test_bad_specs_exit_2_with_one_line(tmp_path, tiny_npz, capsys, grid, base, expected):
     assert main(["sweep", str(spec(tmp_path, tiny_npz, grid, base)), "--out", str(tmp_path / "out")]) == 2
@@ -114,3 +116,28 @@ def test_an_mpi_sweep_launches_mpiexec_per_point(tmp_path, tiny_npz):
         ranks = json.loads((out / p["run"] / "config.json").read_text())["provenance"]["ranks"]
         assert len(ranks) == p["clients"] + (p["mode"] == "async")  # a real MPI job of the right size
         assert len(rows(out / p["run"])) == 4 * p["clients"]
+
+
+def test_a_rules_sweep_names_its_variants_once_and_reports_them(tmp_path, tiny_npz, capsys):
+    """[[grid]] tables: their union, a point reached by two of them run once, its id naming
+    only what departs from the defaults; steps / sqrt(K) each; the rules report."""
+    path = tmp_path / "rules.toml"
+    path.write_text(f'name = "rules"\nbackend = "sim"\ntimeout = 120\nwindow = 4\nsteps_per_client = "sqrt"\n'
+                    f'[base]\nsteps = 8\ndata = "{tiny_npz}"\nbatch_size = 32\neval_samples = 50\n'
+                    f'sim_step_time = 0.01\n'
+                    f'[[grid]]\nclients = [1, 4]\nrule = ["add", "scaled"]\n'
+                    f'[[grid]]\nclients = [4]\nrule = ["scaled"]\nmomentum = [0.9, "auto"]\n'
+                    f'[[grid]]\nclients = [4]\nmode = ["sync"]\n')
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--out", str(out), "--quiet"]) == 0
+    ids = sorted(p["id"] for p in index(out)["points"])
+    assert ids == ["async-c1-n1-cold-s0", "async-c1-n1-cold-s0-scaled", "async-c4-n1-cold-s0",
+                   "async-c4-n1-cold-s0-scaled", "async-c4-n1-cold-s0-scaled-mauto", "sync-c4-n1-cold-s0"]
+    assert len(rows(out / "runs" / "async-c4-n1-cold-s0-scaled")) == 4 * 4  # ceil(8 / sqrt(4)) each
+    config = json.loads((out / "runs" / "async-c4-n1-cold-s0-scaled-mauto" / "config.json").read_text())
+    assert config["momentum"] == "auto" and config["momentum_used"] == pytest.approx(0.6)
+    assert main(["report", str(out), "--figures", str(tmp_path / "fig")]) == 0
+    table = (tmp_path / "fig" / "rules.csv").read_text().splitlines()
+    assert table[0].startswith("profile,start,jitter,rule,momentum,n_sync,clients,target,time_to_target,speedup")
+    assert len(table) == 1 + 5  # every async point, the 1-client baselines included
+    assert (tmp_path / "fig" / "rules_summary.md").exists() and (tmp_path / "fig" / "rules.png").exists()
