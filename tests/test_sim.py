@@ -56,6 +56,34 @@ def test_virtual_time_follows_the_time_model(tmp_path, tiny_npz):
     assert summary["time_s"] == pytest.approx(max(r["time"] for r in rows(run, "server")), rel=0.01)
 
 
+def test_paper_profile_charges_the_papers_costs(tmp_path, tiny_npz):
+    """1.1 s a minibatch, 240 MB each way at 1.25 GB/s plus 50 us, 0.1 s a push at the
+    server: the virtual clock of one client follows them to the microsecond."""
+    out = tmp_path / "run"
+    assert main(["train", "--backend", "sim", "--data", str(tiny_npz), "--out", str(out), "--clients", "1",
+                 "--steps", "2", "--batch-size", "32", "--eval-samples", "50", "--quiet",
+                 "--sim-profile", "paper"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["sim_step_time"] == 0 and config["provenance"]["sim"]["profile"] == "paper"
+    transfer = 5e-5 + 240e6 / 1.25e9
+    pulled = 5e-5 + transfer  # the first pull's request, then the weights
+    times = [r["time"] for r in rows(out, "clients")]
+    assert times == pytest.approx([pulled + 1.1, pulled + 1.1 + transfer + 0.1 + transfer + 1.1], abs=1e-9)
+
+
+def test_the_servers_push_cost_is_the_real_handlers(tmp_path, tiny_npz):
+    """Left at 0, the push cost is measured on the server's own handler (a push with
+    n_sync log rows and a reply) and recorded in the run's provenance."""
+    from experiments.simulator import measure_push
+    from paramserver.config import RunConfig
+
+    cfg = RunConfig(data=str(tiny_npz), n_sync=4)
+    cost = measure_push(cfg, 10_000, clients=2)
+    assert 0 < cost < 1.0
+    out = sim(tmp_path / "run", tiny_npz, "--clients", "2", "--steps", "2", "--sim-apply-time", "0")
+    assert 0 < json.loads((out / "config.json").read_text())["provenance"]["sim"]["apply_time"] < 1.0
+
+
 def checkpoint_weights(run: Path):
     from paramserver.runlog import load_arrays
     return load_arrays(run / "checkpoint" / "latest.npz")["weights"]
