@@ -5,9 +5,11 @@ paper's rule (`add`, at nominal speed, the shortest such run): the target is its
 smoothed training error + 5%, as in Fig. 4. For every async point the table gives the
 time to that target, the speedup against that one client, against one client of the
 same rule (where the sweep has one; the rules that reduce to `add` at one client use
-it) and against `--mode sync` at the same K (above 1: async is faster); its final test
-error against one client's after as many minibatches in all (the longest 1-client
-`add` run's evaluations: the same data seen), and whether it diverged.
+it) and against `--mode sync` at the same K (above 1: async is faster); the speedup at
+its own final error (how much sooner it got there than the longest one-client run,
+which also counts runs too short for the common target); its final test error against
+one client's after as many minibatches in all (that run's evaluations: the same data
+seen), and whether it diverged.
 """
 from __future__ import annotations
 
@@ -53,6 +55,21 @@ def _time(point: Point | None, target: float, window: int) -> float | None:
     return None if point is None else time_to_target(curve(point, window), target, window)
 
 
+def _speedup_at_own_error(point: Point, one: Point, window: int) -> float | None:
+    """How much sooner this run reached the error it ended at than one client did: a
+    speedup for every run that learned, even one too short for the common target (for
+    a run that ends below anything the one client reached, a lower bound)."""
+    mine = curve(point, window)
+    if mine.minibatches[-1] < window:
+        return None
+    error = float(mine.error[-1])
+    t = time_to_target(mine, error, window)
+    t1 = time_to_target(curve(one, window), error, window)
+    if t1 is None:
+        t1 = float(curve(one, window).time[-1])
+    return _ratio(t1, t)
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
@@ -76,15 +93,17 @@ def rules_table(sweep: Sweep, window: int) -> list[dict]:
             sync = [s for s in sweep.select(mode="sync", clients=p.clients, profile=profile, start=start)
                     if s.jitter == jitter]
             final = load_json(p.run, "summary").get("final_test_error")
+            diverged = final is None or not np.isfinite(final) or final > DIVERGED
             one = test_error_after(longest, int(curve(p, window).minibatches[-1]))
             rows.append({"profile": profile, "start": start, "jitter": jitter, "rule": p.rule,
                          "momentum": p.momentum, "n_sync": p.n_sync, "clients": p.clients, "target": target,
                          "time_to_target": t, "speedup": _ratio(t1, t),
+                         "speedup_at_own_error": None if diverged else _speedup_at_own_error(p, longest, window),
                          "speedup_same_rule": _ratio(_time(own[0], target, window), t) if own else None,
                          "vs_sync": _ratio(_time(sync[0], target, window), t) if sync else None,
                          "final_test_error": final, "one_client_test_error": one,
                          "gap_points": None if one is None or final is None else 100 * (final - one),
-                         "diverged": final is None or not np.isfinite(final) or final > DIVERGED})
+                         "diverged": diverged})
     return rows
 
 
@@ -110,6 +129,8 @@ def rules_summary(rows: list[dict]) -> list[dict]:
                     "worst_gap_points": max(gaps) if gaps else None,
                     "speedup_8": speedup(8), "speedup_32": speedup(32),
                     "same_rule_8": speedup(8, "speedup_same_rule"), "same_rule_32": speedup(32, "speedup_same_rule"),
+                    "own_error_8": speedup(8, "speedup_at_own_error"),
+                    "own_error_32": speedup(32, "speedup_at_own_error"),
                     "worst_vs_sync_jitter": min((v for v in jittered if v is not None), default=None)})
     return out
 
