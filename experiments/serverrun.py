@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from clients.driver import Outgoing, ServerLink
+from clients.driver import ServerLink
+from clients.loop import Outgoing
 from experiments.progress import Progress
 from experiments.runrecord import RunSetup, async_versions, eval_every, finish_run, open_run, record_failure
 from experiments.resume import cut_back

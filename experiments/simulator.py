@@ -39,7 +39,7 @@ import torch
 from clients.client import Client, Replica
 from clients.collective import mean_in_place
 from clients.data import Dataset, ShardSampler, load_dataset
-from clients.driver import ClientLoop, ClientPlan, Outgoing
+from clients.loop import ClientLoop, ClientPlan, Outgoing
 from clients.models import build_model
 from experiments.collectiverun import collective_run
 from experiments.launch import pick_device

@@ -22,10 +22,9 @@ import numpy as np
 from paramserver.compress import Codec
 from paramserver.config import InjectedFault
 from paramserver.liveness import PeerDied
-from paramserver.protocol import FROM_CLIENTS, Push, Stop, Tag, Weights, well_formed
+from paramserver.protocol import FROM_CLIENTS, Link, Message, PeerTimeout, Push, Stop, Tag, Weights, well_formed
 from paramserver.rundir import RunDir
 from paramserver.store import ApplyResult, Store
-from paramserver.transport import Message, PeerTimeout, Transport
 
 
 class ClientLost(RuntimeError):
@@ -84,7 +83,7 @@ class Serving:
     back to (`log_lines`); a fresh one starts from nothing and snapshots version 0.
     """
 
-    transport: Transport
+    transport: Link
     store: Store
     run: RunDir
     client_ranks: list[int]

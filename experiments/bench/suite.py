@@ -174,6 +174,7 @@ def run_bench(out: str, quick: bool) -> int:
                           ("server_peers", server_peers), ("peers", peers), ("simulator", simulator)):
         print(f"bench: {name} ...", file=sys.stderr, flush=True)
         results[name] = measure(quick)
+        write_json_atomic(Path(out), results)  # a crash later loses only the section under way
     results["machine"]["bench_s"] = time.perf_counter() - started
     write_json_atomic(Path(out), results)
     print(tables(results))
