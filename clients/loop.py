@@ -56,7 +56,10 @@ class ClientLoop:
     def __post_init__(self) -> None:
         self.codec = make_codec(self.plan.compress)
         compressed = self.plan.compress != "none"
-        self.feedback = ErrorFeedback(self.codec, self.client.size) if compressed else None
+        # Updates keep what the codec dropped for the next push; weights (EASGD) are
+        # rounded afresh each time, the error bounded by the codec's and never summed.
+        updates = self.client.pushes != "weights"
+        self.feedback = ErrorFeedback(self.codec, self.client.size) if compressed and updates else None
         # where pulled weights land, as they come over the wire
         self.wire = np.empty(self.client.size, self.codec.wire) if compressed else self.client.incoming
 
@@ -85,8 +88,7 @@ class ClientLoop:
 
     def _push(self, fetch: bool) -> Outgoing:
         push = self.client.take_push()
-        if self.feedback is not None:
-            push = self.feedback.encode(push)
+        push = self.codec.encode(push) if self.feedback is None else self.feedback.encode(push)
         header = Push(self.step, push.size, fetch, self.codec.dtype, rows=tuple(self.rows))
         self.rows, self.pushes = [], self.pushes + 1
         return Outgoing(Tag.PUSH, header, push)
