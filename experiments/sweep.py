@@ -26,10 +26,11 @@ A spec (TOML):
     start = ["cold", "warm"]
     mode = ["async"]
     seed = [0]
-    rule = ["add", "dcasgd"]  # these four name the point only where a grid has them
+    rule = ["add", "dcasgd"]  # these five name the point only where they depart from [base]
     momentum = [0.9, "auto"]
     speed_jitter = [0.0, 0.5]
     sim_profile = ["measured", "paper"]
+    steps = [2000]            # minibatches a client (before steps_per_client)
 
 `[[grid]]` tables instead of one `[grid]`: the points are the union of their grids (a
 full grid for some rules, a smaller one for others), each point once.
@@ -58,8 +59,9 @@ from paramserver.config import ConfigError, RunConfig, load_config
 from paramserver.runlog import write_json_atomic
 
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")
-VARIANT_KEYS = ("rule", "momentum", "speed_jitter", "sim_profile")  # grid keys that are config keys as such
-VARIANT_TAGS = {"rule": "", "momentum": "m", "speed_jitter": "j", "sim_profile": ""}  # their part of a point id
+# grid keys that are config keys as such, and their part of a point id
+VARIANT_KEYS = ("rule", "momentum", "speed_jitter", "sim_profile", "steps")
+VARIANT_TAGS = {"rule": "", "momentum": "m", "speed_jitter": "j", "sim_profile": "", "steps": "steps"}
 SPEC_KEYS = {"name": str, "scale": str, "backend": str, "timeout": float, "warm_start": int, "window": int,
              "steps_per_client": str,
              "base": dict, "grid": (dict, list)}  # key: the type load_spec reads it as
@@ -142,24 +144,26 @@ def _point(settings: dict[str, Any], raw: dict[str, Any], backend: str) -> Point
         raise ConfigError(f"sweep: start must be cold or warm, got {settings['start']!r}")
     if settings["mode"] == "sync":
         settings = {**settings, "n_sync": 1}
+    base = raw.get("base", {})
+    reference = load_config(None, base)
+    settings = {**settings, "steps": settings.get("steps", reference.steps)}  # before steps_per_client
     keys = {"clients": settings["clients"], "n_sync": settings["n_sync"], "mode": settings["mode"],
             "seed": settings["seed"], "backend": backend,
             "warm_start": raw.get("warm_start", 0) if settings["start"] == "warm" else 0,
             **{key: settings[key] for key in VARIANT_KEYS if key in settings}}
-    base = raw.get("base", {})
-    if raw.get("steps_per_client") == "sqrt" and "steps" in base:
-        keys["steps"] = max(1, math.ceil(base["steps"] / math.sqrt(settings["clients"])))
+    if raw.get("steps_per_client") == "sqrt":
+        keys["steps"] = max(1, math.ceil(settings["steps"] / math.sqrt(settings["clients"])))
     config = load_config(None, {**base, **keys})
     if settings["start"] == "warm" and not config.warm_start:
         raise ConfigError("sweep: warm points need warm_start > 0 in the spec")
     point_id = f"{settings['mode']}-c{settings['clients']}-n{settings['n_sync']}-{settings['start']}-s{settings['seed']}"
     # a variant names the point where it departs from the spec's [base] (or asgd train's
     # default), so two grids that reach the same config reach the same point
-    reference = load_config(None, base)
-    point_id += "".join(f"-{VARIANT_TAGS[key]}{getattr(config, key)}" for key in VARIANT_KEYS
-                        if getattr(config, key) != getattr(reference, key))
+    values = {key: settings["steps"] if key == "steps" else getattr(config, key) for key in VARIANT_KEYS}
+    point_id += "".join(f"-{VARIANT_TAGS[key]}{values[key]}" for key in VARIANT_KEYS
+                        if values[key] != getattr(reference, key))
     # the index holds every variant's value, given or not, so the analysis can tell points apart
-    return Point(point_id, {**settings, **{key: getattr(config, key) for key in VARIANT_KEYS}}, config)
+    return Point(point_id, {**settings, **values}, config)
 
 
 class SweepRunner:

@@ -36,6 +36,7 @@ class Point:
     momentum: str = "0.9"      # as configured: a number, or "auto"
     jitter: float = 0.0
     profile: str = "measured"
+    steps: int = 0             # minibatches a client, as the grid set them (0: not recorded)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def load_sweep(sweep_dir: str | Path) -> Sweep:
                     start=p.get("start", "cold"), seed=int(p.get("seed", 0)), run=(path / p["run"]).resolve(),
                     status=p["status"], train_size=train_size, rule=p.get("rule", "add"),
                     momentum=str(p.get("momentum", 0.9)), jitter=float(p.get("speed_jitter", 0.0)),
-                    profile=p.get("sim_profile", "measured"))
+                    profile=p.get("sim_profile", "measured"), steps=int(p.get("steps", 0)))
               for p in index["points"] if p.get("status") == "complete"]
     return Sweep(name=meta.get("name", path.name), path=path, meta=meta, points=points)
 

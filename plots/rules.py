@@ -1,11 +1,13 @@
 """The rules sweep (`make rules`): every server update rule side by side, as numbers and a figure.
 
 For each setting (cost profile, start, speed jitter) the baseline is one client of the
-paper's rule (`add`, at nominal speed): the target is its final smoothed training error
-+ 5%, as in Fig. 4. For every async point the table gives the time to that target, the
-speedup against the one client and against `--mode sync` at the same K (above 1: async
-is faster), its test error after as many minibatches in all as the one client ran (the
-same data seen) against the one client's final test error, and whether it diverged.
+paper's rule (`add`, at nominal speed, the shortest such run): the target is its final
+smoothed training error + 5%, as in Fig. 4. For every async point the table gives the
+time to that target, the speedup against that one client, against one client of the
+same rule (where the sweep has one; the rules that reduce to `add` at one client use
+it) and against `--mode sync` at the same K (above 1: async is faster); its final test
+error against one client's after as many minibatches in all (the longest 1-client
+`add` run's evaluations: the same data seen), and whether it diverged.
 """
 from __future__ import annotations
 
@@ -30,19 +32,21 @@ def is_rules_sweep(sweep: Sweep) -> bool:
     return any(len({getattr(p, key) for p in sweep.points}) > 1 for key in VARIANTS)
 
 
-def _baseline(sweep: Sweep, profile: str, start: str) -> Point | None:
-    """One client at nominal speed, the `add` rule preferred, then the smallest n_sync."""
-    ones = [p for p in sweep.select(mode="async", clients=1, profile=profile, start=start) if p.jitter == 0]
-    return min(ones, key=lambda p: (p.rule != "add", p.n_sync, p.seed), default=None)
+REDUCE_TO_ADD = ("add", "scaled", "staleness", "dcasgd")  # exactly add with one client (tests/test_client.py)
+
+
+def _ones(sweep: Sweep, profile: str, start: str, rule: str = "add") -> list[Point]:
+    """One client at nominal speed with `rule`, shortest run first, then smallest n_sync."""
+    ones = [p for p in sweep.select(mode="async", clients=1, profile=profile, start=start, rule=rule)
+            if p.jitter == 0]
+    return sorted(ones, key=lambda p: (p.steps, p.n_sync, p.seed))
 
 
 def test_error_after(point: Point, minibatches: int) -> float | None:
-    """The test error of the first evaluation after `minibatches` in all (the last one if
-    the run is shorter)."""
-    rows = load_log(point.run, "eval")
-    later = [r for r in rows if r.get("minibatches", 0) >= minibatches]
-    row = later[0] if later else (rows[-1] if rows else None)
-    return None if row is None else row.get("test_error")
+    """The test error of the first evaluation after `minibatches` in all; None if the run
+    is shorter."""
+    later = [r for r in load_log(point.run, "eval") if r.get("minibatches", 0) >= minibatches]
+    return later[0].get("test_error") if later else None
 
 
 def _time(point: Point | None, target: float, window: int) -> float | None:
@@ -58,43 +62,45 @@ def rules_table(sweep: Sweep, window: int) -> list[dict]:
     rows = []
     settings = sorted({(p.profile, p.start, p.jitter) for p in sweep.points})
     for profile, start, jitter in settings:
-        base = _baseline(sweep, profile, start)
-        if base is None:
+        ones = _ones(sweep, profile, start)
+        if not ones:
             continue
+        base, longest = ones[0], max(ones, key=lambda p: p.steps)
         target = 1.05 * float(curve(base, window).error[-1])
         t1 = _time(base, target, window)
-        base_test = load_json(base.run, "summary").get("final_test_error")
-        base_total = int(curve(base, window).minibatches[-1])
-        points = [p for p in sweep.select(mode="async", profile=profile, start=start) if p.jitter == jitter]
+        points = [p for p in sweep.select(mode="async", profile=profile, start=start)
+                  if p.jitter == jitter and p not in ones[1:]]
         for p in sorted(points, key=lambda p: (p.rule, p.momentum, p.n_sync, p.clients, p.seed)):
             t = _time(p, target, window)
+            own = _ones(sweep, profile, start, "add" if p.rule in REDUCE_TO_ADD else p.rule)[:1]
             sync = [s for s in sweep.select(mode="sync", clients=p.clients, profile=profile, start=start)
                     if s.jitter == jitter]
             final = load_json(p.run, "summary").get("final_test_error")
-            at_equal = test_error_after(p, base_total)
+            one = test_error_after(longest, int(curve(p, window).minibatches[-1]))
             rows.append({"profile": profile, "start": start, "jitter": jitter, "rule": p.rule,
                          "momentum": p.momentum, "n_sync": p.n_sync, "clients": p.clients, "target": target,
                          "time_to_target": t, "speedup": _ratio(t1, t),
-                         "vs_sync": _ratio(_time(sync[0] if sync else None, target, window), t) if sync else None,
-                         "test_error_at_1_client_minibatches": at_equal,
-                         "gap_points": None if at_equal is None or base_test is None else 100 * (at_equal - base_test),
-                         "final_test_error": final,
+                         "speedup_same_rule": _ratio(_time(own[0], target, window), t) if own else None,
+                         "vs_sync": _ratio(_time(sync[0], target, window), t) if sync else None,
+                         "final_test_error": final, "one_client_test_error": one,
+                         "gap_points": None if one is None or final is None else 100 * (final - one),
                          "diverged": final is None or not np.isfinite(final) or final > DIVERGED})
     return rows
 
 
 def rules_summary(rows: list[dict]) -> list[dict]:
-    """One row per (rule, momentum): how often it diverged, its worst gap to one client at
-    equal minibatches, its cold-start speedups at 8 and 32 clients (measured costs, no
-    jitter, n_sync 1) and its worst standing against sync under speed jitter."""
+    """One row per (rule, momentum), over its runs with more than one client: how often it
+    diverged, its worst gap to one client at equal minibatches, its cold-start speedups
+    at 8 and 32 clients (measured costs, no jitter, n_sync 1; against one client of the
+    paper's rule and of its own) and its worst standing against sync under speed jitter."""
     out = []
     for rule, momentum in sorted({(r["rule"], r["momentum"]) for r in rows}):
         mine = [r for r in rows if r["rule"] == rule and r["momentum"] == momentum and r["clients"] > 1]
         if not mine:
             continue
 
-        def speedup(k: int) -> float | None:
-            hit = [r["speedup"] for r in mine if r["clients"] == k and r["n_sync"] == 1 and r["start"] == "cold"
+        def speedup(k: int, column: str = "speedup") -> float | None:
+            hit = [r[column] for r in mine if r["clients"] == k and r["n_sync"] == 1 and r["start"] == "cold"
                    and r["jitter"] == 0 and r["profile"] == "measured"]
             return hit[0] if hit else None
         gaps = [r["gap_points"] for r in mine if r["gap_points"] is not None]
@@ -103,19 +109,21 @@ def rules_summary(rows: list[dict]) -> list[dict]:
                     "diverged": sum(r["diverged"] for r in mine) / len(mine),
                     "worst_gap_points": max(gaps) if gaps else None,
                     "speedup_8": speedup(8), "speedup_32": speedup(32),
+                    "same_rule_8": speedup(8, "speedup_same_rule"), "same_rule_32": speedup(32, "speedup_same_rule"),
                     "worst_vs_sync_jitter": min((v for v in jittered if v is not None), default=None)})
     return out
 
 
 def fig_rules(sweep: Sweep, window: int, rows: list[dict] | None = None) -> Figure:
     """Speedup against clients, cold start and no jitter: a row of panels per cost
-    profile, one panel per n_sync, one line per (rule, momentum); never-reached is 0."""
+    profile, one panel per n_sync, one line per (rule, momentum); a run that never
+    reached the target is an x at 0."""
     rows = [r for r in (rows or rules_table(sweep, window)) if r["start"] == "cold" and r["jitter"] == 0]
     if not rows:
         raise ValueError("the sweep has no cold-start points without jitter to draw")
     profiles = sorted({r["profile"] for r in rows})
     n_syncs = sorted({r["n_sync"] for r in rows})
-    fig, axes = plt.subplots(len(profiles), len(n_syncs), figsize=(3.6 * len(n_syncs), 3.2 * len(profiles)),
+    fig, axes = plt.subplots(len(profiles), len(n_syncs), figsize=(3.6 * len(n_syncs) + 2.4, 3.2 * len(profiles)),
                              squeeze=False, sharey=True)
     variants = sorted({(r["rule"], r["momentum"]) for r in rows})
     colours = dict(zip(variants, plt.cm.tab10(np.arange(len(variants)) % 10)))
@@ -127,9 +135,13 @@ def fig_rules(sweep: Sweep, window: int, rows: list[dict] | None = None) -> Figu
             ax.set_xlabel("clients")
             if j == 0:
                 ax.set_ylabel("time-to-target speedup")
-    axes[0][0].legend(fontsize=6, loc="upper left")
+    handles = {}
+    for ax in axes.flat:  # every variant once, whichever panel drew it
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.legend(handles.values(), handles.keys(), fontsize=7, loc="center right")
     fig.suptitle(f"update rules, cold start: speedup against one client ({sweep.name})", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.8, 1))
     return fig
 
 
@@ -139,9 +151,16 @@ def _panel(ax, rows: list[dict], variants: Sequence[tuple[str, str]], colours: d
         ax.plot(ks, ks, color="0.8", lw=1, ls=":", label="linear")
     for variant in variants:
         mine = sorted((r for r in rows if (r["rule"], r["momentum"]) == variant), key=lambda r: r["clients"])
-        if mine:
-            ax.plot([r["clients"] for r in mine], [r["speedup"] or 0.0 for r in mine], marker="o", ms=3,
-                    color=colours[variant], label=f"{variant[0]} (momentum {variant[1]})")
+        reached = [r for r in mine if r["speedup"] is not None]
+        missed = [r for r in mine if r["speedup"] is None]  # never reached the target: an x on the axis
+        label = f"{variant[0]} (momentum {variant[1]})"
+        if reached:
+            ax.plot([r["clients"] for r in reached], [r["speedup"] for r in reached], marker="o", ms=3,
+                    color=colours[variant], label=label)
+        if missed:
+            ax.scatter([r["clients"] for r in missed], [0.0] * len(missed), marker="x", s=18,
+                       color=colours[variant], label=None if reached else label)
     ax.set_xscale("log", base=2)
+    ax.set_xticks(ks, [str(k) for k in ks])
     ax.set_yscale("symlog", base=2, linthresh=1)
     ax.grid(alpha=0.3)
