@@ -16,7 +16,6 @@ run (model, data, clients, learning rates...) may not change.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from paramserver.config import ConfigError, RunConfig, load_config
-from paramserver.rundir import RunDir
+from paramserver.rundir import RunDir, RunDirError
 from paramserver.runlog import CorruptFile, read_jsonl, truncate_jsonl, write_json_atomic
 
 CHANGEABLE = {"steps", "quiet", "stall_timeout", "eval_samples", "keep_snapshots", "device", "server_device",
@@ -65,14 +64,13 @@ def resumed_config(run_dir: str, overrides: dict[str, Any]) -> RunConfig:
 
 def _record(path: Path) -> dict[str, Any]:
     """A JSON object the run wrote (config.json, summary.json), refused in one line when
-    damaged or edited into something else."""
+    missing, damaged or edited into something else."""
+    if not path.exists():
+        raise ConfigError(f"resume: cannot read {path} (no such file)")
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"resume: cannot read {path} ({error})") from None
-    if not isinstance(record, dict):
-        raise ConfigError(f"resume: {path} is not a JSON object")
-    return record
+        return RunDir(path.parent).record(path.stem)
+    except RunDirError as error:
+        raise ConfigError(f"resume: {error}") from None
 
 
 def resume_point(run_dir: str) -> ResumePoint:
@@ -94,7 +92,7 @@ def cut_back(run: RunDir, arrays: dict[str, np.ndarray], steps: int, record: dic
         kept = sum(1 for row in read_jsonl(evals) if row["version"] <= version)
         truncate_jsonl(evals, kept)
     (run.path / "summary.json").unlink(missing_ok=True)  # the run is not complete until it is
-    config = json.loads((run.path / "config.json").read_text())
+    config = run.record("config")
     config["resumed"] = [*config.get("resumed", []), record]
     config["steps"] = steps  # a resume may extend the run
     write_json_atomic(run.path / "config.json", config)

@@ -8,7 +8,6 @@ its run directory could say so gets a failed summary; a resumable run says how.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -48,10 +47,7 @@ def supervise(command: list[str], env: dict[str, str], out: str) -> int:
 
 
 def _status(run: Path) -> str | None:
-    try:
-        return json.loads((run / "summary.json").read_text()).get("status")
-    except (OSError, ValueError):
-        return None
+    return RunDir(run).status()
 
 
 def direct_stdio() -> None:
