@@ -41,7 +41,7 @@ def supervise(command: list[str], env: dict[str, str], out: str) -> int:
     if status is None and (Path(out) / "config.json").exists():
         RunDir(out).write_summary({"status": f"failed: the MPI job ended with exit status {returncode}",
                                    "final_test_error": None})
-    if (Path(out) / "checkpoint" / "latest.npz").exists():
+    if RunDir(out).checkpoint_path.exists():
         print(f"asgd: resume with: asgd train --resume {out}", file=sys.stderr)
     return returncode
 

@@ -228,7 +228,7 @@ class SweepRunner:
 
     def _run_point(self, point: Point) -> str:
         run = self.out / "runs" / point.id
-        if (run / "checkpoint" / "latest.npz").exists():
+        if RunDir(run).checkpoint_path.exists():
             command = ["train", "--resume", str(run), "--quiet"]
         else:
             shutil.rmtree(run, ignore_errors=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.runlog import JsonlWriter, load_arrays, read_jsonl, save_arrays, write_json_atomic
+from paramserver.runlog import JsonlWriter, read_jsonl, save_arrays, write_json_atomic
 
 
 class RunDirError(ValueError):
@@ -51,11 +51,10 @@ class RunDir:
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json_atomic(self.path / "summary.json", summary)
 
-    def save_checkpoint(self, arrays: dict[str, np.ndarray]) -> None:
-        save_arrays(self.path / "checkpoint" / "latest.npz", arrays)
-
-    def load_checkpoint(self) -> dict[str, np.ndarray]:
-        return load_arrays(self.path / "checkpoint" / "latest.npz")
+    @property
+    def checkpoint_path(self) -> Path:
+        """Where the run's checkpoint lives (paramserver/checkpoint.py owns its format)."""
+        return self.path / "checkpoint" / "latest.npz"
 
     def record(self, name: str) -> dict[str, Any]:
         """A JSON object the run wrote (`config`, `summary`): {} when it has not been

@@ -19,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from paramserver.checkpoint import Checkpoint
 from paramserver.compress import Codec
 from paramserver.config import InjectedFault
 from paramserver.liveness import PeerDied
@@ -63,15 +64,11 @@ class ServerTally:
         self.client_steps = np.zeros(self.clients, np.int64)   # step of each client's last push handled
         self.client_pushes = np.zeros(self.clients, np.int64)  # pushes handled, per client
 
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {"tally.counts": np.array([self.minibatches, self.samples, self.rejected], np.int64),
-                "tally.client_steps": self.client_steps, "tally.client_pushes": self.client_pushes}
-
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "ServerTally":
-        tally = cls(len(arrays["tally.client_steps"]), *(int(v) for v in arrays["tally.counts"]))
-        tally.client_steps[:] = arrays["tally.client_steps"]
-        tally.client_pushes[:] = arrays["tally.client_pushes"]
+    def from_checkpoint(cls, checkpoint: Checkpoint) -> "ServerTally":
+        tally = cls(len(checkpoint.client_steps), *checkpoint.counts)
+        tally.client_steps[:] = checkpoint.client_steps
+        tally.client_pushes[:] = checkpoint.client_pushes
         return tally
 
 
@@ -135,9 +132,10 @@ class Serving:
 
     def checkpoint(self) -> None:
         """Weights, rule and tallies, with the time and log lengths they correspond to."""
-        self.run.save_checkpoint({**self.store.state(), "weights": self.weights(), **self.tally.arrays(),
-                                  "time": np.array(self.clock()),
-                                  "lines": np.array([self.server_log.lines, self.client_log.lines])})
+        t = self.tally
+        Checkpoint(self.weights(), self.store.version, self.clock(), (self.server_log.lines, self.client_log.lines),
+                   (t.minibatches, t.samples, t.rejected), t.client_steps, t.client_pushes,
+                   self.store.state()).save(self.run)
 
     def close(self) -> None:
         self.server_log.close()
