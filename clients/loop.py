@@ -73,8 +73,7 @@ class ClientLoop:
         while self.step < plan.steps:
             self.step += 1
             result = self.client.step()
-            self.rows.append({"client": plan.index, "step": self.step, "time": self.clock(),
-                              "loss": result.loss, "error": result.error, "samples": result.samples})
+            self.rows.append(result.row(plan.index, self.step, self.clock()))
             if self.step == plan.fault_step:
                 raise InjectedFault(f"injected fault on client {plan.index} at step {self.step}")
             last = self.step == plan.steps

@@ -50,8 +50,7 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
                 results = collective_step(clients, cfg.mode, step, cfg.steps, cfg.n_sync, average)
                 advance(step)
                 now = clock()
-                rows = [{"client": i, "step": step, "time": now, "loss": r.loss, "error": r.error,
-                         "samples": r.samples} for i, r in zip(indices, results)]
+                rows = [r.row(i, step, now) for i, r in zip(indices, results)]
                 _maybe_fault(cfg.fault, indices, step)
                 everyone = gather(rows)
                 if recorder:

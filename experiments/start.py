@@ -86,8 +86,7 @@ def starting_weights(cfg: RunConfig, dataset: Dataset, device: str,
     rows = []
     for step in range(1, cfg.warm_start + 1):
         result = client.step()
-        rows.append({"client": 0, "step": step, "time": clock(), "loss": result.loss,
-                     "error": result.error, "samples": result.samples})
+        rows.append(result.row(0, step, clock()))
     return host_copy(client.weights), rows
 
 
