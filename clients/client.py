@@ -39,6 +39,11 @@ class StepResult:
     error: float
     samples: int
 
+    def row(self, client: int, step: int, time: float) -> dict:
+        """The minibatch's row in clients.jsonl (or warm_start.jsonl): the one place it is built."""
+        return {"client": client, "step": step, "time": time, "loss": self.loss, "error": self.error,
+                "samples": self.samples}
+
 
 class Replica:
     """A model and its SGD optimizer, stepping whichever client is bound to it."""

@@ -1,98 +1,22 @@
-"""The client's training loop and its sync points, and the MPI driver around it.
+"""The client's MPI driver: `run_client` moves a `ClientLoop`'s messages over a link.
 
-    pull -> [step ... step] -> push (+ fetch) -> [step ...] -> ... -> STOP
-
-A push goes every `n_push` minibatches and at the last one (so no work is lost), a
-fetch every `n_fetch` minibatches before the last. The minibatch rows travel inside
-the push, to be written by the server's rank. `ClientLoop` is the loop itself, cut at
-the points where the client talks to the server; `run_client` drives it over MPI and
-the simulator drives the same object from its event queue.
+The loop itself (clients/loop.py) knows nothing of the wire; `ServerLink` is the
+client's end of it, also used by server 0 to read the other servers' slices. Typed
+against `paramserver.protocol.Link`, so importing this starts no MPI.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
 
 from clients.client import Client
-from paramserver.compress import ErrorFeedback, make_codec
-from paramserver.config import InjectedFault
-from paramserver.protocol import Pull, Push, Stop, Tag, shard_bounds
-from paramserver.transport import Transport
+from clients.loop import ClientLoop, ClientPlan, Outgoing
+from paramserver.protocol import Link, Pull, Push, Tag, shard_bounds
 
 
-@dataclass(frozen=True)
-class ClientPlan:
-    index: int             # client number, 0..K-1 (rows carry it)
-    steps: int
-    n_push: int
-    n_fetch: int
-    timeout: float         # longest wait for the server's reply
-    servers: tuple[int, ...] = (0,)  # server ranks, in the order of their slices
-    fault_step: int | None = None
-    compress: str = "none"  # pushes and pulls on the wire (paramserver/compress.py)
-
-
-@dataclass(frozen=True)
-class Outgoing:
-    tag: Tag
-    header: Any
-    payload: np.ndarray | None = None
-
-
-@dataclass
-class ClientLoop:
-    """The loop of one client, advanced one communication point at a time."""
-
-    client: Client
-    plan: ClientPlan
-    clock: Callable[[], float]    # read once after each minibatch, for its row
-    step: int = 0
-    pushes: int = 0
-    done: bool = False
-    rows: list[dict] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.codec = make_codec(self.plan.compress)
-        compressed = self.plan.compress != "none"
-        self.feedback = ErrorFeedback(self.codec, self.client.size) if compressed else None
-        # where pulled weights land, as they come over the wire
-        self.wire = np.empty(self.client.size, self.codec.wire) if compressed else self.client.incoming
-
-    def take_weights(self, data: np.ndarray) -> None:
-        """The server's weights, as they came over the wire."""
-        self.client.sync(self.codec.decode(data, self.client.incoming))
-
-    def advance(self) -> tuple[Outgoing, bool]:
-        """Train up to the next sync point: (the message to send, whether weights come back)."""
-        plan = self.plan
-        while self.step < plan.steps:
-            self.step += 1
-            result = self.client.step()
-            self.rows.append({"client": plan.index, "step": self.step, "time": self.clock(),
-                              "loss": result.loss, "error": result.error, "samples": result.samples})
-            if self.step == plan.fault_step:
-                raise InjectedFault(f"injected fault on client {plan.index} at step {self.step}")
-            last = self.step == plan.steps
-            fetch = self.step % plan.n_fetch == 0 and not last
-            if self.step % plan.n_push == 0 or last:
-                return self._push(fetch), fetch
-            if fetch:
-                return Outgoing(Tag.PULL, Pull()), True
-        self.done = True
-        return Outgoing(Tag.STOP, Stop(self.step, self.pushes)), False
-
-    def _push(self, fetch: bool) -> Outgoing:
-        push = self.client.take_push()
-        if self.feedback is not None:
-            push = self.feedback.encode(push)
-        header = Push(self.step, push.size, fetch, self.codec.dtype, rows=tuple(self.rows))
-        self.rows, self.pushes = [], self.pushes + 1
-        return Outgoing(Tag.PUSH, header, push)
-
-
-def run_client(transport: Transport, client: Client, plan: ClientPlan,
+def run_client(transport: Link, client: Client, plan: ClientPlan,
                clock: Callable[[], float], start: tuple[int, int] = (0, 0)) -> int:
     """Train up to `plan.steps` minibatches over MPI, from `start` = (step, pushes so far,
     after a resume); returns the number of pushes sent in all."""
@@ -118,7 +42,7 @@ class ServerLink:
     servers, a server blocked on its reply to us while we wait for a server that waits
     for it would be a deadlock."""
 
-    def __init__(self, transport: Transport, servers: tuple[int, ...], bounds: list[tuple[int, int]],
+    def __init__(self, transport: Link, servers: tuple[int, ...], bounds: list[tuple[int, int]],
                  timeout: float):
         self.transport, self.servers, self.bounds, self.timeout = transport, servers, bounds, timeout
 

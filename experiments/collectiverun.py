@@ -26,6 +26,7 @@ from clients.models import host_copy
 from experiments.progress import Progress
 from experiments.resume import ResumePoint, cut_back
 from experiments.runrecord import RunSetup, eval_every, finish_run, open_run, record_failure
+from paramserver.checkpoint import Checkpoint
 from paramserver.config import InjectedFault
 from paramserver.rundir import RunDir
 
@@ -49,8 +50,7 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
                 results = collective_step(clients, cfg.mode, step, cfg.steps, cfg.n_sync, average)
                 advance(step)
                 now = clock()
-                rows = [{"client": i, "step": step, "time": now, "loss": r.loss, "error": r.error,
-                         "samples": r.samples} for i, r in zip(indices, results)]
+                rows = [r.row(i, step, now) for i, r in zip(indices, results)]
                 _maybe_fault(cfg.fault, indices, step)
                 everyone = gather(rows)
                 if recorder:
@@ -86,10 +86,10 @@ def _open(setup: RunSetup, every: int, point: ResumePoint | None) -> tuple[RunDi
         run.save_snapshot(setup.weights, 0, 0.0, 0)
         return run, {"minibatches": 0, "samples": 0}, 0
     run = RunDir(setup.out)
-    arrays = run.load_checkpoint()
-    cut_back(run, arrays, setup.cfg.steps, setup.provenance)
-    minibatches, samples, _ = (int(n) for n in arrays["tally.counts"])
-    return run, {"minibatches": minibatches, "samples": samples}, int(arrays["lines"][1])
+    checkpoint = Checkpoint.load(run)
+    cut_back(run, checkpoint, setup.cfg.steps, setup.provenance)
+    minibatches, samples, _ = checkpoint.counts
+    return run, {"minibatches": minibatches, "samples": samples}, checkpoint.lines[1]
 
 
 def _record(run: RunDir, setup: RunSetup, weights: np.ndarray, step: int, now: float, counts: dict[str, Any],
@@ -101,10 +101,8 @@ def _record(run: RunDir, setup: RunSetup, weights: np.ndarray, step: int, now: f
     run.save_snapshot(weights, step, now, counts["minibatches"])
     if cfg.mode == "sync" or step % cfg.n_sync == 0 or step == cfg.steps:
         k = setup.clients
-        run.save_checkpoint({"weights": weights, "version": np.array(step), "time": np.array(now),
-                             "tally.counts": np.array([counts["minibatches"], counts["samples"], 0]),
-                             "tally.client_steps": np.full(k, step), "tally.client_pushes": np.zeros(k, np.int64),
-                             "lines": np.array([0, lines])})
+        Checkpoint(weights, step, now, (0, lines), (counts["minibatches"], counts["samples"], 0),
+                   np.full(k, step), np.zeros(k, np.int64)).save(run)
 
 
 def _maybe_fault(fault: tuple[int, int] | None, indices: list[int], step: int) -> None:

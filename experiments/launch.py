@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, NoReturn
+from typing import TYPE_CHECKING, Callable, NoReturn
 
 import torch
 
@@ -34,7 +34,9 @@ from experiments.start import make_client, make_replica, start_client, starting_
 from paramserver.config import RunConfig
 from paramserver.liveness import PeerDied, PeerWatch
 from paramserver.protocol import Bye, Fail, Tag
-from paramserver.transport import Transport
+
+if TYPE_CHECKING:  # the transport imports mpi4py, which starts MPI: only run_mpi loads it
+    from paramserver.transport import Transport
 
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 FAIL_GRACE_S = 5.0  # a failed client waits this long for the server to record why
@@ -86,6 +88,8 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
     every rank is a client and rank 0 also records the run.
     """
     from mpi4py import MPI
+
+    from paramserver.transport import Transport
 
     direct_stdio()
     comm = MPI.COMM_WORLD

@@ -16,15 +16,14 @@ run (model, data, clients, learning rates...) may not change.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
+from paramserver.checkpoint import Checkpoint
 from paramserver.config import ConfigError, RunConfig, load_config
-from paramserver.rundir import RunDir
+from paramserver.rundir import RunDir, RunDirError
 from paramserver.runlog import CorruptFile, read_jsonl, truncate_jsonl, write_json_atomic
 
 CHANGEABLE = {"steps", "quiet", "stall_timeout", "eval_samples", "keep_snapshots", "device", "server_device",
@@ -48,10 +47,10 @@ def resumed_config(run_dir: str, overrides: dict[str, Any]) -> RunConfig:
     for key, value in overrides.items():
         if value is not None and key not in CHANGEABLE and value != stored.get(key):
             raise ConfigError(f"resume: {key} cannot change when resuming (run has {stored.get(key)!r})")
-    if not (Path(run_dir) / "checkpoint" / "latest.npz").exists():
+    if not RunDir(run_dir).checkpoint_path.exists():
         raise ConfigError(f"resume: {run_dir} has no checkpoint to resume from")
     try:
-        RunDir(run_dir).load_checkpoint()
+        Checkpoint.verify(RunDir(run_dir))
     except CorruptFile as error:
         raise ConfigError(f"resume: {error}") from None
     given = {k: v for k, v in overrides.items() if v is not None}
@@ -65,27 +64,26 @@ def resumed_config(run_dir: str, overrides: dict[str, Any]) -> RunConfig:
 
 def _record(path: Path) -> dict[str, Any]:
     """A JSON object the run wrote (config.json, summary.json), refused in one line when
-    damaged or edited into something else."""
+    missing, damaged or edited into something else."""
+    if not path.exists():
+        raise ConfigError(f"resume: cannot read {path} (no such file)")
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"resume: cannot read {path} ({error})") from None
-    if not isinstance(record, dict):
-        raise ConfigError(f"resume: {path} is not a JSON object")
-    return record
+        return RunDir(path.parent).record(path.stem)
+    except RunDirError as error:
+        raise ConfigError(f"resume: {error}") from None
 
 
 def resume_point(run_dir: str) -> ResumePoint:
-    arrays = RunDir(run_dir).load_checkpoint()
-    return ResumePoint(float(arrays["time"]), [int(s) for s in arrays["tally.client_steps"]],
-                       [int(p) for p in arrays["tally.client_pushes"]])
+    checkpoint = Checkpoint.load(RunDir(run_dir))
+    return ResumePoint(checkpoint.time, [int(s) for s in checkpoint.client_steps],
+                       [int(p) for p in checkpoint.client_pushes])
 
 
-def cut_back(run: RunDir, arrays: dict[str, np.ndarray], steps: int, record: dict[str, Any]) -> None:
+def cut_back(run: RunDir, checkpoint: Checkpoint, steps: int, record: dict[str, Any]) -> None:
     """Make the run directory what it was at the checkpoint, and note the resume in config.json."""
-    version = int(arrays["version"])
-    for log, lines in zip(("server", "clients"), arrays["lines"]):
-        truncate_jsonl(run.path / f"{log}.jsonl", int(lines))
+    version = checkpoint.version
+    for log, lines in zip(("server", "clients"), checkpoint.lines):
+        truncate_jsonl(run.path / f"{log}.jsonl", lines)
     for snapshot_version, path in run.snapshots():
         if snapshot_version > version:
             path.unlink()
@@ -94,7 +92,7 @@ def cut_back(run: RunDir, arrays: dict[str, np.ndarray], steps: int, record: dic
         kept = sum(1 for row in read_jsonl(evals) if row["version"] <= version)
         truncate_jsonl(evals, kept)
     (run.path / "summary.json").unlink(missing_ok=True)  # the run is not complete until it is
-    config = json.loads((run.path / "config.json").read_text())
+    config = run.record("config")
     config["resumed"] = [*config.get("resumed", []), record]
     config["steps"] = steps  # a resume may extend the run
     write_json_atomic(run.path / "config.json", config)

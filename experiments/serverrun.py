@@ -13,11 +13,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from clients.driver import Outgoing, ServerLink
+from clients.driver import ServerLink
+from clients.loop import Outgoing
 from experiments.progress import Progress
 from experiments.runrecord import RunSetup, async_versions, eval_every, finish_run, open_run, record_failure
 from experiments.resume import cut_back
 from paramserver.arrays import ServerArrays
+from paramserver.checkpoint import Checkpoint
 from paramserver.compress import make_codec
 from paramserver.config import RunConfig
 from paramserver.protocol import Pull, Tag, shard_bounds
@@ -41,10 +43,10 @@ def serve_run(setup: RunSetup, transport: Any, clock: Callable[[], float],
     tally, lines = None, (0, 0)
     if cfg.resume:
         run = RunDir(setup.out)
-        arrays = run.load_checkpoint()
-        store.load_state(arrays)
-        cut_back(run, arrays, cfg.steps, setup.provenance)
-        tally, lines = ServerTally.from_arrays(arrays), tuple(int(n) for n in arrays["lines"])
+        checkpoint = Checkpoint.load(run)
+        store.load_state(checkpoint.store_state)
+        cut_back(run, checkpoint, cfg.steps, setup.provenance)
+        tally, lines = ServerTally.from_checkpoint(checkpoint), checkpoint.lines
     else:
         run = open_run(setup, every)
     progress = Progress(clients * cfg.steps, quiet=cfg.quiet)

@@ -36,10 +36,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from clients.client import Client, Replica
+from clients.client import Client, Replica, StepResult
 from clients.collective import mean_in_place
 from clients.data import Dataset, ShardSampler, load_dataset
-from clients.driver import ClientLoop, ClientPlan, Outgoing
+from clients.loop import ClientLoop, ClientPlan, Outgoing
 from clients.models import build_model
 from experiments.collectiverun import collective_run
 from experiments.launch import pick_device
@@ -301,7 +301,7 @@ def measure_push(cfg: RunConfig, size: int, clients: int) -> float:
         run.create()
         serving = Serving(link, make_store(cfg, np.zeros(size, np.float32), clients), run, [1], 0, math.inf,
                           time.perf_counter)
-        row = {"client": 0, "step": 1, "time": 0.0, "loss": 2.3, "error": 0.9, "samples": cfg.batch_size}
+        row = StepResult(2.3, 0.9, cfg.batch_size).row(0, 1, 0.0)
         header = Push(cfg.push_every, size, True, rows=(row,) * cfg.push_every)
         push, times = np.zeros(size, np.float32), []
         for _ in range(9):

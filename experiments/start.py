@@ -8,7 +8,6 @@ go to warm_start.jsonl; the run's clock starts after it.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -21,6 +20,7 @@ from clients.models import build_model, flat_weights, host_copy
 from experiments.resume import ResumePoint
 from paramserver.config import RunConfig
 from paramserver.rules import easgd_alpha, rule_class
+from paramserver.rundir import RunDir
 from paramserver.runlog import load_arrays
 
 WARM_STREAM = 1_000_003  # the ShardSampler "client" number of the warm-start order
@@ -50,7 +50,7 @@ def make_client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int
 def start_checkpoint(cfg: RunConfig) -> tuple[str, str] | None:
     """(flag, path) of the checkpoint a run starts from: its own after --resume, else --init's."""
     if cfg.resume:
-        return "resume", str(Path(cfg.resume) / "checkpoint" / "latest.npz")
+        return "resume", str(RunDir(cfg.resume).checkpoint_path)
     return ("init", cfg.init) if cfg.init else None
 
 
@@ -86,8 +86,7 @@ def starting_weights(cfg: RunConfig, dataset: Dataset, device: str,
     rows = []
     for step in range(1, cfg.warm_start + 1):
         result = client.step()
-        rows.append({"client": 0, "step": step, "time": clock(), "loss": result.loss,
-                     "error": result.error, "samples": result.samples})
+        rows.append(result.row(0, step, clock()))
     return host_copy(client.weights), rows
 
 

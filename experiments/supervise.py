@@ -8,7 +8,6 @@ its run directory could say so gets a failed summary; a resumable run says how.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -42,16 +41,13 @@ def supervise(command: list[str], env: dict[str, str], out: str) -> int:
     if status is None and (Path(out) / "config.json").exists():
         RunDir(out).write_summary({"status": f"failed: the MPI job ended with exit status {returncode}",
                                    "final_test_error": None})
-    if (Path(out) / "checkpoint" / "latest.npz").exists():
+    if RunDir(out).checkpoint_path.exists():
         print(f"asgd: resume with: asgd train --resume {out}", file=sys.stderr)
     return returncode
 
 
 def _status(run: Path) -> str | None:
-    try:
-        return json.loads((run / "summary.json").read_text()).get("status")
-    except (OSError, ValueError):
-        return None
+    return RunDir(run).status()
 
 
 def direct_stdio() -> None:

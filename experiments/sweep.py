@@ -56,6 +56,7 @@ from typing import Any
 
 from experiments.progress import Progress
 from paramserver.config import ConfigError, RunConfig, load_config
+from paramserver.rundir import RunDir
 from paramserver.runlog import write_json_atomic
 
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")
@@ -227,7 +228,7 @@ class SweepRunner:
 
     def _run_point(self, point: Point) -> str:
         run = self.out / "runs" / point.id
-        if (run / "checkpoint" / "latest.npz").exists():
+        if RunDir(run).checkpoint_path.exists():
             command = ["train", "--resume", str(run), "--quiet"]
         else:
             shutil.rmtree(run, ignore_errors=True)
@@ -239,7 +240,7 @@ class SweepRunner:
         with self.lock:
             next(e for e in self.index["points"] if e["id"] == point.id)["status"] = status
             if status == "complete":  # epochs in the figures need the training-set size
-                self.index["train_size"] = json.loads((run / "config.json").read_text())["train_size"]
+                self.index["train_size"] = RunDir(run).record("config")["train_size"]
             self._save()
             self.progress.update(self.progress.done + 1)
         return status
@@ -265,10 +266,7 @@ def _execute(argv: list[str], timeout: float, run: Path) -> str:
 
 
 def _complete(run: Path) -> bool:
-    try:
-        return json.loads((run / "summary.json").read_text()).get("status") == "complete"
-    except (OSError, ValueError):
-        return False
+    return RunDir(run).status() == "complete"
 
 
 def _with(config: RunConfig, changes: dict[str, Any]) -> RunConfig:

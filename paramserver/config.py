@@ -230,8 +230,6 @@ def _check_values(cfg: RunConfig) -> None:
              "a run with more than one server cannot be resumed (its servers' slices are not checkpointed together)")
     _require(cfg.compress in CODECS, "compress", f"expected {', '.join(CODECS)}, got {cfg.compress!r}")
     _require(cfg.compress == "none" or cfg.mode == "async", "compress", "needs --mode async (pushes and pulls)")
-    _require(cfg.compress == "none" or cfg.rule != "easgd", "compress",
-             "easgd pushes weights, not updates: error feedback cannot carry them")
     _require(cfg.on_client_failure in FAILURE_POLICIES, "on_client_failure",
              f"expected {' or '.join(FAILURE_POLICIES)}, got {cfg.on_client_failure!r}")
     _require(cfg.on_client_failure == "abort" or cfg.mode == "async", "on_client_failure",

@@ -10,9 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.protocol import Tag
+from paramserver.protocol import Message, Tag
 from paramserver.server import Serving, handle
-from paramserver.transport import Message
 
 
 class InProcessLink:

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
 
 
 class Tag(IntEnum):
@@ -78,6 +80,44 @@ class Bye:
 class Weights:
     version: int
     size: int
+
+
+@dataclass(frozen=True)
+class Message:
+    """A header as received, with the rank it came from."""
+
+    source: int
+    tag: int
+    header: Any
+
+
+class PeerTimeout(TimeoutError):
+    """No message came from the awaited rank(s) within the timeout."""
+
+
+class PeerFailed(RuntimeError):
+    """A rank reported an exception (FAIL) while this one waited in a collective."""
+
+
+class Link(Protocol):
+    """The moving of messages, as the server loop and a client's `ServerLink` use it:
+    `paramserver/transport.py` over MPI, `paramserver/inprocess.py` in one process. The
+    cores are typed against this, so none of them imports MPI."""
+
+    def recv(self, timeout: float, source: int = ..., tag: int = ..., busy: float = ...) -> Message: ...
+
+    def recv_payload(self, source: int, into: np.ndarray, timeout: float) -> np.ndarray: ...
+
+    def send(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None,
+             timeout: float = ...) -> None: ...
+
+    def send_many(self, messages: list[tuple[int, Tag, Any, np.ndarray | None]], timeout: float = ...) -> None: ...
+
+    def post(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None) -> list: ...
+
+    def expect_payloads(self, sources: list[int], intos: list[np.ndarray]) -> list: ...
+
+    def complete(self, requests: list, peers: list[int], nbytes: int, timeout: float) -> None: ...
 
 
 def shard_bounds(size: int, servers: int) -> list[tuple[int, int]]:

@@ -10,15 +10,18 @@
       summary.json     results and status                      (written last, atomically)
 
 Only the server's rank writes here; clients ship their rows inside their pushes.
+`RunDir` is also the one reader of a run directory (`record`, `summary`, `status`,
+`rows`): plots, sweeps, the supervisor, resume and the bench all read through it.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from paramserver.runlog import JsonlWriter, load_arrays, save_arrays, write_json_atomic
+from paramserver.runlog import JsonlWriter, read_jsonl, save_arrays, write_json_atomic
 
 
 class RunDirError(ValueError):
@@ -48,11 +51,40 @@ class RunDir:
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json_atomic(self.path / "summary.json", summary)
 
-    def save_checkpoint(self, arrays: dict[str, np.ndarray]) -> None:
-        save_arrays(self.path / "checkpoint" / "latest.npz", arrays)
+    @property
+    def checkpoint_path(self) -> Path:
+        """Where the run's checkpoint lives (paramserver/checkpoint.py owns its format)."""
+        return self.path / "checkpoint" / "latest.npz"
 
-    def load_checkpoint(self) -> dict[str, np.ndarray]:
-        return load_arrays(self.path / "checkpoint" / "latest.npz")
+    def record(self, name: str) -> dict[str, Any]:
+        """A JSON object the run wrote (`config`, `summary`): {} when it has not been
+        written, RunDirError (one line) when it is damaged or not an object."""
+        path = self.path / f"{name}.json"
+        try:
+            record = json.loads(path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as error:
+            raise RunDirError(f"cannot read {path} ({error})") from None
+        if not isinstance(record, dict):
+            raise RunDirError(f"{path} is not a JSON object")
+        return record
+
+    def summary(self) -> dict[str, Any]:
+        return self.record("summary")
+
+    def status(self) -> str | None:
+        """The summary's status (`complete`, `failed: ...`); None without a readable one."""
+        try:
+            status = self.summary().get("status")
+        except RunDirError:
+            return None
+        return status if isinstance(status, str) else None
+
+    def rows(self, log: str) -> list[dict[str, Any]]:
+        """The rows of `log`.jsonl (clients, server, eval, warm_start); [] before it exists."""
+        path = self.path / f"{log}.jsonl"
+        return list(read_jsonl(path)) if path.exists() else []
 
     def save_snapshot(self, weights: np.ndarray, version: int, time: float, minibatches: int) -> None:
         meta = np.array([time, minibatches], dtype=np.float64)

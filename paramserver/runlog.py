@@ -75,7 +75,10 @@ def truncate_jsonl(path: Path, lines: int) -> None:
 
 
 def _replace_atomically(path: Path, write) -> None:
+    """Every writer makes its folder: a first write into `results/` must not fail at the end
+    of minutes of measurements."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
         write(f)

@@ -19,13 +19,13 @@ from typing import Callable
 
 import numpy as np
 
+from paramserver.checkpoint import Checkpoint
 from paramserver.compress import Codec
 from paramserver.config import InjectedFault
 from paramserver.liveness import PeerDied
-from paramserver.protocol import FROM_CLIENTS, Push, Stop, Tag, Weights, well_formed
+from paramserver.protocol import FROM_CLIENTS, Link, Message, PeerTimeout, Push, Stop, Tag, Weights, well_formed
 from paramserver.rundir import RunDir
 from paramserver.store import ApplyResult, Store
-from paramserver.transport import Message, PeerTimeout, Transport
 
 
 class ClientLost(RuntimeError):
@@ -64,15 +64,11 @@ class ServerTally:
         self.client_steps = np.zeros(self.clients, np.int64)   # step of each client's last push handled
         self.client_pushes = np.zeros(self.clients, np.int64)  # pushes handled, per client
 
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {"tally.counts": np.array([self.minibatches, self.samples, self.rejected], np.int64),
-                "tally.client_steps": self.client_steps, "tally.client_pushes": self.client_pushes}
-
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "ServerTally":
-        tally = cls(len(arrays["tally.client_steps"]), *(int(v) for v in arrays["tally.counts"]))
-        tally.client_steps[:] = arrays["tally.client_steps"]
-        tally.client_pushes[:] = arrays["tally.client_pushes"]
+    def from_checkpoint(cls, checkpoint: Checkpoint) -> "ServerTally":
+        tally = cls(len(checkpoint.client_steps), *checkpoint.counts)
+        tally.client_steps[:] = checkpoint.client_steps
+        tally.client_pushes[:] = checkpoint.client_pushes
         return tally
 
 
@@ -84,7 +80,7 @@ class Serving:
     back to (`log_lines`); a fresh one starts from nothing and snapshots version 0.
     """
 
-    transport: Transport
+    transport: Link
     store: Store
     run: RunDir
     client_ranks: list[int]
@@ -136,9 +132,10 @@ class Serving:
 
     def checkpoint(self) -> None:
         """Weights, rule and tallies, with the time and log lengths they correspond to."""
-        self.run.save_checkpoint({**self.store.state(), "weights": self.weights(), **self.tally.arrays(),
-                                  "time": np.array(self.clock()),
-                                  "lines": np.array([self.server_log.lines, self.client_log.lines])})
+        t = self.tally
+        Checkpoint(self.weights(), self.store.version, self.clock(), (self.server_log.lines, self.client_log.lines),
+                   (t.minibatches, t.samples, t.rejected), t.client_steps, t.client_pushes,
+                   self.store.state()).save(self.run)
 
     def close(self) -> None:
         self.server_log.close()

@@ -16,37 +16,21 @@ import math
 import os
 import pickle
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 from mpi4py import MPI
 
 from paramserver.liveness import PeerDied, PeerWatch
-from paramserver.protocol import Tag
+from paramserver.protocol import Message, PeerFailed, PeerTimeout, Tag
 
 ANY = MPI.ANY_SOURCE
 _FIRST_SLEEP, _MAX_SLEEP = 50e-6, 1e-3
 _BUSY = 1e-3  # a message the peer sends right after its last one comes within this
 
 
-class PeerTimeout(TimeoutError):
-    """No message came from the awaited rank(s) within the timeout."""
-
-
-class PeerFailed(RuntimeError):
-    """A rank reported an exception (FAIL) while this one waited in a collective."""
-
-
-@dataclass(frozen=True)
-class Message:
-    source: int
-    tag: int
-    header: Any
-
-
 class Transport:
-    """Point-to-point messages over one communicator."""
+    """Point-to-point messages over one communicator (the MPI `Link`)."""
 
     def __init__(self, comm: MPI.Comm, watch: PeerWatch | None = None, timeout: float = 600.0):
         self.comm = comm

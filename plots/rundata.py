@@ -1,22 +1,19 @@
 """Reading run directories and smoothing their curves (numpy only)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from paramserver.runlog import read_jsonl
+from paramserver.rundir import RunDir
 
 
 def load_log(run_dir: str | Path, log: str) -> list[dict]:
-    path = Path(run_dir) / f"{log}.jsonl"
-    return list(read_jsonl(path)) if path.exists() else []
+    return RunDir(run_dir).rows(log)
 
 
 def load_json(run_dir: str | Path, name: str) -> dict:
-    path = Path(run_dir) / f"{name}.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+    return RunDir(run_dir).record(name)
 
 
 def smoothed_error(rows: list[dict], window: int = 400) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

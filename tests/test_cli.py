@@ -35,7 +35,6 @@ CASES = [
     (["--dc-lambda", "-1"], "dc_lambda: must be non-negative"),
     (["--easgd-beta", "1.5"], "easgd_beta: must be in (0, 1)"),
     (["--rule", "easgd", "--n-push", "2", "--n-fetch", "4"], "rule: easgd needs n_push == n_fetch"),
-    (["--rule", "easgd", "--compress", "bf16"], "compress: easgd pushes weights"),
     (["--sim-profile", "cray"], "sim_profile: unknown profile 'cray'"),
     (["--sim-push-bytes", "-1"], "sim_push_bytes: must be non-negative"),
     (["--device", "tpu"], "device: expected auto, cpu or cuda"),

@@ -8,7 +8,7 @@ import pytest
 
 from clients.client import Client, Replica
 from clients.data import ShardSampler, load_dataset, shard_indices
-from clients.driver import ClientLoop, ClientPlan
+from clients.loop import ClientLoop, ClientPlan
 from clients.models import build_model, flat_weights
 from paramserver.inprocess import InProcessLink
 from paramserver.protocol import Pull, Tag

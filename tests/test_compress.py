@@ -63,3 +63,13 @@ def test_a_nan_survives_bf16_and_the_server_rejects_it(served):
     push = np.array([np.nan, 0, 0, 0], np.float32)
     s.transport.deliver(s, 1, Tag.PUSH, Push(1, 4, False, codec.dtype), codec.encode(push))
     assert s.store.version == 0 and s.tally.rejected == 1
+
+
+def test_easgd_pushes_its_weights_compressed_without_error_feedback(tmp_path, tiny_npz):
+    """Weights are rounded afresh at every push (no residual to carry); the run learns."""
+    flags = ["--clients", "2", "--steps", "40", "--n-sync", "2", "--rule", "easgd"]
+    plain = sim(tmp_path / "plain", tiny_npz, *flags)
+    packed = sim(tmp_path / "bf16", tiny_npz, *flags, "--compress", "bf16")
+    plain_summary, summary = (json.loads((run / "summary.json").read_text()) for run in (plain, packed))
+    assert summary["pushes_applied"] == 40 and summary["wire_bytes_pushed"] * 2 == plain_summary["wire_bytes_pushed"]
+    assert summary["final_test_error"] <= plain_summary["final_test_error"] + 0.05

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.launch import find_mpiexec
+from paramserver.rundir import RunDir
 from paramserver.runlog import read_jsonl, write_json_atomic
 
 PYTHON = [sys.executable, "-m"]
@@ -94,7 +95,7 @@ def asgd_train(out: Path, *flags: str, timeout: float = 600) -> dict:
     """One `asgd train` run (it starts its own MPI job); its summary."""
     command = [sys.executable, "-m", "experiments.cli", "train", "--quiet", "--out", str(out), *flags]
     subprocess.run(command, check=True, timeout=timeout)
-    return json.loads((out / "summary.json").read_text())
+    return RunDir(out).summary()
 
 
 def timed_rate(run: Path, clients: int, steps: int, batch: int) -> float:
@@ -174,6 +175,7 @@ def run_bench(out: str, quick: bool) -> int:
                           ("server_peers", server_peers), ("peers", peers), ("simulator", simulator)):
         print(f"bench: {name} ...", file=sys.stderr, flush=True)
         results[name] = measure(quick)
+        write_json_atomic(Path(out), results)  # a crash later loses only the section under way
     results["machine"]["bench_s"] = time.perf_counter() - started
     write_json_atomic(Path(out), results)
     print(tables(results))

@@ -27,7 +27,8 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-from clients.driver import Outgoing, ServerLink
+from clients.driver import ServerLink
+from clients.loop import Outgoing
 from paramserver.protocol import Pull, Push, Stop, Tag, shard_bounds
 from paramserver.rules import make_rule
 from paramserver.rundir import RunDir

@@ -34,6 +34,7 @@ from clients.data import load_dataset
 from clients.models import build_model, flat_weights
 from experiments.cli import main
 from experiments.sweep import OWN_KEYS
+from paramserver.checkpoint import Checkpoint
 from paramserver.config import RunConfig, field_types
 from paramserver.rundir import RunDir
 from paramserver.runlog import CorruptFile, load_arrays, save_arrays
@@ -506,9 +507,9 @@ def test_every_np_load_refuses_pickles(tmp_path, tiny_npz, monkeypatch):
     monkeypatch.setattr(np, "load", spy)
     run = RunDir(tmp_path / "run")
     run.create()
-    run.save_checkpoint({"weights": np.zeros(3, np.float32)})
+    Checkpoint(np.zeros(3, np.float32), 1, 0.0, (0, 0), (1, 1, 0), np.zeros(1), np.zeros(1)).save(run)
     run.save_snapshot(np.zeros(3, np.float32), version=1, time=0.0, minibatches=1)
-    run.load_checkpoint()
+    Checkpoint.load(run)
     load_arrays(run.snapshots()[0][1])
     load_dataset(str(tiny_npz))
     assert len(calls) >= 3 and all(allowed is False for allowed in calls), calls

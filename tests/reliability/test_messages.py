@@ -18,7 +18,7 @@ from paramserver.inprocess import InProcessLink
 from paramserver.protocol import Fail, Pull, Push, Stop, Tag, Weights
 from paramserver.runlog import read_jsonl
 from paramserver.server import Serving, serve
-from paramserver.transport import Message
+from paramserver.protocol import Message
 from tests.conftest import make_serving, push
 
 GOOD = np.ones(4, np.float32)

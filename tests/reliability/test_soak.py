@@ -14,7 +14,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from clients.driver import Outgoing
+from clients.loop import Outgoing
 from experiments.simulator import Simulation, SimTiming, StepClock
 from paramserver.inprocess import InProcessLink
 from paramserver.protocol import Pull, Push, Stop, Tag

@@ -1,0 +1,93 @@
+"""The client's training loop, cut at its sync points; no MPI inside.
+
+    pull -> [step ... step] -> push (+ fetch) -> [step ...] -> ... -> STOP
+
+A push goes every `n_push` minibatches and at the last one (so no work is lost), a
+fetch every `n_fetch` minibatches before the last. The minibatch rows travel inside
+the push, to be written by the server's rank. `ClientLoop.advance()` trains up to the
+next point where the client talks to the server and returns the message to send;
+`clients/driver.py` moves those messages over a link (MPI), the simulator through its
+event queue, and the tests call it directly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from clients.client import Client
+from paramserver.compress import ErrorFeedback, make_codec
+from paramserver.config import InjectedFault
+from paramserver.protocol import Pull, Push, Stop, Tag
+
+
+@dataclass(frozen=True)
+class ClientPlan:
+    index: int             # client number, 0..K-1 (rows carry it)
+    steps: int
+    n_push: int
+    n_fetch: int
+    timeout: float         # longest wait for the server's reply
+    servers: tuple[int, ...] = (0,)  # server ranks, in the order of their slices
+    fault_step: int | None = None
+    compress: str = "none"  # pushes and pulls on the wire (paramserver/compress.py)
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    tag: Tag
+    header: Any
+    payload: np.ndarray | None = None
+
+
+@dataclass
+class ClientLoop:
+    """The loop of one client, advanced one communication point at a time."""
+
+    client: Client
+    plan: ClientPlan
+    clock: Callable[[], float]    # read once after each minibatch, for its row
+    step: int = 0
+    pushes: int = 0
+    done: bool = False
+    rows: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.codec = make_codec(self.plan.compress)
+        compressed = self.plan.compress != "none"
+        # Updates keep what the codec dropped for the next push; weights (EASGD) are
+        # rounded afresh each time, the error bounded by the codec's and never summed.
+        updates = self.client.pushes != "weights"
+        self.feedback = ErrorFeedback(self.codec, self.client.size) if compressed and updates else None
+        # where pulled weights land, as they come over the wire
+        self.wire = np.empty(self.client.size, self.codec.wire) if compressed else self.client.incoming
+
+    def take_weights(self, data: np.ndarray) -> None:
+        """The server's weights, as they came over the wire."""
+        self.client.sync(self.codec.decode(data, self.client.incoming))
+
+    def advance(self) -> tuple[Outgoing, bool]:
+        """Train up to the next sync point: (the message to send, whether weights come back)."""
+        plan = self.plan
+        while self.step < plan.steps:
+            self.step += 1
+            result = self.client.step()
+            self.rows.append(result.row(plan.index, self.step, self.clock()))
+            if self.step == plan.fault_step:
+                raise InjectedFault(f"injected fault on client {plan.index} at step {self.step}")
+            last = self.step == plan.steps
+            fetch = self.step % plan.n_fetch == 0 and not last
+            if self.step % plan.n_push == 0 or last:
+                return self._push(fetch), fetch
+            if fetch:
+                return Outgoing(Tag.PULL, Pull()), True
+        self.done = True
+        return Outgoing(Tag.STOP, Stop(self.step, self.pushes)), False
+
+    def _push(self, fetch: bool) -> Outgoing:
+        push = self.client.take_push()
+        push = self.codec.encode(push) if self.feedback is None else self.feedback.encode(push)
+        header = Push(self.step, push.size, fetch, self.codec.dtype, rows=tuple(self.rows))
+        self.rows, self.pushes = [], self.pushes + 1
+        return Outgoing(Tag.PUSH, header, push)

@@ -1,0 +1,61 @@
+"""The checkpoint: what a run goes on from after a crash, and the one owner of its format.
+
+`checkpoint/latest.npz` in the run directory holds flat arrays only, so it loads without
+pickle, with the SHA-256 of every array checked on load (paramserver/runlog.py): the
+weights and their version, the run's clock, the rows of the two logs it accounts for,
+the tallies, and in an async run the Store's own arrays (each client's pulled version,
+the counters, the rule's state). Every mode writes this one type; resume reads it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from paramserver.rundir import RunDir
+from paramserver.runlog import CorruptFile, load_arrays, save_arrays
+
+OWN = ("weights", "version", "time", "lines", "tally.counts", "tally.client_steps", "tally.client_pushes")
+
+
+@dataclass
+class Checkpoint:
+    weights: np.ndarray
+    version: int
+    time: float                      # the run's clock at this point
+    lines: tuple[int, int]           # rows of server.jsonl and clients.jsonl it accounts for
+    counts: tuple[int, int, int]     # minibatches, samples, rejected pushes
+    client_steps: np.ndarray         # each client's step at its last handled push
+    client_pushes: np.ndarray        # each client's pushes handled
+    store: dict[str, np.ndarray] = field(default_factory=dict)  # the Store's arrays (async runs)
+
+    def save(self, run: RunDir) -> None:
+        """Atomically: a crash mid-write leaves the previous checkpoint whole."""
+        save_arrays(run.checkpoint_path, {
+            **self.store, "weights": self.weights, "version": np.array(self.version), "time": np.array(self.time),
+            "lines": np.array(self.lines, np.int64), "tally.counts": np.array(self.counts, np.int64),
+            "tally.client_steps": np.asarray(self.client_steps, np.int64),
+            "tally.client_pushes": np.asarray(self.client_pushes, np.int64)})
+
+    @staticmethod
+    def verify(run: RunDir) -> None:
+        """Every array whole (their SHA-256): CorruptFile, one line naming the file, if not."""
+        load_arrays(run.checkpoint_path)
+
+    @classmethod
+    def load(cls, run: RunDir) -> "Checkpoint":
+        """The run's checkpoint, verified: CorruptFile when damaged or missing a part."""
+        arrays = load_arrays(run.checkpoint_path)
+        missing = [key for key in OWN if key not in arrays]
+        if missing:
+            raise CorruptFile(f"{run.checkpoint_path}: not a checkpoint of this tool (no {missing[0]!r})")
+        return cls(arrays["weights"], int(arrays["version"]), float(arrays["time"]),
+                   (int(arrays["lines"][0]), int(arrays["lines"][1])),
+                   tuple(int(n) for n in arrays["tally.counts"]),
+                   arrays["tally.client_steps"], arrays["tally.client_pushes"],
+                   {k: v for k, v in arrays.items() if k not in OWN})
+
+    @property
+    def store_state(self) -> dict[str, np.ndarray]:
+        """What `Store.load_state` takes."""
+        return {**self.store, "weights": self.weights, "version": np.array(self.version)}
