@@ -55,7 +55,7 @@ class RunConfig:
     momentum: float = _key(0.9, "client SGD momentum (the buffer stays on the client), or auto: lowered "
                                 "with the number of clients to offset the momentum asynchrony adds")
     weight_decay: float = _key(5e-4, "client L2 weight decay")
-    rule: str = _key("add", "server update rule: " + ", ".join(RULES) + " (README: Update rules)")
+    rule: str = _key("easgd", "server update rule: " + ", ".join(RULES) + " (README: Update rules)")
     server_lr: Optional[float] = _key(None, "learning rate of the sgd and adagrad rules (default: lr)")
     server_momentum: float = _key(0.0, "momentum of the sgd rule")
     dc_lambda: float = _key(2.0, "dcasgd: lambda0 of the adaptive delay compensation (0: the add rule)")

@@ -84,9 +84,10 @@ def test_four_clients_every_push_applied_once_with_staleness_and_falling_loss(tm
 
 @pytest.mark.parametrize("n_sync", [1, 4])
 def test_one_client_under_mpi_equals_plain_sgd(tmp_path, tiny_npz, n_sync):
+    """The paper's rule (add): one client is plain SGD whatever n_sync."""
     run = tmp_path / "run"
     result = mpi_train(2, "--data", str(tiny_npz), *TINY, "--steps", "12", "--n-sync", str(n_sync),
-                       "--out", str(run))
+                       "--rule", "add", "--out", str(run))
     assert result.returncode == 0, result.stderr
     weights = load_arrays(run / "checkpoint" / "latest.npz")["weights"]
     expected = plain_sgd(load_dataset(str(tiny_npz)), 12, batch_size=32, lr=0.01)
@@ -162,7 +163,7 @@ def test_compressed_pushes_and_pulls_under_mpi(tmp_path, tiny_npz):
 def test_one_client_with_two_sharded_servers_equals_plain_sgd(tmp_path, tiny_npz):
     run = tmp_path / "run"
     result = mpi_train(3, "--servers", "2", "--clients", "1", "--data", str(tiny_npz), *TINY, "--steps", "12",
-                       "--eval-every", "4", "--eval-samples", "50", "--out", str(run))
+                       "--rule", "add", "--eval-every", "4", "--eval-samples", "50", "--out", str(run))
     assert result.returncode == 0, result.stderr
     weights = load_arrays(run / "checkpoint" / "latest.npz")["weights"]
     expected = plain_sgd(load_dataset(str(tiny_npz)), 12, batch_size=32, lr=0.01)
@@ -183,7 +184,7 @@ def test_sharded_servers_apply_every_push_once(tmp_path, tiny_npz):
         ["server", "server", "client", "client", "client"]
 
 
-@pytest.mark.parametrize("rule", ["scaled", "staleness", "dcasgd", "easgd", "adagrad", "sgd"])
+@pytest.mark.parametrize("rule", ["add", "scaled", "staleness", "dcasgd", "easgd", "adagrad", "sgd"])
 def test_every_rule_runs_under_mpiexec(tmp_path, tiny_npz, rule):
     """Two clients, the rule's own push (delta, gradient sum or weights) and state: every
     push applied once, the state in the checkpoint, the weights finite and moved."""

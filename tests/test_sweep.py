@@ -124,7 +124,7 @@ def test_a_rules_sweep_names_its_variants_once_and_reports_them(tmp_path, tiny_n
     path = tmp_path / "rules.toml"
     path.write_text(f'name = "rules"\nbackend = "sim"\ntimeout = 120\nwindow = 4\nsteps_per_client = "sqrt"\n'
                     f'[base]\nsteps = 8\ndata = "{tiny_npz}"\nbatch_size = 32\neval_samples = 50\n'
-                    f'sim_step_time = 0.01\n'
+                    f'sim_step_time = 0.01\nrule = "add"\n'
                     f'[[grid]]\nclients = [1, 4]\nrule = ["add", "scaled"]\n'
                     f'[[grid]]\nclients = [4]\nrule = ["scaled"]\nmomentum = [0.9, "auto"]\n'
                     f'[[grid]]\nclients = [4]\nmode = ["sync"]\n')
