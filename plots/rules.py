@@ -136,9 +136,10 @@ def rules_summary(rows: list[dict]) -> list[dict]:
 
 
 def fig_rules(sweep: Sweep, window: int, rows: list[dict] | None = None) -> Figure:
-    """Speedup against clients, cold start and no jitter: a row of panels per cost
-    profile, one panel per n_sync, one line per (rule, momentum); a run that never
-    reached the target is an x at 0."""
+    """Speedup at each run's own final error against clients, cold start and no jitter
+    (the common target is out of reach of most short runs): a row of panels per cost
+    profile, one panel per n_sync, one line per (rule, momentum); a diverged run is an x
+    at 0."""
     rows = [r for r in (rows or rules_table(sweep, window)) if r["start"] == "cold" and r["jitter"] == 0]
     if not rows:
         raise ValueError("the sweep has no cold-start points without jitter to draw")
@@ -151,17 +152,22 @@ def fig_rules(sweep: Sweep, window: int, rows: list[dict] | None = None) -> Figu
     for i, profile in enumerate(profiles):
         for j, n_sync in enumerate(n_syncs):
             ax = axes[i][j]
-            _panel(ax, [r for r in rows if r["profile"] == profile and r["n_sync"] == n_sync], variants, colours)
+            mine = [r for r in rows if r["profile"] == profile and r["n_sync"] == n_sync]
+            if not mine:
+                ax.set_visible(False)
+                continue
+            _panel(ax, mine, variants, colours)
             ax.set_title(f"{profile} costs, n_sync {n_sync}", fontsize=9)
             ax.set_xlabel("clients")
             if j == 0:
-                ax.set_ylabel("time-to-target speedup")
+                ax.set_ylabel("speedup at own final error")
     handles = {}
     for ax in axes.flat:  # every variant once, whichever panel drew it
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
     fig.legend(handles.values(), handles.keys(), fontsize=7, loc="center right")
-    fig.suptitle(f"update rules, cold start: speedup against one client ({sweep.name})", fontsize=10)
+    fig.suptitle(f"update rules, cold start: how much sooner than one client each run reached its final error "
+                 f"({sweep.name})", fontsize=10)
     fig.tight_layout(rect=(0, 0, 0.8, 1))
     return fig
 
@@ -172,11 +178,11 @@ def _panel(ax, rows: list[dict], variants: Sequence[tuple[str, str]], colours: d
         ax.plot(ks, ks, color="0.8", lw=1, ls=":", label="linear")
     for variant in variants:
         mine = sorted((r for r in rows if (r["rule"], r["momentum"]) == variant), key=lambda r: r["clients"])
-        reached = [r for r in mine if r["speedup"] is not None]
-        missed = [r for r in mine if r["speedup"] is None]  # never reached the target: an x on the axis
+        reached = [r for r in mine if r["speedup_at_own_error"] is not None]
+        missed = [r for r in mine if r["speedup_at_own_error"] is None]  # diverged: an x on the axis
         label = f"{variant[0]} (momentum {variant[1]})"
         if reached:
-            ax.plot([r["clients"] for r in reached], [r["speedup"] for r in reached], marker="o", ms=3,
+            ax.plot([r["clients"] for r in reached], [r["speedup_at_own_error"] for r in reached], marker="o", ms=3,
                     color=colours[variant], label=label)
         if missed:
             ax.scatter([r["clients"] for r in missed], [0.0] * len(missed), marker="x", s=18,
