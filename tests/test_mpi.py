@@ -187,7 +187,7 @@ def test_sharded_servers_apply_every_push_once(tmp_path, tiny_npz):
 @pytest.mark.parametrize("rule", ["add", "scaled", "staleness", "dcasgd", "easgd", "adagrad", "sgd"])
 def test_every_rule_runs_under_mpiexec(tmp_path, tiny_npz, rule):
     """Two clients, the rule's own push (delta, gradient sum or weights) and state: every
-    push applied once, the state in the checkpoint, the weights finite and moved."""
+    push applied once, the state in the checkpoint, the weights finite."""
     run = tmp_path / "run"
     result = mpi_train(3, "--data", str(tiny_npz), *TINY, "--steps", "6", "--n-sync", "2", "--threads", "1",
                        "--rule", rule, "--momentum", "auto", "--eval-samples", "50", "--out", str(run))
