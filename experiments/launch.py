@@ -115,7 +115,8 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
         prov = provenance(MPI.Get_library_version().splitlines()[0].strip(), ranks) if transport.rank == 0 else {}
         weights, warm_rows = starting_weights(cfg, dataset, device) if transport.rank == 0 else \
             (flat_weights(model), [])
-        client = make_client(cfg, make_replica(cfg, model, device, clients), dataset, clients, index) if index >= 0 else None
+        client = None if index < 0 else \
+            make_client(cfg, make_replica(cfg, model, device, clients), dataset, clients, index)
         point = resume_point(out) if cfg.resume and transport.rank == 0 else None
         transport.barrier()  # time starts together on every rank, after all setup
         transport.bcast_array(weights)  # from rank 0: the warm start's or the checkpoint's

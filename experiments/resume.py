@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 from paramserver.checkpoint import Checkpoint
 from paramserver.config import ConfigError, RunConfig, load_config
 from paramserver.rundir import RunDir, RunDirError

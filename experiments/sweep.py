@@ -110,6 +110,7 @@ def load_spec(path: str) -> Spec:
         raise ConfigError(f"sweep {path}: unknown key {unknown[0]!r}" if unknown else
                           f"sweep {path}: [base] may not set {clashing[0]!r} (the grid and spec do)")
     backend = raw.get("backend", "sim")
+    reference = load_config(None, raw.get("base", {}))  # what [base] alone gives: point ids name departures
     points = {}
     for table in grids:
         grid = {key: table.get(key, default) for key, default in
@@ -118,7 +119,7 @@ def load_spec(path: str) -> Spec:
         if any(not isinstance(values, list) or not values for values in grid.values()):
             raise ConfigError(f"sweep {path}: every [grid] entry must be a non-empty list")
         for values in itertools.product(*grid.values()):
-            point = _point(dict(zip(grid, values)), raw, backend)
+            point = _point(dict(zip(grid, values)), raw, backend, reference)
             points.setdefault(point.id, point)  # sync modes ignore n_sync: one point, not several
     return Spec(raw.get("name", Path(path).stem), raw.get("scale", "proxy"), backend,
                 float(raw.get("timeout", 3600)), int(raw.get("window", 400)), list(points.values()))
@@ -140,13 +141,12 @@ def _check_spec_values(raw: dict[str, Any], path: str) -> None:
         raise ConfigError(f"sweep {path}: window must be at least 1, got {raw['window']!r}")
 
 
-def _point(settings: dict[str, Any], raw: dict[str, Any], backend: str) -> Point:
+def _point(settings: dict[str, Any], raw: dict[str, Any], backend: str, reference: RunConfig) -> Point:
     if settings["start"] not in ("cold", "warm"):
         raise ConfigError(f"sweep: start must be cold or warm, got {settings['start']!r}")
     if settings["mode"] == "sync":
         settings = {**settings, "n_sync": 1}
     base = raw.get("base", {})
-    reference = load_config(None, base)
     settings = {**settings, "steps": settings.get("steps", reference.steps)}  # before steps_per_client
     keys = {"clients": settings["clients"], "n_sync": settings["n_sync"], "mode": settings["mode"],
             "seed": settings["seed"], "backend": backend,
@@ -222,7 +222,7 @@ class SweepRunner:
             self.index.update(sim_step_time=step, sim_apply_time=push)
         base = {"sim_step_time": self.index["sim_step_time"], "sim_apply_time": self.index["sim_apply_time"]}
         points = [Point(p.id, p.settings, _with(p.config, {k: getattr(p.config, k) or v for k, v in base.items()}))
-                  if p in measured else p for p in self.spec.points]
+                  if p.config.sim_profile == "measured" else p for p in self.spec.points]
         self.spec = Spec(self.spec.name, self.spec.scale, self.spec.backend, self.spec.timeout, self.spec.window,
                          points)
 

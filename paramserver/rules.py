@@ -66,10 +66,8 @@ class ScaledRule(Rule):
 
 
 class StalenessRule(Rule):
-    """w += d * min(1, K / (tau + 1)) / K: the delay-adaptive step of Mishchenko et al.
-    (2022): a push as stale as a round of K clients gets 1/K of a step (as `scaled`), a
-    staler one (a straggler's) proportionally less, one fresher than a round (tau + 1 < K)
-    no more than 1/K... except with one client, where it is exactly `add`."""
+    """The delay-adaptive step of Mishchenko et al. (2022) on a 1/K base: a straggler's
+    stale push moves the weights less (`staleness_factor`)."""
 
     def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
         w.add_(d, alpha=staleness_factor(staleness, self.clients))
