@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 import numpy as np
@@ -28,6 +27,7 @@ from experiments.resume import ResumePoint, cut_back
 from experiments.runrecord import RunSetup, eval_every, finish_run, open_run, record_failure
 from paramserver.checkpoint import Checkpoint
 from paramserver.config import InjectedFault
+from paramserver.recorder import Background
 from paramserver.rundir import RunDir
 
 
@@ -41,8 +41,7 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
     run, counts, lines = _open(setup, every, point) if recorder else (None, {}, 0)
     progress = Progress(setup.clients * cfg.steps, quiet=cfg.quiet or not recorder)
     first = point.client_steps[0] + 1 if point else 1
-    writer = ThreadPoolExecutor(1, thread_name_prefix="record") if recorder else None
-    written: Future | None = None
+    files = Background() if recorder else None
     wall = time.perf_counter()
     try:
         with run.writer("clients", lines) if recorder else contextlib.nullcontext() as log:
@@ -59,20 +58,17 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
                     counts["samples"] += sum(r["samples"] for r in everyone)
                     progress.update(counts["minibatches"])
                     if step % every == 0 or step == cfg.steps:
-                        if written is not None:
-                            written.result()  # the previous files are out (or their error is raised here)
-                        written = writer.submit(_record, run, setup, host_copy(clients[0].weights), step, now,
-                                                dict(counts), log.lines)
+                        files.submit(_record, run, setup, host_copy(clients[0].weights), step, now,
+                                     dict(counts), log.lines)
         progress.close()
         if recorder:
-            writer.shutdown()
-            if written is not None:
-                written.result()
+            files.close()
             finish_run(run, setup, clock(), time.perf_counter() - wall, counts)
     except BaseException as error:
         progress.close()
         if recorder:
-            writer.shutdown()  # the last checkpoint lands before the failure is recorded
+            with contextlib.suppress(Exception):  # the failure under way is the one to record
+                files.close()  # the last checkpoint lands before the failure is recorded
             record_failure(run, clock(), counts, error)
         raise
     return 0

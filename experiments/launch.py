@@ -18,19 +18,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn
 
+import numpy as np
 import torch
 
 from clients.client import Client
-from clients.data import load_dataset
 from clients.driver import ClientPlan, run_client
-from clients.models import build_model, flat_weights
+from experiments.assemble import Share, Started, build, start
 from experiments.collectiverun import collective_run
 from experiments.provenance import provenance
-from experiments.runrecord import RunSetup
-from experiments.serverrun import serve_run, serve_slice
-from experiments.resume import ResumePoint, resume_point
+from experiments.serverrun import serve_mpi, serve_slice
+from experiments.resume import ResumePoint
 from experiments.supervise import direct_stdio
-from experiments.start import make_client, make_replica, start_client, starting_weights
 from paramserver.config import RunConfig
 from paramserver.liveness import PeerDied, PeerWatch
 from paramserver.protocol import Bye, Fail, Tag
@@ -106,28 +104,16 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
     try:
         _set_threads(local, is_client=index >= 0, threads=cfg.threads)
         device = pick_device(cfg.device, local.Get_rank())
-        dataset = load_dataset(cfg.data, cfg.data_dir or None)
-        model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
         info = {"rank": transport.rank, "role": "client" if index >= 0 else "server",
                 "host": socket.gethostname(), "pid": os.getpid(), "device": device_name(device)}
         ranks = transport.bcast(transport.gather(info))
         transport.watch = PeerWatch(ranks, info["host"])
+        parts = build(cfg, device, clients, [index] if index >= 0 else [])  # the barrier in `start` waits for it
         prov = provenance(MPI.Get_library_version().splitlines()[0].strip(), ranks) if transport.rank == 0 else {}
-        weights, warm_rows = starting_weights(cfg, dataset, device) if transport.rank == 0 else \
-            (flat_weights(model), [])
-        client = None if index < 0 else \
-            make_client(cfg, make_replica(cfg, model, device, clients), dataset, clients, index)
-        point = resume_point(out) if cfg.resume and transport.rank == 0 else None
-        transport.barrier()  # time starts together on every rank, after all setup
-        transport.bcast_array(weights)  # from rank 0: the warm start's or the checkpoint's
-        point = transport.bcast(point)
-        if client is not None:
-            client.sync(weights)
-            start_client(client, cfg, index, point)
-        setup = RunSetup(cfg, out, clients, model, weights, dataset, device, prov, warm_rows)
-        start, offset = time.perf_counter(), point.time if point else 0.0
-        return _play(transport, setup, client, index, servers, point,
-                     clock=lambda: offset + time.perf_counter() - start)
+        started = start(parts, out, records=transport.rank == 0, provenance=prov, share=_mpi_share(transport))
+        start_s, offset = time.perf_counter(), started.point.time if started.point else 0.0
+        return _play(transport, started, parts.local[0] if parts.local else None, index, servers,
+                     clock=lambda: offset + time.perf_counter() - start_s)
     except Exception as error:  # noqa: BLE001 - any failure must end the whole job
         _fail(transport, error, index, servers, keep_going=cfg.on_client_failure == "continue")
     finally:
@@ -135,9 +121,10 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
             transport.watch.close()
 
 
-def _play(transport: Transport, setup: RunSetup, client: Client | None, index: int, servers: int,
-          point: ResumePoint | None, clock: Callable[[], float]) -> int:
+def _play(transport: Transport, started: Started, client: Client | None, index: int, servers: int,
+          clock: Callable[[], float]) -> int:
     """This rank's part of the run, set up: a collective client, a server, or a client."""
+    setup, point = started.setup, started.point
     cfg = setup.cfg
     if cfg.mode != "async":
         return collective_run(setup, [client], [index], _mpi_average(transport), clock,
@@ -147,12 +134,21 @@ def _play(transport: Transport, setup: RunSetup, client: Client | None, index: i
             _exit(0)  # clients were lost: see _say_bye
         return 0
     if client is None:
-        _say_bye(transport, servers, setup.clients, serve_run(setup, transport, clock)["lost_clients"])
+        _say_bye(transport, servers, setup.clients, serve_mpi(setup, transport, clock)["lost_clients"])
         return 0
     run_client(transport, client, _plan(index, servers, cfg), clock,
-               start=(point.client_steps[index], point.client_pushes[index]) if point else (0, 0))
+               start=(started.steps[0], point.client_pushes[index] if point else 0))
     _wait_for_bye(transport)
     return 0
+
+
+def _mpi_share(transport: Transport) -> Share:
+    """Rank 0's start weights and resume point, on every rank; time starts together on
+    every rank, after all setup (the barrier)."""
+    def share(weights: np.ndarray, point: ResumePoint | None) -> tuple[np.ndarray, ResumePoint | None]:
+        transport.barrier()
+        return transport.bcast_array(weights), transport.bcast(point)
+    return share
 
 
 def _mpi_average(transport: Transport):

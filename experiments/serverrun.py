@@ -6,8 +6,8 @@ slice (`serve_slice`) and record nothing.
 """
 from __future__ import annotations
 
+import contextlib
 import math
-import tempfile
 import time
 from typing import Any, Callable
 
@@ -22,72 +22,93 @@ from paramserver.arrays import ServerArrays
 from paramserver.checkpoint import Checkpoint
 from paramserver.compress import make_codec
 from paramserver.config import RunConfig
-from paramserver.protocol import Pull, Tag, shard_bounds
+from paramserver.handler import ServerState, ServerTally
+from paramserver.protocol import Link, Pull, Tag, shard_bounds
+from paramserver.recorder import Recorder
 from paramserver.rules import make_rule, state_bytes
 from paramserver.rundir import RunDir
-from paramserver.server import ServerTally, Serving, handle, serve
+from paramserver.server import ServerLoop
 from paramserver.store import Store
 
+Drive = Callable[[ServerState, Recorder], float]  # runs the message loop; returns the seconds it was busy
 
-def serve_run(setup: RunSetup, transport: Any, clock: Callable[[], float],
-              drive: Callable[[Serving], ServerTally] = serve, apply_cost: float | None = None) -> dict[str, Any]:
-    """Create the run directory, serve until every client stopped, evaluate, summarise;
-    returns the summary.
 
-    `drive` runs the message loop: `serve` over MPI, the simulator's event loop in sim.
+def serve_mpi(setup: RunSetup, link: Link, clock: Callable[[], float]) -> dict[str, Any]:
+    """Server 0 of an MPI run: serve the clients over `link`, record the run."""
+    cfg = setup.cfg
+    hosts = {r["rank"]: r["host"] for r in setup.provenance.get("ranks", [])}
+
+    def drive(state: ServerState, recorder: Recorder) -> float:
+        loop = ServerLoop(link, state, recorder, clock, cfg.stall_timeout, cfg.on_client_failure, hosts)
+        loop.serve()
+        return loop.busy_s
+    return serve_run(setup, clock, drive, link)
+
+
+def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: Link | None = None,
+              apply_cost: float | None = None) -> dict[str, Any]:
+    """Create the run directory (or cut a resumed one back to its checkpoint), serve until
+    every client stopped, evaluate, summarise; returns the summary.
+
+    `drive` runs the message loop: `ServerLoop` over MPI, the simulator's event loop in
+    sim. `link`: server 0's way to the other servers' slices, with sharded servers.
     """
     cfg, clients = setup.cfg, setup.clients
     every = eval_every(cfg, async_versions(cfg, clients))
     bounds = shard_bounds(setup.weights.size, cfg.servers)
-    store = make_store(cfg, setup.weights[slice(*bounds[0])], clients)
-    tally, lines = None, (0, 0)
+    state = ServerState(make_store(cfg, setup.weights[slice(*bounds[0])], clients), client_ranks(cfg, clients),
+                        every, make_codec(cfg.compress), apply_cost=apply_cost)
+    lines = (0, 0)
     if cfg.resume:
         run = RunDir(setup.out)
         checkpoint = Checkpoint.load(run)
-        store.load_state(checkpoint.store_state)
+        state.store.load_state(checkpoint.store_state)
         cut_back(run, checkpoint, cfg.steps, setup.provenance)
-        tally, lines = ServerTally.from_checkpoint(checkpoint), checkpoint.lines
+        state.tally, lines = ServerTally.from_checkpoint(checkpoint), checkpoint.lines
     else:
         run = open_run(setup, every)
     progress = Progress(clients * cfg.steps, quiet=cfg.quiet)
     fault = cfg.fault
-    serving = Serving(transport, store, run, list(range(cfg.servers, cfg.servers + clients)), every,
-                      cfg.stall_timeout, clock, gather=_gatherer(transport, bounds, cfg.stall_timeout),
-                      fault_version=fault[1] if fault and fault[0] == 0 else None,
-                      progress=progress.update, apply_cost=apply_cost, tally=tally, log_lines=lines,
-                      hosts={r["rank"]: r["host"] for r in setup.provenance.get("ranks", [])},
-                      on_client_failure=cfg.on_client_failure, codec=make_codec(cfg.compress))
+    recorder = Recorder(run, state, clock, lines, progress.update, _gatherer(link, bounds, cfg.stall_timeout),
+                        fault_version=fault[1] if fault and fault[0] == 0 else None)
     try:
+        if not cfg.resume:
+            recorder.snapshot(checkpoint=False)
         wall = time.perf_counter()
-        tally = drive(serving)
+        busy_s = drive(state, recorder)
         train_wall_s = time.perf_counter() - wall
         progress.close()
-        serving.checkpoint()
+        recorder.finish()
         return finish_run(run, setup, clock(), train_wall_s, {
-            **_counts(store, tally), "server_busy_s": serving.busy_s,
-            "wire_bytes_pushed": serving.wire_bytes[0], "wire_bytes_pulled": serving.wire_bytes[1]})
+            **_counts(state), "server_busy_s": busy_s,
+            "wire_bytes_pushed": state.wire_bytes[0], "wire_bytes_pulled": state.wire_bytes[1]})
     except BaseException as error:
         progress.close()
-        record_failure(run, clock(), _counts(store, serving.tally), error)
+        with contextlib.suppress(Exception):  # the failure under way is the one to record
+            recorder.close()  # the files under way land before the failure is recorded
+        record_failure(run, clock(), _counts(state), error)
         raise
 
 
-def serve_slice(setup: RunSetup, transport: Any, clock: Callable[[], float], shard: int) -> int:
+def serve_slice(setup: RunSetup, link: Link, clock: Callable[[], float], shard: int) -> int:
     """Server `shard` > 0: serve its slice until every client stopped, then let server 0
-    read it until server 0 says BYE; returns the clients lost, as BYE tells. Its logs go
-    to a scratch folder: server 0 records the run."""
+    read it until server 0 says BYE; returns the clients lost, as BYE tells. It records
+    nothing: server 0 records the run."""
     cfg = setup.cfg
     lo, hi = shard_bounds(setup.weights.size, cfg.servers)[shard]
-    with tempfile.TemporaryDirectory() as scratch:
-        run = RunDir(scratch)
-        run.create()
-        serving = Serving(transport, make_store(cfg, setup.weights[lo:hi], setup.clients), run,
-                          list(range(cfg.servers, cfg.servers + setup.clients)), 0, cfg.stall_timeout, clock,
-                          on_client_failure=cfg.on_client_failure, codec=make_codec(cfg.compress), peers=(0,))
-        serve(serving)
-        while (msg := transport.recv(math.inf, source=0)).tag == Tag.PULL:
-            handle(serving, msg)
+    state = ServerState(make_store(cfg, setup.weights[lo:hi], setup.clients), client_ranks(cfg, setup.clients),
+                        codec=make_codec(cfg.compress), peers=(0,))
+    loop = ServerLoop(link, state, None, clock, cfg.stall_timeout, cfg.on_client_failure)
+    loop.serve()
+    while (msg := link.recv(math.inf, source=0)).tag == Tag.PULL:
+        loop.answer(msg)
+    loop.finish_replies()
     return msg.header.lost
+
+
+def client_ranks(cfg: RunConfig, clients: int) -> list[int]:
+    """The clients' ranks: after the server ranks."""
+    return list(range(cfg.servers, cfg.servers + clients))
 
 
 def make_store(cfg: RunConfig, weights: np.ndarray, clients: int) -> Store:
@@ -95,21 +116,22 @@ def make_store(cfg: RunConfig, weights: np.ndarray, clients: int) -> Store:
     return Store(weights, make_rule(cfg.rule, cfg, clients), backend=ServerArrays(cfg.server_device))
 
 
-def _gatherer(transport: Any, bounds: list[tuple[int, int]], timeout: float):
+def _gatherer(link: Link | None, bounds: list[tuple[int, int]], timeout: float):
     """Server 0's way to the whole vector: its own slice, and the others' read with PULL."""
     if len(bounds) == 1:
         return None
-    link = ServerLink(transport, tuple(range(1, len(bounds))), bounds[1:], timeout)
+    servers = ServerLink(link, tuple(range(1, len(bounds))), bounds[1:], timeout)
 
     def gather(own: np.ndarray) -> np.ndarray:
         whole = np.empty(bounds[-1][1], np.float32)
         whole[:bounds[0][1]] = own
-        link.exchange(Outgoing(Tag.PULL, Pull()), whole)
+        servers.exchange(Outgoing(Tag.PULL, Pull()), whole)
         return whole
     return gather
 
 
-def _counts(store: Store, tally: ServerTally) -> dict[str, Any]:
+def _counts(state: ServerState) -> dict[str, Any]:
+    store, tally = state.store, state.tally
     return {
         "minibatches": tally.minibatches,
         "samples": tally.samples,

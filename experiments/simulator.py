@@ -38,22 +38,20 @@ import torch
 
 from clients.client import Client, Replica, StepResult
 from clients.collective import mean_in_place
-from clients.data import Dataset, ShardSampler, load_dataset
+from clients.data import Dataset, ShardSampler
 from clients.loop import ClientLoop, ClientPlan, Outgoing
-from clients.models import build_model
+from experiments.assemble import build, start
 from experiments.collectiverun import collective_run
 from experiments.launch import pick_device
 from experiments.provenance import provenance
-from experiments.runrecord import RunSetup
 from experiments.serverrun import make_store, serve_run
-from experiments.resume import resume_point
-from experiments.start import make_client, make_replica, start_client, starting_weights
 from paramserver.config import ConfigError, RunConfig
-from paramserver.inprocess import InProcessLink
+from paramserver.handler import ServerState
+from paramserver.inprocess import InProcess
 from paramserver.protocol import Pull, Push, Tag
 from paramserver.rundir import RunDir
 from paramserver.runlog import read_jsonl
-from paramserver.server import ServerTally, Serving
+from paramserver.recorder import Recorder
 
 
 @dataclass(frozen=True)
@@ -126,54 +124,53 @@ class Simulation:
     def __init__(self, loops: list[ClientLoop], clocks: list[StepClock], timing: SimTiming, start: float = 0.0,
                  replay: list[tuple[Tag, int]] | None = None):
         self.loops, self.clocks, self.timing = loops, clocks, timing
-        self.link = InProcessLink()
+        self.busy = 0.0                   # virtual seconds the server spent on messages
         self.events: list[tuple[float, int, str, int, Any]] = []
         self.tickets = itertools.count()  # ties resolve in scheduling order: deterministic
         self.server_free = start
-        self.now = start                  # the server's clock, read by Serving
+        self.now = start                  # the server's clock, read by its Recorder
         self.replay = deque(replay) if replay is not None else None  # (tag, client), in recorded order
         self.parked: dict[tuple[Tag, int], deque[tuple[float, Outgoing]]] = defaultdict(deque)
 
-    def run(self, serving: Serving) -> ServerTally:
+    def run(self, server: InProcess) -> float:
+        """Until every client stopped; returns the server's busy virtual seconds."""
         for i in range(len(self.loops)):
             self._schedule(self.now + self.timing.transfer(None), "arrive", i, Outgoing(Tag.PULL, Pull()))
         while self.events:
             when, _, kind, i, item = heapq.heappop(self.events)
             if kind == "arrive":      # a message reaches the server
-                self._arrive(serving, when, i, item)
+                self._arrive(server, when, i, item)
             else:
                 if kind == "reply":   # weights reach client i
                     self.loops[i].take_weights(item)
                 self._window(when, i)
-        if not serving.done:
+        if not server.state.done:
             raise RuntimeError("simulation: events ran out before every client stopped (replay order?)")
-        serving.close()
-        serving.run.save_snapshot(serving.store.weights, serving.store.version, self.now,
-                                  serving.tally.minibatches)
-        return serving.tally
+        return self.busy
 
     def _schedule(self, when: float, kind: str, client: int, item: Any) -> None:
         heapq.heappush(self.events, (when, next(self.tickets), kind, client, item))
 
-    def _arrive(self, serving: Serving, when: float, i: int, message: Outgoing) -> None:
+    def _arrive(self, server: InProcess, when: float, i: int, message: Outgoing) -> None:
         """With a replay order, pulls and pushes wait until the recorded order reaches them."""
         if self.replay is None:
-            self._serve(serving, when, i, message)
+            self._serve(server, when, i, message)
             return
         self.parked[(message.tag, i)].append((when, message))
         while self.replay and self.parked[self.replay[0]]:
             tag, client = self.replay.popleft()
             waited, parked = self.parked[(tag, client)].popleft()
-            self._serve(serving, max(waited, self.now), client, parked)
+            self._serve(server, max(waited, self.now), client, parked)
 
-    def _serve(self, serving: Serving, when: float, i: int, message: Outgoing) -> None:
+    def _serve(self, server: InProcess, when: float, i: int, message: Outgoing) -> None:
         start = max(when, self.server_free)
         self.now = start
-        replies = self.link.deliver(serving, i + 1, message.tag, message.header, message.payload)
+        replies = server.deliver(i + 1, message.tag, message.header, message.payload)
         busy_until = start + (self.timing.apply_time if message.tag == Tag.PUSH else 0.0)
-        for _, _, weights in replies:
-            busy_until += self.timing.transfer(weights)
-            self._schedule(busy_until, "reply", i, weights)
+        for reply in replies:
+            busy_until += self.timing.transfer(reply.payload)
+            self._schedule(busy_until, "reply", i, reply.payload)
+        self.busy += busy_until - start
         self.server_free = busy_until
 
     def _window(self, when: float, i: int) -> None:
@@ -192,34 +189,28 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     order = replay_order(cfg, clients) if cfg.replay else None
     if cfg.threads:
         torch.set_num_threads(cfg.threads)  # the same count as an MPI run's gives the same floats
-    dataset = load_dataset(cfg.data, cfg.data_dir or None)
     device = pick_device(cfg.device, local_rank=0)
-    model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
-    replica = make_replica(cfg, model, device, clients)
-    sim_clients = [make_client(cfg, replica, dataset, clients, i) for i in range(clients)]
-    timing = _timing(cfg, replica, dataset, sim_clients[0].size, clients)
-    weights, warm_rows = starting_weights(cfg, dataset, device, StepClock(timing.step_time))
-    point = resume_point(out) if cfg.resume else None
-    starts = [start_client(client, cfg, i, point) for i, client in enumerate(sim_clients)]
-    for client in sim_clients:
-        client.sync(weights)
+    parts = build(cfg, device, clients, list(range(clients)))
+    timing = _timing(cfg, parts.local[0].replica, parts.dataset, parts.local[0].size, clients)
     factors = _speed_factors(cfg.seed, clients, cfg.speed_jitter)
     info = {"rank": 0, "role": "simulator", "host": socket.gethostname(), "device": device}
     prov = provenance(f"none (simulator, {platform.python_implementation()})", [info])
     prov["sim"] = {**timing.__dict__, "profile": cfg.sim_profile, "speed_factors": factors}
-    setup = RunSetup(cfg, out, clients, model, weights, dataset, device, prov, warm_rows)
+    started = start(parts, out, records=True, provenance=prov, warm_clock=StepClock(timing.step_time))
+    setup, point = started.setup, started.point
     if cfg.mode != "async":
-        lockstep = LockstepClock([timing.step_time * f for f in factors], timing, weights, cfg)
+        lockstep = LockstepClock([timing.step_time * f for f in factors], timing, setup.weights, cfg)
         lockstep.now = point.time if point else 0.0
-        return collective_run(setup, sim_clients, list(range(clients)), mean_in_place, lockstep,
+        return collective_run(setup, parts.local, list(range(clients)), mean_in_place, lockstep,
                               gather=lambda rows: rows, advance=lockstep.advance, point=point)
     clocks = [StepClock(timing.step_time * f) for f in factors]
     loops = [ClientLoop(c, ClientPlan(i, cfg.steps, cfg.push_every, cfg.fetch_every, cfg.stall_timeout,
-                                                 compress=cfg.compress), clk,
-                        step=starts[i], pushes=point.client_pushes[i] if point else 0)
-             for i, (c, clk) in enumerate(zip(sim_clients, clocks))]
+                                      compress=cfg.compress), clk,
+                        step=started.steps[i], pushes=point.client_pushes[i] if point else 0)
+             for i, (c, clk) in enumerate(zip(parts.local, clocks))]
     simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order)
-    serve_run(setup, simulation.link, lambda: simulation.now, drive=simulation.run, apply_cost=timing.apply_time)
+    serve_run(setup, lambda: simulation.now, lambda state, recorder: simulation.run(InProcess(state, recorder)),
+              apply_cost=timing.apply_time)
     return 0
 
 
@@ -272,11 +263,9 @@ def _timing(cfg: RunConfig, replica: Replica, dataset: Dataset, size: int, clien
 def measure_timing(cfg: RunConfig, threads: int) -> tuple[float, float]:
     """(step time, push time) of this config's model and data with `threads` torch threads."""
     torch.set_num_threads(threads)
-    dataset = load_dataset(cfg.data, cfg.data_dir or None)
-    model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
-    replica = make_replica(cfg, model, pick_device(cfg.device, local_rank=0), 1)
-    return (_measure_step(replica, dataset, cfg.batch_size),
-            measure_push(cfg, len(replica.initial_weights()), cfg.clients or 1))
+    parts = build(cfg, pick_device(cfg.device, local_rank=0), 1, [0])
+    client = parts.local[0]
+    return _measure_step(client.replica, parts.dataset, cfg.batch_size), measure_push(cfg, client.size, cfg.clients or 1)
 
 
 def _measure_step(replica: Replica, dataset: Dataset, batch_size: int) -> float:
@@ -295,18 +284,17 @@ def measure_push(cfg: RunConfig, size: int, clients: int) -> float:
     rule's apply, the client's n_push log rows and the reply (median of 7 after 2), in a
     scratch run directory. Calibrates the simulated server, so simulated clients queue
     at it when real ones would (the wire's own cost is the bandwidth and latency)."""
-    link = InProcessLink()
     with tempfile.TemporaryDirectory() as scratch:
         run = RunDir(scratch)
         run.create()
-        serving = Serving(link, make_store(cfg, np.zeros(size, np.float32), clients), run, [1], 0, math.inf,
-                          time.perf_counter)
+        state = ServerState(make_store(cfg, np.zeros(size, np.float32), clients), [1])
+        server = InProcess(state, Recorder(run, state, time.perf_counter))
         row = StepResult(2.3, 0.9, cfg.batch_size).row(0, 1, 0.0)
         header = Push(cfg.push_every, size, True, rows=(row,) * cfg.push_every)
         push, times = np.zeros(size, np.float32), []
         for _ in range(9):
             start = time.perf_counter()
-            link.deliver(serving, 1, Tag.PUSH, header, push)
+            server.deliver(1, Tag.PUSH, header, push)
             times.append(time.perf_counter() - start)
-        serving.close()
+        server.recorder.close()
     return float(np.median(times[2:]))

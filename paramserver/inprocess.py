@@ -1,8 +1,5 @@
-"""The server's end of an in-process link: the real `handle()` without MPI.
-
-The simulator and the one-process tests hand each client message to `deliver`, which
-runs the server's reaction at once and returns the replies it would have sent. Payloads
-are copied both ways, as MPI would.
+"""The server in one process: `handle()` and the Recorder, with payloads moved as MPI
+moves them. The simulator and the one-process tests hand it each client message.
 """
 from __future__ import annotations
 
@@ -10,40 +7,30 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.protocol import Message, Tag
-from paramserver.server import Serving, handle
+from paramserver.handler import ServerState, handle
+from paramserver.protocol import Message, Reply, Tag, carries_payload, payload_target
+from paramserver.recorder import Recorder
 
 
-class InProcessLink:
-    """Stands in for the server's Transport inside a `Serving`."""
+class InProcess:
+    """A server's state and recorder, driven one message at a time."""
 
-    def __init__(self) -> None:
-        self._payload: np.ndarray | None = None
-        self._replies: list[tuple[int, Any, np.ndarray | None]] = []
+    def __init__(self, state: ServerState, recorder: Recorder):
+        self.state, self.recorder = state, recorder
 
-    def deliver(self, serving: Serving, source: int, tag: Tag, header: Any,
-                payload: np.ndarray | None = None) -> list[tuple[int, Any, np.ndarray | None]]:
-        """Handle one message from `source`; the (dest, header, payload) replies."""
-        self._payload, self._replies = payload, []
-        handle(serving, Message(source, int(tag), header))
-        return self._replies
+    def deliver(self, source: int, tag: Tag | int, header: Any, payload: np.ndarray | None = None) -> list[Reply]:
+        """Handle one message from `source` and record it; the replies, their payloads
+        copied (a reply's payload may be the live weights, which the next push changes)."""
+        landed = land(payload, self.state.wire) if carries_payload(tag, header) else None
+        replies, events = handle(self.state, Message(source, int(tag), header, landed))
+        self.recorder.record(events)
+        return [Reply(r.dest, r.header, r.payload.copy()) for r in replies]
 
-    # The Transport methods that handle() uses.
-    def recv_payload(self, source: int, into: np.ndarray, timeout: float) -> np.ndarray:
-        payload = self._payload
-        if payload.nbytes != into.nbytes:
-            return payload.view(np.uint8).copy()
-        into[:] = payload.view(into.dtype)
-        return into
 
-    def send(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None,
-             timeout: float = 0.0) -> None:
-        self._replies.append((dest, header, None if payload is None else payload.copy()))
-
-    def post(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None) -> list:
-        """Delivered at once: nothing is left in flight."""
-        self.send(dest, tag, header, payload)
-        return []
-
-    def complete(self, requests: list, peers: list[int], nbytes: int, timeout: float) -> None:
-        pass
+def land(payload: np.ndarray | None, into: np.ndarray) -> np.ndarray:
+    """A push's payload as the transport lands it: its bytes copied into `into` when the
+    sizes match, else into fresh bytes (`payload_target`)."""
+    raw = np.empty(0, np.uint8) if payload is None else np.ascontiguousarray(payload).reshape(-1).view(np.uint8)
+    landed = payload_target(raw.nbytes, into)
+    landed.view(np.uint8)[:] = raw
+    return landed

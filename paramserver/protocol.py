@@ -84,15 +84,32 @@ class Weights:
 
 @dataclass(frozen=True)
 class Message:
-    """A header as received, with the rank it came from."""
+    """A header as received, with the rank it came from and, for a push, its payload
+    (`carries_payload`) as it landed: in the receiver's buffer when the byte count was
+    the buffer's, else as raw bytes (`payload_target`), which the server rejects."""
 
     source: int
     tag: int
     header: Any
+    payload: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the server sends back: weights (header and payload) to `dest`."""
+
+    dest: int
+    header: Weights
+    payload: np.ndarray
 
 
 class PeerTimeout(TimeoutError):
-    """No message came from the awaited rank(s) within the timeout."""
+    """No message came from the awaited rank(s) within the timeout. `peers`: the ranks
+    it was awaited from (empty: any rank), so a half-received message names its sender."""
+
+    def __init__(self, what: str, peers: tuple[int, ...] = ()):
+        super().__init__(what)
+        self.peers = peers
 
 
 class PeerFailed(RuntimeError):
@@ -104,9 +121,8 @@ class Link(Protocol):
     `paramserver/transport.py` over MPI, `paramserver/inprocess.py` in one process. The
     cores are typed against this, so none of them imports MPI."""
 
-    def recv(self, timeout: float, source: int = ..., tag: int = ..., busy: float = ...) -> Message: ...
-
-    def recv_payload(self, source: int, into: np.ndarray, timeout: float) -> np.ndarray: ...
+    def recv(self, timeout: float, source: int = ..., tag: int = ..., busy: float = ...,
+             into: np.ndarray | None = ...) -> Message: ...
 
     def send(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None,
              timeout: float = ...) -> None: ...
@@ -129,6 +145,18 @@ def shard_bounds(size: int, servers: int) -> list[tuple[int, int]]:
 HEADERS = {Tag.PULL: Pull, Tag.PUSH: Push, Tag.STOP: Stop, Tag.FAIL: Fail, Tag.WEIGHTS: Weights, Tag.BYE: Bye}
 FROM_CLIENTS = (Tag.PULL, Tag.PUSH, Tag.STOP, Tag.FAIL)
 _LOGGABLE = (int, float, str, bool, type(None))
+
+
+def carries_payload(tag: int, header: Any) -> bool:
+    """Whether a payload follows this header from its sender: only a push's does (a
+    payload after any other header arrives alone, as a PAYLOAD message to reject)."""
+    return tag == Tag.PUSH and isinstance(header, Push)
+
+
+def payload_target(nbytes: int, into: np.ndarray | None) -> np.ndarray:
+    """Where an arriving payload of `nbytes` lands: `into` when the sizes match (no
+    allocation on the hot path), else fresh bytes, which the server rejects by size."""
+    return into if into is not None and nbytes == into.nbytes else np.empty(nbytes, np.uint8)
 
 
 def well_formed(tag: int, header: Any) -> bool:

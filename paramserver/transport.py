@@ -22,7 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from paramserver.liveness import PeerDied, PeerWatch
-from paramserver.protocol import Message, PeerFailed, PeerTimeout, Tag
+from paramserver.protocol import Message, PeerFailed, PeerTimeout, Tag, carries_payload, payload_target
 
 ANY = MPI.ANY_SOURCE
 _FIRST_SLEEP, _MAX_SLEEP = 50e-6, 1e-3
@@ -63,27 +63,26 @@ class Transport:
             requests.append(self.comm.Isend([_as_bytes(payload), MPI.BYTE], dest=dest, tag=int(Tag.PAYLOAD)))
         return requests
 
-    def recv(self, timeout: float, source: int = ANY, tag: int = MPI.ANY_TAG, busy: float = _BUSY) -> Message:
-        """The next header from `source` (any rank by default); `busy`: seconds it is
-        expected soon (see `_poll`)."""
+    def recv(self, timeout: float, source: int = ANY, tag: int = MPI.ANY_TAG, busy: float = _BUSY,
+             into: np.ndarray | None = None) -> Message:
+        """The next message from `source` (any rank by default): its header and, for a push,
+        the payload that follows it, landed in `into` when the byte counts match (see
+        `payload_target`); `busy`: seconds it is expected soon (see `_poll`). A sender that
+        stops between header and payload times out after `self.timeout`, naming it."""
         status = self._wait(source, tag, timeout, busy)
+        sender = status.Get_source()
         if status.Get_tag() == Tag.PAYLOAD:  # a payload whose header was not a push: drain it
-            self.recv_payload(status.Get_source(), np.empty(0, np.uint8), timeout)
-            return Message(status.Get_source(), status.Get_tag(), None)
-        header = self._dead_on_error(lambda: self.comm.recv(source=status.Get_source(), tag=status.Get_tag()),
-                                     [status.Get_source()])
-        return Message(status.Get_source(), status.Get_tag(), header)
+            self._recv_payload(sender, None)
+            return Message(sender, status.Get_tag(), None)
+        header = self._dead_on_error(lambda: self.comm.recv(source=sender, tag=status.Get_tag()), [sender])
+        payload = self._recv_payload(sender, into) if carries_payload(status.Get_tag(), header) else None
+        return Message(sender, status.Get_tag(), header, payload)
 
-    def recv_payload(self, source: int, into: np.ndarray, timeout: float) -> np.ndarray:
-        """The payload that follows a header from `source`.
-
-        It lands in `into` when the byte counts match (no allocation on the hot path);
-        otherwise in a fresh byte array, which the caller will reject by its size.
-        """
-        nbytes = self._wait(source, int(Tag.PAYLOAD), timeout).Get_count(MPI.BYTE)
-        target = into if nbytes == into.nbytes else np.empty(nbytes, np.uint8)
+    def _recv_payload(self, source: int, into: np.ndarray | None) -> np.ndarray:
+        nbytes = self._wait(source, int(Tag.PAYLOAD), self.timeout).Get_count(MPI.BYTE)
+        target = payload_target(nbytes, into)
         request = self.comm.Irecv([_as_bytes(target), MPI.BYTE], source=source, tag=int(Tag.PAYLOAD))
-        self._complete([request], timeout, [source], nbytes)  # a sender stopped mid-transfer times out
+        self._complete([request], self.timeout, [source], nbytes)  # a sender stopped mid-transfer times out
         return target
 
     def expect_payloads(self, sources: list[int], intos: list[np.ndarray]) -> list[MPI.Request]:
@@ -106,7 +105,7 @@ class Transport:
         self._poll(lambda: self._test(requests, peers), timeout,
                    lambda: self._check(peers, collective=peers is None), 0.01 + nbytes / 1e9,
                    lambda: "no transfer with " + ("every rank" if peers is None else
-                                                  "rank " + ", ".join(map(str, peers))))
+                                                  "rank " + ", ".join(map(str, peers))), peers)
 
     def _wait(self, source: int, tag: int, timeout: float, busy: float = _BUSY) -> MPI.Status:
         status = MPI.Status()
@@ -115,11 +114,11 @@ class Transport:
         def probe() -> bool:
             return self._dead_on_error(lambda: self.comm.Iprobe(source=source, tag=tag, status=status), peers)
         self._poll(probe, timeout, lambda: self._check(peers), busy,
-                   lambda: "no message from " + ("any rank" if source == ANY else f"rank {source}"))
+                   lambda: "no message from " + ("any rank" if source == ANY else f"rank {source}"), peers)
         return status
 
     def _poll(self, done: Callable[[], bool], timeout: float, check: Callable[[], None], busy: float,
-              what: Callable[[], str]) -> None:
+              what: Callable[[], str], peers: list[int] | None) -> None:
         """Until `done()`: for `busy` seconds poll, yielding the core to any process that
         wants it (a reply due soon is seen at once, yet a rank that waits on a crowded
         machine does not take CPU from the ranks that compute); then sleep between polls,
@@ -130,7 +129,7 @@ class Transport:
         while not done():
             now = time.monotonic()
             if now > deadline:
-                raise PeerTimeout(f"rank {self.rank}: {what()} for {timeout:g} s")
+                raise PeerTimeout(f"rank {self.rank}: {what()} for {timeout:g} s", tuple(peers or ()))
             if now < busy_until:
                 os.sched_yield()
                 continue

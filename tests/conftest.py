@@ -1,5 +1,5 @@
-"""Shared test helpers: a small generated dataset, a hard-timeout command runner, and a
-server driver over the in-process link with a message builder."""
+"""Shared test helpers: a small generated dataset, a hard-timeout command runner, and the
+real server driven in process, with a message builder."""
 from __future__ import annotations
 
 import os
@@ -94,28 +94,28 @@ def small_sweep(tmp_path_factory, tiny_npz) -> Path:
     return folder / "out"
 
 
-def make_serving(path: Path, weights: np.ndarray, clients: int, transport=None, clock=lambda: 0.0):
-    """The real server driver (`add` rule) for client ranks 1..`clients`, in a fresh run dir,
-    over an in-process link unless given another `transport`. Imported here, not at the top,
-    because the server module loads MPI and most tests never need it."""
-    from paramserver.inprocess import InProcessLink
+def make_server(path: Path, weights: np.ndarray, clients: int, clock=lambda: 0.0):
+    """The real server (`add` rule) for client ranks 1..`clients`, recording into a fresh
+    run dir, driven in process (`InProcess.deliver`)."""
+    from paramserver.handler import ServerState
+    from paramserver.inprocess import InProcess
+    from paramserver.recorder import Recorder
     from paramserver.rules import make_rule
     from paramserver.rundir import RunDir
-    from paramserver.server import Serving
     from paramserver.store import Store
 
     run = RunDir(path)
     run.create()
-    return Serving(transport or InProcessLink(), Store(weights, make_rule("add")), run, list(range(1, clients + 1)),
-                   eval_every=0, stall_timeout=1.0, clock=clock)
+    state = ServerState(Store(weights, make_rule("add")), list(range(1, clients + 1)))
+    return InProcess(state, Recorder(run, state, clock))
 
 
 @pytest.fixture
 def served(tmp_path):
     """A server of the 4 weights 0, 1, 2, 3 with clients at ranks 1 and 2."""
-    serving = make_serving(tmp_path / "run", np.arange(4, dtype=np.float32), clients=2)
-    yield serving
-    serving.close()
+    server = make_server(tmp_path / "run", np.arange(4, dtype=np.float32), clients=2)
+    yield server
+    server.recorder.close()
 
 
 def push(step: int, payload: np.ndarray, fetch: bool = True, dtype: str = "float32") -> tuple:

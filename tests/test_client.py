@@ -1,4 +1,5 @@
-"""One client against the real server handler, in one process: async reduces to SGD."""
+"""One client against the real server handler, driven by the simulator's event loop (the
+one in-process driver of a ClientLoop): async reduces to SGD."""
 from __future__ import annotations
 
 import json
@@ -10,12 +11,13 @@ from clients.client import Client, Replica
 from clients.data import ShardSampler, load_dataset, shard_indices
 from clients.loop import ClientLoop, ClientPlan
 from clients.models import build_model, flat_weights
-from paramserver.inprocess import InProcessLink
-from paramserver.protocol import Pull, Tag
+from experiments.simulator import Simulation, SimTiming, StepClock
 from paramserver.config import RunConfig
+from paramserver.handler import ServerState
+from paramserver.inprocess import InProcess
+from paramserver.recorder import Recorder
 from paramserver.rules import make_rule, rule_class
 from paramserver.rundir import RunDir
-from paramserver.server import Serving
 from paramserver.store import Store
 from tests.reference import plain_sgd
 
@@ -32,25 +34,19 @@ def one_client(run_path, dataset, n_push, n_fetch, rule="add", server_momentum=0
         return build_model("cnn", dataset.shape, dataset.num_classes, seed=0)
 
     settings = RunConfig(lr=LR, server_momentum=server_momentum, weight_decay=WD)
-    store = Store(flat_weights(model()), make_rule(rule, settings))
+    state = ServerState(Store(flat_weights(model()), make_rule(rule, settings)), [1])
     run = RunDir(run_path)
     run.create()
-    link = InProcessLink()
-    serving = Serving(link, store, run, [1], eval_every=0, stall_timeout=1.0, clock=lambda: 0.0)
+    recorder = Recorder(run, state, clock=lambda: 0.0)
     sampler = ShardSampler(shard_indices(len(dataset.train), 1, 0, 0), BATCH, 0, 0)
     replica = Replica(model(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
     client = Client(replica, dataset.train, sampler, pushes=rule_class(rule).pushes)
-    loop = ClientLoop(client, ClientPlan(0, STEPS, n_push, n_fetch, timeout=1.0), clock=lambda: 0.0)
-    [(_, _, weights)] = link.deliver(serving, 1, Tag.PULL, Pull())
-    client.sync(weights)
-    while not loop.done:
-        message, fetch = loop.advance()
-        replies = link.deliver(serving, 1, message.tag, message.header, message.payload)
-        assert len(replies) == fetch
-        if fetch:
-            client.sync(replies[0][2])
-    serving.close()
-    return store, run
+    clock = StepClock(1.0)
+    loop = ClientLoop(client, ClientPlan(0, STEPS, n_push, n_fetch, timeout=1.0), clock)
+    Simulation([loop], [clock], SimTiming(1.0, 0.0, 1e9, 0.0)).run(InProcess(state, recorder))
+    recorder.close()
+    assert loop.done and state.tally.stops
+    return state.store, run
 
 
 def test_one_client_n_sync_1_equals_plain_sgd(tmp_path, dataset):

@@ -55,13 +55,12 @@ def test_a_compressed_run_halves_the_wire_and_still_learns(tmp_path, tiny_npz, n
 
 def test_a_nan_survives_bf16_and_the_server_rejects_it(served):
     from paramserver.protocol import Push, Tag
-    from paramserver.server import Serving
 
     codec = BFloat16()
-    s: Serving = served
+    s = served.state
     s.codec, s.wire = codec, np.empty(s.store.size, codec.wire)
     push = np.array([np.nan, 0, 0, 0], np.float32)
-    s.transport.deliver(s, 1, Tag.PUSH, Push(1, 4, False, codec.dtype), codec.encode(push))
+    served.deliver(1, Tag.PUSH, Push(1, 4, False, codec.dtype), codec.encode(push))
     assert s.store.version == 0 and s.tally.rejected == 1
 
 

@@ -12,7 +12,8 @@ from tests.conftest import ROOT
 
 BLOCK_MPI = "import sys; sys.modules['mpi4py'] = None\n"
 CORE = ["paramserver.config", "paramserver.protocol", "paramserver.store", "paramserver.rules",
-        "paramserver.server", "paramserver.inprocess", "clients.loop", "clients.driver",
+        "paramserver.handler", "paramserver.recorder", "paramserver.server", "paramserver.inprocess",
+        "clients.loop", "clients.driver",
         "experiments.simulator", "experiments.launch", "experiments.cli", "experiments.sweep",
         "plots.analysis", "plots.rules"]
 

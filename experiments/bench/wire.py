@@ -32,7 +32,9 @@ from clients.loop import Outgoing
 from paramserver.protocol import Pull, Push, Stop, Tag, shard_bounds
 from paramserver.rules import make_rule
 from paramserver.rundir import RunDir
-from paramserver.server import Serving, serve
+from paramserver.handler import ServerState
+from paramserver.recorder import Recorder
+from paramserver.server import ServerLoop
 from paramserver.store import Store
 from paramserver.transport import Transport
 
@@ -60,18 +62,22 @@ def raw_round_trips(comm: MPI.Comm, data: np.ndarray, repeats: int) -> list[floa
 
 
 def serve_clients(transport: Transport, size: int, clients: int, servers: int = 1,
-                  progress: Callable[[int], None] = lambda minibatches: None) -> Serving:
-    """A server rank: the real server loop over a scratch run directory, on its slice of
-    a `size`-float model, until every client stops."""
+                  progress: Callable[[int], None] = lambda minibatches: None) -> ServerLoop:
+    """A server rank: the real server loop, recording into a scratch run directory, on its
+    slice of a `size`-float model, until every client stops."""
     lo, hi = shard_bounds(size, servers)[transport.rank]
+    state = ServerState(Store(np.zeros(hi - lo, np.float32), make_rule("add")),
+                        list(range(servers, servers + clients)))
     with tempfile.TemporaryDirectory() as folder:
         run = RunDir(folder)
         run.create()
-        serving = Serving(transport, Store(np.zeros(hi - lo, np.float32), make_rule("add")), run,
-                          list(range(servers, servers + clients)), eval_every=0, stall_timeout=600.0,
-                          clock=time.perf_counter, progress=progress)
-        serve(serving)
-    return serving
+        recorder = Recorder(run, state, time.perf_counter, progress=progress)
+        loop = ServerLoop(transport, state, recorder, time.perf_counter, stall_timeout=600.0)
+        try:
+            loop.serve()
+        finally:
+            recorder.close()
+    return loop
 
 
 def rss_mb() -> float:
@@ -145,10 +151,10 @@ def load(comm: MPI.Comm, size: int, seconds: float, servers: int) -> dict | None
     comm.Barrier()
     if comm.rank < servers:
         start, rss = time.perf_counter(), []  # (seconds, MB) every 100 pushes
-        serving = serve_clients(transport, size, clients, servers, progress=lambda n: n % 100 or rss.append(
+        loop = serve_clients(transport, size, clients, servers, progress=lambda n: n % 100 or rss.append(
             (time.perf_counter() - start, rss_mb())))
         wall = time.perf_counter() - start
-        return None if comm.rank else _load_figures(serving, size, wall, servers, rss)
+        return None if comm.rank else _load_figures(loop, size, wall, servers, rss)
     payload, into = np.full(size, 1e-6, np.float32), np.empty(size, np.float32)
     link = client_link(transport, size, servers)
     link.exchange(Outgoing(Tag.PULL, Pull()), into)
@@ -160,14 +166,15 @@ def load(comm: MPI.Comm, size: int, seconds: float, servers: int) -> dict | None
     return None
 
 
-def _load_figures(serving: Serving, size: int, wall: float, servers: int, rss: list[tuple[float, float]]) -> dict:
-    pushes = serving.store.version
+def _load_figures(loop: ServerLoop, size: int, wall: float, servers: int, rss: list[tuple[float, float]]) -> dict:
+    state = loop.state
+    pushes = state.store.version
     warm = [mb for t, mb in rss if t > wall / 10] or [rss_mb()]
-    return {"clients": len(serving.client_ranks), "servers": servers, "floats": size, "seconds": wall,
+    return {"clients": len(state.client_ranks), "servers": servers, "floats": size, "seconds": wall,
             "pushes": pushes, "pushes_per_s": pushes / wall, "mbytes_per_s": pushes * 2 * 4 * size / wall / 1e6,
-            "server_busy": serving.busy_s / wall, "rejected": serving.tally.rejected,
-            "pushes_sent": sum(stop.pushes for stop in serving.tally.stops.values()),
-            "clients_stopped": len(serving.tally.stops),
+            "server_busy": loop.busy_s / wall, "rejected": state.tally.rejected,
+            "pushes_sent": sum(stop.pushes for stop in state.tally.stops.values()),
+            "clients_stopped": len(state.tally.stops),
             "rss_mb_after_warmup": warm[0], "rss_mb_end": warm[-1], "rss_mb_max": max(warm)}
 
 

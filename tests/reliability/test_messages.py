@@ -2,9 +2,9 @@
 server.jsonl, leaves the weights (byte for byte) and the version as they were, and the
 next good push still applies.
 
-Each bad message goes through `handle()` on its own (InProcessLink.deliver), and all of
-them through one `serve()` loop over a scripted transport, which must end at the last
-client's STOP and not before.
+Each bad message goes through `handle()` on its own (InProcess.deliver), and all of
+them through one `ServerLoop` over a scripted link, which must end at the last client's
+STOP and not before.
 """
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 
-from paramserver.inprocess import InProcessLink
-from paramserver.protocol import Fail, Pull, Push, Stop, Tag, Weights
+from paramserver.inprocess import InProcess, land
+from paramserver.protocol import Fail, Message, Pull, Push, Stop, Tag, Weights, carries_payload
 from paramserver.runlog import read_jsonl
-from paramserver.server import Serving, serve
-from paramserver.protocol import Message
-from tests.conftest import make_serving, push
+from paramserver.server import ServerLoop
+from tests.conftest import make_server, push
 
 GOOD = np.ones(4, np.float32)
 NAN = np.array([1, np.nan, 0, 0], np.float32)
@@ -77,26 +76,26 @@ BAD = {
     "NaN without fetch": Bad((1, *push(1, NAN, fetch=False)), "NaN or Inf"),
 }
 
-def start(s: Serving, stopped: bool) -> None:
+def start(server: InProcess, stopped: bool) -> None:
     """Both clients pull and client 1 pushes (version 1, so "untouched" is not just "still
     empty"); client rank 2 stops if the bad message comes after its STOP."""
-    link = s.transport
     for rank in (1, 2):
-        link.deliver(s, rank, Tag.PULL, Pull())
-    link.deliver(s, 1, *push(1, GOOD))
+        server.deliver(rank, Tag.PULL, Pull())
+    server.deliver(1, *push(1, GOOD))
     if stopped:
-        link.deliver(s, 2, Tag.STOP, Stop(0, 0))
+        server.deliver(2, Tag.STOP, Stop(0, 0))
 
 
-def state(s: Serving) -> tuple:
+def state(server: InProcess) -> tuple:
     """Everything a bad message must leave alone: the weights' bytes, the version, what was
     applied with which staleness, and which clients have stopped."""
-    return (s.store.weights.tobytes(), s.store.version, dict(s.store.applied), dict(s.store.staleness),
-            dict(s.tally.stops))
+    store = server.state.store
+    return (store.weights.tobytes(), store.version, dict(store.applied), dict(store.staleness),
+            dict(server.state.tally.stops))
 
 
-def rejections(s: Serving) -> list[dict]:
-    return [row for row in read_jsonl(s.run.path / "server.jsonl") if "rejected" in row]
+def rejections(server: InProcess) -> list[dict]:
+    return [row for row in read_jsonl(server.recorder.run.path / "server.jsonl") if "rejected" in row]
 
 
 def assert_rejected(row: dict, bad: Bad) -> None:
@@ -105,18 +104,17 @@ def assert_rejected(row: dict, bad: Bad) -> None:
 
 @pytest.mark.parametrize("bad", BAD.values(), ids=BAD.keys())
 def test_bad_message_is_rejected_logged_and_harmless(served, bad):
-    link = served.transport
     start(served, bad.stopped)
     before = state(served)
-    replies = link.deliver(served, *bad.message)
+    replies = served.deliver(*bad.message)
     assert state(served) == before
-    assert [header.version for _, header, _ in replies] == ([1] if bad.answered else [])
+    assert [reply.header.version for reply in replies] == ([1] if bad.answered else [])
     [row] = rejections(served)
     assert_rejected(row, bad)
-    assert served.tally.rejected == 1
-    [(_, reply, weights)] = link.deliver(served, 1, *push(2, GOOD))
-    assert reply.version == 2
-    np.testing.assert_array_equal(weights, np.arange(4) + 2)
+    assert served.state.tally.rejected == 1
+    [reply] = served.deliver(1, *push(2, GOOD))
+    assert reply.header.version == 2
+    np.testing.assert_array_equal(reply.payload, np.arange(4) + 2)
 
 
 @pytest.mark.parametrize("header", [Push(None, 4, True), Push(1, 4, True, rows=("loss 1.0",)),
@@ -125,22 +123,27 @@ def test_bad_message_is_rejected_logged_and_harmless(served, bad):
 def test_push_header_with_fields_of_wrong_types_is_rejected_before_it_applies(served, header):
     start(served, stopped=False)
     before = state(served)
-    served.transport.deliver(served, 1, Tag.PUSH, header, GOOD)
+    served.deliver(1, Tag.PUSH, header, GOOD)
     assert state(served) == before
     assert len(rejections(served)) == 1
 
 
-class Script(InProcessLink):
-    """serve()'s transport: hands over the given messages in order, each payload after its
-    header, as MPI would."""
+class Script:
+    """The loop's link: hands over the given messages in order, a push's payload with it
+    as MPI lands it; replies are delivered at once."""
 
     def __init__(self, messages: list[tuple[int, int, Any, np.ndarray | None]]):
-        super().__init__()
         self.messages = deque(messages)
 
-    def recv(self, timeout: float, busy: float = 0.0) -> Message:
-        source, tag, header, self._payload = self.messages.popleft()
-        return Message(source, int(tag), header)
+    def recv(self, timeout: float, busy: float = 0.0, into: np.ndarray | None = None) -> Message:
+        source, tag, header, payload = self.messages.popleft()
+        return Message(source, int(tag), header, land(payload, into) if carries_payload(tag, header) else None)
+
+    def post(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None) -> list:
+        return []
+
+    def complete(self, requests: list, peers: list[int], nbytes: int, timeout: float) -> None:
+        pass
 
 
 def test_serve_rejects_every_bad_message_and_ends_only_when_every_client_stopped(tmp_path):
@@ -149,14 +152,16 @@ def test_serve_rejects_every_bad_message_and_ends_only_when_every_client_stopped
     script = [(1, Tag.PULL, Pull(), None), (2, Tag.PULL, Pull(), None), (1, *push(1, GOOD))]
     script += [b.message for b in bad if not b.stopped] + [(2, Tag.STOP, Stop(0, 0), None)]
     script += [b.message for b in bad if b.stopped] + [(1, *push(2, GOOD)), (1, Tag.STOP, Stop(2, 2), None)]
-    s = make_serving(tmp_path / "run", np.arange(4, dtype=np.float32), clients=2, transport=Script(script))
-    tally = serve(s)
-    assert not s.transport.messages  # it did not stop early
+    server = make_server(tmp_path / "run", np.arange(4, dtype=np.float32), clients=2)
+    link = Script(script)
+    tally = ServerLoop(link, server.state, server.recorder, clock=lambda: 0.0, stall_timeout=1.0).serve()
+    server.recorder.close()
+    assert not link.messages  # it did not stop early
     assert tally.rejected == len(bad) and tally.stops == {2: Stop(0, 0), 1: Stop(2, 2)}
-    for row, b in zip(rejections(s), bad, strict=True):
+    for row, b in zip(rejections(server), bad, strict=True):
         assert_rejected(row, b)
-    assert [row["version"] for row in read_jsonl(s.run.path / "server.jsonl") if "version" in row] == [1, 2]
-    np.testing.assert_array_equal(s.store.weights, np.arange(4) + 2)
+    assert [row["version"] for row in read_jsonl(tmp_path / "run" / "server.jsonl") if "version" in row] == [1, 2]
+    np.testing.assert_array_equal(server.state.store.weights, np.arange(4) + 2)
 
 
 def test_a_payload_without_its_push_header_is_drained_not_unpickled():

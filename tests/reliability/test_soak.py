@@ -16,10 +16,10 @@ import pytest
 
 from clients.loop import Outgoing
 from experiments.simulator import Simulation, SimTiming, StepClock
-from paramserver.inprocess import InProcessLink
+from paramserver.inprocess import InProcess
 from paramserver.protocol import Pull, Push, Stop, Tag
 from paramserver.runlog import read_jsonl
-from tests.conftest import make_serving
+from tests.conftest import make_server
 
 CLIENTS, PUSHES_EACH, SIZE, SEED = 32, 3125, 1000, 7  # 10^5 pushes of 1,000 floats
 P_PULL, P_NO_FETCH = 0.05, 0.1  # of a client's sync points: a bare pull; a push without fetch
@@ -67,18 +67,18 @@ class StubClient:
                         update)
 
 
-class Wire(InProcessLink):
-    """The simulation's link, also noting each message the server took, in its order:
+class Noting(InProcess):
+    """The simulation's server, also noting each message it took, in its order:
     (rank, tag, the push's step, the versions of the weights sent back)."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, server: InProcess) -> None:
+        super().__init__(server.state, server.recorder)
         self.taken: list[tuple[int, Tag, int | None, list[int]]] = []
 
-    def deliver(self, serving, source, tag, header, payload=None):
-        replies = super().deliver(serving, source, tag, header, payload)
+    def deliver(self, source, tag, header, payload=None):
+        replies = super().deliver(source, tag, header, payload)
         step = header.step if tag == Tag.PUSH else None
-        self.taken.append((source, tag, step, [reply.version for _, reply, _ in replies]))
+        self.taken.append((source, tag, step, [reply.header.version for reply in replies]))
         return replies
 
 
@@ -110,22 +110,23 @@ def test_soak_every_push_is_applied_once_with_the_staleness_it_had(tmp_path):
     stubs = [StubClient(i) for i in range(CLIENTS)]
     start = np.random.default_rng(SEED).integers(-64, 64, SIZE).astype(np.float32)
     simulation = Simulation(stubs, [stub.clock for stub in stubs], TIMING)
-    simulation.link = wire = Wire()  # the Simulation builds a plain link; this one also records
-    serving = make_serving(tmp_path / "run", start, CLIENTS, transport=wire, clock=lambda: simulation.now)
-    tally = simulation.run(serving)
+    server = Noting(make_server(tmp_path / "run", start, CLIENTS, clock=lambda: simulation.now))
+    simulation.run(server)
+    server.recorder.close()
+    store, tally = server.state.store, server.state.tally
 
-    expected = books(wire.taken)
+    expected = books(server.taken)
     total = CLIENTS * PUSHES_EACH
-    assert len(expected) == total and serving.store.version == total and tally.rejected == 0
+    assert len(expected) == total and store.version == total and tally.rejected == 0
     assert sorted((c, step) for c, step, _, _ in expected) == [(s.index, step) for s in stubs for step in s.pushed]
-    assert serving.store.applied == {s.index: PUSHES_EACH for s in stubs}
+    assert store.applied == {s.index: PUSHES_EACH for s in stubs}
     assert tally.stops == {s.index + 1: Stop(s.step, PUSHES_EACH) for s in stubs}
 
-    server_rows = list(read_jsonl(serving.run.path / "server.jsonl"))
+    server_rows = list(read_jsonl(tmp_path / "run" / "server.jsonl"))
     assert [(r["client"], r["version"], r["staleness"]) for r in server_rows] == \
         [(c, version, staleness) for version, (c, _, _, staleness) in enumerate(expected, start=1)]
-    client_rows = list(read_jsonl(serving.run.path / "clients.jsonl"))
+    client_rows = list(read_jsonl(tmp_path / "run" / "clients.jsonl"))
     assert [(r["client"], r["step"], r["version_pulled"], r["staleness"]) for r in client_rows] == expected
 
-    assert serving.store.staleness_stats() == staleness_stats([st for _, _, _, st in expected])
-    np.testing.assert_array_equal(serving.store.weights, start + sum(s.sent for s in stubs))
+    assert store.staleness_stats() == staleness_stats([st for _, _, _, st in expected])
+    np.testing.assert_array_equal(store.weights, start + sum(s.sent for s in stubs))

@@ -1,0 +1,223 @@
+"""The server's reaction to one message, as a pure function: `handle(state, msg)`.
+
+`handle` checks the message, applies a push with the Store's rule, counts what it must,
+and returns the replies to send and the events to record; it does no I/O. Moving
+messages is the driver's (`serve()` over MPI, the simulator's event loop, `InProcess`
+in tests); writing logs, snapshots and checkpoints is the `Recorder`'s. So the
+simulator, the tests and an MPI run share every decision the server makes, and the
+handler's cost is the apply's, not the disk's.
+
+A malformed message is rejected (a `Rejected` event) and never reaches the weights. A
+reply's payload may be the live weights: the driver sends it before the next push is
+handled (the apply would change it under the transfer).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from paramserver.checkpoint import Checkpoint
+from paramserver.compress import Codec
+from paramserver.protocol import FROM_CLIENTS, Message, Push, Reply, Stop, Tag, Weights, well_formed
+from paramserver.store import ApplyResult, Store
+
+
+class ClientLost(RuntimeError):
+    """A client can no longer take part: the job ends, or goes on without it."""
+
+    def __init__(self, rank: int, what: str, named: bool = False):
+        super().__init__(what)
+        self.rank = rank
+        self.named = named  # logged already: it ends the job
+
+
+class ClientFailed(ClientLost):
+    """A client reported an exception."""
+
+
+@dataclass
+class ServerTally:
+    """What the summary and a checkpoint need from the serving loop."""
+
+    clients: int
+    minibatches: int = 0
+    samples: int = 0
+    rejected: int = 0
+    stops: dict[int, Stop] = field(default_factory=dict)
+    lost: dict[int, dict] = field(default_factory=dict)  # rank -> what the summary says of it
+
+    def __post_init__(self) -> None:
+        self.client_steps = np.zeros(self.clients, np.int64)   # step of each client's last push handled
+        self.client_pushes = np.zeros(self.clients, np.int64)  # pushes handled, per client
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Checkpoint) -> "ServerTally":
+        tally = cls(len(checkpoint.client_steps), *checkpoint.counts)
+        tally.client_steps[:] = checkpoint.client_steps
+        tally.client_pushes[:] = checkpoint.client_pushes
+        return tally
+
+
+# The events handle() returns, for the Recorder, in the order they happened.
+@dataclass(frozen=True)
+class Applied:
+    """A push was applied: a server.jsonl row."""
+
+    client: int
+    version: int
+    staleness: int
+    apply_s: float
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A message was refused, and why: a server.jsonl row."""
+
+    client: int | None
+    rank: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ClientRows:
+    """A push's minibatch rows (clients.jsonl); `minibatches`: the run's count after them."""
+
+    rows: list[dict[str, Any]]
+    minibatches: int
+
+
+@dataclass(frozen=True)
+class SnapshotDue:
+    """The version reached a multiple of eval_every: snapshot and checkpoint."""
+
+    version: int
+
+
+Event = Applied | Rejected | ClientRows | SnapshotDue
+
+
+@dataclass
+class ServerState:
+    """Everything `handle` reads and changes: the Store, the tallies, the wire's buffers.
+
+    `peers`: with sharded servers, the server ranks allowed to read this one's slice
+    (a PULL from them is answered with the raw slice). `apply_cost`: seconds an apply is
+    logged as taking (the simulator's virtual cost); None: measured.
+    """
+
+    store: Store
+    client_ranks: list[int]
+    eval_every: int = 0
+    codec: Codec = field(default_factory=Codec)
+    tally: ServerTally | None = None
+    peers: tuple[int, ...] = ()
+    apply_cost: float | None = None
+    wire_bytes: list[int] = field(default_factory=lambda: [0, 0])  # payload bytes (pushed, pulled)
+
+    def __post_init__(self) -> None:
+        self.tally = self.tally or ServerTally(len(self.client_ranks))
+        self.buffer = np.empty(self.store.size, np.float32)  # pushes, as float32
+        compressed = self.codec.wire != np.float32
+        self.wire = np.empty(self.store.size, self.codec.wire) if compressed else self.buffer  # as they come
+
+    def client(self, rank: int) -> int:
+        return self.client_ranks.index(rank)
+
+    @property
+    def waiting(self) -> list[int]:
+        """Client ranks still expected to send something."""
+        return [r for r in self.client_ranks if r not in self.tally.stops and r not in self.tally.lost]
+
+    @property
+    def done(self) -> bool:
+        return not self.waiting
+
+
+def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
+    """One message: the replies to send and the events to record."""
+    if msg.source in state.peers and msg.tag == Tag.PULL:  # server 0 reads this slice for a snapshot
+        return [Reply(msg.source, Weights(state.store.version, state.store.size), state.store.weights)], []
+    problem = _message_problem(state, msg)
+    if problem:
+        return [], [_reject(state, msg.source, problem)]
+    if msg.tag == Tag.FAIL:
+        raise ClientFailed(msg.source, f"failed: {msg.header.reason}")
+    if msg.tag == Tag.STOP:
+        state.tally.stops[msg.source] = msg.header
+        return [], []
+    events = _push(state, msg) if msg.tag == Tag.PUSH else []
+    if msg.tag == Tag.PULL or msg.header.fetch:
+        return [_weights_for(state, msg.source)], events
+    return [], events
+
+
+def tag_name(tag: int) -> str:
+    try:
+        return Tag(tag).name
+    except ValueError:
+        return f"unknown tag {tag}"
+
+
+def _message_problem(state: ServerState, msg: Message) -> str:
+    if msg.source not in state.client_ranks:
+        return f"message tag {msg.tag} from rank {msg.source}, which is not a client"
+    if msg.source in state.tally.stops:
+        return f"message tag {msg.tag} from rank {msg.source} after its STOP"
+    if msg.source in state.tally.lost:
+        return f"message tag {msg.tag} from rank {msg.source}, a client lost before"
+    if msg.tag not in FROM_CLIENTS:
+        return f"message tag {tag_name(msg.tag)} is not one a client sends"
+    if not well_formed(msg.tag, msg.header):
+        return f"malformed message: tag {msg.tag} with header {type(msg.header).__name__}"
+    return ""
+
+
+def _weights_for(state: ServerState, rank: int) -> Reply:
+    weights, version = state.store.pull(state.client(rank))
+    data = state.codec.encode(weights)
+    state.wire_bytes[1] += data.nbytes
+    return Reply(rank, Weights(version, weights.size), data)
+
+
+def _push(state: ServerState, msg: Message) -> list[Event]:
+    header: Push = msg.header
+    client, store, payload = state.client(msg.source), state.store, msg.payload
+    state.wire_bytes[0] += payload.nbytes
+    pulled = store.pulled.get(client, 0)
+    start = time.perf_counter()
+    if header.dtype != state.codec.dtype or payload.dtype != state.codec.wire or header.size != store.size:
+        reason = (f"payload of {payload.nbytes} bytes as {header.size} {header.dtype}, "
+                  f"expected {store.size} {state.codec.dtype}")
+        result = ApplyResult(False, store.version, store.version - pulled, reason)
+    else:
+        result = store.apply(client, state.codec.decode(payload, state.buffer))
+    apply_s = time.perf_counter() - start if state.apply_cost is None else state.apply_cost
+    events: list[Event] = [Applied(client, result.version, result.staleness, apply_s) if result.accepted
+                           else _reject(state, msg.source, result.reason)]
+    events.append(_client_rows(state, client, header, pulled, result))
+    if result.accepted and state.eval_every and result.version % state.eval_every == 0:
+        events.append(SnapshotDue(result.version))
+    return events
+
+
+def _client_rows(state: ServerState, client: int, header: Push, pulled: int, result: ApplyResult) -> ClientRows:
+    """The window's rows (the client ran them, applied or not); the last one carries the
+    sync point's version and staleness, or why its push was rejected."""
+    tally = state.tally
+    rows = [dict(r) for r in header.rows]
+    tally.client_steps[client] = header.step
+    tally.client_pushes[client] += 1
+    if rows:
+        sync = {"version_pulled": pulled, "staleness": result.staleness}
+        rows[-1].update(sync if result.accepted else {**sync, "rejected": result.reason})
+    tally.minibatches += len(rows)
+    tally.samples += sum(r.get("samples", 0) for r in rows)
+    return ClientRows(rows, tally.minibatches)
+
+
+def _reject(state: ServerState, rank: int, reason: str) -> Rejected:
+    state.tally.rejected += 1
+    return Rejected(state.client(rank) if rank in state.client_ranks else None, rank, reason)

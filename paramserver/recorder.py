@@ -1,0 +1,125 @@
+"""What the server's events become on disk: logs, progress, snapshots, checkpoints.
+
+`handle()` returns events; the Recorder writes them. Log rows are written at once (a
+line each, flushed); snapshots and checkpoints are written on a thread of their own
+(`Background`), one at a time, because their files (checksummed, fsynced) take
+milliseconds that a client waiting for its reply would otherwise spend idle. The arrays
+are copied when the event comes, so a file holds exactly what it would have held
+written in line; and the Recorder is closed (every file out) before anyone reads them.
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+import numpy as np
+
+from paramserver.checkpoint import Checkpoint
+from paramserver.config import InjectedFault
+from paramserver.handler import Applied, ClientRows, Event, Rejected, ServerState, SnapshotDue
+from paramserver.rundir import RunDir
+
+
+class Background:
+    """Runs file writes on one thread, one at a time, in order. A write's error is raised
+    by the next `submit` or by `close`, so none is lost."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="record")
+        self.pending: Future | None = None
+
+    def submit(self, write: Callable[..., None], *args: Any) -> None:
+        self.wait()  # the previous files are out (or their error is raised here)
+        self.pending = self.pool.submit(write, *args)
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()
+
+    def close(self) -> None:
+        """Every file out; raises the last write's error, if any."""
+        try:
+            self.wait()
+        finally:
+            self.pool.shutdown()
+
+
+class Recorder:
+    """Writes a run's server.jsonl, clients.jsonl, snapshots and checkpoint.
+
+    `log_lines`: the rows already in the (server, clients) logs (a resumed run's logs,
+    cut back to its checkpoint). `gather`: with sharded servers, server 0's way to the
+    whole weight vector from its own slice. `fault_version`: fail on purpose once that
+    version is recorded (the fault-injection tests).
+    """
+
+    def __init__(self, run: RunDir, state: ServerState, clock: Callable[[], float],
+                 log_lines: tuple[int, int] = (0, 0), progress: Callable[[int], None] = lambda minibatches: None,
+                 gather: Callable[[np.ndarray], np.ndarray] | None = None, fault_version: int | None = None):
+        self.run, self.state, self.clock, self.progress = run, state, clock, progress
+        self.gather, self.fault_version = gather, fault_version
+        self.server_log = run.writer("server", log_lines[0])
+        self.client_log = run.writer("clients", log_lines[1])
+        self.files = Background()
+
+    def record(self, events: list[Event]) -> None:
+        for event in events:
+            if isinstance(event, Applied):
+                self.server_log.write({"time": self.clock(), "client": event.client, "version": event.version,
+                                       "staleness": event.staleness, "apply_s": event.apply_s})
+            elif isinstance(event, Rejected):
+                self.server_log.write({"time": self.clock(), "client": event.client, "rank": event.rank,
+                                       "rejected": event.reason})
+            elif isinstance(event, ClientRows):
+                self.client_log.write_many(event.rows)
+                self.progress(event.minibatches)
+            elif isinstance(event, SnapshotDue):
+                self.snapshot(checkpoint=True)
+        version = self.state.store.version
+        if self.fault_version is not None and version >= self.fault_version:
+            raise InjectedFault(f"injected fault on the server at version {version}")
+
+    def lost(self, row: dict[str, Any]) -> None:
+        """A server.jsonl row naming a client the run lost."""
+        self.server_log.write({"time": self.clock(), **row})
+
+    def weights(self) -> np.ndarray:
+        """The whole weight vector, as a copy of its own: this server's, or every slice."""
+        own = self.state.store.weights
+        return own.copy() if self.gather is None else self.gather(own)
+
+    def snapshot(self, checkpoint: bool) -> None:
+        """The weights for the test error and, with `checkpoint`, everything to resume from,
+        copied now and written in the background."""
+        state, weights, now = self.state, self.weights(), self.clock()
+        tally, store = state.tally, state.store
+        point = None
+        if checkpoint:
+            point = Checkpoint(weights, store.version, now, (self.server_log.lines, self.client_log.lines),
+                               (tally.minibatches, tally.samples, tally.rejected), tally.client_steps.copy(),
+                               tally.client_pushes.copy(),
+                               {k: np.array(v, copy=True) for k, v in store.state().items() if k != "weights"})
+        self.files.submit(_write, self.run, weights, store.version, now, tally.minibatches, point)
+
+    def finish(self) -> None:
+        """The last snapshot and checkpoint, every file out, the logs closed."""
+        try:
+            self.snapshot(checkpoint=True)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Every file out (a write's error is raised here), the logs closed."""
+        try:
+            self.files.close()
+        finally:
+            self.server_log.close()
+            self.client_log.close()
+
+
+def _write(run: RunDir, weights: np.ndarray, version: int, now: float, minibatches: int,
+           checkpoint: Checkpoint | None) -> None:
+    run.save_snapshot(weights, version, now, minibatches)
+    if checkpoint is not None:
+        checkpoint.save(run)
