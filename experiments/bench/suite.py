@@ -206,7 +206,7 @@ def write_markdown(path: Path, results: dict[str, Any]) -> Path:
 
 
 def tables(r: dict[str, Any]) -> str:
-    """The results as the Markdown tables the README shows."""
+    """The results as Markdown tables: what the bench prints and docs/results/bench.md holds."""
     lines = [f"{r['machine']['cores']} cores, {r['machine']['mpi']}", "",
              "| floats | MB | raw one-way ms | push+pull ms | apply ms | apply / memcpy | ratio (target <= 1.25) |",
              "|---:|---:|---:|---:|---:|---:|---:|"]
