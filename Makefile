@@ -22,20 +22,25 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
-# Performance against MPI, memcpy, torch DDP and an RPC parameter server: prints the
-# tables the README shows and writes results/bench.json (about 4 minutes on 2 cores).
+# Performance against MPI, memcpy, torch DDP and an RPC parameter server (about 5 minutes
+# on 2 cores): prints its tables, writes results/bench.json and, once every section is
+# measured, the tables as docs/results/bench.md (the page docs/performance.md links to;
+# written whole or not at all, so the docs never quote a half-finished run).
 bench: setup
-	$(BIN)/asgd bench --out results/bench.json
+	$(BIN)/asgd bench --out results/bench.json --markdown docs/results/bench.md
 
 clean:
 	rm -rf runs results .pytest_cache
 
-# The paper's figures: each runs its sweep (resumable: rerun after a kill) and writes
-# PNG and PDF, tables and findings to results/$(SCALE)/<figure>/. SCALE=paper runs the
-# ImageNet specs (edit their data path; see experiments/configs/paper/slurm.sbatch).
+# The paper's figures: each runs its sweep (resumable: rerun after a kill; a finished
+# sweep only reports again) and writes PNG and PDF, tables and findings to
+# results/$(SCALE)/<figure>/, and its tables and findings, with when and where the runs
+# were measured, to docs/results/$(SCALE)/<figure>.md (the pages the docs link to).
+# SCALE=paper runs the ImageNet specs (edit their data path; see
+# experiments/configs/paper/slurm.sbatch).
 fig1 starts modes rules: setup
 	$(BIN)/asgd sweep experiments/configs/$(SCALE)/$@.toml --out results/sweeps/$@-$(SCALE)
-	$(BIN)/asgd report results/sweeps/$@-$(SCALE) --figures $(RESULTS)/$@
+	$(BIN)/asgd report results/sweeps/$@-$(SCALE) --figures $(RESULTS)/$@ --docs docs/results/$(SCALE)/$@.md
 
 # Figs. 2 (cold), 3 (warm) and 4 (speedup) come from one sweep: results/$(SCALE)/starts/.
 # `make rules`: the update rules side by side (about 30 minutes at proxy scale).

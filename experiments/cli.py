@@ -43,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
             return run_sweep(args.spec, args.out, args.jobs, args.retry_failed, args.quiet)
         if args.command == "bench":
             from experiments.bench.suite import run_bench
-            return run_bench(args.out, args.quick)
+            return run_bench(args.out, args.quick, args.markdown)
         from experiments.report import report
-        return report(args.path, args.window, args.figures, args.target)
+        return report(args.path, args.window, args.figures, args.target, args.docs)
     except (ConfigError, InputError) as error:
         return _error(str(error))
 
@@ -71,7 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     bench = commands.add_parser("bench", help="measure the server, the wire, peers and the simulator (minutes)")
     bench.add_argument("--out", default="results/bench.json", help="where the figures go (default: %(default)s)")
-    bench.add_argument("--quick", action="store_true", help="fewer repeats and sizes (a smoke run, not for the README)")
+    bench.add_argument("--markdown", help="the tables as a Markdown page (default: --out with the suffix .md; "
+                                          "`make bench`: docs/results/bench.md)")
+    bench.add_argument("--quick", action="store_true", help="fewer repeats and sizes (a smoke run, not for the docs)")
     report = commands.add_parser("report", help="summarise a run or a sweep: tables, findings, figures")
     report.add_argument("path", help="a run directory or a sweep folder")
     report.add_argument("--window", type=int, help="smoothing window, in minibatches (default: the sweep "
@@ -79,6 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--figures", help="where a sweep's tables and figures go (default: SWEEP/figures)")
     report.add_argument("--target", type=float, help="target training error for speedups "
                                                        "(default: the 1-client run's final error + 5%%)")
+    report.add_argument("--docs", help="also write a sweep's tables and findings, with where its runs were measured, "
+                                       "to this Markdown page (the make targets: docs/results/<scale>/<figure>.md)")
     return parser
 
 

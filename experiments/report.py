@@ -1,7 +1,7 @@
 """`asgd report PATH`: a run's summary and curve, or a sweep's tables, findings and figures.
 
     asgd report runs/<name>                      summary line + training_error.png
-    asgd report results/sweeps/<name> [--figures DIR] [--window 400] [--target 0.2]
+    asgd report results/sweeps/<name> [--figures DIR] [--window 400] [--target 0.2] [--docs PAGE.md]
 
 For a sweep it writes, into DIR (default: the sweep folder's figures/): the speedup
 table (time to a target error, speedup against 1 client, efficiency) and the staleness
@@ -9,6 +9,11 @@ table as CSV and Markdown, findings.json (which of the paper's findings the swee
 shows, with the numbers), and every figure the sweep has the points for, as PNG and PDF.
 A sweep that varies the update rule (`make rules`) gets the rules table, its summary
 per rule and the rules figure instead (plots/rules.py).
+
+With --docs, the same tables (and the findings as a table) also go to one Markdown page
+that says which runs they come from: when and where they were measured, at which
+commit. The make targets write docs/results/<scale>/<figure>.md, the pages the docs
+link to, so no measured number in the docs is copied by hand.
 """
 from __future__ import annotations
 
@@ -16,15 +21,21 @@ import json
 import sys
 from pathlib import Path
 
+from paramserver.runlog import write_json_atomic, write_text_atomic
 from plots.curves import plot_run
 from plots.rundata import load_json
 
 
-def report(path: str, window: int | None = None, figures: str | None = None, target: float | None = None) -> int:
-    """`window` defaults to the sweep spec's (400 for a single run)."""
+def report(path: str, window: int | None = None, figures: str | None = None, target: float | None = None,
+           docs: str | None = None) -> int:
+    """`window` defaults to the sweep spec's (400 for a single run); `docs` is a sweep's page."""
     if (Path(path) / "index.json").exists():
         window = window or json.loads((Path(path) / "index.json").read_text()).get("window", 400)
-        return _sweep_report(Path(path), window, Path(figures) if figures else Path(path) / "figures", target)
+        page = (Path(docs), f"asgd report {path} --docs {docs}") if docs else None
+        return _sweep_report(Path(path), window, Path(figures) if figures else Path(path) / "figures", target, page)
+    if docs:
+        print(f"asgd: error: docs: {path} is a run, not a sweep; --docs writes a sweep's tables", file=sys.stderr)
+        return 2
     window = window or 400
     summary = load_json(path, "summary")
     if not summary:
@@ -38,52 +49,105 @@ def report(path: str, window: int | None = None, figures: str | None = None, tar
     return 0
 
 
-def _sweep_report(sweep_dir: Path, window: int, out: Path, target: float | None) -> int:
+def _sweep_report(sweep_dir: Path, window: int, out: Path, target: float | None,
+                  page: tuple[Path, str] | None = None) -> int:
     from plots import analysis, figures, rules
 
     sweep = analysis.load_sweep(sweep_dir)
     out.mkdir(parents=True, exist_ok=True)
     if rules.is_rules_sweep(sweep):
-        return _rules_report(sweep, window, out)
+        return _rules_report(sweep, window, out, page)
     start = analysis.default_start(sweep)
+    sections = {}
     try:
         rows = analysis.speedups(sweep, target=target, start=start, window=window)
         analysis.write_table(rows, out / "speedups.csv", out / "speedups.md")
         print((out / "speedups.md").read_text())
+        sections[f"Speedups ({start} start)"] = analysis.markdown_table(rows)
     except ValueError as missing:  # no 1-client run to measure speedup against
         print(f"speedups: skipped ({missing})")
-    analysis.write_table(analysis.staleness_table(sweep), out / "staleness.csv", out / "staleness.md")
+    staleness = analysis.staleness_table(sweep)
+    analysis.write_table(staleness, out / "staleness.csv", out / "staleness.md")
+    sections["Staleness"] = analysis.markdown_table(staleness)
     found = analysis.findings(sweep, window)
-    (out / "findings.json").write_text(json.dumps(found, indent=2) + "\n")
-    written = []
+    write_json_atomic(out / "findings.json", found)
+    sections["The paper's findings"] = analysis.markdown_table(
+        [{"finding": e.get("claim", key), "holds": _VERDICT[e["holds"]], "evidence": e["evidence"]}
+         for key, e in found.items()])
+    if page:
+        write_docs_page(page[0], sweep, window, sections, page[1])
+    written = [page[0]] if page else []
     for stem, draw in _figures(sweep, window, target, start).items():
         try:
             written += figures.save(draw(), out / stem)
         except ValueError as missing:  # the sweep lacks the points this figure needs
             print(f"{stem}: skipped ({missing})")
     for key, entry in found.items():
-        verdict = {True: "holds", False: "does not hold", None: "not tested"}[entry["holds"]]
-        print(f"- {entry.get('claim', key)}: {verdict}. {entry['evidence']}")
+        print(f"- {entry.get('claim', key)}: {_VERDICT[entry['holds']]}. {entry['evidence']}")
     print("written:", ", ".join(str(p) for p in written))
     return 0
 
 
-def _rules_report(sweep, window: int, out: Path) -> int:
+def _rules_report(sweep, window: int, out: Path, page: tuple[Path, str] | None = None) -> int:
     """A sweep over update rules (or momentum, jitter, cost profile): the rules table, its
     summary per rule and the speedup figure; the paper's figures need one setting."""
     from plots import analysis, figures, rules
 
     rows = rules.rules_table(sweep, window)
+    summary = rules.rules_summary(rows)
     analysis.write_table(rows, out / "rules.csv", out / "rules.md")
-    analysis.write_table(rules.rules_summary(rows), out / "rules_summary.csv", out / "rules_summary.md")
+    analysis.write_table(summary, out / "rules_summary.csv", out / "rules_summary.md")
     print((out / "rules_summary.md").read_text())
     written = [out / "rules.md", out / "rules_summary.md"]
+    if page:
+        written.append(write_docs_page(page[0], sweep, window, {
+            "Per rule": analysis.markdown_table(summary),
+            "Point by point": analysis.markdown_table(rows)}, page[1],
+            columns="plots/rules.py (module docstring, `rules_table`, `rules_summary`)"))
     try:
         written += figures.save(rules.fig_rules(sweep, window, rows), out / "rules")
     except ValueError as missing:
         print(f"rules: skipped ({missing})")
     print("written:", ", ".join(str(p) for p in written))
     return 0
+
+
+_VERDICT = {True: "holds", False: "does not hold", None: "not tested"}
+
+
+def write_docs_page(path: Path, sweep, window: int, sections: dict[str, str], command: str,
+                    columns: str = "plots/analysis.py (`speedups`, `staleness_table`, `findings`)") -> Path:
+    """One Markdown page of a sweep's tables, headed by where its numbers come from; written
+    atomically, its folder made first."""
+    times = "virtual seconds (the simulator)" if sweep.meta.get("backend") == "sim" else "wall seconds"
+    text = [f"# {sweep.name}: the tables", "",
+            f"Written by `{command}`; do not edit: rerun it to regenerate. {_measured(sweep)} "
+            f"Scale: {sweep.meta.get('scale', 'not recorded')}; smoothing window {window} minibatches; "
+            f"times in {times}. The columns are defined in {columns}."]
+    for heading, table in sections.items():
+        text += ["", f"## {heading}", "", table.rstrip("\n")]
+    write_text_atomic(path, "\n".join(text) + "\n")
+    return path
+
+
+def _measured(sweep) -> str:
+    """When, where and from which commit the sweep's complete points ran (their provenance)."""
+    starts, hosts, commits = [], set(), set()
+    for point in sweep.points:
+        provenance = load_json(point.run, "config").get("provenance", {})
+        starts += [provenance["start_time"]] if provenance.get("start_time") else []
+        hosts.update(provenance.get("hosts", []))
+        commits.update([str(provenance["git_commit"])[:7]] if provenance.get("git_commit") else [])
+    parts = [f"started {_stamp(min(starts))} to {_stamp(max(starts))}"] if starts else []
+    parts += [f"on {', '.join(sorted(hosts))}"] if hosts else []
+    parts += [f"code at commit {', '.join(sorted(commits))}"] if commits else []
+    where = ", ".join(parts or ["provenance not recorded"])
+    return f"{len(sweep.points)} complete runs of `{sweep.path.name}`, {where}."
+
+
+def _stamp(start_time: str) -> str:
+    """2026-11-30T13:33:58+0000 (the provenance's local time and offset) as 2026-11-30 13:33 +0000."""
+    return f"{start_time[:10]} {start_time[11:16]} {start_time[19:]}".rstrip()
 
 
 def _figures(sweep, window: int, target: float | None, start: str) -> dict:

@@ -55,7 +55,7 @@ class RunConfig:
     momentum: float = _key(0.9, "client SGD momentum (the buffer stays on the client), or auto: lowered "
                                 "with the number of clients to offset the momentum asynchrony adds")
     weight_decay: float = _key(5e-4, "client L2 weight decay")
-    rule: str = _key("easgd", "server update rule: " + ", ".join(RULES) + " (README: Update rules)")
+    rule: str = _key("easgd", "server update rule: " + ", ".join(RULES) + " (docs/rules.md)")
     server_lr: Optional[float] = _key(None, "learning rate of the sgd and adagrad rules (default: lr)")
     server_momentum: float = _key(0.0, "momentum of the sgd rule")
     dc_lambda: float = _key(2.0, "dcasgd: lambda0 of the adaptive delay compensation (0: the add rule)")
@@ -85,7 +85,7 @@ class RunConfig:
     keep_snapshots: bool = _key(False, "keep the weight snapshots after evaluating them")
     quiet: bool = _key(False, "no progress bar or final line")
     sim_profile: str = _key("measured", "sim: the costs below by default: measured (this host, this model) or "
-                                        "paper (the paper's ImageNet model, GPUs and network; README: Simulator)")
+                                        "paper (the paper's ImageNet model, GPUs and network; docs/simulator.md)")
     sim_step_time: float = _key(0.0, "sim: seconds per minibatch (0: the profile's; measured: from real steps)")
     sim_apply_time: float = _key(0.0, "sim: server seconds per push, checks, apply and logs (0: the profile's; "
                                       "measured: the real handler's)")

@@ -7,7 +7,7 @@ on torch tensors, so the very code runs on a CPU server (tensors sharing the hos
 buffers) and on a GPU one. `pushes` tells the clients what to send.
 
 Adding a rule is one class here and one `RULES` entry. The formulas and their papers are
-in the README (Update rules). `w` is the server's weights, `d` the push, `tau` its
+in docs/rules.md. `w` is the server's weights, `d` the push, `tau` its
 staleness, `K` the clients:
 - `add`       w += d                                    (the paper's; Downpour's)
 - `sgd`       torch.optim.SGD on a pushed gradient sum  (server lr, momentum, decay)

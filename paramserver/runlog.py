@@ -1,4 +1,4 @@
-"""The run directory: append-only JSONL logs, atomic JSON and checkpoint files.
+"""The run directory: append-only JSONL logs, atomic JSON, text and checkpoint files.
 
 Rows are flushed to the OS as they are written, so a crashed process loses at most the
 row it was writing. Whole files (summary, config, checkpoint) are written to a
@@ -93,8 +93,12 @@ def _replace_atomically(path: Path, write) -> None:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    text = json.dumps(_finite(obj), indent=2, default=_plain) + "\n"
-    _replace_atomically(path, lambda f: f.write(text.encode()))
+    write_text_atomic(path, json.dumps(_finite(obj), indent=2, default=_plain) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """A whole text file (a generated Markdown page), old or new, never half of one."""
+    _replace_atomically(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def _finite(obj: Any) -> Any:

@@ -198,17 +198,23 @@ def _cell(value: Any, markdown: bool) -> str:
     return str(value)
 
 
+def markdown_table(rows: list[dict]) -> str:
+    """Rounded to 3 significant digits; None is a dash; a `|` in a cell is escaped."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(row.get(c), True).replace("|", "\\|") for c in columns) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
 def write_table(rows: list[dict], csv_path: str | Path, md_path: str | Path) -> tuple[Path, Path]:
-    """CSV keeps full precision for machines (None is empty); Markdown rounds to 3 significant digits."""
+    """CSV keeps full precision for machines (None is empty); Markdown as `markdown_table`."""
     columns = list(dict.fromkeys(k for row in rows for k in row))
     csv_path, md_path = Path(csv_path), Path(md_path)
     with open(csv_path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(columns)
         writer.writerows([_cell(row.get(c), False) for c in columns] for row in rows)
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(row.get(c), True) for c in columns) + " |" for row in rows]
-    md_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    md_path.write_text(markdown_table(rows), encoding="utf-8")
     return csv_path, md_path
 
 

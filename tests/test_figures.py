@@ -207,3 +207,81 @@ def test_figures_draw_into_given_axes_without_a_caption(sweep):
             figures.fig_staleness(sweep, axes=axes)
     finally:
         plt.close(fig)
+
+
+def with_provenance(sweep_dir: Path, stamps: dict[str, tuple[str, str, str]]) -> None:
+    """Give runs the provenance the trainer records: start time, host, commit."""
+    for run, (start, host, commit) in stamps.items():
+        config = sweep_dir / "runs" / run / "config.json"
+        record = json.loads(config.read_text())
+        record["provenance"] = {"start_time": start, "hosts": [host], "git_commit": commit}
+        config.write_text(json.dumps(record))
+
+
+def test_docs_page_holds_the_tables_and_says_where_the_runs_ran(tmp_path):
+    from experiments.report import report
+
+    specs = [point("async", k, 1) for k in (1, 2, 4)]
+    root = make_sweep(tmp_path / "sweep", specs)
+    with_provenance(root, {specs[0]["id"]: ("2026-11-30T14:40:02+0000", "vm", "8883ec1f88"),
+                           specs[1]["id"]: ("2026-11-30T13:33:58+0000", "vm", "8883ec1f88"),
+                           specs[2]["id"]: ("2026-11-30T13:50:00+0000", "node2", "1f6e79e000")})
+    page = tmp_path / "docs" / "results" / "proxy" / "starts.md"  # no folder yet: the writer makes it
+    assert report(str(root), 20, str(tmp_path / "fig"), None, str(page)) == 0
+    text = page.read_text()
+    assert text.startswith("# sweep: the tables\n")
+    assert f"Written by `asgd report {root} --docs {page}`" in text
+    assert "3 complete runs of `sweep`, started 2026-11-30 13:33 +0000 to 2026-11-30 14:40 +0000, " \
+           "on node2, vm, code at commit 1f6e79e, 8883ec1." in text
+    sweep = load_sweep(root)
+    assert "## Staleness\n\n" + analysis.markdown_table(analysis.staleness_table(sweep)) in text
+    assert (tmp_path / "fig" / "speedups.md").read_text() in text  # the same table as in results/
+    findings_table = text.split("## The paper's findings\n\n")[1]
+    assert findings_table.startswith("| finding | holds | evidence |")
+    assert findings_table.count("\n| ") == len(analysis.CLAIMS)  # a row per claim below the header
+    assert "| time-to-target speedup grows with clients | holds |" in findings_table
+    assert "| a warm start removes most of the early slowdown | not tested |" in findings_table
+    assert [p.name for p in page.parent.iterdir()] == ["starts.md"]  # no temporary file left
+
+
+def test_docs_page_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A failure before the rename (a kill, a full disk) leaves the previous page as it was."""
+    import paramserver.runlog
+    from experiments.report import report
+
+    root = make_sweep(tmp_path / "sweep", [point("async", 1, 1), point("async", 2, 1)])
+    page = tmp_path / "docs" / "page.md"
+    assert report(str(root), 20, str(tmp_path / "fig"), None, str(page)) == 0
+    before = page.read_text()
+
+    def crash(*args):
+        raise OSError("killed before the rename")
+    monkeypatch.setattr(paramserver.runlog.os, "replace", crash)
+    with pytest.raises(OSError, match="killed"):
+        report(str(root), 10, str(tmp_path / "fig"), None, str(page))
+    assert page.read_text() == before and "smoothing window 20 minibatches" in before
+
+
+def test_a_rules_sweep_docs_page_has_the_summary_then_every_point(tmp_path):
+    from experiments.report import report
+
+    specs = [{**point("async", 1, 1), "rule": "add"}, {**point("async", 4, 1), "rule": "add"},
+             {**point("async", 4, 1), "id": "async-c4-n1-cold-s0-scaled", "rule": "scaled"}]
+    specs[2]["run"] = f"runs/{specs[2]['id']}"
+    root = make_sweep(tmp_path / "rules", specs)
+    page = tmp_path / "docs" / "rules.md"
+    assert report(str(root), 20, str(tmp_path / "fig"), None, str(page)) == 0
+    text = page.read_text()
+    assert "provenance not recorded" in text and "plots/rules.py" in text
+    summary, points = text.split("## Per rule\n\n")[1].split("\n## Point by point\n\n")
+    assert summary == (tmp_path / "fig" / "rules_summary.md").read_text()
+    assert points == (tmp_path / "fig" / "rules.md").read_text()
+
+
+def test_docs_page_is_for_sweeps_only(tmp_path, capsys):
+    from experiments.cli import main
+
+    p = point("async", 1, 1)
+    hand_run(tmp_path, p, [0.5, 1.0], [1.0, 0.5])
+    assert main(["report", str(tmp_path / p["run"]), "--docs", str(tmp_path / "page.md")]) == 2
+    assert "--docs writes a sweep's tables" in capsys.readouterr().err and not (tmp_path / "page.md").exists()

@@ -1,6 +1,6 @@
 """The server's update rules against float64 references written out here, on small vectors.
 
-Each reference is the rule's formula from the README, step by step in numpy float64; the
+Each reference is the rule's formula from docs/rules.md, step by step in numpy float64; the
 rule runs in float32 torch inside a real Store (which pulls and measures staleness), so
 the tolerance is float32's.
 """

@@ -1,6 +1,6 @@
 """`asgd bench` (also `make bench`): every performance figure of the tool, side by side.
 
-    asgd bench [--out results/bench.json] [--quick]
+    asgd bench [--out results/bench.json] [--markdown PAGE.md] [--quick]
 
 One run measures, on this machine, each comparison in the same run and prints ratios:
 1. wire: push + pull through the server against raw MPI, and apply against memcpy
@@ -17,6 +17,11 @@ One run measures, on this machine, each comparison in the same run and prints ra
 5. simulator: its wall time against the pure compute of the same minibatches.
 Every figure is a median over repeats after a warm-up, or a rate over a timed window
 after one. Nothing here asserts a time: the numbers are for reading.
+
+The JSON is rewritten after every section; at the end the same tables that are printed
+go to a Markdown page (default: beside the JSON; `make bench` writes
+docs/results/bench.md, the page docs/performance.md links to), so no measured number is
+ever copied by hand.
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ from typing import Any
 
 from experiments.launch import find_mpiexec
 from paramserver.rundir import RunDir
-from paramserver.runlog import read_jsonl, write_json_atomic
+from paramserver.runlog import read_jsonl, write_json_atomic, write_text_atomic
 
 PYTHON = [sys.executable, "-m"]
 WARMUP = 5
@@ -108,6 +113,7 @@ def timed_rate(run: Path, clients: int, steps: int, batch: int) -> float:
 def peers(quick: bool, clients: int = 2, batch: int = 64) -> list[dict]:
     from experiments.bench.peer_setup import fashion_mnist_installed
     from experiments.bench.peers import ddp_throughput, rpc_ps_throughput
+    from paramserver.config import RunConfig
 
     if not fashion_mnist_installed():
         return [{"system": "skipped: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)"}]
@@ -120,7 +126,8 @@ def peers(quick: bool, clients: int = 2, batch: int = 64) -> list[dict]:
                            ("ours: sync (allreduce)", ["--mode", "sync"])):
             run = Path(folder) / name.replace(" ", "_").replace(",", "").replace(":", "").replace("(", "")[:30]
             asgd_train(run, *flags, *more)
-            rows.append({"system": name, "samples_per_s": timed_rate(run, clients, steps, batch)})
+            rows.append({"system": name, "samples_per_s": timed_rate(run, clients, steps, batch),
+                         "rule": RunConfig().rule})  # asgd train's default: the rule these rows measured
     for name, measure in (("torch DDP (gloo)", ddp_throughput), ("torch.distributed.rpc PS", rpc_ps_throughput)):
         result = measure(clients, steps, batch, warmup=WARMUP, threads=1)
         rows.append({"system": name, "samples_per_s": result["samples_per_s"]})
@@ -164,13 +171,14 @@ def compute_seconds(minibatches: int) -> float:
     return time.perf_counter() - start
 
 
-def run_bench(out: str, quick: bool) -> int:
-    """Measure everything, print the tables, write `out` (JSON)."""
+def run_bench(out: str, quick: bool, markdown: str | None = None) -> int:
+    """Measure everything, print the tables, write `out` (JSON) and `markdown` (the
+    tables as a page; default: `out` with the suffix .md)."""
     from mpi4py import MPI
 
     started = time.perf_counter()
     results: dict[str, Any] = {"machine": {"cores": os.cpu_count(), "mpi": MPI.Get_library_version().splitlines()[0],
-                                           "quick": quick}}
+                                           "quick": quick, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}}
     for name, measure in (("wire", wire), ("load", load), ("idle", lambda quick: idle()),
                           ("server_peers", server_peers), ("peers", peers), ("simulator", simulator)):
         print(f"bench: {name} ...", file=sys.stderr, flush=True)
@@ -179,11 +187,26 @@ def run_bench(out: str, quick: bool) -> int:
     results["machine"]["bench_s"] = time.perf_counter() - started
     write_json_atomic(Path(out), results)
     print(tables(results))
+    page = write_markdown(Path(markdown) if markdown else Path(out).with_suffix(".md"), results)
+    print(f"written: {out}, {page}", file=sys.stderr)
     return 0
 
 
+def write_markdown(path: Path, results: dict[str, Any]) -> Path:
+    """The tables as a Markdown page that says where and when they were measured, written
+    atomically (its folder made first): what the docs show is always a whole bench run."""
+    machine = results["machine"]
+    note = " A `--quick` smoke run: too few repeats to quote." if machine.get("quick") else ""
+    text = (f"# Benchmarks, as measured\n\nWritten by `asgd bench` (`make bench`) on "
+            f"{machine.get('date', 'an unknown date')} in {machine.get('bench_s', 0) / 60:.0f} min; do not edit: rerun "
+            f"it to regenerate. What the numbers mean and their targets: docs/performance.md.{note}\n\n"
+            f"{tables(results)}\n")
+    write_text_atomic(path, text)
+    return path
+
+
 def tables(r: dict[str, Any]) -> str:
-    """The results as the Markdown tables the README shows."""
+    """The results as Markdown tables: what the bench prints and docs/results/bench.md holds."""
     lines = [f"{r['machine']['cores']} cores, {r['machine']['mpi']}", "",
              "| floats | MB | raw one-way ms | push+pull ms | apply ms | apply / memcpy | ratio (target <= 1.25) |",
              "|---:|---:|---:|---:|---:|---:|---:|"]
@@ -204,7 +227,8 @@ def tables(r: dict[str, Any]) -> str:
     peers = r["peers"]
     if "samples_per_s" in peers[0]:
         ours = {p["system"]: p["samples_per_s"] for p in peers}
-        lines += ["", "| system (2 clients, same model, data, batch) | samples/s | ours async n_sync 1 / it |",
+        rule = next((f"; ours with --rule {p['rule']}" for p in peers if "rule" in p), "")
+        lines += ["", f"| system (2 clients, same model, data, batch{rule}) | samples/s | ours async n_sync 1 / it |",
                   "|---|---:|---:|"]
         lines += [f"| {p['system']} | {p['samples_per_s']:.0f} | "
                   f"{ours['ours: async, n_sync 1'] / p['samples_per_s']:.2f} |" for p in peers]

@@ -65,7 +65,7 @@ def ranks_spoke(run: Path) -> bool:
     """Whether the ranks recorded the fault themselves. In about one full-suite run in
     three on the 2-core machine MPICH's launcher (hydra 5.0.2) ended every rank at once,
     before any could (the supervisor's summary says so); that is the launcher, not us,
-    and such a try is not judged (README: Reliability)."""
+    and such a try is not judged (docs/reliability.md)."""
     try:
         return not summary(run)["status"].startswith("failed: the MPI job ended with exit status")
     except OSError:
