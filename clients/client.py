@@ -103,7 +103,7 @@ class Client:
     def step(self) -> StepResult:
         """One minibatch: forward, backward, local optimizer step."""
         result = self.compute()
-        self.apply()
+        self.optimizer_step()
         return result
 
     def compute(self) -> StepResult:
@@ -120,7 +120,7 @@ class Client:
         wrong = (logits.argmax(1) != y).sum()
         return StepResult(loss.item(), wrong.item() / len(y), len(y))
 
-    def apply(self) -> None:
+    def optimizer_step(self) -> None:
         """The optimizer step with the gradient in `self.grad` (possibly averaged meanwhile)."""
         self.replica.bind(self)
         if self.grad_sum is not None:

@@ -27,7 +27,7 @@ def collective_step(clients: list[Client], mode: str, step: int, last: int, n_sy
     if mode == "sync":
         average([client.grad for client in clients])
     for client in clients:
-        client.apply()
+        client.optimizer_step()
     if mode == "local-sgd" and (step % n_sync == 0 or step == last):
         average([client.weights for client in clients])
     return results

@@ -22,13 +22,13 @@ def run_client(transport: Link, client: Client, plan: ClientPlan,
     after a resume); returns the number of pushes sent in all."""
     loop = ClientLoop(client, plan, clock, *start)
     link = ServerLink(transport, plan.servers, shard_bounds(client.size, len(plan.servers)), plan.timeout)
-    link.exchange(Outgoing(Tag.PULL, Pull()), loop.wire)
-    loop.take_weights(loop.wire)
+    link.exchange(Outgoing(Tag.PULL, Pull()), loop.landing)
+    loop.take_weights(loop.landing)
     while not loop.done:
         message, fetch = loop.advance()
-        link.exchange(message, loop.wire if fetch else None)
+        link.exchange(message, loop.landing if fetch else None)
         if fetch:
-            loop.take_weights(loop.wire)
+            loop.take_weights(loop.landing)
     return loop.pushes
 
 

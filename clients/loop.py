@@ -61,7 +61,7 @@ class ClientLoop:
         updates = self.client.pushes != "weights"
         self.feedback = ErrorFeedback(self.codec, self.client.size) if compressed and updates else None
         # where pulled weights land, as they come over the wire
-        self.wire = np.empty(self.client.size, self.codec.wire) if compressed else self.client.incoming
+        self.landing = np.empty(self.client.size, self.codec.wire_dtype) if compressed else self.client.incoming
 
     def take_weights(self, data: np.ndarray) -> None:
         """The server's weights, as they came over the wire."""

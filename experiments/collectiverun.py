@@ -58,7 +58,7 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
                     counts["samples"] += sum(r["samples"] for r in everyone)
                     progress.update(counts["minibatches"])
                     if step % every == 0 or step == cfg.steps:
-                        files.submit(_record, run, setup, host_copy(clients[0].weights), step, now,
+                        files.submit(_write_files, run, setup, host_copy(clients[0].weights), step, now,
                                      dict(counts), log.lines)
         progress.close()
         if recorder:
@@ -88,7 +88,7 @@ def _open(setup: RunSetup, every: int, point: ResumePoint | None) -> tuple[RunDi
     return run, {"minibatches": minibatches, "samples": samples}, checkpoint.lines[1]
 
 
-def _record(run: RunDir, setup: RunSetup, weights: np.ndarray, step: int, now: float, counts: dict[str, Any],
+def _write_files(run: RunDir, setup: RunSetup, weights: np.ndarray, step: int, now: float, counts: dict[str, Any],
             lines: int) -> None:
     """A snapshot of client 0's `weights` for the test error and, where every client holds
     the same weights (always in sync mode, at averaging steps in local-sgd), a checkpoint

@@ -112,7 +112,7 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
         prov = provenance(MPI.Get_library_version().splitlines()[0].strip(), ranks) if transport.rank == 0 else {}
         started = start(parts, out, records=transport.rank == 0, provenance=prov, share=_mpi_share(transport))
         start_s, offset = time.perf_counter(), started.point.time if started.point else 0.0
-        return _play(transport, started, parts.local[0] if parts.local else None, index, servers,
+        return _run_role(transport, started, parts.local[0] if parts.local else None, index, servers,
                      clock=lambda: offset + time.perf_counter() - start_s)
     except Exception as error:  # noqa: BLE001 - any failure must end the whole job
         _fail(transport, error, index, servers, keep_going=cfg.on_client_failure == "continue")
@@ -121,7 +121,7 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
             transport.watch.close()
 
 
-def _play(transport: Transport, started: Started, client: Client | None, index: int, servers: int,
+def _run_role(transport: Transport, started: Started, client: Client | None, index: int, servers: int,
           clock: Callable[[], float]) -> int:
     """This rank's part of the run, set up: a collective client, a server, or a client."""
     setup, point = started.setup, started.point

@@ -41,7 +41,7 @@ class ResumePoint:
 
 def resumed_config(run_dir: str, overrides: dict[str, Any]) -> RunConfig:
     """The run's own config, with the few flags a resume may change."""
-    stored = {k: v for k, v in _record(Path(run_dir) / "config.json").items() if k not in RECORD_ONLY}
+    stored = {k: v for k, v in _read_record(Path(run_dir) / "config.json").items() if k not in RECORD_ONLY}
     stored["inject_fault"] = ""  # a test's fault is for the run it was given to
     for key, value in overrides.items():
         if value is not None and key not in CHANGEABLE and value != stored.get(key):
@@ -55,13 +55,13 @@ def resumed_config(run_dir: str, overrides: dict[str, Any]) -> RunConfig:
     given = {k: v for k, v in overrides.items() if v is not None}
     cfg = load_config(None, {**stored, **given, "out": run_dir, "resume": run_dir})
     summary = Path(run_dir) / "summary.json"
-    if summary.exists() and _record(summary).get("status") == "complete" \
+    if summary.exists() and _read_record(summary).get("status") == "complete" \
             and cfg.steps <= stored.get("steps", RunConfig.steps):
         raise ConfigError(f"resume: {run_dir} is complete; pass a larger --steps to train on")
     return cfg
 
 
-def _record(path: Path) -> dict[str, Any]:
+def _read_record(path: Path) -> dict[str, Any]:
     """A JSON object the run wrote (config.json, summary.json), refused in one line when
     missing, damaged or edited into something else."""
     if not path.exists():

@@ -265,7 +265,8 @@ def measure_timing(cfg: RunConfig, threads: int) -> tuple[float, float]:
     torch.set_num_threads(threads)
     parts = build(cfg, pick_device(cfg.device, local_rank=0), 1, [0])
     client = parts.local[0]
-    return _measure_step(client.replica, parts.dataset, cfg.batch_size), measure_push(cfg, client.size, cfg.clients or 1)
+    step = _measure_step(client.replica, parts.dataset, cfg.batch_size)
+    return step, measure_push(cfg, client.size, cfg.clients or 1)
 
 
 def _measure_step(replica: Replica, dataset: Dataset, batch_size: int) -> float:

@@ -76,7 +76,7 @@ OWN_KEYS = {"clients", "n_sync", "mode", "seed", "warm_start", "out", "backend",
 
 
 @dataclass(frozen=True)
-class Point:
+class PlannedPoint:
     id: str
     settings: dict[str, Any]   # the grid values: clients, n_sync, start, mode, seed
     config: RunConfig          # the point's whole config
@@ -89,7 +89,7 @@ class Spec:
     backend: str
     timeout: float
     window: int
-    points: list[Point]
+    points: list[PlannedPoint]
 
 
 def load_spec(path: str) -> Spec:
@@ -141,7 +141,7 @@ def _check_spec_values(raw: dict[str, Any], path: str) -> None:
         raise ConfigError(f"sweep {path}: window must be at least 1, got {raw['window']!r}")
 
 
-def _point(settings: dict[str, Any], raw: dict[str, Any], backend: str, reference: RunConfig) -> Point:
+def _point(settings: dict[str, Any], raw: dict[str, Any], backend: str, reference: RunConfig) -> PlannedPoint:
     if settings["start"] not in ("cold", "warm"):
         raise ConfigError(f"sweep: start must be cold or warm, got {settings['start']!r}")
     if settings["mode"] == "sync":
@@ -164,7 +164,7 @@ def _point(settings: dict[str, Any], raw: dict[str, Any], backend: str, referenc
     point_id += "".join(f"-{VARIANT_TAGS[key]}{values[key]}" for key in VARIANT_KEYS
                         if values[key] != getattr(reference, key))
     # the index holds every variant's value, given or not, so the analysis can tell points apart
-    return Point(point_id, {**settings, **values}, config)
+    return PlannedPoint(point_id, {**settings, **values}, config)
 
 
 class SweepRunner:
@@ -221,19 +221,20 @@ class SweepRunner:
             step, push = measure_timing(measured[-1].config, self.threads)
             self.index.update(sim_step_time=step, sim_apply_time=push)
         base = {"sim_step_time": self.index["sim_step_time"], "sim_apply_time": self.index["sim_apply_time"]}
-        points = [Point(p.id, p.settings, _with(p.config, {k: getattr(p.config, k) or v for k, v in base.items()}))
+        points = [PlannedPoint(p.id, p.settings,
+                               _config_with(p.config, {k: getattr(p.config, k) or v for k, v in base.items()}))
                   if p.config.sim_profile == "measured" else p for p in self.spec.points]
         self.spec = Spec(self.spec.name, self.spec.scale, self.spec.backend, self.spec.timeout, self.spec.window,
                          points)
 
-    def _run_point(self, point: Point) -> str:
+    def _run_point(self, point: PlannedPoint) -> str:
         run = self.out / "runs" / point.id
         if RunDir(run).checkpoint_path.exists():
             command = ["train", "--resume", str(run), "--quiet"]
         else:
             shutil.rmtree(run, ignore_errors=True)
             config = self.out / "configs" / f"{point.id}.toml"
-            config.write_text(_toml(_with(point.config, {"threads": self.threads}).to_dict()))
+            config.write_text(_toml(_config_with(point.config, {"threads": self.threads}).to_dict()))
             command = ["train", str(config), "--out", str(run), "--quiet"]
         # mpi points launch themselves (under the supervisor, which names a dead rank)
         status = _execute([sys.executable, "-m", "experiments.cli", *command], self.spec.timeout, run)
@@ -269,7 +270,7 @@ def _complete(run: Path) -> bool:
     return RunDir(run).status() == "complete"
 
 
-def _with(config: RunConfig, changes: dict[str, Any]) -> RunConfig:
+def _config_with(config: RunConfig, changes: dict[str, Any]) -> RunConfig:
     return RunConfig(**{**config.to_dict(), **changes})
 
 

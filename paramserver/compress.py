@@ -22,7 +22,7 @@ class Codec:
     """No compression: the float32 vector itself."""
 
     dtype = "float32"          # the name a push header carries
-    wire = np.dtype(np.float32)
+    wire_dtype = np.dtype(np.float32)
 
     def encode(self, vector: np.ndarray) -> np.ndarray:
         return vector
@@ -34,7 +34,7 @@ class Codec:
 
 class Float16(Codec):
     dtype = "float16"
-    wire = np.dtype(np.float16)
+    wire_dtype = np.dtype(np.float16)
 
     def encode(self, vector: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):  # beyond 65504 is Inf, which the server rejects
@@ -47,7 +47,7 @@ class Float16(Codec):
 
 class BFloat16(Codec):
     dtype = "bfloat16"
-    wire = np.dtype(np.uint16)
+    wire_dtype = np.dtype(np.uint16)
 
     def encode(self, vector: np.ndarray) -> np.ndarray:
         bits = vector.view(np.uint32)

@@ -120,8 +120,8 @@ class ServerState:
     def __post_init__(self) -> None:
         self.tally = self.tally or ServerTally(len(self.client_ranks))
         self.buffer = np.empty(self.store.size, np.float32)  # pushes, as float32
-        compressed = self.codec.wire != np.float32
-        self.wire = np.empty(self.store.size, self.codec.wire) if compressed else self.buffer  # as they come
+        compressed = self.codec.wire_dtype != np.float32
+        self.landing = np.empty(self.store.size, self.codec.wire_dtype) if compressed else self.buffer  # as they come
 
     def client(self, rank: int) -> int:
         return self.client_ranks.index(rank)
@@ -188,7 +188,7 @@ def _push(state: ServerState, msg: Message) -> list[Event]:
     state.wire_bytes[0] += payload.nbytes
     pulled = store.pulled.get(client, 0)
     start = time.perf_counter()
-    if header.dtype != state.codec.dtype or payload.dtype != state.codec.wire or header.size != store.size:
+    if header.dtype != state.codec.dtype or payload.dtype != state.codec.wire_dtype or header.size != store.size:
         reason = (f"payload of {payload.nbytes} bytes as {header.size} {header.dtype}, "
                   f"expected {store.size} {state.codec.dtype}")
         result = ApplyResult(False, store.version, store.version - pulled, reason)

@@ -21,7 +21,7 @@ class InProcess:
     def deliver(self, source: int, tag: Tag | int, header: Any, payload: np.ndarray | None = None) -> list[Reply]:
         """Handle one message from `source` and record it; the replies, their payloads
         copied (a reply's payload may be the live weights, which the next push changes)."""
-        landed = land(payload, self.state.wire) if carries_payload(tag, header) else None
+        landed = land(payload, self.state.landing) if carries_payload(tag, header) else None
         replies, events = handle(self.state, Message(source, int(tag), header, landed))
         self.recorder.record(events)
         return [Reply(r.dest, r.header, r.payload.copy()) for r in replies]

@@ -93,7 +93,7 @@ class ServerLoop:
             # Replies in flight move only while we call into MPI: poll closely while they should.
             in_flight = sum(nbytes for _, _, nbytes in self.in_flight)
             try:
-                return self.link.recv(timeout=left, busy=1e-3 + in_flight / 1e9, into=self.state.wire)
+                return self.link.recv(timeout=left, busy=1e-3 + in_flight / 1e9, into=self.state.landing)
             except PeerTimeout as timeout:
                 if timeout.peers:  # it stopped sending halfway through a message
                     raise self._stalled(timeout.peers[0]) from None

@@ -21,7 +21,7 @@ MODE_ORDER = {"async": 0, "sync": 1, "local-sgd": 2}
 
 
 @dataclass(frozen=True)
-class Point:
+class SweepRun:
     """One run of a sweep. `train_size` comes from the index so a curve can be put in epochs."""
     id: str
     mode: str
@@ -44,10 +44,10 @@ class Sweep:
     name: str
     path: Path
     meta: dict[str, Any]
-    points: list[Point]
+    points: list[SweepRun]
 
-    def select(self, **criteria: Any) -> list[Point]:
-        names = {f.name for f in fields(Point)}
+    def select(self, **criteria: Any) -> list[SweepRun]:
+        names = {f.name for f in fields(SweepRun)}
         if unknown := set(criteria) - names:
             raise TypeError(f"unknown point fields: {sorted(unknown)}")
         return [p for p in self.points if all(getattr(p, k) == v for k, v in criteria.items())]
@@ -72,7 +72,7 @@ def load_sweep(sweep_dir: str | Path) -> Sweep:
     index = json.loads((path / "index.json").read_text())
     meta = {k: v for k, v in index.items() if k != "points"}
     train_size = int(meta.get("train_size", 60000))
-    points = [Point(id=p["id"], mode=p["mode"], clients=int(p["clients"]), n_sync=int(p["n_sync"]),
+    points = [SweepRun(id=p["id"], mode=p["mode"], clients=int(p["clients"]), n_sync=int(p["n_sync"]),
                     start=p.get("start", "cold"), seed=int(p.get("seed", 0)), run=(path / p["run"]).resolve(),
                     status=p["status"], train_size=train_size, rule=p.get("rule", "add"),
                     momentum=str(p.get("momentum", 0.9)), jitter=float(p.get("speed_jitter", 0.0)),
@@ -81,7 +81,7 @@ def load_sweep(sweep_dir: str | Path) -> Sweep:
     return Sweep(name=meta.get("name", path.name), path=path, meta=meta, points=points)
 
 
-def curve(point: Point, window: int = 400) -> Curve:
+def curve(point: SweepRun, window: int = 400) -> Curve:
     """The cache key includes the log's size and mtime, so a resumed run is read again."""
     log = point.run / "clients.jsonl"
     stamp = (log.stat().st_mtime_ns, log.stat().st_size) if log.exists() else (0, 0)
@@ -112,7 +112,7 @@ def _error_at(c: Curve, minibatches: float) -> float:
     return float(c.error[min(i, len(c.error) - 1)])
 
 
-def _single_client(sweep: Sweep, start: str) -> Point:
+def _single_client(sweep: Sweep, start: str) -> SweepRun:
     points = sweep.select(mode="async", clients=1, start=start)
     if not points:
         raise ValueError(f"sweep {sweep.name} has no complete 1-client async point with start {start}")

@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from plots.analysis import (Point, Sweep, curve, default_start, speedups,  # noqa: E402
+from plots.analysis import (SweepRun, Sweep, curve, default_start, speedups,  # noqa: E402
                             staleness_table)
 from plots.rundata import load_json, load_log  # noqa: E402
 
@@ -56,7 +56,7 @@ def _axes(axes: Axes | Sequence[Axes] | None, n: int, **kw) -> tuple[Figure, lis
     return axes[0].figure, axes[:n], False
 
 
-def _finish(fig: Figure, owned: bool, sweep: Sweep, points: list[Point], window: int | None = None,
+def _finish(fig: Figure, owned: bool, sweep: Sweep, points: list[SweepRun], window: int | None = None,
             title: str | None = None) -> Figure:
     """Only a figure this module made gets the title and caption, so a caller's own layout is left alone."""
     if not owned:
@@ -79,7 +79,7 @@ def _clients(k: int) -> str:
     return f"{k} client{'s' * (k != 1)}"
 
 
-def _time_label(sweep: Sweep, point: Point) -> str:
+def _time_label(sweep: Sweep, point: SweepRun) -> str:
     backend = sweep.meta.get("backend") or load_json(point.run, "config").get("backend", "mpi")
     return "virtual time (s)" if backend == "sim" else "wall time (s)"
 
@@ -90,7 +90,7 @@ def _need(items: list, what: str) -> list:
     return items
 
 
-def _plot_seeds(ax: Axes, points: list[Point], window: int, label: str, x: str = "time", **style) -> None:
+def _plot_seeds(ax: Axes, points: list[SweepRun], window: int, label: str, x: str = "time", **style) -> None:
     """Every seed drawn in the same style; only the first labelled so the legend stays one line per setting."""
     for i, p in enumerate(sorted(points, key=lambda p: p.seed)):
         c = curve(p, window)

@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from plots.analysis import Point, Sweep, curve, time_to_target  # noqa: E402
+from plots.analysis import SweepRun, Sweep, curve, time_to_target  # noqa: E402
 from plots.rundata import load_json, load_log  # noqa: E402
 
 DIVERGED = 0.5  # a final test error above this (chance: 90% on ten classes) counts as diverged
@@ -37,25 +37,25 @@ def is_rules_sweep(sweep: Sweep) -> bool:
 REDUCE_TO_ADD = ("add", "scaled", "staleness", "dcasgd")  # exactly add with one client (tests/test_client.py)
 
 
-def _ones(sweep: Sweep, profile: str, start: str, rule: str = "add") -> list[Point]:
+def _ones(sweep: Sweep, profile: str, start: str, rule: str = "add") -> list[SweepRun]:
     """One client at nominal speed with `rule`, shortest run first, then smallest n_sync."""
     ones = [p for p in sweep.select(mode="async", clients=1, profile=profile, start=start, rule=rule)
             if p.jitter == 0]
     return sorted(ones, key=lambda p: (p.steps, p.n_sync, p.seed))
 
 
-def test_error_after(point: Point, minibatches: int) -> float | None:
+def test_error_after(point: SweepRun, minibatches: int) -> float | None:
     """The test error of the first evaluation after `minibatches` in all; None if the run
     is shorter."""
     later = [r for r in load_log(point.run, "eval") if r.get("minibatches", 0) >= minibatches]
     return later[0].get("test_error") if later else None
 
 
-def _time(point: Point | None, target: float, window: int) -> float | None:
+def _time(point: SweepRun | None, target: float, window: int) -> float | None:
     return None if point is None else time_to_target(curve(point, window), target, window)
 
 
-def _speedup_at_own_error(point: Point, one: Point, window: int) -> float | None:
+def _speedup_at_own_error(point: SweepRun, one: SweepRun, window: int) -> float | None:
     """How much sooner this run reached the error it ended at than one client did: a
     speedup for every run that learned, even one too short for the common target (for
     a run that ends below anything the one client reached, a lower bound)."""

@@ -58,7 +58,7 @@ def test_a_nan_survives_bf16_and_the_server_rejects_it(served):
 
     codec = BFloat16()
     s = served.state
-    s.codec, s.wire = codec, np.empty(s.store.size, codec.wire)
+    s.codec, s.landing = codec, np.empty(s.store.size, codec.wire_dtype)
     push = np.array([np.nan, 0, 0, 0], np.float32)
     served.deliver(1, Tag.PUSH, Push(1, 4, False, codec.dtype), codec.encode(push))
     assert s.store.version == 0 and s.tally.rejected == 1
