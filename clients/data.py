@@ -90,10 +90,14 @@ class FolderSplit:
         return torch.stack([im for im, _ in items]), torch.tensor([lab for _, lab in items], dtype=torch.int64)
 
 
+MAX_CLASSES = 100_000  # a larger label is a mistake, not a class: the classifier would not fit in memory
+
 def load_dataset(spec: str, data_dir: str | None = None) -> Dataset:
     """One entry point so the --dataset/--data-dir flags map straight onto a Dataset."""
     if spec == "fashion-mnist":
         return _load_fashion_mnist(data_dir)
+    if data_dir:
+        raise DataError(f"data_dir: only for --data fashion-mnist (the data is {spec})")
     path = Path(spec).expanduser()
     if spec.endswith(".npz"):
         return _load_npz(path)
@@ -145,6 +149,9 @@ def _missing_files(folder: str) -> list[str]:
 
 def _find_fashion_mnist(data_dir: str | None) -> Path:
     """Search the given dir, then the system and cache dirs; download only as a last resort."""
+    if data_dir and _missing_files(data_dir):  # a folder the user named is not looked past
+        raise DataError(f"data_dir: {data_dir} lacks {', '.join(_missing_files(data_dir))}; it must hold the "
+                        "four Fashion-MNIST *-ubyte.gz files")
     searched = ([data_dir] if data_dir else []) + list(FASHION_MNIST_DIRS)
     for folder in searched:
         if not _missing_files(folder):
@@ -209,6 +216,9 @@ def _load_npz(path: Path) -> Dataset:
             raise _field_error(path, "x", "has 1 sample; need 2 to hold out a test split, or give x_test")
         x, y, x_test, y_test = x[:-n_test], y[:-n_test], x[-n_test:], y[-n_test:]
     num_classes = int(max(y.max(), y_test.max())) + 1
+    if num_classes > MAX_CLASSES:
+        raise _field_error(path, "y", f"has the label {num_classes - 1}: labels are class indices 0..C-1, "
+                                      f"C at most {MAX_CLASSES:,} (remap them)")
     return _array_dataset(path.stem, (x, y), (x_test, y_test), num_classes)
 
 

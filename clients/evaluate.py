@@ -37,7 +37,7 @@ def evaluate_snapshots(run: RunDir, model: nn.Module, split: Split,
     rows = []
     with run.writer("eval") as log:
         for version, path in run.snapshots():
-            arrays = load_arrays(path)
+            arrays = load_arrays(path, checksummed=True)
             load_flat(model, arrays["weights"])
             error, loss = test_metrics(model, split, limit)
             time, minibatches = arrays["meta"]

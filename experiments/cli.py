@@ -11,12 +11,15 @@ status 2 and one line saying which field is wrong and why.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from dataclasses import fields
 from pathlib import Path
 
 from paramserver.config import ConfigError, RunConfig, field_types, flag_type, load_config
+from paramserver.rundir import RunDir, RunDirError
 
 DEFAULT_CLIENTS = 2  # when asgd starts mpiexec itself and --clients is not given
 
@@ -32,9 +35,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"asgd: error: {_one_line(message)}\n")
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, taken as Ctrl-C is: the run records `failed: interrupted` and can resume."""
+
+
+def _interrupt(signum: int, frame) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         if args.command == "train":
             return _train(args, argv)
@@ -46,8 +59,11 @@ def main(argv: list[str] | None = None) -> int:
             return run_bench(args.out, args.quick, args.markdown)
         from experiments.report import report
         return report(args.path, args.window, args.figures, args.target, args.docs)
-    except (ConfigError, InputError) as error:
+    except (ConfigError, InputError, RunDirError) as error:
         return _error(str(error))
+    except KeyboardInterrupt:  # before a run directory had anything to record
+        print("asgd: interrupted", file=sys.stderr)
+        return 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -116,20 +132,30 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
         cfg = load_config(args.config, overrides)
     _check_inputs(cfg)
     out = cfg.out or _default_out(cfg)
-    if cfg.backend == "sim":
-        from experiments.simulator import run_sim
-        return run_sim(cfg, out, cfg.clients or DEFAULT_CLIENTS)
-    if launch.launcher_rank() is None:
-        mpiexec = launch.find_mpiexec()
-        if mpiexec is None:
-            raise InputError("backend: no mpiexec found; run 'make setup' or install an MPI library")
-        clients = cfg.clients or DEFAULT_CLIENTS
-        servers = cfg.servers if cfg.mode == "async" else 0
-        from experiments.supervise import supervise
-        command, env = launch.mpiexec_command(mpiexec, clients + servers,
-                                              [*argv, "--clients", str(clients), "--out", out])
-        return supervise(command, env, out)
-    return launch.run_mpi(cfg, out)
+    mpiexec = launch.find_mpiexec() if cfg.backend == "mpi" and launch.launcher_rank() is None else ""
+    if mpiexec is None:
+        raise InputError("backend: no mpiexec found; run 'make setup' or install an MPI library")
+    from experiments.claim import claim
+    lock = claim(cfg, out)
+    try:
+        if cfg.backend == "sim":
+            from experiments.simulator import run_sim
+            return run_sim(cfg, out, cfg.clients or DEFAULT_CLIENTS)
+        if mpiexec:
+            clients = cfg.clients or DEFAULT_CLIENTS
+            servers = cfg.servers if cfg.mode == "async" else 0
+            from experiments.supervise import supervise
+            command, env = launch.mpiexec_command(mpiexec, clients + servers,
+                                                  [*argv, "--clients", str(clients), "--out", out])
+            return supervise(command, env, out, lock.fd)
+        return launch.run_mpi(cfg, out)
+    except KeyboardInterrupt:  # the simulator's, or a rank's (which recorded it: see serverrun)
+        resume = f"; resume with: asgd train --resume {out}" if RunDir(out).checkpoint_path.exists() else ""
+        print(f"asgd: run {out} interrupted{resume}", file=sys.stderr)
+        return 130
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _check_inputs(cfg: RunConfig) -> None:
@@ -152,9 +178,6 @@ def _check_inputs(cfg: RunConfig) -> None:
                          f"{len(dataset.train) // clients} samples")
     if cfg.init or cfg.resume:
         _check_start_weights(cfg, dataset)
-    out = Path(cfg.out) if cfg.out and not cfg.resume else None
-    if out is not None and out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise InputError(f"out: {out} already exists and is not an empty directory; choose another --out")
 
 
 def _check_start_weights(cfg: RunConfig, dataset) -> None:

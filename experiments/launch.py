@@ -28,7 +28,7 @@ from experiments.collectiverun import collective_run
 from experiments.provenance import provenance
 from experiments.serverrun import serve_mpi, serve_slice
 from experiments.resume import ResumePoint
-from experiments.supervise import direct_stdio
+from experiments.supervise import LOCKED_RUN, direct_stdio
 from paramserver.config import RunConfig
 from paramserver.liveness import PeerDied, PeerWatch
 from paramserver.protocol import Bye, Fail, Tag
@@ -114,6 +114,10 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
         start_s, offset = time.perf_counter(), started.point.time if started.point else 0.0
         return _run_role(transport, started, parts.local[0] if parts.local else None, index, servers,
                      clock=lambda: offset + time.perf_counter() - start_s)
+    except KeyboardInterrupt:  # SIGTERM or Ctrl-C, passed on to every rank; the recorder noted it
+        if transport.rank == 0 and LOCKED_RUN not in os.environ:  # no supervisor to say it
+            print(f"asgd: run {out} interrupted; resume with: asgd train --resume {out}", file=sys.stderr)
+        _exit(130)
     except Exception as error:  # noqa: BLE001 - any failure must end the whole job
         _fail(transport, error, index, servers, keep_going=cfg.on_client_failure == "continue")
     finally:

@@ -16,6 +16,7 @@ run (model, data, clients, learning rates...) may not change.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,48 @@ def _read_record(path: Path) -> dict[str, Any]:
         raise ConfigError(f"resume: {error}") from None
 
 
+def verify_logs(run_dir: str) -> None:
+    """Refuse (one line naming the file and line) a run whose logs do not hold, whole, the
+    rows its checkpoint accounts for: resuming it would lose or repeat minibatches. No
+    silent repair. A torn last line of eval.jsonl (a kill mid-evaluation) is cut back."""
+    run = RunDir(run_dir)
+    try:
+        checkpoint = Checkpoint.load(run)
+    except CorruptFile as error:
+        raise ConfigError(f"resume: {error}") from None
+    for log, lines in zip(("server", "clients"), checkpoint.lines):
+        _whole_rows(run.path / f"{log}.jsonl", lines)
+    evals = run.path / "eval.jsonl"
+    if evals.exists():
+        _whole_rows(evals, len(evals.read_bytes().splitlines()) - 1)
+
+
+def _whole_rows(path: Path, needed: int) -> None:
+    """The first `needed` lines of a log are whole JSON objects."""
+    if needed <= 0:
+        return
+    if not path.exists():
+        raise ConfigError(f"resume: {path} is missing; its checkpoint accounts for {needed} rows of it")
+    count = 0
+    with open(path, "rb") as lines:
+        for count, line in enumerate(lines, start=1):
+            if count > needed:
+                return
+            if not line.endswith(b"\n") or not _json_object(line):
+                raise ConfigError(f"resume: {path} line {count} is damaged (its checkpoint accounts for {needed} "
+                                  "rows); restore the file, or start a new run")
+    if count < needed:
+        raise ConfigError(f"resume: {path} holds {count} rows, its checkpoint accounts for {needed}; "
+                          "restore the file, or start a new run")
+
+
+def _json_object(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
 def resume_point(run_dir: str) -> ResumePoint:
     checkpoint = Checkpoint.load(RunDir(run_dir))
     return ResumePoint(checkpoint.time, [int(s) for s in checkpoint.client_steps],
@@ -79,8 +122,12 @@ def resume_point(run_dir: str) -> ResumePoint:
 
 
 def cut_back(run: RunDir, checkpoint: Checkpoint, steps: int, record: dict[str, Any]) -> None:
-    """Make the run directory what it was at the checkpoint, and note the resume in config.json."""
+    """Make the run directory what it was at the checkpoint, and note the resume in
+    config.json, with what the cut takes away that must stay on record: how the run
+    ended before (its summary's status) and the clients it had lost since."""
     version = checkpoint.version
+    before = {"status": run.status(),
+              "lost": [row for row in run.rows("server")[checkpoint.lines[0]:] if "lost" in row]}
     for log, lines in zip(("server", "clients"), checkpoint.lines):
         truncate_jsonl(run.path / f"{log}.jsonl", lines)
     for snapshot_version, path in run.snapshots():
@@ -92,6 +139,6 @@ def cut_back(run: RunDir, checkpoint: Checkpoint, steps: int, record: dict[str, 
         truncate_jsonl(evals, kept)
     (run.path / "summary.json").unlink(missing_ok=True)  # the run is not complete until it is
     config = run.record("config")
-    config["resumed"] = [*config.get("resumed", []), record]
+    config["resumed"] = [*config.get("resumed", []), {**record, "before": before}]
     config["steps"] = steps  # a resume may extend the run
     write_json_atomic(run.path / "config.json", config)

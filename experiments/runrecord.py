@@ -64,19 +64,47 @@ def finish_run(run: RunDir, setup: RunSetup, train_s: float, train_wall_s: float
     model = setup.model.to(setup.device)
     rows = evaluate_snapshots(run, model, setup.dataset.test, setup.cfg.eval_samples, keep=setup.cfg.keep_snapshots)
     final = rows[-1] if rows else {}
-    summary = {"status": "complete", "final_test_error": final.get("test_error"),
+    evaluated = min(setup.cfg.eval_samples or len(setup.dataset.test), len(setup.dataset.test))
+    status = run_status(counts, final, setup.dataset.num_classes, evaluated)
+    summary = {"status": status, "final_test_error": final.get("test_error"),
                "final_test_loss": final.get("test_loss"), **_timing(train_s, counts),
                "train_wall_s": train_wall_s, "eval_s": time.perf_counter() - start, **counts}
     run.write_summary(summary)
-    if not setup.cfg.quiet:
+    if not setup.cfg.quiet or status != "complete":
         print(f"run {setup.out}: test error {summary['final_test_error']:.4f} after {summary['minibatches']} "
-              f"minibatches in {train_s:.1f} s", flush=True)
+              f"minibatches in {train_s:.1f} s" + ("" if status == "complete" else f"; {status}"), flush=True)
     return summary
 
 
+def run_status(counts: dict[str, Any], final: dict[str, Any], classes: int, evaluated: int) -> str:
+    """`complete`, unless the run did not train: `diverged` when most pushes were refused
+    (not finite, or malformed) or the final weights give no finite loss, `untrained` when
+    the final test error cannot be told from chance (within two standard errors of
+    guessing, on the samples evaluated)."""
+    rejected, applied = counts.get("pushes_rejected", 0), counts.get("pushes_applied")
+    if applied is not None and rejected > applied:
+        return f"diverged: {rejected} of {rejected + applied} pushes rejected (not finite or malformed)"
+    if not final:
+        return "complete"
+    if not math.isfinite(final["test_loss"]):
+        return f"diverged: the final weights give a test loss of {final['test_loss']}"
+    chance = 1 - 1 / classes
+    margin = 2 * math.sqrt(chance * (1 - chance) / evaluated)
+    if final["test_error"] >= chance - margin:
+        return (f"untrained: final test error {final['test_error']:.3f} is chance level ({chance:.3f} for "
+                f"{classes} classes, within {margin:.3f} on {evaluated} test samples)")
+    return "complete"
+
+
 def record_failure(run: RunDir, train_s: float, counts: dict[str, Any], error: BaseException) -> None:
-    run.write_summary({"status": f"failed: {type(error).__name__}: {error}", "final_test_error": None,
-                       **_timing(train_s, counts), **counts})
+    run.write_summary({"status": failure_status(error), "final_test_error": None, **_timing(train_s, counts),
+                       **counts})
+
+
+def failure_status(error: BaseException) -> str:
+    if isinstance(error, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (cli.Interrupted)
+        return f"failed: interrupted{f' ({error})' if str(error) else ''}"
+    return f"failed: {type(error).__name__}: {error}"
 
 
 def _timing(train_s: float, counts: dict[str, Any]) -> dict[str, Any]:

@@ -58,7 +58,7 @@ def checkpoint_weights(flag: str, path: str, size: int) -> np.ndarray:
     """The weights saved in a checkpoint, checked against the model's; `flag` names the
     option that chose the file (a checkpoint of another model names both shapes)."""
     try:
-        weights = load_arrays(path)["weights"]
+        weights = load_arrays(path, checksummed=flag == "resume")["weights"]
     except (OSError, ValueError, KeyError) as error:
         raise StartError(f"{flag}: cannot read weights from {path} ({error})") from None
     if weights.dtype != np.float32 or weights.shape != (size,):

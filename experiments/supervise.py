@@ -1,53 +1,150 @@
 """Run an MPI job as a child and say afterwards what became of it.
 
 `asgd train` typed without mpiexec lands here. The ranks name a dead peer themselves
-(see paramserver/liveness.py); what is left for the supervisor: a run that lost clients
-under `--on-client-failure continue` but completed is a success, whatever the
-launcher's exit status (it reports the dead rank's signal); a job that ended before
-its run directory could say so gets a failed summary; a resumable run says how.
+(see paramserver/liveness.py); what is left for the supervisor:
+- the job's life is ours: the launcher runs in a session of its own (a terminal's
+  Ctrl-C reaches us alone) and dies with us (`lifeline`); Ctrl-C or SIGTERM is passed
+  on as one SIGTERM, which the launcher forwards to every rank, and a job still there
+  after `STOP_GRACE_S` is killed;
+- the run's lock is ours: its descriptor goes to the launcher, so every process of the
+  job on this host holds it until the last one is gone;
+- a run that lost clients under `--on-client-failure continue` but finished is a
+  success, whatever the launcher's exit status (it reports the dead rank's signal); a
+  job that ended before its run directory could say so gets a failed summary (naming
+  the rank that failed first, when one said so); a resumable run says how.
 """
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
-from paramserver.rundir import RunDir
+from experiments.lifeline import lifeline
+from paramserver.rundir import RunDir, finished
 
 STDIO_FDS = "ASGD_STDIO_FDS"
+LOCKED_RUN = "ASGD_LOCKED_RUN"  # the run directory whose lock the job's launcher holds
+STOP_GRACE_S = 10.0
 
 
-def supervise(command: list[str], env: dict[str, str], out: str) -> int:
-    """Run `command` (Ctrl-C reaches it too: same process group); the exit status the
-    user should see."""
+def supervise(command: list[str], env: dict[str, str], out: str, lock_fd: int) -> int:
+    """Run `command`; the exit status the user should see."""
     sys.stdout.flush()
     # The ranks write straight to our stdout and stderr (a rank on this host inherits
     # them through the launcher): MPICH's launcher kills every rank that writes through
     # it after one rank died, which would end a run meant to go on without that rank.
-    stdio = os.dup(1), os.dup(2)
+    # Their stderr passes through us (`Tee`), so the summary can name the rank that failed.
+    tee = Tee()
+    stdio = os.dup(1), tee.fd
+    env = {**env, STDIO_FDS: f"{stdio[0]},{stdio[1]}", LOCKED_RUN: str(Path(out).resolve())}
+    interrupted = False
     try:
-        returncode = subprocess.call(command, env={**env, STDIO_FDS: f"{stdio[0]},{stdio[1]}"}, pass_fds=stdio)
-    finally:
+        job = subprocess.Popen(lifeline(command), env=env, pass_fds=(*stdio, lock_fd), start_new_session=True)
         for fd in stdio:
-            os.close(fd)
-    if returncode == 0:
+            os.close(fd)  # the job holds them now: the tee ends when the job's last process does
+        try:
+            returncode = job.wait()
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.Interrupted)
+            interrupted = True
+            returncode = stop(job)
+    finally:
+        tee.close()
+    return _outcome(RunDir(out), returncode, interrupted, tee.failure)
+
+
+class Tee:
+    """A pipe whose lines go on to our stderr; keeps the first line in which a rank says
+    it failed (`launch._fail`)."""
+
+    FAILED = re.compile(r"^asgd: (rank \d+ \(.*\) failed: .*)$")
+
+    def __init__(self) -> None:
+        read, self.fd = os.pipe()
+        self.failure: str | None = None
+        self.thread = threading.Thread(target=self._pump, args=(read,), daemon=True)
+        self.thread.start()
+
+    def _pump(self, read: int) -> None:
+        with open(read, "rb", buffering=0) as lines:
+            for line in lines:
+                os.write(2, line)
+                found = self.FAILED.match(line.decode(errors="replace").rstrip())
+                if found and self.failure is None:
+                    self.failure = found.group(1)
+
+    def close(self) -> None:
+        """Wait for the job's last words (a process that outlived the job keeps the pipe
+        open: not for long)."""
+        self.thread.join(timeout=5)
+
+
+def stop(job: subprocess.Popen) -> int:
+    """End a job: SIGTERM to its launcher, which forwards it to every rank; what is left
+    after the grace time, or at a second Ctrl-C, is killed."""
+    try:
+        job.send_signal(signal.SIGTERM)
+        return job.wait(timeout=STOP_GRACE_S)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        kill_tree(job.pid)
+        return job.wait()
+
+
+def _outcome(run: RunDir, returncode: int, interrupted: bool, failure: str | None) -> int:
+    status = run.status()
+    if finished(status):
+        if returncode != 0:
+            print(f"asgd: run {run.path} ended {status.split(':')[0]} (the launcher's exit status {returncode} "
+                  "is from a lost client)", file=sys.stderr)
         return 0
-    status = _status(Path(out))
-    if status == "complete":
-        print(f"asgd: run {out} completed (the launcher's exit status {returncode} is from a lost client)",
-              file=sys.stderr)
-        return 0
-    if status is None and (Path(out) / "config.json").exists():
-        RunDir(out).write_summary({"status": f"failed: the MPI job ended with exit status {returncode}",
-                                   "final_test_error": None})
-    if RunDir(out).checkpoint_path.exists():
-        print(f"asgd: resume with: asgd train --resume {out}", file=sys.stderr)
+    if interrupted or returncode != 0:
+        if (run.path / "config.json").exists():
+            reason = "interrupted" if interrupted else \
+                failure or f"the MPI job ended with exit status {returncode}, no rank said why"
+            recorded = status if status and not interrupted else f"failed: {reason}"
+            run.write_summary({**_summary(run), "status": recorded})
+        what = "interrupted" if interrupted else "failed"
+        hint = f"; resume with: asgd train --resume {run.path}" if run.checkpoint_path.exists() else ""
+        print(f"asgd: run {run.path} {what}{hint}", file=sys.stderr)
+        return 130 if interrupted else returncode
     return returncode
 
 
-def _status(run: Path) -> str | None:
-    return RunDir(run).status()
+def _summary(run: RunDir) -> dict:
+    try:
+        return run.summary()
+    except ValueError:  # a damaged one is replaced
+        return {"final_test_error": None}
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`. MPICH's launcher gives each rank a session of its own, so
+    killing the process group would miss the ranks; walking the tree does not."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and everything below it, nothing else."""
+    for victim in [pid, *descendants(pid)]:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def direct_stdio() -> None:

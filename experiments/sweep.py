@@ -5,9 +5,12 @@
 Each point is one `asgd train` in a subprocess (the simulator, or `mpiexec` per point),
 with a timeout, writing its own run directory under DIR/runs/. DIR/index.json lists
 the points and their status, rewritten atomically after each one. Run the sweep again
-after a kill and it finishes only what is missing: a complete point is skipped, one
-with a checkpoint is resumed (`--resume`), one without is started over; a failed point
-keeps its reason and is retried only with --retry-failed.
+after a kill and it finishes only what is missing: a finished point (complete, diverged,
+untrained) is skipped, one with a checkpoint is resumed (`--resume`), one without is
+started over; a failed point keeps its reason and is retried only with --retry-failed.
+The sweep holds its folder's lock, each point its run's; the points end with the sweep
+(`lifeline`), and Ctrl-C or SIGTERM ends the running ones as it ends a run
+(`interrupted`, resumed by the next run of the sweep).
 
 A spec (TOML):
 
@@ -40,11 +43,13 @@ In the simulator every point uses one step time, measured once for the sweep (un
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -54,9 +59,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments.lifeline import lifeline
 from experiments.progress import Progress
+from experiments.supervise import STOP_GRACE_S, kill_tree
 from paramserver.config import ConfigError, RunConfig, load_config
-from paramserver.rundir import RunDir
+from paramserver.rundir import FolderLock, RunDir, finished
 from paramserver.runlog import write_json_atomic
 
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")
@@ -176,13 +183,19 @@ class SweepRunner:
         self.jobs = jobs or (cores if spec.backend == "sim" else 1)
         self.threads = max(1, cores // self.jobs)
         self.lock = threading.Lock()
+        self.running: dict[str, subprocess.Popen] = {}  # point id -> its `asgd train`
+        self.stopping = False  # Ctrl-C or SIGTERM: start nothing more
         self.index = self._load_index()
         self.progress = Progress(len(spec.points), quiet=quiet, label="sweep", unit="points")
 
     def _load_index(self) -> dict[str, Any]:
         path = self.out / "index.json"
-        old = json.loads(path.read_text()) if path.exists() else {}
-        status = {p["id"]: p["status"] for p in old.get("points", [])}
+        try:
+            old = json.loads(path.read_text()) if path.exists() else {}
+            status = {p["id"]: str(p["status"]) for p in old.get("points", [])}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
+            raise ConfigError(f"sweep: cannot read {path} ({type(error).__name__}: {error}); "
+                              "remove it to rebuild the index from the runs") from None
         points = [{"id": p.id, **p.settings, "run": f"runs/{p.id}", "status": status.get(p.id, "pending")}
                   for p in self.spec.points]
         meta = {k: v for k, v in old.items() if k != "points"}
@@ -199,14 +212,24 @@ class SweepRunner:
         self.progress.update(len(self.spec.points) - len(todo))
         self._save()
         with ThreadPoolExecutor(self.jobs) as pool:
-            list(pool.map(self._run_point, todo))
+            futures = [pool.submit(self._run_point, point) for point in todo]
+            try:
+                for future in futures:
+                    future.result()
+            except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.Interrupted)
+                self._stop()
+                self.progress.close()
+                print(f"asgd: sweep {self.out} interrupted; run the same command again to go on",
+                      file=sys.stderr)
+                return 130
         self.progress.close()
-        failed = [e["id"] for e in self.index["points"] if e["status"] != "complete"]
+        failed = [e["id"] for e in self.index["points"] if not finished(e["status"])]
         return 1 if failed else 0
 
     def _wanted(self, entry: dict[str, Any]) -> bool:
-        if (self.out / entry["run"] / "summary.json").exists() and _complete(self.out / entry["run"]):
-            entry["status"] = "complete"
+        run = RunDir(self.out / entry["run"])
+        if run.finished():
+            entry["status"] = run.status()
             return False
         return not entry["status"].startswith("failed") or self.retry_failed
 
@@ -227,47 +250,76 @@ class SweepRunner:
         self.spec = Spec(self.spec.name, self.spec.scale, self.spec.backend, self.spec.timeout, self.spec.window,
                          points)
 
+    def _stop(self) -> None:
+        """End the running points as Ctrl-C ends a run (each records `interrupted` and can
+        resume), and wait for them; start no other."""
+        with self.lock:
+            self.stopping = True
+            running = list(self.running.values())
+        for proc in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+        for proc in running:
+            try:
+                proc.wait(timeout=2 * STOP_GRACE_S)
+            except (subprocess.TimeoutExpired, KeyboardInterrupt):
+                kill_tree(proc.pid)
+
     def _run_point(self, point: PlannedPoint) -> str:
+        if self.stopping:
+            return "pending"
         run = self.out / "runs" / point.id
         if RunDir(run).checkpoint_path.exists():
-            command = ["train", "--resume", str(run), "--quiet"]
+            # this sweep's thread share, not the one it was started with: more torch
+            # threads than cores slow every point by far more than their share
+            command = ["train", "--resume", str(run), "--quiet", "--threads", str(self.threads)]
         else:
             shutil.rmtree(run, ignore_errors=True)
             config = self.out / "configs" / f"{point.id}.toml"
             config.write_text(_toml(_config_with(point.config, {"threads": self.threads}).to_dict()))
             command = ["train", str(config), "--out", str(run), "--quiet"]
         # mpi points launch themselves (under the supervisor, which names a dead rank)
-        status = _execute([sys.executable, "-m", "experiments.cli", *command], self.spec.timeout, run)
+        status = self._execute(point.id, [sys.executable, "-m", "experiments.cli", *command], run)
         with self.lock:
             next(e for e in self.index["points"] if e["id"] == point.id)["status"] = status
-            if status == "complete":  # epochs in the figures need the training-set size
+            if finished(status):  # epochs in the figures need the training-set size
                 self.index["train_size"] = RunDir(run).record("config")["train_size"]
             self._save()
             self.progress.update(self.progress.done + 1)
         return status
 
+    def _execute(self, point: str, argv: list[str], run: Path) -> str:
+        """Run one point, ending with this process (`lifeline`); its status: the run's own
+        when it ran to its end, `interrupted` or `locked: ...` (both tried again on the next
+        run of the sweep), or failed with the reason."""
+        with self.lock:
+            if self.stopping:
+                return "pending"
+            proc = subprocess.Popen(lifeline(argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True)
+            self.running[point] = proc
+        try:
+            _, err = proc.communicate(timeout=self.spec.timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)  # mpiexec's ranks end with it
+            proc.communicate()
+            return f"failed: timeout after {self.spec.timeout:g} s"
+        finally:
+            with self.lock:
+                self.running.pop(point, None)
+        record = RunDir(run)
+        if proc.returncode == 0 and record.finished():
+            return record.status()
+        lines = [line for line in err.splitlines() if line.strip()]
+        last = lines[-1].strip() if lines else "no message"
+        if proc.returncode == 130 or (record.status() or "").startswith("failed: interrupted"):
+            return "interrupted"
+        if "is being written by" in last:
+            return f"locked: {last}"
+        return f"failed: exit {proc.returncode}: {last}"
+
     def _save(self) -> None:
         write_json_atomic(self.out / "index.json", self.index)
-
-
-def _execute(argv: list[str], timeout: float, run: Path) -> str:
-    """Run one point; its status: complete, or failed with the reason."""
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)  # mpiexec's ranks end with it
-        proc.communicate()
-        return f"failed: timeout after {timeout:g} s"
-    if proc.returncode == 0 and _complete(run):
-        return "complete"
-    lines = [line for line in err.splitlines() if line.strip()]
-    return f"failed: exit {proc.returncode}: {lines[-1].strip() if lines else 'no message'}"
-
-
-def _complete(run: Path) -> bool:
-    return RunDir(run).status() == "complete"
 
 
 def _config_with(config: RunConfig, changes: dict[str, Any]) -> RunConfig:
@@ -288,5 +340,6 @@ def run_sweep(spec_path: str, out: str | None, jobs: int, retry_failed: bool, qu
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ConfigError(f"out: cannot create the sweep folder {folder} ({error.strerror})") from None
-    shutil.copyfile(spec_path, folder / "spec.toml")
-    return SweepRunner(spec, folder, jobs, retry_failed, quiet).run()
+    with FolderLock(folder):  # one sweep at a time in a folder
+        shutil.copyfile(spec_path, folder / "spec.toml")
+        return SweepRunner(spec, folder, jobs, retry_failed, quiet).run()

@@ -40,12 +40,12 @@ class Checkpoint:
     @staticmethod
     def verify(run: RunDir) -> None:
         """Every array whole (their SHA-256): CorruptFile, one line naming the file, if not."""
-        load_arrays(run.checkpoint_path)
+        load_arrays(run.checkpoint_path, checksummed=True)
 
     @classmethod
     def load(cls, run: RunDir) -> "Checkpoint":
         """The run's checkpoint, verified: CorruptFile when damaged or missing a part."""
-        arrays = load_arrays(run.checkpoint_path)
+        arrays = load_arrays(run.checkpoint_path, checksummed=True)
         missing = [key for key in OWN if key not in arrays]
         if missing:
             raise CorruptFile(f"{run.checkpoint_path}: not a checkpoint of this tool (no {missing[0]!r})")

@@ -235,7 +235,7 @@ def _check_values(cfg: RunConfig) -> None:
     _require(cfg.on_client_failure == "abort" or cfg.mode == "async", "on_client_failure",
              "continue needs --mode async (a collective cannot go on without a rank)")
     _require(cfg.stall_timeout > 0, "stall_timeout", f"must be positive, got {cfg.stall_timeout}")
-    _require(cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
+    _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device) is not None,
              "device", f"expected auto, cpu or cuda[:N], got {cfg.device!r}")
     _require(re.fullmatch(r"cpu|cuda(:\d+)?", cfg.server_device) is not None, "server_device",
              f"expected cpu or cuda[:N], got {cfg.server_device!r}")

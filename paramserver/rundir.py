@@ -8,14 +8,21 @@
       snapshots/       weights at those versions, for eval     (removed after eval)
       checkpoint/latest.npz  weights, rule state, version      (atomic, no pickle)
       summary.json     results and status                      (written last, atomically)
+      lock             who writes the run now (host, pid)     (flock, released when they end)
 
-Only the server's rank writes here; clients ship their rows inside their pushes.
+Only the server's rank writes here; clients ship their rows inside their pushes. One
+job at a time: whoever writes a run (or a sweep folder) holds its `FolderLock`, which
+the OS releases when the holder dies, so a second writer is refused in one line.
 `RunDir` is also the one reader of a run directory (`record`, `summary`, `status`,
 `rows`): plots, sweeps, the supervisor, resume and the bench all read through it.
 """
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +31,56 @@ import numpy as np
 from paramserver.runlog import JsonlWriter, read_jsonl, save_arrays, write_json_atomic
 
 
+LOCK = "lock"
+FINISHED = ("complete", "diverged", "untrained")  # a run that ran to its end (see runrecord.run_status)
+
+
+def finished(status: str | None) -> bool:
+    """Whether a run with this status ran to its end: nothing to resume or retry."""
+    return status is not None and status.split(":")[0] in FINISHED
+
+
 class RunDirError(ValueError):
     """The run directory cannot be used (one line, for the command line)."""
+
+
+class FolderLock:
+    """An exclusive `flock` on `folder/lock`, naming its holder in the file. Child processes
+    given the descriptor (the MPI launcher, and through it the ranks on this host) hold
+    it too, so it is free only once every process of the job is gone."""
+
+    def __init__(self, folder: str | Path):
+        self.path = Path(folder) / LOCK
+        self.fd: int | None = None
+
+    def acquire(self) -> "FolderLock":
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise RunDirError(f"out: cannot create {self.path.parent} ({error.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise RunDirError(f"{self.path.parent} is being written by {holder}; "
+                              "wait for that job to end, or stop it") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%F %T')}\n".encode(), 0)
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> "FolderLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 class RunDir:
@@ -34,13 +89,20 @@ class RunDir:
 
     def create(self) -> None:
         """Make a fresh run directory; never write over an earlier run's results."""
-        if self.path.exists() and any(self.path.iterdir()):
+        if not self.empty():
             raise RunDirError(f"out: {self.path} already holds a run; choose another --out")
         try:
             for sub in ("", "snapshots", "checkpoint"):
                 (self.path / sub).mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise RunDirError(f"out: cannot create {self.path} ({e.strerror})") from None
+
+    def empty(self) -> bool:
+        """Nothing here yet but, perhaps, the lock of the job about to write it."""
+        return not self.path.exists() or (self.path.is_dir() and all(p.name == LOCK for p in self.path.iterdir()))
+
+    def lock(self) -> FolderLock:
+        return FolderLock(self.path)
 
     def writer(self, log: str, lines: int = 0) -> JsonlWriter:
         return JsonlWriter(self.path / f"{log}.jsonl", lines)
@@ -80,6 +142,10 @@ class RunDir:
         except RunDirError:
             return None
         return status if isinstance(status, str) else None
+
+    def finished(self) -> bool:
+        """The run ran to its end (`complete`, `diverged: why`, `untrained: why`): nothing to resume."""
+        return finished(self.status())
 
     def rows(self, log: str) -> list[dict[str, Any]]:
         """The rows of `log`.jsonl (clients, server, eval, warm_start); [] before it exists."""

@@ -140,9 +140,9 @@ def _npz(file) -> np.lib.npyio.NpzFile:
     return loaded
 
 
-def load_arrays(path: Path) -> dict[str, np.ndarray]:
-    """The arrays of a `.npz`, checked against its checksum when it has one (a user's own
-    file for --init may not)."""
+def load_arrays(path: Path, checksummed: bool = False) -> dict[str, np.ndarray]:
+    """The arrays of a `.npz`, checked against its checksum when it has one; `checksummed`:
+    it must have one (a file this tool wrote; a user's own file for --init may not)."""
     try:
         with open(path, "rb") as file, _npz(file) as data:  # np.load leaks a file it opened on a bad archive
             arrays = {k: data[k] for k in data.files}
@@ -153,6 +153,8 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
     if odd:
         raise CorruptFile(f"{path}: member {odd[0]!r} is not a .npy array")
     stored = arrays.pop("checksum", None)
+    if stored is None and checksummed:
+        raise CorruptFile(f"{path}: no checksum: not a file this tool wrote whole")
     if stored is not None and str(stored) != _checksum(arrays):
         raise CorruptFile(f"{path}: checksum mismatch: the file is corrupt")
     return arrays

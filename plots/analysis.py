@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from paramserver.rundir import finished
 from plots.rundata import load_json, load_log, smoothed_error
 
 MODE_ORDER = {"async": 0, "sync": 1, "local-sgd": 2}
@@ -67,7 +68,8 @@ class Curve:
 
 
 def load_sweep(sweep_dir: str | Path) -> Sweep:
-    """Only complete points are kept: pending and failed runs have no final numbers to compare."""
+    """Only finished points are kept (complete, diverged, untrained): pending and failed runs have no
+    final numbers to compare."""
     path = Path(sweep_dir).resolve()
     index = json.loads((path / "index.json").read_text())
     meta = {k: v for k, v in index.items() if k != "points"}
@@ -77,7 +79,7 @@ def load_sweep(sweep_dir: str | Path) -> Sweep:
                     status=p["status"], train_size=train_size, rule=p.get("rule", "add"),
                     momentum=str(p.get("momentum", 0.9)), jitter=float(p.get("speed_jitter", 0.0)),
                     profile=p.get("sim_profile", "measured"), steps=int(p.get("steps", 0)))
-              for p in index["points"] if p.get("status") == "complete"]
+              for p in index["points"] if finished(p.get("status", ""))]
     return Sweep(name=meta.get("name", path.name), path=path, meta=meta, points=points)
 
 
