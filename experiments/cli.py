@@ -120,6 +120,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
         from experiments.simulator import run_sim
         return run_sim(cfg, out, cfg.clients or DEFAULT_CLIENTS)
     if launch.launcher_rank() is None:
+        launch.refuse_torchrun()
         mpiexec = launch.find_mpiexec()
         if mpiexec is None:
             raise InputError("backend: no mpiexec found; run 'make setup' or install an MPI library")
@@ -136,14 +137,17 @@ def _check_inputs(cfg: RunConfig) -> None:
     """What the config alone cannot know: the data, the model, the run directory."""
     from clients.data import DataError, load_dataset
     from clients.models import MODELS
+    from clients.usercode import check_user_code
     from experiments.launch import launcher_rank
+    from paramserver.config import is_user_code
 
-    if cfg.model not in MODELS:
+    if cfg.model not in MODELS and not is_user_code(cfg.model):
         raise InputError(f"model: unknown model {cfg.model!r} (choose from {', '.join(MODELS)})")
     try:
         dataset = load_dataset(cfg.data, cfg.data_dir or None)
     except DataError as error:
         raise InputError(str(error)) from None
+    check_user_code(cfg, dataset)
     # without --clients: asgd's default when it starts (or simulates) the job; under a
     # user's mpiexec every rank but the server, unknown here, so at least the whole set
     clients = cfg.clients or (DEFAULT_CLIENTS if cfg.backend == "sim" or launcher_rank() is None else 1)

@@ -17,6 +17,7 @@ from torch import nn
 
 from clients.data import Dataset
 from clients.evaluate import evaluate_snapshots
+from clients.usercode import loss_function
 from paramserver.config import RunConfig
 from paramserver.rundir import RunDir
 
@@ -62,7 +63,9 @@ def finish_run(run: RunDir, setup: RunSetup, train_s: float, train_wall_s: float
     start = time.perf_counter()
     torch.set_num_threads(len(os.sched_getaffinity(0)))  # the clients are done: take every core
     model = setup.model.to(setup.device)
-    rows = evaluate_snapshots(run, model, setup.dataset.test, setup.cfg.eval_samples, keep=setup.cfg.keep_snapshots)
+    cfg = setup.cfg
+    rows = evaluate_snapshots(run, model, setup.dataset.test, cfg.eval_samples, keep=cfg.keep_snapshots,
+                              loss=loss_function(cfg.loss), train=setup.dataset.train, seed=cfg.seed)
     final = rows[-1] if rows else {}
     summary = {"status": "complete", "final_test_error": final.get("test_error"),
                "final_test_loss": final.get("test_loss"), **_timing(train_s, counts),
