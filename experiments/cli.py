@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "sweep":
             from experiments.sweep import run_sweep
             return run_sweep(args.spec, args.out, args.jobs, args.retry_failed, args.quiet)
+        if args.command == "tensorboard":
+            from experiments.tensorboard import tensorboard
+            return tensorboard(args.path, args.out)
         if args.command == "bench":
             from experiments.bench.suite import run_bench
             return run_bench(args.out, args.quick, args.markdown)
@@ -69,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--jobs", type=_count, default=0, help="points run at once (default: cores for sim, 1 for mpi)")
     sweep.add_argument("--retry-failed", action="store_true", help="run failed points again")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+    board = commands.add_parser("tensorboard", help="TensorBoard scalars of a run, or of a sweep with HParams")
+    board.add_argument("path", help="a run directory or a sweep folder")
+    board.add_argument("--out", help="where the event files go (default: PATH/tensorboard)")
     bench = commands.add_parser("bench", help="measure the server, the wire, peers and the simulator (minutes)")
     bench.add_argument("--out", default="results/bench.json", help="where the figures go (default: %(default)s)")
     bench.add_argument("--markdown", help="the tables as a Markdown page (default: --out with the suffix .md; "
@@ -148,6 +154,10 @@ def _check_inputs(cfg: RunConfig) -> None:
     except DataError as error:
         raise InputError(str(error)) from None
     check_user_code(cfg, dataset)
+    if cfg.tensorboard:
+        import importlib.util
+        if importlib.util.find_spec("tensorboard") is None:
+            raise InputError("tensorboard: the tensorboard package is not installed; pip install tensorboard")
     # without --clients: asgd's default when it starts (or simulates) the job; under a
     # user's mpiexec every rank but the server, unknown here, so at least the whole set
     clients = cfg.clients or (DEFAULT_CLIENTS if cfg.backend == "sim" or launcher_rank() is None else 1)

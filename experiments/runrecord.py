@@ -46,8 +46,16 @@ def async_versions(cfg: RunConfig, clients: int) -> int:
     return clients * math.ceil(cfg.steps / cfg.push_every)
 
 
+def record_dir(setup: RunSetup) -> RunDir:
+    """The run directory the recording process writes, feeding TensorBoard with `--tensorboard`."""
+    if not setup.cfg.tensorboard:
+        return RunDir(setup.out)
+    from experiments.tensorboard import Scalars
+    return RunDir(setup.out, tap=Scalars.for_run(setup.out, setup.cfg.to_dict() | {"clients": setup.clients}))
+
+
 def open_run(setup: RunSetup, every: int) -> RunDir:
-    run = RunDir(setup.out)
+    run = record_dir(setup)
     run.create()
     run.write_config({**setup.cfg.to_dict(), "out": setup.out, "clients": setup.clients, "eval_every": every,
                       "momentum_used": round(setup.cfg.client_momentum(setup.clients), 6), "num_params": setup.weights.size, "train_size": len(setup.dataset.train),
@@ -71,6 +79,7 @@ def finish_run(run: RunDir, setup: RunSetup, train_s: float, train_wall_s: float
                "final_test_loss": final.get("test_loss"), **_timing(train_s, counts),
                "train_wall_s": train_wall_s, "eval_s": time.perf_counter() - start, **counts}
     run.write_summary(summary)
+    run.close_tap()
     if not setup.cfg.quiet:
         print(f"run {setup.out}: test error {summary['final_test_error']:.4f} after {summary['minibatches']} "
               f"minibatches in {train_s:.1f} s", flush=True)
@@ -80,6 +89,7 @@ def finish_run(run: RunDir, setup: RunSetup, train_s: float, train_wall_s: float
 def record_failure(run: RunDir, train_s: float, counts: dict[str, Any], error: BaseException) -> None:
     run.write_summary({"status": f"failed: {type(error).__name__}: {error}", "final_test_error": None,
                        **_timing(train_s, counts), **counts})
+    run.close_tap()
 
 
 def _timing(train_s: float, counts: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -29,8 +29,12 @@ class RunDirError(ValueError):
 
 
 class RunDir:
-    def __init__(self, path: str | Path):
+    """`tap`: also called with (log, rows) for every row written through `writer` (the
+    TensorBoard scalars of `--tensorboard`); `close_tap` ends it."""
+
+    def __init__(self, path: str | Path, tap: Callable[[str, list[dict[str, Any]]], None] | None = None):
         self.path = Path(path)
+        self.tap = tap
 
     def create(self) -> None:
         """Make a fresh run directory; never write over an earlier run's results."""
@@ -43,7 +47,12 @@ class RunDir:
             raise RunDirError(f"out: cannot create {self.path} ({e.strerror})") from None
 
     def writer(self, log: str, lines: int = 0) -> JsonlWriter:
-        return JsonlWriter(self.path / f"{log}.jsonl", lines)
+        tap = self.tap
+        return JsonlWriter(self.path / f"{log}.jsonl", lines, None if tap is None else lambda rows: tap(log, rows))
+
+    def close_tap(self) -> None:
+        if self.tap is not None and hasattr(self.tap, "close"):
+            self.tap.close()
 
     def write_config(self, config: dict[str, Any]) -> None:
         write_json_atomic(self.path / "config.json", config)
