@@ -4,6 +4,8 @@
     mpiexec -n K+1 asgd train [CONFIG.toml] [flags]           the same, launched by you
     asgd sweep SPEC.toml                                       a resumable grid of runs
     asgd report RUN_DIR | SWEEP_DIR                            summary, tables, findings, figures
+    asgd export RUN_DIR [--out FILE]                           the last weights as a torch state_dict
+    asgd tensorboard RUN_DIR | SWEEP_DIR                       TensorBoard event files (HParams for a sweep)
 
 Every input is checked here, before any MPI process starts: a bad one exits with
 status 2 and one line saying which field is wrong and why.
@@ -41,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "sweep":
             from experiments.sweep import run_sweep
             return run_sweep(args.spec, args.out, args.jobs, args.retry_failed, args.quiet)
+        if args.command == "export":
+            from experiments.export import export
+            return export(args.run, args.out)
         if args.command == "tensorboard":
             from experiments.tensorboard import tensorboard
             return tensorboard(args.path, args.out)
@@ -72,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--jobs", type=_count, default=0, help="points run at once (default: cores for sim, 1 for mpi)")
     sweep.add_argument("--retry-failed", action="store_true", help="run failed points again")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+    export = commands.add_parser("export", help="a run's last weights as a torch state_dict (model.pt)")
+    export.add_argument("run", help="a run directory")
+    export.add_argument("--out", help="the file (default: RUN/model.pt; *.safetensors: safetensors)")
     board = commands.add_parser("tensorboard", help="TensorBoard scalars of a run, or of a sweep with HParams")
     board.add_argument("path", help="a run directory or a sweep folder")
     board.add_argument("--out", help="where the event files go (default: PATH/tensorboard)")

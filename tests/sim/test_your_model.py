@@ -56,3 +56,20 @@ def test_a_run_of_your_model_killed_mid_way_resumes_with_every_minibatch_once(ex
     assert sorted((r["client"], r["step"]) for r in rows(run, "clients")) == \
         [(c, s) for c in range(2) for s in range(1, 9)]
     assert json.loads((run / "summary.json").read_text())["status"] == "complete"
+
+
+def test_export_writes_a_state_dict_your_model_loads(example, example_run, tmp_path):
+    import torch
+
+    from clients.data import load_dataset
+    from clients.evaluate import test_metrics
+    from experiments.cli import main
+
+    make_model, make_data = example
+    assert main(["export", str(example_run), "--out", str(tmp_path / "model.pt")]) == 0
+    model = make_model((1, 28, 28), 10)
+    model.load_state_dict(torch.load(tmp_path / "model.pt"))  # strict: every parameter and buffer
+    test = load_dataset(f"{EXAMPLE}:make_data").test
+    error, loss = test_metrics(model, test, limit=64)
+    assert (error, loss) == pytest.approx((rows(example_run, "eval")[-1]["test_error"],
+                                           rows(example_run, "eval")[-1]["test_loss"]))
