@@ -91,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="summarise a run or a sweep: tables, findings, figures")
     report.add_argument("path", help="a run directory or a sweep folder")
     report.add_argument("--window", type=int, help="smoothing window, in minibatches (default: the sweep "
-                                                     "spec's, or 400)")
+                                                     "spec's; for a run, a twentieth of its minibatches, at most 400)")
     report.add_argument("--figures", help="where a sweep's tables and figures go (default: SWEEP/figures)")
     report.add_argument("--target", type=float, help="target training error for speedups "
                                                        "(default: the 1-client run's final error + 5%%)")

@@ -12,3 +12,4 @@ def test_every_path_the_slurm_template_names_exists():
     named = set(re.findall(r"(?:experiments|examples|scripts|docs)/[\w./-]*\w", SBATCH.read_text()))
     assert "experiments/configs/paper/starts.toml" in named
     assert [path for path in sorted(named) if not (ROOT / path).exists()] == []
+
