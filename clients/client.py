@@ -23,7 +23,9 @@ and nothing is copied that was not before.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -45,12 +47,21 @@ class StepResult:
                 "samples": self.samples}
 
 
+def wrong(outputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """Misclassified samples: (n, classes) outputs against integer labels; NaN for other
+    targets (a user's regression loss), where an error rate means nothing."""
+    if outputs.ndim != 2 or targets.ndim != 1 or targets.is_floating_point():
+        return math.nan
+    return float((outputs.argmax(1) != targets).sum().item())
+
+
 class Replica:
     """A model and its SGD optimizer, stepping whichever client is bound to it."""
 
     def __init__(self, model: nn.Module, *, lr: float, momentum: float, weight_decay: float,
-                 device: str = "cpu"):
+                 device: str = "cpu", loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
         self.device = torch.device(device)
+        self.loss = loss or nn.functional.cross_entropy
         self.model = model.to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.SGD(self.params, lr=lr, momentum=momentum, weight_decay=weight_decay)
@@ -115,10 +126,9 @@ class Client:
         replica.model.train()
         replica.optimizer.zero_grad(set_to_none=False)  # keep grads as views of self.grad
         logits = replica.model(x)
-        loss = nn.functional.cross_entropy(logits, y)
+        loss = replica.loss(logits, y)
         loss.backward()
-        wrong = (logits.argmax(1) != y).sum()
-        return StepResult(loss.item(), wrong.item() / len(y), len(y))
+        return StepResult(loss.item(), wrong(logits, y) / len(y), len(y))
 
     def optimizer_step(self) -> None:
         """The optimizer step with the gradient in `self.grad` (possibly averaged meanwhile)."""

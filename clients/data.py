@@ -57,8 +57,8 @@ class Dataset:
     name: str
     train: Split
     test: Split
-    shape: tuple[int, int, int]  # (C, H, W)
-    num_classes: int
+    shape: tuple[int, ...]  # one input's: (C, H, W) for images
+    num_classes: int | None  # None: a user's Dataset that does not say (no `classes`)
 
 
 class ArraySplit:
@@ -94,6 +94,11 @@ MAX_CLASSES = 100_000  # a larger label is a mistake, not a class: the classifie
 
 def load_dataset(spec: str, data_dir: str | None = None) -> Dataset:
     """One entry point so the --dataset/--data-dir flags map straight onto a Dataset."""
+    from paramserver.config import is_user_code
+
+    if is_user_code(spec):  # the user's factory of torch Datasets
+        from clients.usercode import load_user_data
+        return load_user_data(spec)
     if spec == "fashion-mnist":
         return _load_fashion_mnist(data_dir)
     if data_dir:

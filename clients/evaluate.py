@@ -2,47 +2,81 @@
 
 Evaluating from snapshots, once the clients are done, keeps evaluation out of the
 timings that the curves plot: no client ever waits for a test pass.
+
+Buffers: the flat weight vector holds parameters only, so a model with BatchNorm gets
+its running statistics afresh for every weights it is evaluated (or exported) with
+(`recalibrate`: forward passes in training mode over a fixed, seeded set of training
+batches, as `torch.optim.swa_utils.update_bn` does for averaged weights). The server's
+weights are a mix of every client's work, so no client's own statistics would fit them.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 import torch
 from torch import nn
 
+from clients.client import wrong
 from clients.data import Split
 from clients.models import load_flat
 from paramserver.rundir import RunDir
 from paramserver.runlog import load_arrays
 
+RECALIBRATE_SAMPLES = 1024  # training samples whose statistics BatchNorm layers take
+_RECALIBRATE_STREAM = 0xB7  # the seeded order they are drawn in: no client's
+
+
+def has_running_stats(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats for m in model.modules())
+
 
 @torch.no_grad()
-def test_metrics(model: nn.Module, split: Split, limit: int = 0, batch_size: int = 500) -> tuple[float, float]:
-    """(error rate, mean cross-entropy) over the first `limit` test samples (0: all)."""
+def recalibrate(model: nn.Module, train: Split, seed: int, batch_size: int = 128) -> None:
+    """BatchNorm running statistics for the model's current weights (nothing without BatchNorm)."""
+    if not has_running_stats(model):
+        return
+    device = next(model.parameters()).device
+    order = np.random.default_rng([seed, _RECALIBRATE_STREAM]).permutation(len(train))[:RECALIBRATE_SAMPLES]
+    batches = (train.batch(order[i:i + batch_size])[0] for i in range(0, len(order), batch_size))
+    torch.optim.swa_utils.update_bn(batches, model, device)
+
+
+@torch.no_grad()
+def test_metrics(model: nn.Module, split: Split, limit: int = 0, batch_size: int = 500,
+                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> tuple[float, float]:
+    """(error rate, mean loss; cross-entropy by default) over the first `limit` test samples (0: all)."""
     model.eval()
     device = next(model.parameters()).device
     n = min(limit or len(split), len(split))
-    wrong, loss = 0, 0.0
+    errors, total = 0.0, 0.0
     for start in range(0, n, batch_size):
         x, y = split.batch(np.arange(start, min(start + batch_size, n)))
         x, y = x.to(device), y.to(device)
-        logits = model(x)
-        loss += nn.functional.cross_entropy(logits, y, reduction="sum").item()
-        wrong += (logits.argmax(1) != y).sum().item()
-    return wrong / n, loss / n
+        outputs = model(x)
+        if loss is None:
+            total += nn.functional.cross_entropy(outputs, y, reduction="sum").item()
+        else:  # the user's loss is a mean over the batch, as in training
+            total += loss(outputs, y).item() * len(y)
+        errors += wrong(outputs, y)
+    return errors / n, total / n
 
 
-def evaluate_snapshots(run: RunDir, model: nn.Module, split: Split,
-                       limit: int = 0, keep: bool = False) -> list[dict]:
-    """Append an eval.jsonl row per snapshot (oldest first); delete snapshots unless `keep`."""
+def evaluate_snapshots(run: RunDir, model: nn.Module, split: Split, limit: int = 0, keep: bool = False,
+                       loss: Callable | None = None, train: Split | None = None, seed: int = 0) -> list[dict]:
+    """Append an eval.jsonl row per snapshot (oldest first); delete snapshots unless `keep`.
+    With `train`, BatchNorm statistics are recalibrated for each snapshot's weights."""
     rows = []
     with run.writer("eval") as log:
         for version, path in run.snapshots():
             arrays = load_arrays(path, checksummed=True)
             load_flat(model, arrays["weights"])
-            error, loss = test_metrics(model, split, limit)
+            if train is not None:
+                recalibrate(model, train, seed)
+            error, test_loss = test_metrics(model, split, limit, loss=loss)
             time, minibatches = arrays["meta"]
             row = {"version": version, "time": float(time), "minibatches": int(minibatches),
-                   "test_error": error, "test_loss": loss}
+                   "test_error": error, "test_loss": test_loss}
             log.write(row)
             rows.append(row)
             if not keep:

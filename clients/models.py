@@ -5,7 +5,9 @@
   the network the paper trained, for paper-scale runs on 224x224 images.
 
 Clients and the server exchange the parameters as one flat float32 vector, in the
-order of `model.parameters()`.
+order of `model.parameters()`. Buffers (BatchNorm's running statistics) are not in it:
+training uses batch statistics, and every evaluation or export of the server's weights
+estimates them afresh (`clients.evaluate.recalibrate`); docs/your-model.md says why.
 """
 from __future__ import annotations
 
@@ -44,8 +46,15 @@ def cuda_convnet(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
 MODELS = {"cnn": small_cnn, "convnet": cuda_convnet}
 
 
-def build_model(name: str, shape: tuple[int, int, int], num_classes: int, seed: int) -> nn.Module:
-    """The model `name` with its initial weights drawn from `seed` (same seed, same weights)."""
+def build_model(name: str, shape: tuple[int, ...], num_classes: int | None, seed: int) -> nn.Module:
+    """The model `name` (or a user's `module:factory`, clients/usercode.py) with its initial
+    weights drawn from `seed` (same seed, same weights)."""
+    from paramserver.config import is_user_code
+
+    if is_user_code(name):
+        from clients.usercode import call_model_factory
+        torch.manual_seed(seed)
+        return call_model_factory(name, shape, num_classes)
     if name not in MODELS:
         raise ValueError(f"model: unknown model {name!r} (choose from {', '.join(MODELS)})")
     torch.manual_seed(seed)

@@ -4,6 +4,8 @@
     mpiexec -n K+1 asgd train [CONFIG.toml] [flags]           the same, launched by you
     asgd sweep SPEC.toml                                       a resumable grid of runs
     asgd report RUN_DIR | SWEEP_DIR                            summary, tables, findings, figures
+    asgd export RUN_DIR [--out FILE]                           the last weights as a torch state_dict
+    asgd tensorboard RUN_DIR | SWEEP_DIR                       TensorBoard event files (HParams for a sweep)
 
 Every input is checked here, before any MPI process starts: a bad one exits with
 status 2 and one line saying which field is wrong and why.
@@ -54,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "sweep":
             from experiments.sweep import run_sweep
             return run_sweep(args.spec, args.out, args.jobs, args.retry_failed, args.quiet)
+        if args.command == "export":
+            from experiments.export import export
+            return export(args.run, args.out)
+        if args.command == "tensorboard":
+            from experiments.tensorboard import tensorboard
+            return tensorboard(args.path, args.out)
         if args.command == "bench":
             from experiments.bench.suite import run_bench
             return run_bench(args.out, args.quick, args.markdown)
@@ -85,6 +93,12 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--jobs", type=_count, default=0, help="points run at once (default: cores for sim, 1 for mpi)")
     sweep.add_argument("--retry-failed", action="store_true", help="run failed points again")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+    export = commands.add_parser("export", help="a run's last weights as a torch state_dict (model.pt)")
+    export.add_argument("run", help="a run directory")
+    export.add_argument("--out", help="the file (default: RUN/model.pt; *.safetensors: safetensors)")
+    board = commands.add_parser("tensorboard", help="TensorBoard scalars of a run, or of a sweep with HParams")
+    board.add_argument("path", help="a run directory or a sweep folder")
+    board.add_argument("--out", help="where the event files go (default: PATH/tensorboard)")
     bench = commands.add_parser("bench", help="measure the server, the wire, peers and the simulator (minutes)")
     bench.add_argument("--out", default="results/bench.json", help="where the figures go (default: %(default)s)")
     bench.add_argument("--markdown", help="the tables as a Markdown page (default: --out with the suffix .md; "
@@ -93,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="summarise a run or a sweep: tables, findings, figures")
     report.add_argument("path", help="a run directory or a sweep folder")
     report.add_argument("--window", type=int, help="smoothing window, in minibatches (default: the sweep "
-                                                     "spec's, or 400)")
+                                                     "spec's; for a run, a twentieth of its minibatches, at most 400)")
     report.add_argument("--figures", help="where a sweep's tables and figures go (default: SWEEP/figures)")
     report.add_argument("--target", type=float, help="target training error for speedups "
                                                        "(default: the 1-client run's final error + 5%%)")
@@ -132,6 +146,8 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
         cfg = load_config(args.config, overrides)
     _check_inputs(cfg)
     out = cfg.out or _default_out(cfg)
+    if cfg.backend == "mpi" and launch.launcher_rank() is None:
+        launch.refuse_torchrun()
     mpiexec = launch.find_mpiexec() if cfg.backend == "mpi" and launch.launcher_rank() is None else ""
     if mpiexec is None:
         raise InputError("backend: no mpiexec found; run 'make setup' or install an MPI library")
@@ -162,14 +178,21 @@ def _check_inputs(cfg: RunConfig) -> None:
     """What the config alone cannot know: the data, the model, the run directory."""
     from clients.data import DataError, load_dataset
     from clients.models import MODELS
+    from clients.usercode import check_user_code
     from experiments.launch import launcher_rank
+    from paramserver.config import is_user_code
 
-    if cfg.model not in MODELS:
+    if cfg.model not in MODELS and not is_user_code(cfg.model):
         raise InputError(f"model: unknown model {cfg.model!r} (choose from {', '.join(MODELS)})")
     try:
         dataset = load_dataset(cfg.data, cfg.data_dir or None)
     except DataError as error:
         raise InputError(str(error)) from None
+    check_user_code(cfg, dataset)
+    if cfg.tensorboard:
+        import importlib.util
+        if importlib.util.find_spec("tensorboard") is None:
+            raise InputError("tensorboard: the tensorboard package is not installed; pip install tensorboard")
     # without --clients: asgd's default when it starts (or simulates) the job; under a
     # user's mpiexec every rank but the server, unknown here, so at least the whole set
     clients = cfg.clients or (DEFAULT_CLIENTS if cfg.backend == "sim" or launcher_rank() is None else 1)

@@ -24,7 +24,7 @@ from clients.collective import Average, collective_step
 from clients.models import host_copy
 from experiments.progress import Progress
 from experiments.resume import ResumePoint, cut_back
-from experiments.runrecord import RunSetup, eval_every, finish_run, open_run, record_failure
+from experiments.runrecord import RunSetup, record_dir, eval_every, finish_run, open_run, record_failure
 from paramserver.checkpoint import Checkpoint
 from paramserver.config import InjectedFault
 from paramserver.recorder import Background
@@ -81,7 +81,7 @@ def _open(setup: RunSetup, every: int, point: ResumePoint | None) -> tuple[RunDi
         run.writer("server").close()  # no server in these modes: its log stays empty
         run.save_snapshot(setup.weights, 0, 0.0, 0)
         return run, {"minibatches": 0, "samples": 0}, 0
-    run = RunDir(setup.out)
+    run = record_dir(setup)
     checkpoint = Checkpoint.load(run)
     cut_back(run, checkpoint, setup.cfg.steps, setup.provenance)
     minibatches, samples, _ = checkpoint.counts

@@ -48,6 +48,18 @@ def launcher_rank() -> int | None:
     return None
 
 
+def refuse_torchrun(environ: dict | None = None) -> None:
+    """torchrun (or torch.distributed.launch) sets RANK and LOCAL_RANK for each process it
+    starts; each would start an mpiexec of its own. Say how to launch instead."""
+    from paramserver.config import ConfigError
+
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "LOCAL_RANK" in env:
+        raise ConfigError("launch: started by torchrun (RANK and LOCAL_RANK set, no MPI launcher); asgd runs on "
+                          "MPI: use 'mpiexec -n K+1 asgd train ...' or 'mpiexec -n K+1 python train.py' "
+                          "(Slurm: srun --mpi=pmi2), or --backend sim")
+
+
 def find_mpiexec() -> str | None:
     beside = Path(sys.executable).parent / "mpiexec"
     return str(beside) if beside.exists() else shutil.which("mpiexec")

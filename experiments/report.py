@@ -22,13 +22,15 @@ import sys
 from pathlib import Path
 
 from paramserver.runlog import write_json_atomic, write_text_atomic
+from experiments.tensorboard import smoothing_window
 from plots.curves import plot_run
 from plots.rundata import load_json
 
 
 def report(path: str, window: int | None = None, figures: str | None = None, target: float | None = None,
            docs: str | None = None) -> int:
-    """`window` defaults to the sweep spec's (400 for a single run); `docs` is a sweep's page."""
+    """`window` defaults to the sweep spec's (for a single run, a twentieth of its minibatches,
+    at most 400); `docs` is a sweep's page."""
     if (Path(path) / "index.json").exists():
         window = window or json.loads((Path(path) / "index.json").read_text()).get("window", 400)
         page = (Path(docs), f"asgd report {path} --docs {docs}") if docs else None
@@ -36,11 +38,11 @@ def report(path: str, window: int | None = None, figures: str | None = None, tar
     if docs:
         print(f"asgd: error: docs: {path} is a run, not a sweep; --docs writes a sweep's tables", file=sys.stderr)
         return 2
-    window = window or 400
     summary = load_json(path, "summary")
     if not summary:
         print(f"asgd: error: run_dir: {path} has no summary.json (not a finished run?)", file=sys.stderr)
         return 2
+    window = window or smoothing_window(1, summary.get("minibatches") or 1)  # fits the run, as TensorBoard's
     png = plot_run(path, Path(path) / "training_error.png", window)
     error = summary.get("final_test_error")
     print(f"{path}: {summary['status']}; test error {error if error is None else f'{error:.4f}'}; "

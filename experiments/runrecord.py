@@ -17,6 +17,7 @@ from torch import nn
 
 from clients.data import Dataset
 from clients.evaluate import evaluate_snapshots
+from clients.usercode import loss_function
 from paramserver.config import RunConfig
 from paramserver.rundir import RunDir
 
@@ -45,8 +46,16 @@ def async_versions(cfg: RunConfig, clients: int) -> int:
     return clients * math.ceil(cfg.steps / cfg.push_every)
 
 
+def record_dir(setup: RunSetup) -> RunDir:
+    """The run directory the recording process writes, feeding TensorBoard with `--tensorboard`."""
+    if not setup.cfg.tensorboard:
+        return RunDir(setup.out)
+    from experiments.tensorboard import Scalars
+    return RunDir(setup.out, tap=Scalars.for_run(setup.out, setup.cfg.to_dict() | {"clients": setup.clients}))
+
+
 def open_run(setup: RunSetup, every: int) -> RunDir:
-    run = RunDir(setup.out)
+    run = record_dir(setup)
     run.create()
     run.write_config({**setup.cfg.to_dict(), "out": setup.out, "clients": setup.clients, "eval_every": every,
                       "momentum_used": round(setup.cfg.client_momentum(setup.clients), 6), "num_params": setup.weights.size, "train_size": len(setup.dataset.train),
@@ -62,7 +71,9 @@ def finish_run(run: RunDir, setup: RunSetup, train_s: float, train_wall_s: float
     start = time.perf_counter()
     torch.set_num_threads(len(os.sched_getaffinity(0)))  # the clients are done: take every core
     model = setup.model.to(setup.device)
-    rows = evaluate_snapshots(run, model, setup.dataset.test, setup.cfg.eval_samples, keep=setup.cfg.keep_snapshots)
+    cfg = setup.cfg
+    rows = evaluate_snapshots(run, model, setup.dataset.test, cfg.eval_samples, keep=cfg.keep_snapshots,
+                              loss=loss_function(cfg.loss), train=setup.dataset.train, seed=cfg.seed)
     final = rows[-1] if rows else {}
     evaluated = min(setup.cfg.eval_samples or len(setup.dataset.test), len(setup.dataset.test))
     status = run_status(counts, final, setup.dataset.num_classes, evaluated)
@@ -70,17 +81,18 @@ def finish_run(run: RunDir, setup: RunSetup, train_s: float, train_wall_s: float
                "final_test_loss": final.get("test_loss"), **_timing(train_s, counts),
                "train_wall_s": train_wall_s, "eval_s": time.perf_counter() - start, **counts}
     run.write_summary(summary)
+    run.close_tap()
     if not setup.cfg.quiet or status != "complete":
         print(f"run {setup.out}: test error {summary['final_test_error']:.4f} after {summary['minibatches']} "
               f"minibatches in {train_s:.1f} s" + ("" if status == "complete" else f"; {status}"), flush=True)
     return summary
 
 
-def run_status(counts: dict[str, Any], final: dict[str, Any], classes: int, evaluated: int) -> str:
+def run_status(counts: dict[str, Any], final: dict[str, Any], classes: int | None, evaluated: int) -> str:
     """`complete`, unless the run did not train: `diverged` when most pushes were refused
     (not finite, or malformed) or the final weights give no finite loss, `untrained` when
-    the final test error cannot be told from chance (within two standard errors of
-    guessing, on the samples evaluated)."""
+    a classifier's final test error cannot be told from chance (within two standard
+    errors of guessing, on the samples evaluated)."""
     rejected, applied = counts.get("pushes_rejected", 0), counts.get("pushes_applied")
     if applied is not None and rejected > applied:
         return f"diverged: {rejected} of {rejected + applied} pushes rejected (not finite or malformed)"
@@ -88,6 +100,8 @@ def run_status(counts: dict[str, Any], final: dict[str, Any], classes: int, eval
         return "complete"
     if not math.isfinite(final["test_loss"]):
         return f"diverged: the final weights give a test loss of {final['test_loss']}"
+    if not classes or not math.isfinite(final["test_error"]):  # not a classifier (a user's loss)
+        return "complete"
     chance = 1 - 1 / classes
     margin = 2 * math.sqrt(chance * (1 - chance) / evaluated)
     if final["test_error"] >= chance - margin:
@@ -99,6 +113,7 @@ def run_status(counts: dict[str, Any], final: dict[str, Any], classes: int, eval
 def record_failure(run: RunDir, train_s: float, counts: dict[str, Any], error: BaseException) -> None:
     run.write_summary({"status": failure_status(error), "final_test_error": None, **_timing(train_s, counts),
                        **counts})
+    run.close_tap()
 
 
 def failure_status(error: BaseException) -> str:

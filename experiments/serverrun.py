@@ -16,7 +16,7 @@ import numpy as np
 from clients.driver import ServerLink
 from clients.loop import Outgoing
 from experiments.progress import Progress
-from experiments.runrecord import RunSetup, async_versions, eval_every, finish_run, open_run, record_failure
+from experiments.runrecord import RunSetup, record_dir, async_versions, eval_every, finish_run, open_run, record_failure
 from experiments.resume import cut_back
 from paramserver.arrays import ServerArrays
 from paramserver.checkpoint import Checkpoint
@@ -26,7 +26,6 @@ from paramserver.handler import ServerState, ServerTally
 from paramserver.protocol import Link, Pull, Tag, shard_bounds
 from paramserver.recorder import Recorder
 from paramserver.rules import make_rule, state_bytes
-from paramserver.rundir import RunDir
 from paramserver.server import ServerLoop
 from paramserver.store import Store
 
@@ -60,7 +59,7 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
                         every, make_codec(cfg.compress), apply_cost=apply_cost)
     lines = (0, 0)
     if cfg.resume:
-        run = RunDir(setup.out)
+        run = record_dir(setup)
         checkpoint = Checkpoint.load(run)
         state.store.load_state(checkpoint.store_state)
         cut_back(run, checkpoint, cfg.steps, setup.provenance)

@@ -17,6 +17,7 @@ from torch import nn
 from clients.client import Client, Replica
 from clients.data import Dataset, ShardSampler, shard_indices
 from clients.models import build_model, flat_weights, host_copy
+from clients.usercode import loss_function
 from experiments.resume import ResumePoint
 from paramserver.config import RunConfig
 from paramserver.rules import easgd_alpha, rule_class
@@ -34,7 +35,7 @@ def make_replica(cfg: RunConfig, model: nn.Module, device: str, clients: int) ->
     """The model with the run's client optimizer, for one of `clients` clients (the
     momentum `auto` gives them)."""
     return Replica(model, lr=cfg.lr, momentum=cfg.client_momentum(clients), weight_decay=cfg.weight_decay,
-                   device=device)
+                   device=device, loss=loss_function(cfg.loss))
 
 
 def make_client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int, index: int) -> Client:

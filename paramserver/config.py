@@ -21,6 +21,8 @@ BACKENDS = ("mpi", "sim")
 MODES = ("async", "sync", "local-sgd")
 FAILURE_POLICIES = ("abort", "continue")
 SIM_PROFILES = ("measured", "paper")  # their values: experiments/simulator.py
+# user code named in a config (clients/usercode.py imports it): a module or a .py file, a name in it
+USER_CODE = re.compile(r"(?:[A-Za-z_][\w.]*|[^:]+\.py):[A-Za-z_][\w.]*")
 
 
 class ConfigError(ValueError):
@@ -65,9 +67,15 @@ class RunConfig:
     init: str = _key("", "start from the weights of this checkpoint (a run's checkpoint/latest.npz)")
     resume: str = _key("", "continue the run in this directory from its last checkpoint")
     data: str = _key("fashion-mnist",
-                     "fashion-mnist, a .npz file (x, y[, x_test, y_test]) or an image folder (train/, val/)")
+                     "fashion-mnist, a .npz file (x, y[, x_test, y_test]), an image folder (train/, val/), or "
+                     "package.module:factory (or file.py:factory) returning a train and a test torch Dataset "
+                     "(docs/your-model.md)")
     data_dir: str = _key("", "folder holding Fashion-MNIST's four *-ubyte.gz files")
-    model: str = _key("cnn", "cnn (small, for 28x28 data) or convnet (cuda-convnet ImageNet network)")
+    model: str = _key("cnn", "cnn (small, for 28x28 data), convnet (cuda-convnet ImageNet network), or "
+                             "package.module:factory (or file.py:factory) returning an nn.Module, called with "
+                             "(input_shape, num_classes) or nothing (docs/your-model.md)")
+    loss: str = _key("", "package.module:function (or file.py:function) taking (outputs, targets) and returning "
+                         "a scalar tensor (default: cross-entropy)")
     threads: int = _key(0, "torch threads per client (0: a node's cores shared by its client ranks; "
                            "all cores in the simulator)")
     device: str = _key("auto", "auto (cuda:<local rank mod GPUs> with CUDA, else cpu), cpu or cuda[:N]")
@@ -84,6 +92,7 @@ class RunConfig:
                                   "(the server carries on with the other clients; async mode)")
     keep_snapshots: bool = _key(False, "keep the weight snapshots after evaluating them")
     quiet: bool = _key(False, "no progress bar or final line")
+    tensorboard: bool = _key(False, "also write TensorBoard scalars to RUN/tensorboard/ as the run goes")
     sim_profile: str = _key("measured", "sim: the costs below by default: measured (this host, this model) or "
                                         "paper (the paper's ImageNet model, GPUs and network; docs/simulator.md)")
     sim_step_time: float = _key(0.0, "sim: seconds per minibatch (0: the profile's; measured: from real steps)")
@@ -241,7 +250,17 @@ def _check_values(cfg: RunConfig) -> None:
              f"expected cpu or cuda[:N], got {cfg.server_device!r}")
     _require(cfg.server_device == "cpu" or cfg.mode == "async", "server_device",
              "needs --mode async (only async runs have a server)")
+    for name in ("loss",) + tuple(n for n in ("model", "data") if is_user_code(getattr(cfg, n))):
+        value = getattr(cfg, name)
+        _require(not value or USER_CODE.fullmatch(value) is not None, name,
+                 f"expected package.module:name or path/file.py:name, got {value!r}")
     _require(_fault_ok(cfg.inject_fault), "inject_fault", f"expected RANK:STEP, got {cfg.inject_fault!r}")
+
+
+def is_user_code(spec: str) -> bool:
+    """Whether a model or data setting names user code (`module:name`) rather than a
+    built-in model, a dataset name, a .npz file or a folder."""
+    return ":" in spec and not spec.endswith(".npz")
 
 
 def _fault_ok(text: str) -> bool:

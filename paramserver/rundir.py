@@ -24,7 +24,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -84,8 +84,12 @@ class FolderLock:
 
 
 class RunDir:
-    def __init__(self, path: str | Path):
+    """`tap`: also called with (log, rows) for every row written through `writer` (the
+    TensorBoard scalars of `--tensorboard`); `close_tap` ends it."""
+
+    def __init__(self, path: str | Path, tap: Callable[[str, list[dict[str, Any]]], None] | None = None):
         self.path = Path(path)
+        self.tap = tap
 
     def create(self) -> None:
         """Make a fresh run directory; never write over an earlier run's results."""
@@ -105,7 +109,12 @@ class RunDir:
         return FolderLock(self.path)
 
     def writer(self, log: str, lines: int = 0) -> JsonlWriter:
-        return JsonlWriter(self.path / f"{log}.jsonl", lines)
+        tap = self.tap
+        return JsonlWriter(self.path / f"{log}.jsonl", lines, None if tap is None else lambda rows: tap(log, rows))
+
+    def close_tap(self) -> None:
+        if self.tap is not None and hasattr(self.tap, "close"):
+            self.tap.close()
 
     def write_config(self, config: dict[str, Any]) -> None:
         write_json_atomic(self.path / "config.json", config)

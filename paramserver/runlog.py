@@ -16,7 +16,7 @@ import sys
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -24,8 +24,8 @@ import numpy as np
 class JsonlWriter:
     """One JSON object a line, flushed per row."""
 
-    def __init__(self, path: Path, lines: int = 0):
-        self.path = Path(path)
+    def __init__(self, path: Path, lines: int = 0, tap: Callable[[list[dict[str, Any]]], None] | None = None):
+        self.path, self.tap = Path(path), tap
         self._file = open(self.path, "a", encoding="utf-8")
         self.lines = lines  # rows in the file; a checkpoint records it to cut the log back on resume
 
@@ -36,6 +36,8 @@ class JsonlWriter:
         self._file.write("".join(json.dumps(r, default=_plain) + "\n" for r in rows))
         self._file.flush()
         self.lines += len(rows)
+        if self.tap is not None:
+            self.tap(rows)
 
     def close(self) -> None:
         self._file.close()

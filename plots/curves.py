@@ -11,6 +11,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 from plots.rundata import load_json, load_log, smoothed_error  # noqa: E402
 
 
+def time_label(config: dict) -> str:
+    """The x axis of a run's curve: the simulator's clock is virtual."""
+    return "virtual time (s, simulated)" if config.get("backend") == "sim" else "wall time (s)"
+
+
 def plot_run(run_dir: str | Path, png: str | Path, window: int = 400) -> Path:
     config = load_json(run_dir, "config")
     time, _, error = smoothed_error(load_log(run_dir, "clients"), window)
@@ -20,9 +25,10 @@ def plot_run(run_dir: str | Path, png: str | Path, window: int = 400) -> Path:
     if evals:
         ax.plot([e["time"] for e in evals], [100 * e["test_error"] for e in evals], "o-", ms=3,
                 label="test error")
-    ax.set_xlabel("wall time (s)")
+    ax.set_xlabel(time_label(config))
     ax.set_ylabel("error (%)")
-    ax.set_title(f"{config.get('model', '?')} on {config.get('data', '?')}: {config.get('clients', '?')} clients, "
+    model, data = (Path(str(config.get(key, "?"))).name for key in ("model", "data"))  # a user's file.py:name
+    ax.set_title(f"{model} on {data}: {config.get('clients', '?')} clients, "
                  f"n_sync {config.get('n_sync', '?')}, seed {config.get('seed', '?')}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()

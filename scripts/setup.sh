@@ -22,7 +22,7 @@ if [ "${MPI:-wheel}" = system ]; then
 else
     pip install mpi4py mpich
 fi
-pip install numpy matplotlib pytest hypothesis nbclient nbformat ipykernel
+pip install numpy matplotlib pytest hypothesis nbclient nbformat ipykernel tensorboard
 pip install --no-deps -e .
 
 # Fashion-MNIST, the default dataset, from Debian's package where apt and root allow.

@@ -1,0 +1,215 @@
+"""Your model, data and loss: importable callables named in the config, checked before launch.
+
+    --model package.module:factory   (or path/to/file.py:factory) -> an nn.Module
+    --data  package.module:factory   -> (train, test), two map-style torch Datasets
+    --loss  package.module:function  -> loss(outputs, targets), a scalar tensor
+
+A model factory is called as `factory(input_shape, num_classes)` when it takes two
+arguments, else as `factory()`, after `torch.manual_seed(seed)`, so every rank builds the
+same initial weights. A data factory is called with no arguments; each client reads a
+disjoint seeded shard of its train Dataset (`TorchSplit` puts any map-style Dataset behind
+the `Split.batch(idx)` protocol, so `ShardSampler` orders and resumes it as any other).
+`check_user_code` imports the three, checks what they return and runs one sample forward
+and through the loss, so a mistake is one `ConfigError` line before any MPI process starts.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset as TorchDataset, IterableDataset, default_collate
+
+from paramserver.config import ConfigError, RunConfig, is_user_code
+
+_FILE_MODULES = "_asgd_user."          # sys.modules keys of files imported by path
+_REGISTERED: dict[str, Callable] = {}  # spec -> callable, for the Python API (no re-import in this process)
+importing: list[str] = []              # files being imported by spec: experiments.api refuses to train then
+
+
+def spec_of(obj: Any, what: str) -> str:
+    """The `module:name` (or `file.py:name` for a script run as __main__) that imports `obj`
+    again in another process; registered so this process uses `obj` itself."""
+    if isinstance(obj, str):
+        return obj
+    name = getattr(obj, "__qualname__", "")
+    if not callable(obj) or not name or "<" in name:
+        raise ConfigError(f"{what}: pass a top-level function or class (each rank, export and resume import it "
+                          f"by name), got {obj!r}")
+    module = obj.__module__
+    if module == "__main__" or module.startswith(_FILE_MODULES):  # a script: named by its path
+        module = os.path.abspath(sys.modules[module].__file__)
+    spec = f"{module}:{name}"
+    _REGISTERED[spec] = obj
+    return spec
+
+
+def resolve(spec: str, what: str) -> Callable:
+    """The callable a `module:name` or `file.py:name` spec names; one-line ConfigError if none."""
+    if spec in _REGISTERED:
+        return _REGISTERED[spec]
+    where, name = spec.rsplit(":", 1)
+    try:
+        module = _import_file(where) if where.endswith(".py") else _import_module(where)
+        obj = functools.reduce(getattr, name.split("."), module)
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any import failure is the user's, in one line
+        raise ConfigError(f"{what}: cannot import {spec} ({type(error).__name__}: {error})") from None
+    if not callable(obj):
+        raise ConfigError(f"{what}: {spec} is not callable")
+    _REGISTERED[spec] = obj
+    return obj
+
+
+def _import_module(name: str) -> Any:
+    if os.getcwd() not in sys.path:  # as `python -m` does: modules beside the user are found
+        sys.path.insert(0, os.getcwd())
+    return importlib.import_module(name)
+
+
+def _import_file(path: str) -> Any:
+    """A .py file as a module of its own (its `if __name__ == "__main__":` part does not run)."""
+    file = Path(path).resolve()
+    if not file.is_file():
+        raise ConfigError(f"no such file {file}")
+    key = f"{_FILE_MODULES}{file.with_suffix('').as_posix().strip('/').replace('/', '.')}"
+    if key in sys.modules:
+        return sys.modules[key]
+    sys.path.insert(0, str(file.parent))  # its own imports of modules beside it
+    spec = importlib.util.spec_from_file_location(key, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module
+    importing.append(str(file))
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[key]
+        raise
+    finally:
+        importing.pop()
+    return module
+
+
+def call_model_factory(spec: str, shape: tuple[int, ...], num_classes: int | None) -> nn.Module:
+    factory = resolve(spec, "model")
+    try:
+        takes_two = _accepts(factory, 2)
+        model = factory(shape, num_classes) if takes_two else factory()
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001
+        raise ConfigError(f"model: {spec} raised {type(error).__name__}: {error}") from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model: {spec} returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def _accepts(factory: Callable, count: int) -> bool:
+    try:
+        inspect.signature(factory).bind(*range(count))
+        return True
+    except TypeError:
+        return False
+    except ValueError:  # no signature (a builtin): assume the documented two
+        return True
+
+
+class TorchSplit:
+    """A map-style torch Dataset behind `Split.batch(idx)`: items collated as a DataLoader would."""
+
+    def __init__(self, dataset: TorchDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def batch(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = default_collate([self.dataset[int(i)] for i in idx])
+        return x, y
+
+
+@functools.lru_cache(maxsize=4)
+def load_user_data(spec: str) -> Any:
+    """The data factory's two Datasets as a `clients.data.Dataset` (made once per process)."""
+    from clients.data import Dataset
+
+    factory = resolve(spec, "data")
+    try:
+        made = factory()
+        train, test = made
+    except Exception as error:  # noqa: BLE001
+        raise ConfigError(f"data: {spec} must return (train, test) torch Datasets; "
+                          f"{type(error).__name__}: {error}") from None
+    for role, split in (("train", train), ("test", test)):
+        if not isinstance(split, TorchDataset) or isinstance(split, IterableDataset) or not hasattr(split, "__len__"):
+            raise ConfigError(f"data: {spec}'s {role} set is a {type(split).__name__}, not a map-style "
+                              "torch.utils.data.Dataset with __len__")
+        if len(split) == 0:
+            raise ConfigError(f"data: {spec}'s {role} set is empty")
+    sample = _sample(train, spec)
+    classes = getattr(train, "classes", None)
+    num_classes = len(classes) if classes is not None else getattr(train, "num_classes", None)
+    return Dataset(spec, TorchSplit(train), TorchSplit(test), tuple(sample[0].shape), num_classes)
+
+
+def _sample(split: TorchDataset, spec: str) -> tuple[torch.Tensor, torch.Tensor]:
+    try:
+        x, y = default_collate([split[0]])
+    except Exception as error:  # noqa: BLE001
+        raise ConfigError(f"data: {spec}'s train[0] must be an (input tensor, target) pair; "
+                          f"{type(error).__name__}: {error}") from None
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        raise ConfigError(f"data: {spec}'s train[0] must be an (input tensor, target) pair of tensors or numbers")
+    return x[0], y[0]
+
+
+def loss_function(spec: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The run's loss: cross-entropy, or the user's."""
+    return nn.functional.cross_entropy if not spec else resolve(spec, "loss")
+
+
+def check_user_code(cfg: RunConfig, dataset: Any) -> None:
+    """Build the model (user's or not) and run one training sample forward and through the
+    loss; whatever does not fit is a one-line ConfigError."""
+    from clients.models import build_model
+
+    if not (is_user_code(cfg.model) or is_user_code(cfg.data) or cfg.loss):
+        return
+    model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
+    params = list(model.parameters())
+    if not params:
+        raise ConfigError(f"model: {cfg.model} has no parameters to train")
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    if frozen:
+        raise ConfigError(f"model: parameter {frozen[0]} has requires_grad=False; the flat weight vector holds "
+                          "every parameter (register a frozen tensor as a buffer instead)")
+    odd = [n for n, p in model.named_parameters() if p.dtype != torch.float32]
+    if odd:
+        raise ConfigError(f"model: parameter {odd[0]} is not float32; the server keeps float32 weights")
+    x, y = dataset.train.batch(np.arange(min(2, len(dataset.train))))
+    try:
+        model.train()
+        out = model(x)
+    except Exception as error:  # noqa: BLE001
+        raise ConfigError(f"model: a forward pass on data of shape {tuple(x.shape)} failed: "
+                          f"{type(error).__name__}: {_first_line(error)}") from None
+    try:
+        loss = loss_function(cfg.loss)(out, y)
+    except Exception as error:  # noqa: BLE001
+        raise ConfigError(f"loss: {cfg.loss or 'cross-entropy'} on outputs {tuple(out.shape)} and targets "
+                          f"{tuple(y.shape)} failed: {type(error).__name__}: {_first_line(error)}") from None
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise ConfigError(f"loss: {cfg.loss or 'cross-entropy'} must return a scalar tensor, got {loss!r}")
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else ""

@@ -1,0 +1,71 @@
+"""The Python API: your script builds nothing by hand and calls `train` once.
+
+    # train.py
+    from experiments.api import train
+
+    def make_model(shape, num_classes): ...      # an nn.Module
+    def make_data(): ...                         # (train, test) torch Datasets
+
+    if __name__ == "__main__":
+        raise SystemExit(train(make_model, make_data, steps=200, clients=4))
+
+    mpiexec -n 5 python train.py                 rank 0 serves, ranks 1..4 train
+    python train.py                              starts mpiexec itself (as `asgd train`)
+    python train.py --backend sim --clients 8    the simulator, in this process
+
+Keyword settings are config keys; the script's command-line flags (every `asgd train`
+flag) override them, and a TOML file (`config=`) sits beneath both. The factories must
+be top-level names: every rank, `asgd export` and `--resume` import them again by name
+(a function in the script itself as `/abs/path/train.py:make_model`), which is why the
+call sits under `if __name__ == "__main__":`.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import fields
+from typing import Any, Callable
+
+from clients import usercode
+from paramserver.config import ConfigError, RunConfig, field_types
+
+
+def train(model: Callable | str, data: Callable | str, *, loss: Callable | str | None = None,
+          config: str | None = None, argv: list[str] | None = None, **settings: Any) -> int:
+    """Train `model` on `data` as `asgd train` would; returns the exit status (0: complete,
+    2: bad input, reported in one line)."""
+    from experiments.cli import main
+
+    if usercode.importing:
+        return _error(f"train: called while {usercode.importing[-1]} is imported to find a factory; put the call "
+                      "under `if __name__ == \"__main__\":`")
+    try:
+        specs = {"model": usercode.spec_of(model, "model"), "data": usercode.spec_of(data, "data")}
+        if loss is not None:
+            specs["loss"] = usercode.spec_of(loss, "loss")
+        flags = settings_flags({**settings, **specs})
+    except ConfigError as error:
+        return _error(str(error))
+    given = sys.argv[1:] if argv is None else argv
+    return main(["train", *([config] if config else []), *flags, *given])
+
+
+def settings_flags(settings: dict[str, Any]) -> list[str]:
+    """`asgd train` flags for config keys (so a job that re-launches itself carries them)."""
+    known, kinds = {f.name for f in fields(RunConfig)}, field_types()
+    flags = []
+    for key, value in settings.items():
+        if key not in known:
+            raise ConfigError(f"train: unknown setting {key!r} (the config keys are asgd train's flags)")
+        flag = "--" + key.replace("_", "-")
+        if kinds[key] is bool:
+            if not isinstance(value, bool):
+                raise ConfigError(f"{key}: expected bool, got {value!r}")
+            flags += [flag] if value else []
+        elif value is not None:
+            flags += [flag, str(value)]
+    return flags
+
+
+def _error(message: str) -> int:
+    from experiments.cli import _error as say
+    return say(message)

@@ -1,0 +1,26 @@
+"""The example script, a user's own train.py, launched by the user's mpiexec: rank 0
+serves, ranks 1 and 2 train the script's model on its Dataset."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.conftest import BIN, ROOT, run_command
+
+pytestmark = pytest.mark.mpi
+
+
+def test_mpiexec_runs_a_users_script_with_rank_0_serving(tmp_path):
+    out = tmp_path / "run"
+    result = run_command(["env", "EXAMPLE_DATA=generated", "EXAMPLE_LIMIT=256", str(BIN / "mpiexec"), "-n", "3",
+                          sys.executable, str(ROOT / "examples" / "fashion_resnet.py"), "--steps", "4",
+                          "--batch-size", "16", "--eval-samples", "64", "--eval-every", "100", "--threads", "1",
+                          "--quiet", "--out", str(out)], timeout=180)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["minibatches"] == 8
+    config = json.loads((out / "config.json").read_text())
+    assert [r["role"] for r in config["provenance"]["ranks"]] == ["server", "client", "client"]
+    assert config["model"].endswith("examples/fashion_resnet.py:make_model")

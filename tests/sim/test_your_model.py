@@ -1,0 +1,75 @@
+"""The example script's own model (ResNet-style, BatchNorm) and Dataset, trained through the
+Python API in the simulator, killed and resumed."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clients.usercode import resolve
+from experiments.api import train
+from paramserver.config import InjectedFault
+from tests.conftest import ROOT
+
+EXAMPLE = ROOT / "examples" / "fashion_resnet.py"
+QUICK = ["--backend", "sim", "--clients", "2", "--batch-size", "16", "--threads", "1", "--sim-step-time", "0.01",
+         "--sim-apply-time", "0.0001", "--eval-samples", "64", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def example():
+    """make_model and make_data from the example, on 256 generated images."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("EXAMPLE_DATA", "generated")
+    patch.setenv("EXAMPLE_LIMIT", "256")
+    yield resolve(f"{EXAMPLE}:make_model", "model"), resolve(f"{EXAMPLE}:make_data", "data")
+    patch.undo()
+
+
+@pytest.fixture(scope="module")
+def example_run(example, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("example") / "run"
+    assert train(*example, argv=[*QUICK, "--steps", "6", "--eval-every", "6", "--out", str(out)]) == 0
+    return out
+
+
+def rows(run: Path, log: str) -> list[dict]:
+    return [json.loads(line) for line in (run / f"{log}.jsonl").read_text().splitlines()]
+
+
+def test_the_example_trains_in_the_simulator_through_the_api(example_run):
+    summary = json.loads((example_run / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["minibatches"] == 12
+    config = json.loads((example_run / "config.json").read_text())
+    assert config["model"] == f"{EXAMPLE}:make_model" and config["data"] == f"{EXAMPLE}:make_data"
+    assert [r["version"] for r in rows(example_run, "eval")] == [0, 6, 12]
+    assert all(0 <= r["error"] <= 1 for r in rows(example_run, "clients"))
+
+
+def test_a_run_of_your_model_killed_mid_way_resumes_with_every_minibatch_once(example, tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(InjectedFault):
+        train(*example, argv=[*QUICK, "--steps", "8", "--eval-every", "4", "--out", str(run),
+                              "--inject-fault", "0:6"])
+    assert train(*example, argv=["--resume", str(run), "--quiet"]) == 0
+    assert sorted((r["client"], r["step"]) for r in rows(run, "clients")) == \
+        [(c, s) for c in range(2) for s in range(1, 9)]
+    assert json.loads((run / "summary.json").read_text())["status"] == "complete"
+
+
+def test_export_writes_a_state_dict_your_model_loads(example, example_run, tmp_path):
+    import torch
+
+    from clients.data import load_dataset
+    from clients.evaluate import test_metrics
+    from experiments.cli import main
+
+    make_model, make_data = example
+    assert main(["export", str(example_run), "--out", str(tmp_path / "model.pt")]) == 0
+    model = make_model((1, 28, 28), 10)
+    model.load_state_dict(torch.load(tmp_path / "model.pt"))  # strict: every parameter and buffer
+    test = load_dataset(f"{EXAMPLE}:make_data").test
+    error, loss = test_metrics(model, test, limit=64)
+    assert (error, loss) == pytest.approx((rows(example_run, "eval")[-1]["test_error"],
+                                           rows(example_run, "eval")[-1]["test_loss"]))

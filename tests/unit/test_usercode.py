@@ -1,0 +1,151 @@
+"""Your model, data and loss: imported by name, checked before launch, sharded like any data."""
+from __future__ import annotations
+
+import math
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from clients.client import wrong
+from clients.data import ShardSampler, load_dataset, shard_indices
+from clients.evaluate import recalibrate
+from clients.models import build_model
+from clients.usercode import check_user_code, resolve, spec_of
+from experiments.api import settings_flags
+from experiments.cli import main
+from experiments.launch import refuse_torchrun
+from paramserver.config import ConfigError, RunConfig
+
+USER = '''
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+class Points(TensorDataset):
+    classes = ["a", "b", "c"]
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(90, 5, generator=g)
+    return Points(x[:60], torch.arange(60) % 3), Points(x[60:], torch.arange(30) % 3)
+
+def model(shape, num_classes):
+    return nn.Sequential(nn.Linear(shape[0], 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, num_classes))
+
+def no_args():
+    return nn.Linear(5, 3)
+
+def too_wide(shape, num_classes):
+    return nn.Linear(7, num_classes)
+
+def not_a_module(shape, num_classes):
+    return "a string"
+
+def frozen(shape, num_classes):
+    m = nn.Linear(shape[0], num_classes)
+    m.bias.requires_grad_(False)
+    return m
+
+def vector_loss(outputs, targets):
+    return (outputs - 1) ** 2
+
+def iterable():
+    return iter([]), iter([])
+'''
+
+
+@pytest.fixture
+def user(tmp_path, monkeypatch):
+    """`usermod` importable from the working directory, as a user's module beside them."""
+    (tmp_path / "usermod.py").write_text(textwrap.dedent(USER))
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+
+
+def cfg(**values) -> RunConfig:
+    return RunConfig(**{"model": "usermod:model", "data": "usermod:data", "batch_size": 8, **values})
+
+
+def test_a_module_and_a_file_spec_import_the_same_factory(user):
+    by_module = resolve("usermod:model", "model")
+    by_file = resolve(f"{user / 'usermod.py'}:model", "model")
+    assert by_module.__name__ == by_file.__name__ == "model"
+    assert spec_of(by_file, "model") == f"{user / 'usermod.py'}:model"  # named by path: importable elsewhere
+
+
+def test_user_data_loads_behind_the_split_protocol_and_shards_disjointly(user):
+    dataset = load_dataset("usermod:data")
+    assert dataset.shape == (5,) and dataset.num_classes == 3 and len(dataset.train) == 60
+    x, y = dataset.train.batch(np.array([3, 1]))
+    assert x.shape == (2, 5) and y.tolist() == [0, 1]
+    shards = [shard_indices(len(dataset.train), 3, i, seed=4) for i in range(3)]
+    assert sorted(np.concatenate(shards).tolist()) == list(range(60))
+    first, again = ShardSampler(shards[1], 4, 4, 1), ShardSampler(shards[1], 4, 4, 1)
+    batches = [first.next() for _ in range(7)]
+    again.seek(5)  # resume: the same order from step 5
+    assert np.array_equal(again.next(), batches[5])
+
+
+def test_model_factories_take_shape_and_classes_or_nothing(user):
+    assert build_model("usermod:no_args", (5,), 3, seed=0).out_features == 3
+    a, b = (build_model("usermod:model", (5,), 3, seed=1) for _ in range(2))
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))  # seeded
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"model": "usermod:nothing"}, "model: cannot import usermod:nothing"),
+    ({"model": "nomodule:model"}, "model: cannot import nomodule:model (ModuleNotFoundError"),
+    ({"model": "usermod:not_a_module"}, "model: usermod:not_a_module returned str, not a torch.nn.Module"),
+    ({"model": "usermod:too_wide"}, "model: a forward pass on data of shape (2, 5) failed"),
+    ({"model": "usermod:frozen"}, "model: parameter bias has requires_grad=False"),
+    ({"loss": "usermod:vector_loss"}, "loss: usermod:vector_loss must return a scalar tensor"),
+    ({"data": "usermod:iterable"}, "data: usermod:iterable's train set is a list_iterator, not a map-style"),
+])
+def test_what_does_not_fit_is_one_line_before_launch(user, capsys, values, message):
+    with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        config = cfg(**values)
+        check_user_code(config, load_dataset(config.data))
+    flags = [f"--{k}" if v is True else f"--{k}={v}" for k, v in {**cfg(**values).to_dict()}.items()
+             if k in ("model", "data", "loss") and v]
+    assert main(["train", "--backend", "sim", *flags, "--batch-size", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("asgd: error: " + message) and err.count("\n") == 1
+
+
+def test_a_malformed_spec_is_refused_by_the_config():
+    with pytest.raises(ConfigError, match="^loss: expected package.module:name"):
+        RunConfig(loss="not a spec")
+
+
+def test_batchnorm_statistics_are_estimated_for_the_weights_evaluated(user):
+    dataset = load_dataset("usermod:data")
+    model = build_model("usermod:model", (5,), 3, seed=0)
+    recalibrate(model, dataset.train, seed=0)
+    bn = model[1]
+    features = model[0](dataset.train.batch(np.arange(60))[0]).detach()
+    assert torch.allclose(bn.running_mean, features.mean(0), atol=1e-5)  # every sample, one cumulative average
+    assert torch.allclose(bn.running_var, features.var(0), atol=1e-4)
+
+
+def test_error_is_nan_where_targets_are_not_labels():
+    outputs = torch.tensor([[0.1, 0.9], [0.8, 0.2]])
+    assert wrong(outputs, torch.tensor([1, 1])) == 1.0
+    assert math.isnan(wrong(outputs, torch.zeros(2, 2)))
+
+
+def test_api_settings_become_flags_and_unknown_ones_are_refused():
+    assert settings_flags({"steps": 5, "quiet": True, "tensorboard": False, "lr": 0.5}) == \
+        ["--steps", "5", "--quiet", "--lr", "0.5"]
+    with pytest.raises(ConfigError, match="^train: unknown setting 'stepz'"):
+        settings_flags({"stepz": 5})
+    with pytest.raises(ConfigError, match="^model: pass a top-level function"):
+        spec_of(lambda shape, n: nn.Linear(1, 1), "model")
+
+
+def test_torchrun_is_refused_with_how_to_launch():
+    refuse_torchrun({"PMI_RANK": "0"})
+    with pytest.raises(ConfigError, match="^launch: started by torchrun .*'mpiexec -n K\\+1"):
+        refuse_torchrun({"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "4"})
