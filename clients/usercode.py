@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset as TorchDataset, IterableDataset, default_collate
 
-from paramserver.config import ConfigError, RunConfig, is_user_code
+from paramserver.config import ConfigError, RunConfig
 
 _FILE_MODULES = "_asgd_user."          # sys.modules keys of files imported by path
 _REGISTERED: dict[str, Callable] = {}  # spec -> callable, for the Python API (no re-import in this process)
@@ -182,8 +182,6 @@ def check_user_code(cfg: RunConfig, dataset: Any) -> None:
     loss; whatever does not fit is a one-line ConfigError."""
     from clients.models import build_model
 
-    if not (is_user_code(cfg.model) or is_user_code(cfg.data) or cfg.loss):
-        return
     model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
     params = list(model.parameters())
     if not params:

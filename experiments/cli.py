@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from dataclasses import fields
 from pathlib import Path
 
@@ -166,9 +167,18 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
             return supervise(command, env, out, lock.fd)
         return launch.run_mpi(cfg, out)
     except KeyboardInterrupt:  # the simulator's, or a rank's (which recorded it: see serverrun)
-        resume = f"; resume with: asgd train --resume {out}" if RunDir(out).checkpoint_path.exists() else ""
-        print(f"asgd: run {out} interrupted{resume}", file=sys.stderr)
+        print(f"asgd: run {out} interrupted{_resume_hint(out)}", file=sys.stderr)
         return 130
+    except (ConfigError, InputError, RunDirError):
+        raise
+    except Exception as error:  # noqa: BLE001 - the simulator's run failed: one line, the trace kept
+        from experiments.runrecord import log_traceback
+        where = log_traceback(out, error, "simulator")
+        if cfg.debug:
+            traceback.print_exception(error)
+        print(f"asgd: run {out} failed: {type(error).__name__}: {_one_line(str(error))} ({where})"
+              f"{_resume_hint(out)}", file=sys.stderr)
+        return 1
     finally:
         if lock is not None:
             lock.release()
@@ -189,6 +199,8 @@ def _check_inputs(cfg: RunConfig) -> None:
     except DataError as error:
         raise InputError(str(error)) from None
     check_user_code(cfg, dataset)
+    for key in ("device", "server_device"):
+        _check_device(key, getattr(cfg, key))
     if cfg.tensorboard:
         import importlib.util
         if importlib.util.find_spec("tensorboard") is None:
@@ -201,6 +213,23 @@ def _check_inputs(cfg: RunConfig) -> None:
                          f"{len(dataset.train) // clients} samples")
     if cfg.init or cfg.resume:
         _check_start_weights(cfg, dataset)
+
+
+def _resume_hint(out: str) -> str:
+    return f"; resume with: asgd train --resume {out}" if RunDir(out).checkpoint_path.exists() else ""
+
+
+def _check_device(key: str, device: str) -> None:
+    """A GPU asked for is there (the config checked the spelling)."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    index = int(device.partition(":")[2] or 0)
+    if not torch.cuda.is_available():
+        raise InputError(f"{key}: {device} asked for, but torch finds no CUDA GPU here (use cpu or auto)")
+    if index >= torch.cuda.device_count():
+        raise InputError(f"{key}: {device} asked for, but this host has {torch.cuda.device_count()} GPU(s)")
 
 
 def _check_start_weights(cfg: RunConfig, dataset) -> None:

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn
 
@@ -26,6 +27,7 @@ from clients.driver import ClientPlan, run_client
 from experiments.assemble import Share, Started, build, start
 from experiments.collectiverun import collective_run
 from experiments.provenance import provenance
+from experiments.runrecord import log_traceback
 from experiments.serverrun import serve_mpi, serve_slice
 from experiments.resume import ResumePoint
 from experiments.supervise import LOCKED_RUN, direct_stdio
@@ -108,8 +110,11 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
     clients = cfg.clients or transport.size - servers
     if clients < 1 or transport.size != clients + servers:
         if transport.rank == 0:
-            print(f"asgd: error: clients: {clients} client(s) in {cfg.mode} mode need {clients + servers} MPI "
-                  f"ranks, but the job has {transport.size}; use mpiexec -n {clients + servers}", file=sys.stderr)
+            need = f"{clients + servers}" if clients >= 1 else f"at least {servers + 1}"
+            what = f"{clients} client(s)" if clients >= 1 else "at least 1 client"
+            print(f"asgd: error: clients: {what} in {cfg.mode} mode need {need} MPI ranks "
+                  f"({servers} server(s) and the clients), but the job has {transport.size}; "
+                  f"use mpiexec -n {clients + servers if clients >= 1 else servers + 1}", file=sys.stderr)
         return 2
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     index = transport.rank - servers  # this rank's client number; negative on a server
@@ -131,7 +136,7 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
             print(f"asgd: run {out} interrupted; resume with: asgd train --resume {out}", file=sys.stderr)
         _exit(130)
     except Exception as error:  # noqa: BLE001 - any failure must end the whole job
-        _fail(transport, error, index, servers, keep_going=cfg.on_client_failure == "continue")
+        _fail(transport, error, index, servers, cfg.on_client_failure == "continue", out, cfg.debug)
     finally:
         if transport.watch is not None:
             transport.watch.close()
@@ -191,14 +196,18 @@ def _plan(index: int, servers: int, cfg: RunConfig) -> ClientPlan:
                       fault_step=fault[1] if fault and fault[0] == index + servers else None, compress=cfg.compress)
 
 
-def _fail(transport: Transport, error: Exception, index: int, servers: int, keep_going: bool) -> NoReturn:
+def _fail(transport: Transport, error: Exception, index: int, servers: int, keep_going: bool, out: str,
+          debug: bool) -> NoReturn:
     """End the job, after the server had a moment to record why. Under `keep_going` a
     client leaves alone once its FAIL is out (exit status 1, without MPI_Finalize, which
     would wait for the others forever); the launcher's SIGUSR1 about it is caught by the
     others' PeerWatch."""
     role = "server" if index < 0 else f"client {index}"
     reason = f"{type(error).__name__}: {error}"
-    print(f"asgd: rank {transport.rank} ({role}) failed: {reason}", file=sys.stderr, flush=True)
+    where = log_traceback(out, error, f"rank {transport.rank} ({role})")
+    if debug:
+        traceback.print_exception(error)
+    print(f"asgd: rank {transport.rank} ({role}) failed: {reason} ({where})", file=sys.stderr, flush=True)
     server_gone = isinstance(error, PeerDied) and any(rank < servers for rank in error.ranks)
     if index >= 0 and not server_gone:
         _tell_servers(transport, servers, reason, wait=not keep_going)

@@ -27,7 +27,7 @@ from paramserver.rundir import RunDir, RunDirError
 from paramserver.runlog import CorruptFile, read_jsonl, truncate_jsonl, write_json_atomic
 
 CHANGEABLE = {"steps", "quiet", "stall_timeout", "eval_samples", "keep_snapshots", "device", "server_device",
-              "resume", "inject_fault", "out", "threads"}
+              "resume", "inject_fault", "out", "threads", "debug"}
 RECORD_ONLY = {"provenance", "num_params", "train_size", "resumed", "momentum_used"}  # config.json keys that are not config
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 import os
 import time
+import traceback
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +122,19 @@ def failure_status(error: BaseException) -> str:
     if isinstance(error, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (cli.Interrupted)
         return f"failed: interrupted{f' ({error})' if str(error) else ''}"
     return f"failed: {type(error).__name__}: {error}"
+
+
+def log_traceback(out: str, error: BaseException, who: str) -> str:
+    """Append `error`'s traceback to the run directory's error.log (where that directory
+    is reachable); where it went, for the one line that names the failure."""
+    path = Path(out) / "error.log"
+    text = "".join(traceback.format_exception(error))
+    try:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(f"--- {who}, {time.strftime('%F %T')}\n{text}")
+    except OSError:
+        return "the traceback could not be saved: rerun with --debug"
+    return f"traceback in {path}"
 
 
 def _timing(train_s: float, counts: dict[str, Any]) -> dict[str, Any]:

@@ -135,7 +135,9 @@ def _counts(state: ServerState) -> dict[str, Any]:
         "minibatches": tally.minibatches,
         "samples": tally.samples,
         "version": store.version,
-        "pushes_sent": sum(stop.pushes for stop in tally.stops.values()),
+        # a stopped client says how many it sent; of one that failed or was lost, what came
+        "pushes_sent": sum(max(int(tally.client_pushes[i]), tally.stops[r].pushes if r in tally.stops else 0)
+                           for i, r in enumerate(state.client_ranks)),
         "pushes_applied": sum(store.applied.values()),
         "pushes_rejected": tally.rejected,
         "staleness": store.staleness_stats(),

@@ -117,7 +117,10 @@ def load_spec(path: str) -> Spec:
         raise ConfigError(f"sweep {path}: unknown key {unknown[0]!r}" if unknown else
                           f"sweep {path}: [base] may not set {clashing[0]!r} (the grid and spec do)")
     backend = raw.get("backend", "sim")
-    reference = load_config(None, raw.get("base", {}))  # what [base] alone gives: point ids name departures
+    try:  # what [base] alone gives: point ids name departures
+        reference = load_config(None, raw.get("base", {}))
+    except ConfigError as error:
+        raise ConfigError(f"sweep {path}: [base]: {error}") from None
     points = {}
     for table in grids:
         grid = {key: table.get(key, default) for key, default in

@@ -92,6 +92,7 @@ class RunConfig:
                                   "(the server carries on with the other clients; async mode)")
     keep_snapshots: bool = _key(False, "keep the weight snapshots after evaluating them")
     quiet: bool = _key(False, "no progress bar or final line")
+    debug: bool = _key(False, "on a failure, print the full traceback too (it always goes to RUN/error.log)")
     tensorboard: bool = _key(False, "also write TensorBoard scalars to RUN/tensorboard/ as the run goes")
     sim_profile: str = _key("measured", "sim: the costs below by default: measured (this host, this model) or "
                                         "paper (the paper's ImageNet model, GPUs and network; docs/simulator.md)")
@@ -277,7 +278,7 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     known = {f.name for f in fields(RunConfig)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ConfigError(f"config {path}: unknown key {unknown[0]!r}")
+        raise ConfigError(f"{f'config {path}: ' if path else ''}unknown key {unknown[0]!r}")
     return RunConfig(**values)
 
 

@@ -8,6 +8,7 @@ with `allow_pickle=False`.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -33,8 +34,9 @@ class JsonlWriter:
         self.write_many([row])
 
     def write_many(self, rows: list[dict[str, Any]]) -> None:
-        self._file.write("".join(json.dumps(r, default=_plain) + "\n" for r in rows))
-        self._file.flush()
+        with naming(self.path):
+            self._file.write("".join(json.dumps(r, default=_plain) + "\n" for r in rows))
+            self._file.flush()
         self.lines += len(rows)
         if self.tap is not None:
             self.tap(rows)
@@ -47,6 +49,17 @@ class JsonlWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """An OS error while writing `path` (a full disk, a quota) says which file it hit."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        raise OSError(error.errno, f"{error.strerror or error}: writing {path}", str(path)) from None
 
 
 def _plain(value: Any) -> Any:
@@ -80,13 +93,14 @@ def _replace_atomically(path: Path, write) -> None:
     """Every writer makes its folder: a first write into `results/` must not fail at the end
     of minutes of measurements."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with naming(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # make the rename itself durable

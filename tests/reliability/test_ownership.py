@@ -1,0 +1,181 @@
+"""A run directory has one writer, a job ends with its command, a resume trusts nothing,
+a run that did not train says so (issue 12).
+
+Processes are launched as a user would (`asgd train`, `asgd sweep`) in sessions of their
+own; every wait is a hang guard, never a speed claim.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from paramserver.rundir import FolderLock
+from paramserver.runlog import load_arrays
+from tests.conftest import BIN, run_command
+from tests.test_sim import TIMED
+
+pytestmark = pytest.mark.slow
+
+
+def asgd(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return run_command([str(BIN / "asgd"), *args], timeout)
+
+
+def sim(run: Path, data: Path, *flags: str) -> list[str]:
+    return ["train", "--backend", "sim", *TIMED, "--data", str(data), "--out", str(run), "--quiet",
+            "--clients", "2", "--eval-every", "4", *flags]
+
+
+def rows(run: Path, log: str) -> list[dict]:
+    return [json.loads(line) for line in (run / f"{log}.jsonl").read_text().splitlines()]
+
+
+def status(run: Path) -> str:
+    return json.loads((run / "summary.json").read_text())["status"]
+
+
+def job_processes(marker: str) -> list[int]:
+    """Processes (asgd, the launcher, ranks) whose command line names `marker`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def wait_for(condition, what: str, guard: float = 60) -> None:
+    deadline = time.monotonic() + guard
+    while not condition():
+        assert time.monotonic() < deadline, f"hang guard: {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def interrupted_run(tmp_path, tiny_npz) -> Path:
+    """A 2-client run failed at version 10 with a checkpoint at version 8."""
+    run = tmp_path / "run"
+    failed = asgd(*sim(run, tiny_npz, "--steps", "12", "--inject-fault", "0:10"))
+    assert failed.returncode == 1 and failed.stderr.count("\n") == 1 and "error.log" in failed.stderr
+    return run
+
+
+def test_a_second_writer_is_refused_naming_the_holder(interrupted_run, tiny_npz, tmp_path):
+    with FolderLock(interrupted_run):
+        refused = asgd("train", "--resume", str(interrupted_run))
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+        assert "is being written by pid" in refused.stderr
+        spec = tmp_path / "spec.toml"
+        spec.write_text(f'name = "s"\nbackend = "sim"\n[base]\nsteps = 4\ndata = "{tiny_npz}"\n'
+                        f'[grid]\nclients = [1]\n')
+    with FolderLock(tmp_path / "sweep"):
+        sweep = asgd("sweep", str(spec), "--out", str(tmp_path / "sweep"))
+        assert sweep.returncode == 2 and "is being written by pid" in sweep.stderr
+    assert asgd("train", "--resume", str(interrupted_run)).returncode == 0  # free again: it finishes
+    assert sorted((r["client"], r["step"]) for r in rows(interrupted_run, "clients")) == \
+        [(c, s) for c in range(2) for s in range(1, 13)]
+
+
+def test_resume_refuses_logs_that_lost_rows_and_a_checkpoint_without_checksum(interrupted_run):
+    clients = interrupted_run / "clients.jsonl"
+    whole = clients.read_bytes()
+    clients.write_bytes(whole[:len(whole) // 2])  # torn mid-line, before the checkpoint's count
+    torn = asgd("train", "--resume", str(interrupted_run))
+    assert torn.returncode == 2 and torn.stderr.count("\n") == 1 and f"{clients} line" in torn.stderr
+    clients.unlink()
+    gone = asgd("train", "--resume", str(interrupted_run))
+    assert gone.returncode == 2 and f"{clients} is missing" in gone.stderr
+    clients.write_bytes(whole)
+    checkpoint = interrupted_run / "checkpoint" / "latest.npz"
+    np.savez(checkpoint, **load_arrays(checkpoint))  # the same arrays, without their checksum
+    unsigned = asgd("train", "--resume", str(interrupted_run))
+    assert unsigned.returncode == 2 and "no checksum" in unsigned.stderr
+
+
+def test_a_resume_keeps_the_earlier_ending_on_record(interrupted_run):
+    assert asgd("train", "--resume", str(interrupted_run)).returncode == 0
+    [entry] = json.loads((interrupted_run / "config.json").read_text())["resumed"]
+    assert entry["before"]["status"].startswith("failed: InjectedFault")
+
+
+@pytest.mark.parametrize("flags, reason", [
+    (["--lr", "1e10"], "diverged: "),
+    (["--init", "NAN"], "diverged: "),
+], ids=["huge lr", "NaN init"])
+def test_a_run_that_did_not_train_does_not_say_complete(tmp_path, tiny_npz, flags, reason):
+    if flags[1] == "NAN":
+        nan = tmp_path / "nan.npz"
+        good = tmp_path / "good"
+        assert asgd(*sim(good, tiny_npz, "--steps", "2")).returncode == 0
+        weights = load_arrays(good / "checkpoint" / "latest.npz")["weights"]
+        np.savez(nan, weights=np.full_like(weights, np.nan))
+        flags = ["--init", str(nan)]
+    run = tmp_path / "run"
+    result = asgd(*sim(run, tiny_npz, "--steps", "20", *flags))
+    assert result.returncode == 0 and status(run).startswith(reason), status(run)
+
+
+def test_sigterm_ends_the_whole_mpi_job_and_it_resumes_exactly(tmp_path, tiny_npz):
+    run = tmp_path / "run"
+    job = subprocess.Popen([str(BIN / "asgd"), "train", "--clients", "2", "--steps", "100000", "--data",
+                            str(tiny_npz), "--batch-size", "32", "--eval-samples", "50", "--eval-every", "20",
+                            "--quiet", "--out", str(run)], stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        wait_for(lambda: (run / "checkpoint" / "latest.npz").exists(), "a first checkpoint")
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode == 130 and err.strip().splitlines() == \
+        [f"asgd: run {run} interrupted; resume with: asgd train --resume {run}"]
+    wait_for(lambda: not job_processes(str(run)), "every process of the job gone")
+    assert status(run).startswith("failed: interrupted")
+    assert asgd("train", "--resume", str(run), "--steps", "60", timeout=180).returncode == 0
+    assert sorted((r["client"], r["step"]) for r in rows(run, "clients")) == \
+        [(c, s) for c in range(2) for s in range(1, 61)]
+
+
+def test_sigkill_of_the_command_takes_its_job_down(tmp_path, tiny_npz):
+    run = tmp_path / "run"
+    job = subprocess.Popen([str(BIN / "asgd"), "train", "--clients", "2", "--steps", "100000", "--data",
+                            str(tiny_npz), "--batch-size", "32", "--eval-samples", "50", "--quiet", "--out",
+                            str(run)], stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_for(lambda: (run / "clients.jsonl").exists(), "the job training")
+    job.kill()
+    job.wait()
+    wait_for(lambda: not job_processes(str(run)), "every process of the job gone after SIGKILL of asgd")
+    FolderLock(run).acquire().release()  # and the run is free to resume
+
+
+def test_an_interrupted_sweep_ends_its_point_and_goes_on_when_rerun(tmp_path, tiny_npz):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'name = "s"\nbackend = "sim"\ntimeout = 300\n[base]\nsteps = 400\ndata = "{tiny_npz}"\n'
+                    f'batch_size = 32\neval_samples = 50\neval_every = 10\nsim_step_time = 0.01\n'
+                    f'sim_apply_time = 0.001\n[grid]\nclients = [1, 2]\n')
+    out = tmp_path / "out"
+    sweep = subprocess.Popen([str(BIN / "asgd"), "sweep", str(spec), "--out", str(out), "--quiet", "--jobs", "1"],
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: list(out.glob("runs/*/checkpoint/latest.npz")), "a point's first checkpoint")
+        sweep.send_signal(signal.SIGTERM)
+        _, err = sweep.communicate(timeout=60)
+    finally:
+        sweep.kill()
+    assert sweep.returncode == 130 and err.strip().splitlines() == \
+        [f"asgd: sweep {out} interrupted; run the same command again to go on"]
+    wait_for(lambda: not job_processes(str(out)), "the sweep's point gone")
+    points = json.loads((out / "index.json").read_text())["points"]
+    assert [p["status"] for p in points] == ["interrupted", "pending"]
+    assert asgd("sweep", str(spec), "--out", str(out), "--quiet", timeout=300).returncode == 0
+    for point in json.loads((out / "index.json").read_text())["points"]:
+        assert sorted((r["client"], r["step"]) for r in rows(out / point["run"], "clients")) == \
+            [(c, s) for c in range(point["clients"]) for s in range(1, 401)]
