@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from clients.data import Dataset
-from clients.evaluate import evaluate_snapshots
+from clients.evaluate import curve_samples, evaluate_snapshots
 from clients.usercode import loss_function
+from experiments.progress import Progress
 from paramserver.config import RunConfig
 from paramserver.rundir import RunDir
 
@@ -73,14 +74,16 @@ def finish_run(run: RunDir, setup: RunSetup, train_s: float, train_wall_s: float
     start = time.perf_counter()
     torch.set_num_threads(len(os.sched_getaffinity(0)))  # the clients are done: take every core
     model = setup.model.to(setup.device)
-    cfg = setup.cfg
-    rows = evaluate_snapshots(run, model, setup.dataset.test, cfg.eval_samples, keep=cfg.keep_snapshots,
-                              loss=loss_function(cfg.loss), train=setup.dataset.train, seed=cfg.seed)
-    final = rows[-1] if rows else {}
-    evaluated = min(setup.cfg.eval_samples or len(setup.dataset.test), len(setup.dataset.test))
-    status = run_status(counts, final, setup.dataset.num_classes, evaluated)
+    cfg, test = setup.cfg, setup.dataset.test
+    samples = curve_samples(len(test), cfg.eval_samples, cfg.seed)
+    progress = Progress(len(run.snapshots()), quiet=cfg.quiet, label="eval", unit="snapshots")
+    _, final = evaluate_snapshots(run, model, test, samples, keep=cfg.keep_snapshots, loss=loss_function(cfg.loss),
+                                  train=setup.dataset.train, seed=cfg.seed, progress=progress.update)
+    progress.close()
+    status = run_status(counts, final, setup.dataset.num_classes)
     summary = {"status": status, "final_test_error": final.get("test_error"),
-               "final_test_loss": final.get("test_loss"), **_timing(train_s, counts),
+               "final_test_loss": final.get("test_loss"), "final_test_samples": final.get("samples"),
+               "curve_test_samples": len(samples), **_timing(train_s, counts),
                "train_wall_s": train_wall_s, "eval_s": time.perf_counter() - start, **counts}
     run.write_summary(summary)
     run.close_tap()
@@ -90,7 +93,7 @@ def finish_run(run: RunDir, setup: RunSetup, train_s: float, train_wall_s: float
     return summary
 
 
-def run_status(counts: dict[str, Any], final: dict[str, Any], classes: int | None, evaluated: int) -> str:
+def run_status(counts: dict[str, Any], final: dict[str, Any], classes: int | None) -> str:
     """`complete`, unless the run did not train: `diverged` when most pushes were refused
     (not finite, or malformed) or the final weights give no finite loss, `untrained` when
     a classifier's final test error cannot be told from chance (within two standard
@@ -105,10 +108,10 @@ def run_status(counts: dict[str, Any], final: dict[str, Any], classes: int | Non
     if not classes or not math.isfinite(final["test_error"]):  # not a classifier (a user's loss)
         return "complete"
     chance = 1 - 1 / classes
-    margin = 2 * math.sqrt(chance * (1 - chance) / evaluated)
+    margin = 2 * math.sqrt(chance * (1 - chance) / final["samples"])
     if final["test_error"] >= chance - margin:
         return (f"untrained: final test error {final['test_error']:.3f} is chance level ({chance:.3f} for "
-                f"{classes} classes, within {margin:.3f} on {evaluated} test samples)")
+                f"{classes} classes, within {margin:.3f} on {final['samples']} test samples)")
     return "complete"
 
 

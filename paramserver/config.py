@@ -82,7 +82,9 @@ class RunConfig:
     server_device: str = _key("cpu", "where the server keeps the weights and applies pushes: cpu (numpy) or "
                                      "cuda[:N] (a GPU; weights go to MPI through a pinned host buffer)")
     eval_every: int = _key(0, "server versions between test evaluations (0: about 20 a run)")
-    eval_samples: int = _key(0, "test samples per evaluation (0: the whole test split)")
+    eval_samples: int = _key(0, "test samples per point of the test-error curve, a fixed seeded subset "
+                                "(0: 2,000, or the whole split if smaller); the final weights are always "
+                                "measured on the whole test split")
     stall_timeout: float = _key(600.0, "seconds any rank waits for a peer before failing the job")
     servers: int = _key(1, "server ranks (0..S-1), each holding a contiguous slice of the weights; "
                         "clients push and pull every slice at once")

@@ -54,6 +54,7 @@ class FolderLock:
         self.fd: int | None = None
 
     def acquire(self) -> "FolderLock":
+        self.created = not self.path.parent.exists()  # then a job that wrote nothing leaves nothing
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -72,9 +73,15 @@ class FolderLock:
         return self
 
     def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        """Unlock; a folder this lock made and nobody wrote into goes again (bad input found
+        after the lock was taken leaves no run directory behind)."""
+        if self.fd is None:
+            return
+        if self.created and [p.name for p in self.path.parent.iterdir()] == [LOCK]:
+            self.path.unlink()
+            self.path.parent.rmdir()
+        os.close(self.fd)
+        self.fd = None
 
     def __enter__(self) -> "FolderLock":
         return self.acquire()
