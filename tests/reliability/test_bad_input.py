@@ -1,6 +1,6 @@
 """Bad input, generated: whatever a user hands `asgd`, it is accepted or refused in one line.
 
-The hand-picked cases of tests/test_cli.py, test_data.py, test_sweep.py and test_resume.py,
+The hand-picked cases of tests/unit/test_cli.py, test_data.py, tests/sim/test_sweep.py and test_resume.py,
 grown into properties (hypothesis): flags, config and sweep TOML, .npz datasets,
 checkpoints and run directories. Every input either gets through validation or ends
 with exit status 2 and exactly one line `asgd: error: ...` on stderr: never a

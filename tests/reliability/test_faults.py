@@ -17,7 +17,7 @@ from typing import Callable
 import pytest
 
 from tests.conftest import BIN, descendants, kill_tree, run_command
-from tests.test_resume import assert_logged_once
+from tests.sim.test_resume import assert_logged_once
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 

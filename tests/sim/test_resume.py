@@ -9,7 +9,7 @@ import pytest
 from experiments.cli import main
 from paramserver.config import InjectedFault
 from paramserver.runlog import load_arrays
-from tests.test_sim import TIMED, rows
+from tests.sim.test_sim import TIMED, rows
 
 
 def train(*flags: str) -> int:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from paramserver.compress import BFloat16, ErrorFeedback, Float16, make_codec
-from tests.test_sim import rows, sim
+from tests.sim.test_sim import rows, sim
 
 SPECIAL = np.array([np.nan, np.inf, -np.inf, 3.3e38, -3.3e38, -0.0, 1e-40, 65504, 70000], np.float32)
 
