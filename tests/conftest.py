@@ -1,7 +1,9 @@
-"""Shared test helpers: a small generated dataset, a hard-timeout command runner, and a
-server driver over the in-process link with a message builder."""
+"""Shared test helpers, for every tier: a small generated dataset, a hard-timeout command
+runner, a run's every-row-once check, and a server driver over the in-process link with
+a message builder."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +17,9 @@ from paramserver.protocol import Push, Tag
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+# tests/test_gpu.py links to sim/test_gpu.py for experiments/bench/gpu_check.sh, which runs
+# it by that path; `pytest tests` collects it once, from sim/.
+collect_ignore = ["test_gpu.py"]
 
 
 def make_tiny_npz(path: Path, n: int = 768, seed: int = 0) -> Path:
@@ -78,6 +83,20 @@ def mpi_train(ranks: int, *flags: str, timeout: float = 120) -> subprocess.Compl
     """`mpiexec -n RANKS asgd train FLAGS` as a user types it."""
     return run_command([str(BIN / "mpiexec"), "-n", str(ranks), str(BIN / "asgd"), "train", "--quiet", *flags],
                        timeout)
+
+
+def assert_logged_once(run: Path, clients: int, steps: int, versions: int) -> None:
+    """A complete run with every minibatch and every push logged exactly once (after a
+    resume, say)."""
+    def rows(log: str) -> list[dict]:
+        return [json.loads(line) for line in (run / f"{log}.jsonl").read_text().splitlines()]
+
+    assert sorted((r["client"], r["step"]) for r in rows("clients")) == \
+        [(c, s) for c in range(clients) for s in range(1, steps + 1)]
+    applied = [r["version"] for r in rows("server") if "version" in r]
+    assert applied == list(range(1, versions + 1))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["minibatches"] == clients * steps
 
 
 @pytest.fixture(scope="session")

@@ -105,19 +105,6 @@ def test_report_of_a_sweep_writes_tables_findings_and_figures(small_sweep, tmp_p
         {"cold_start_slowdown", "n_sync_hurts", "warm_start_helps", "speedup_grows"}
 
 
-@pytest.mark.mpi
-def test_an_mpi_sweep_launches_mpiexec_per_point(tmp_path, tiny_npz):
-    path = tmp_path / "mpi.toml"
-    path.write_text(f'name = "m"\nbackend = "mpi"\ntimeout = 120\n[base]\nsteps = 4\ndata = "{tiny_npz}"\n'
-                    f'batch_size = 32\neval_samples = 50\n[grid]\nclients = [1, 2]\nmode = ["async", "sync"]\n')
-    out = tmp_path / "out"
-    assert main(["sweep", str(path), "--out", str(out), "--quiet"]) == 0
-    for p in index(out)["points"]:
-        ranks = json.loads((out / p["run"] / "config.json").read_text())["provenance"]["ranks"]
-        assert len(ranks) == p["clients"] + (p["mode"] == "async")  # a real MPI job of the right size
-        assert len(rows(out / p["run"])) == 4 * p["clients"]
-
-
 def test_a_rules_sweep_names_its_variants_once_and_reports_them(tmp_path, tiny_npz, capsys):
     """[[grid]] tables: their union, a point reached by two of them run once, its id naming
     only what departs from the defaults; steps / sqrt(K) each; the rules report."""

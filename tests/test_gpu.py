@@ -1,0 +1,1 @@
+sim/test_gpu.py
