@@ -100,10 +100,12 @@ def test_a_killed_server_ends_the_job_and_the_run_resumes_with_every_push_once(t
                                           *flags(tiny_npz, "--steps", "200", "--eval-every", "20")],
                                0, 60, signal.SIGKILL)
     assert job.returncode != 0
-    # A client named the dead server and ended the job; the server could not record it,
-    # so the summary is the supervisor's.
-    assert re.search(r"rank [12] \(client [01]\) failed: PeerDied: rank 0 \(server, host .*\) died", err), err
+    # The dead server recorded nothing: the summary is the supervisor's. Who ended the job
+    # is not asserted: usually a client names the dead server ("rank 1 (client 0) failed:
+    # PeerDied: rank 0 (server, ...) died"), but in about one try in four on 2 busy cores
+    # hydra ends the clients before they can, and nothing in the run tells the two apart.
     assert summary(run)["status"].startswith("failed: the MPI job ended with exit status")
+    assert f"--resume {run}" in err
     result = run_command([str(BIN / "asgd"), "train", "--quiet", "--resume", str(run)], timeout=180)
     assert result.returncode == 0, result.stderr
     assert_logged_once(run, clients=2, steps=200, versions=400)

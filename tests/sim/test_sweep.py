@@ -60,7 +60,7 @@ def test_grid_runs_every_point_once_and_indexes_them(small_sweep):
 
 def test_a_killed_sweep_finishes_only_what_is_missing(tmp_path, tiny_npz):
     out = tmp_path / "out"
-    path = spec(tmp_path, tiny_npz, "clients = [1, 2, 3]\nn_sync = [1, 2]", base="eval_every = 5", steps=40)
+    path = spec(tmp_path, tiny_npz, "clients = [1, 2]\nn_sync = [1, 2]", base="eval_every = 5", steps=40)
     command = [str(BIN / "asgd"), "sweep", str(path), "--out", str(out), "--quiet", "--jobs", "2"]
     first = subprocess.Popen(command, start_new_session=True, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -72,7 +72,7 @@ def test_a_killed_sweep_finishes_only_what_is_missing(tmp_path, tiny_npz):
     first.wait()
     done_before = {p["id"]: (out / p["run"] / "summary.json").stat().st_mtime
                    for p in index(out)["points"] if p["status"] == "complete"}
-    assert 2 <= len(done_before) < 6
+    assert 2 <= len(done_before) < 4
     assert main(["sweep", str(path), "--out", str(out), "--quiet"]) == 0
     for p in index(out)["points"]:
         assert p["status"] == "complete"
