@@ -6,7 +6,7 @@ DEMO_OUT ?= runs/demo
 SCALE ?= proxy
 RESULTS := results/$(SCALE)
 
-.PHONY: setup demo test bench clean figures fig1 fig2 fig3 fig4 starts modes rules
+.PHONY: setup demo test test-unit test-sim test-mpi test-reliability bench clean figures fig1 fig2 fig3 fig4 starts modes rules
 
 setup: $(VENV)/.setup-done
 
@@ -21,6 +21,11 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# One tier each (setup.cfg says what belongs where): unit (seconds, no MPI), sim, mpi
+# (real mpiexec jobs), reliability (faults, bad input, bad messages, load, soak).
+test-unit test-sim test-mpi test-reliability: setup
+	$(BIN)/python -m pytest -q tests/$(@:test-%=%)
 
 # Performance against MPI, memcpy, torch DDP and an RPC parameter server (about 5 minutes
 # on 2 cores): prints its tables, writes results/bench.json and, once every section is

@@ -1,9 +1,9 @@
-"""Shared test helpers: a small generated dataset, a hard-timeout command runner, and the
-real server driven in process, with a message builder."""
+"""Shared test helpers, for every tier: a small generated dataset, a hard-timeout command
+runner, a run's every-row-once check, and the real server driven in process, with a
+message builder."""
 from __future__ import annotations
 
-import os
-import signal
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,10 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from experiments.supervise import kill_tree
 from paramserver.protocol import Push, Tag
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+# tests/test_gpu.py links to sim/test_gpu.py for experiments/bench/gpu_check.sh, which runs
+# it by that path; `pytest tests` collects it once, from sim/.
+collect_ignore = ["test_gpu.py"]
 
 
 def make_tiny_npz(path: Path, n: int = 768, seed: int = 0) -> Path:
@@ -34,33 +38,6 @@ def tiny_npz(tmp_path_factory) -> Path:
     return make_tiny_npz(tmp_path_factory.mktemp("data") / "tiny.npz")
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`. MPICH's launcher gives each rank a session of its own, so
-    killing the process group we started would miss the ranks; walking the tree does not."""
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        children = parents.get(todo.pop(), [])
-        found += children
-        todo += children
-    return found
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process we started and everything below it, nothing else."""
-    for victim in [pid, *descendants(pid)]:
-        try:
-            os.kill(victim, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def run_command(args: list[str], timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """Run in a new session; on timeout kill it and its descendants (only them) and fail the test."""
     proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -78,6 +55,20 @@ def mpi_train(ranks: int, *flags: str, timeout: float = 120) -> subprocess.Compl
     """`mpiexec -n RANKS asgd train FLAGS` as a user types it."""
     return run_command([str(BIN / "mpiexec"), "-n", str(ranks), str(BIN / "asgd"), "train", "--quiet", *flags],
                        timeout)
+
+
+def assert_logged_once(run: Path, clients: int, steps: int, versions: int) -> None:
+    """A complete run with every minibatch and every push logged exactly once (after a
+    resume, say)."""
+    def rows(log: str) -> list[dict]:
+        return [json.loads(line) for line in (run / f"{log}.jsonl").read_text().splitlines()]
+
+    assert sorted((r["client"], r["step"]) for r in rows("clients")) == \
+        [(c, s) for c in range(clients) for s in range(1, steps + 1)]
+    applied = [r["version"] for r in rows("server") if "version" in r]
+    assert applied == list(range(1, versions + 1))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["minibatches"] == clients * steps
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Bad input, generated: whatever a user hands `asgd`, it is accepted or refused in one line.
 
-The hand-picked cases of tests/test_cli.py, test_data.py, test_sweep.py and test_resume.py,
+The hand-picked cases of tests/unit/test_cli.py, test_data.py, tests/sim/test_sweep.py and test_resume.py,
 grown into properties (hypothesis): flags, config and sweep TOML, .npz datasets,
 checkpoints and run directories. Every input either gets through validation or ends
 with exit status 2 and exactly one line `asgd: error: ...` on stderr: never a
@@ -261,14 +261,16 @@ SHELL_CASES = {
     "batch bigger than a client's shard": ["--backend", "sim", "--batch-size", "400"],
     "a model name that is not UTF-8": ["--model", os.fsdecode(b"\xff")],
     "an unknown flag": ["--n-snyc", "4"],
+    "a dataset without labels": ["--data", "{tmp}/no-y.npz"],
 }
 
 
 @pytest.mark.parametrize("args", SHELL_CASES.values(), ids=SHELL_CASES.keys())
 def test_bad_values_from_the_shell(tmp_path, tiny_npz, args):
     out = tmp_path / "run"
+    np.savez(tmp_path / "no-y.npz", x=np.zeros((10, 8, 8), np.uint8))
     result = run_command([str(BIN / "asgd"), "train", "--quiet", "--data", str(tiny_npz), "--out", str(out),
-                          *args], timeout=60)
+                          *(arg.format(tmp=tmp_path) for arg in args)], timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.startswith("asgd: error: ") and result.stderr.count("\n") == 1, result.stderr
     assert not out.exists()

@@ -1,5 +1,5 @@
-"""Load: 16 clients (oversubscribed) push a 1e6-float model as fast as they can for 60 s
-through the real server loop, under real mpiexec."""
+"""Load: 16 clients (oversubscribed) push a 1e6-float model as fast as they can for 20 s
+through the real server loop, under real mpiexec (about 2,500 pushes on 2 idle cores)."""
 from __future__ import annotations
 
 import json
@@ -11,13 +11,14 @@ from tests.conftest import BIN, run_command
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 
-def test_sixteen_clients_for_a_minute_lose_nothing_and_the_server_memory_stays_flat(tmp_path):
+def test_sixteen_clients_under_load_lose_nothing_and_the_server_memory_stays_flat(tmp_path):
     out = tmp_path / "load.json"
     result = run_command([str(BIN / "mpiexec"), "-n", "17", str(BIN / "python"), "-m", "experiments.bench.wire",
-                          "load", "--size", "1e6", "--seconds", "60", "--json", str(out)], timeout=240)
+                          "load", "--size", "1e6", "--seconds", "20", "--json", str(out)], timeout=240)
     assert result.returncode == 0, result.stderr
     load = json.loads(out.read_text())
     print(json.dumps(load))  # the numbers, for the record (pytest -s)
     assert load["clients_stopped"] == 16  # every client finished
-    assert load["pushes"] == load["pushes_sent"] > 1000 and load["rejected"] == 0  # none lost, none twice
+    # none lost, none twice; over 1000 so that the memory is sampled (every 100 pushes) often
+    assert load["pushes"] == load["pushes_sent"] > 1000 and load["rejected"] == 0
     assert load["rss_mb_max"] - load["rss_mb_after_warmup"] < 8  # 8 MB: two copies of the model

@@ -18,7 +18,7 @@ import pytest
 from paramserver.rundir import FolderLock
 from paramserver.runlog import load_arrays
 from tests.conftest import BIN, run_command
-from tests.test_sim import TIMED
+from tests.sim.test_sim import TIMED
 
 pytestmark = pytest.mark.slow
 

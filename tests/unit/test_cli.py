@@ -1,11 +1,12 @@
-"""Bad input: exit status 2 and one line naming the field, before any MPI process starts."""
+"""Bad input: exit status 2 and one line naming the field, before any MPI process starts.
+
+In this process; from the shell: tests/reliability/test_bad_input.py."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from experiments.cli import main
-from tests.conftest import BIN, run_command
 
 
 @pytest.fixture
@@ -61,12 +62,6 @@ def test_bad_input_exits_2_with_one_line(bad_files, capsys, args, expected):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("asgd: error: "), err
     assert expected in err
-
-
-def test_bad_input_from_the_shell_has_no_traceback(bad_files):
-    result = run_command([str(BIN / "asgd"), "train", "--data", f"{bad_files}/no-y.npz"], timeout=60)
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
 
 
 def test_a_used_run_directory_is_refused(tmp_path, capsys, tiny_npz):

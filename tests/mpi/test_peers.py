@@ -32,11 +32,8 @@ def test_baseline_reports_throughput(bench) -> None:
     assert 0 < result["wall_s"] < result["call_s"]
 
 
-@pytest.mark.slow
-def test_rpc_load_pushes_within_its_timeout() -> None:
-    start = time.monotonic()
-    result = rpc_ps_load(1, 1000, 1.0, timeout=60)
-    assert time.monotonic() - start < 60
+def test_rpc_load_pushes_and_reports() -> None:
+    result = rpc_ps_load(1, 1000, 1.0, timeout=60)  # raises (TimeoutError) past its timeout
     assert result["pushes"] > 0 and result["clients"] == 1 and result["floats"] == 1000
     assert result["pushes_per_s"] == pytest.approx(result["pushes"] / result["seconds"])
     assert result["mbytes_per_s"] == pytest.approx(result["pushes"] * 2 * 4 * 1000 / result["seconds"] / 1e6)
@@ -44,16 +41,14 @@ def test_rpc_load_pushes_within_its_timeout() -> None:
 
 
 def test_hanging_processes_are_killed_at_the_timeout() -> None:
-    start = time.monotonic()
-    with pytest.raises(TimeoutError, match="within 3"):
+    with pytest.raises(TimeoutError, match="within 3"):  # not the hour they would sleep
         run_processes(_hang, 2, make_workload(2, 1, 1, "cnn", 0, 1, timeout=3))
-    assert time.monotonic() - start < 10
     assert not mp.active_children()
 
 
-def test_a_failure_is_reported_at_once_and_the_rest_killed() -> None:
-    start = time.monotonic()
+def test_a_failure_is_reported_and_the_rest_killed() -> None:
+    # Rank 0 sleeps for an hour: waited for until the 60 s deadline, the call would raise
+    # TimeoutError; PeerError says rank 1's failure ended it.
     with pytest.raises(PeerError, match="rank 1 gave up"):
         run_processes(_rank_1_fails, 2, make_workload(2, 1, 1, "cnn", 0, 1, timeout=60))
-    assert time.monotonic() - start < 30
     assert not mp.active_children()

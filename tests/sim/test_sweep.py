@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main
+from experiments.supervise import kill_tree
 from paramserver.rundir import finished
-from tests.conftest import BIN, kill_tree
+from tests.conftest import BIN
 
 
 def spec(tmp_path: Path, data: Path, grid: str, base: str = "", name: str = "s", steps: int = 8) -> Path:
@@ -61,7 +62,7 @@ def test_grid_runs_every_point_once_and_indexes_them(small_sweep):
 
 def test_a_killed_sweep_finishes_only_what_is_missing(tmp_path, tiny_npz):
     out = tmp_path / "out"
-    path = spec(tmp_path, tiny_npz, "clients = [1, 2, 3]\nn_sync = [1, 2]", base="eval_every = 5", steps=40)
+    path = spec(tmp_path, tiny_npz, "clients = [1, 2]\nn_sync = [1, 2]", base="eval_every = 5", steps=40)
     command = [str(BIN / "asgd"), "sweep", str(path), "--out", str(out), "--quiet", "--jobs", "2"]
     first = subprocess.Popen(command, start_new_session=True, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -73,7 +74,7 @@ def test_a_killed_sweep_finishes_only_what_is_missing(tmp_path, tiny_npz):
     first.wait()
     done_before = {p["id"]: (out / p["run"] / "summary.json").stat().st_mtime
                    for p in index(out)["points"] if finished(p["status"])}
-    assert 2 <= len(done_before) < 6
+    assert 2 <= len(done_before) < 4
     assert main(["sweep", str(path), "--out", str(out), "--quiet"]) == 0
     for p in index(out)["points"]:
         assert finished(p["status"])
@@ -104,19 +105,6 @@ def test_report_of_a_sweep_writes_tables_findings_and_figures(small_sweep, tmp_p
         assert {f"{stem}.png", f"{stem}.pdf"} <= written
     assert set(json.loads((tmp_path / "fig" / "findings.json").read_text())) == \
         {"cold_start_slowdown", "n_sync_hurts", "warm_start_helps", "speedup_grows"}
-
-
-@pytest.mark.mpi
-def test_an_mpi_sweep_launches_mpiexec_per_point(tmp_path, tiny_npz):
-    path = tmp_path / "mpi.toml"
-    path.write_text(f'name = "m"\nbackend = "mpi"\ntimeout = 120\n[base]\nsteps = 4\ndata = "{tiny_npz}"\n'
-                    f'batch_size = 32\neval_samples = 50\n[grid]\nclients = [1, 2]\nmode = ["async", "sync"]\n')
-    out = tmp_path / "out"
-    assert main(["sweep", str(path), "--out", str(out), "--quiet"]) == 0
-    for p in index(out)["points"]:
-        ranks = json.loads((out / p["run"] / "config.json").read_text())["provenance"]["ranks"]
-        assert len(ranks) == p["clients"] + (p["mode"] == "async")  # a real MPI job of the right size
-        assert len(rows(out / p["run"])) == 4 * p["clients"]
 
 
 def test_a_rules_sweep_names_its_variants_once_and_reports_them(tmp_path, tiny_npz, capsys):

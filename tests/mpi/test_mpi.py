@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -82,14 +81,27 @@ def test_four_clients_every_push_applied_once_with_staleness_and_falling_loss(tm
         sorted((r["client"], r["step"], r["loss"]) for r in rows(run, "clients"))
 
 
+def one_client_flags(tiny_npz: Path, n_sync: int) -> list[str]:
+    return ["--data", str(tiny_npz), *TINY, "--steps", "12", "--n-sync", str(n_sync), "--rule", "add",
+            "--eval-samples", "50"]
+
+
+@pytest.fixture(scope="module")
+def one_client_runs(tmp_path_factory, tiny_npz) -> dict[int, Path]:
+    """1 server + 1 client, add rule, 12 steps, n_sync 1 and 4: one job each, shared by
+    the plain-SGD and the simulator checks."""
+    runs = {}
+    for n_sync in (1, 4):
+        runs[n_sync] = tmp_path_factory.mktemp("one-client") / f"n{n_sync}"
+        result = mpi_train(2, *one_client_flags(tiny_npz, n_sync), "--out", str(runs[n_sync]))
+        assert result.returncode == 0, result.stderr
+    return runs
+
+
 @pytest.mark.parametrize("n_sync", [1, 4])
-def test_one_client_under_mpi_equals_plain_sgd(tmp_path, tiny_npz, n_sync):
+def test_one_client_under_mpi_equals_plain_sgd(one_client_runs, tiny_npz, n_sync):
     """The paper's rule (add): one client is plain SGD whatever n_sync."""
-    run = tmp_path / "run"
-    result = mpi_train(2, "--data", str(tiny_npz), *TINY, "--steps", "12", "--n-sync", str(n_sync),
-                       "--rule", "add", "--out", str(run))
-    assert result.returncode == 0, result.stderr
-    weights = load_arrays(run / "checkpoint" / "latest.npz")["weights"]
+    weights = load_arrays(one_client_runs[n_sync] / "checkpoint" / "latest.npz")["weights"]
     expected = plain_sgd(load_dataset(str(tiny_npz)), 12, batch_size=32, lr=0.01)
     np.testing.assert_allclose(weights, expected, atol=1e-6, rtol=0)
 
@@ -97,12 +109,11 @@ def test_one_client_under_mpi_equals_plain_sgd(tmp_path, tiny_npz, n_sync):
 @pytest.mark.parametrize("rank", [0, 1, 2])
 def test_an_exception_on_any_rank_ends_the_job_nonzero(tmp_path, tiny_npz, rank):
     run = tmp_path / "run"
-    start = time.monotonic()
     result = mpi_train(3, "--data", str(tiny_npz), *TINY, "--steps", "40", "--n-sync", "2",
-                       "--inject-fault", f"{rank}:5", "--out", str(run), timeout=60)
+                       "--inject-fault", f"{rank}:5", "--out", str(run), timeout=120)
     assert result.returncode != 0
-    assert time.monotonic() - start < 45
-    assert f"rank {rank}" in result.stderr and "InjectedFault" in result.stderr
+    role = "server" if rank == 0 else f"client {rank - 1}"
+    assert f"rank {rank} ({role}) failed: InjectedFault" in result.stderr, result.stderr
     assert summary(run)["status"].startswith("failed:") and "InjectedFault" in summary(run)["status"]
 
 
@@ -112,15 +123,13 @@ def test_too_few_ranks_is_a_clear_error_not_a_hang(tiny_npz):
     assert "3 client(s) in async mode need 4 MPI ranks" in result.stderr
 
 
-def test_simulator_with_one_client_reproduces_the_mpi_losses(tmp_path, tiny_npz):
-    flags = ["--data", str(tiny_npz), *TINY, "--steps", "15", "--n-sync", "2", "--eval-samples", "50"]
-    result = mpi_train(2, *flags, "--out", str(tmp_path / "mpi"))
+def test_simulator_with_one_client_reproduces_the_mpi_losses(one_client_runs, tmp_path, tiny_npz):
+    result = run_command([str(BIN / "asgd"), "train", "--quiet", "--backend", "sim", "--clients", "1",
+                          *one_client_flags(tiny_npz, 4), "--out", str(tmp_path / "sim")], timeout=120)
     assert result.returncode == 0, result.stderr
-    result = run_command([str(BIN / "asgd"), "train", "--quiet", "--backend", "sim", "--clients", "1", *flags,
-                          "--out", str(tmp_path / "sim")], timeout=120)
-    assert result.returncode == 0, result.stderr
-    losses = {kind: [r["loss"] for r in rows(tmp_path / kind, "clients")] for kind in ("mpi", "sim")}
-    assert len(losses["mpi"]) == 15 and losses["mpi"] == losses["sim"]
+    losses = {kind: [r["loss"] for r in rows(run, "clients")]
+              for kind, run in (("mpi", one_client_runs[4]), ("sim", tmp_path / "sim"))}
+    assert len(losses["mpi"]) == 12 and losses["mpi"] == losses["sim"]
 
 
 @pytest.mark.parametrize("mode", ["sync", "local-sgd"])
@@ -184,8 +193,11 @@ def test_sharded_servers_apply_every_push_once(tmp_path, tiny_npz):
         ["server", "server", "client", "client", "client"]
 
 
-@pytest.mark.parametrize("rule", ["add", "scaled", "staleness", "dcasgd", "easgd", "adagrad", "sgd"])
-def test_every_rule_runs_under_mpiexec(tmp_path, tiny_npz, rule):
+# scaled and staleness travel and keep state as add does (a delta, no state): under MPI
+# they are add's job; their arithmetic is checked in tests/unit/test_rules.py and, through
+# the real handler, in tests/sim/test_client.py.
+@pytest.mark.parametrize("rule", ["add", "dcasgd", "easgd", "adagrad", "sgd"])
+def test_every_kind_of_rule_runs_under_mpiexec(tmp_path, tiny_npz, rule):
     """Two clients, the rule's own push (delta, gradient sum or weights) and state: every
     push applied once, the state in the checkpoint, the weights finite."""
     run = tmp_path / "run"
