@@ -205,7 +205,8 @@ def test_every_kind_of_rule_runs_under_mpiexec(tmp_path, tiny_npz, rule):
                        "--rule", rule, "--momentum", "auto", "--eval-samples", "50", "--out", str(run))
     assert result.returncode == 0, result.stderr
     s = summary(run)
-    assert s["status"] == "complete" and s["pushes_sent"] == s["pushes_applied"] == 6
+    # 6 steps may leave the error at chance (`untrained`); a rule that broke the weights is `diverged`
+    assert s["status"].split(":")[0] in ("complete", "untrained") and s["pushes_sent"] == s["pushes_applied"] == 6
     checkpoint = load_arrays(run / "checkpoint" / "latest.npz")
     assert np.isfinite(checkpoint["weights"]).all()
     state = {k for k in checkpoint if k.startswith("rule.")}
