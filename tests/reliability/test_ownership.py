@@ -179,3 +179,22 @@ def test_an_interrupted_sweep_ends_its_point_and_goes_on_when_rerun(tmp_path, ti
     for point in json.loads((out / "index.json").read_text())["points"]:
         assert sorted((r["client"], r["step"]) for r in rows(out / point["run"], "clients")) == \
             [(c, s) for c in range(point["clients"]) for s in range(1, 401)]
+
+
+def test_ctrl_c_in_the_simulator_is_one_line_and_resumable(tmp_path, tiny_npz):
+    run = tmp_path / "run"
+    job = subprocess.Popen([str(BIN / "asgd"), *sim(run, tiny_npz, "--steps", "100000")], stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)  # a session of its own: SIGINT is not ignored
+    try:
+        wait_for(lambda: (run / "checkpoint" / "latest.npz").exists(), "a first checkpoint")
+        job.send_signal(signal.SIGINT)
+        _, err = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode == 130 and err.strip().splitlines() == \
+        [f"asgd: run {run} interrupted; resume with: asgd train --resume {run}"]
+    assert status(run) == "failed: interrupted"
+    steps = int(load_arrays(run / "checkpoint" / "latest.npz")["tally.client_steps"].max()) + 4
+    assert asgd("train", "--resume", str(run), "--steps", str(steps)).returncode == 0
+    assert sorted((r["client"], r["step"]) for r in rows(run, "clients")) == \
+        [(c, s) for c in range(2) for s in range(1, steps + 1)]
