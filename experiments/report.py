@@ -17,7 +17,6 @@ link to, so no measured number in the docs is copied by hand.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -32,7 +31,8 @@ def report(path: str, window: int | None = None, figures: str | None = None, tar
     """`window` defaults to the sweep spec's (for a single run, a twentieth of its minibatches,
     at most 400); `docs` is a sweep's page."""
     if (Path(path) / "index.json").exists():
-        window = window or json.loads((Path(path) / "index.json").read_text()).get("window", 400)
+        from plots import analysis
+        window = window or analysis.load_sweep(path).window
         page = (Path(docs), f"asgd report {path} --docs {docs}") if docs else None
         return _sweep_report(Path(path), window, Path(figures) if figures else Path(path) / "figures", target, page)
     if docs:

@@ -26,6 +26,7 @@ import itertools
 import math
 import platform
 import socket
+import sys
 import tempfile
 import time
 from collections import defaultdict, deque
@@ -85,6 +86,10 @@ PROFILES: dict[str, SimTiming] = {
     "measured": SimTiming(step_time=None, apply_time=None, bandwidth=1.1e10, latency=2e-6),
     "paper": SimTiming(step_time=1.1, apply_time=0.1, bandwidth=1.25e9, latency=5e-5, push_bytes=240e6),
 }
+
+
+STEP_REPEATS = 9    # minibatches timed for the simulator's step time
+STEP_SPREAD = 1.5   # slowest over fastest above this: the host was busy while it measured
 
 
 class StepClock:
@@ -270,14 +275,22 @@ def measure_timing(cfg: RunConfig, threads: int) -> tuple[float, float]:
 
 
 def _measure_step(replica: Replica, dataset: Dataset, batch_size: int) -> float:
-    """Median of real minibatches on a scratch client (its own vectors and data order)."""
+    """Median of real minibatches on a scratch client (its own vectors and data order),
+    with the torch threads the run will use; a spread that says the host was busy is
+    reported, since every virtual second of the run inherits it."""
     scratch = Client(replica, dataset.train, ShardSampler(np.arange(len(dataset.train)), batch_size, 0, 0))
     times = []
-    for _ in range(7):
+    for _ in range(2 + STEP_REPEATS):
         start = time.perf_counter()
         scratch.step()
         times.append(time.perf_counter() - start)
-    return float(np.median(times[2:]))  # the first steps warm up allocators
+    times = times[2:]  # the first steps warm up allocators
+    median = float(np.median(times))
+    if max(times) > STEP_SPREAD * min(times):
+        print(f"asgd: warning: a minibatch took {1e3 * min(times):.1f} to {1e3 * max(times):.1f} ms over "
+              f"{STEP_REPEATS} tries (a busy host?); the simulator takes the median, {1e3 * median:.1f} ms "
+              "(--sim-step-time sets it)", file=sys.stderr)
+    return median
 
 
 def measure_push(cfg: RunConfig, size: int, clients: int) -> float:

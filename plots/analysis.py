@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import functools
 import json
+import os
 from collections import Counter
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -15,8 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.rundir import finished
+from paramserver.rundir import RunDirError, finished
 from plots.rundata import load_json, load_log, smoothed_error
+
+ROOT = Path(__file__).resolve().parents[1]  # relative sweep paths in notebooks start here
 
 MODE_ORDER = {"async": 0, "sync": 1, "local-sgd": 2}
 
@@ -47,6 +50,11 @@ class Sweep:
     meta: dict[str, Any]
     points: list[SweepRun]
 
+    @property
+    def window(self) -> int:
+        """The smoothing window the spec set (minibatches), as `asgd report` uses it."""
+        return int(self.meta.get("window", 400))
+
     def select(self, **criteria: Any) -> list[SweepRun]:
         names = {f.name for f in fields(SweepRun)}
         if unknown := set(criteria) - names:
@@ -71,16 +79,30 @@ def load_sweep(sweep_dir: str | Path) -> Sweep:
     """Only finished points are kept (complete, diverged, untrained): pending and failed runs have no
     final numbers to compare."""
     path = Path(sweep_dir).resolve()
-    index = json.loads((path / "index.json").read_text())
-    meta = {k: v for k, v in index.items() if k != "points"}
-    train_size = int(meta.get("train_size", 60000))
-    points = [SweepRun(id=p["id"], mode=p["mode"], clients=int(p["clients"]), n_sync=int(p["n_sync"]),
-                    start=p.get("start", "cold"), seed=int(p.get("seed", 0)), run=(path / p["run"]).resolve(),
-                    status=p["status"], train_size=train_size, rule=p.get("rule", "add"),
-                    momentum=str(p.get("momentum", 0.9)), jitter=float(p.get("speed_jitter", 0.0)),
-                    profile=p.get("sim_profile", "measured"), steps=int(p.get("steps", 0)))
-              for p in index["points"] if finished(p.get("status", ""))]
+    try:
+        index = json.loads((path / "index.json").read_text())
+        meta = {k: v for k, v in index.items() if k != "points"}
+        train_size = int(meta.get("train_size", 60000))
+        points = [SweepRun(id=p["id"], mode=p["mode"], clients=int(p["clients"]), n_sync=int(p["n_sync"]),
+                           start=p.get("start", "cold"), seed=int(p.get("seed", 0)),
+                           run=(path / p["run"]).resolve(), status=p["status"], train_size=train_size,
+                           rule=p.get("rule", "add"), momentum=str(p.get("momentum", 0.9)),
+                           jitter=float(p.get("speed_jitter", 0.0)), profile=p.get("sim_profile", "measured"),
+                           steps=int(p.get("steps", 0)))
+                  for p in index["points"] if finished(p.get("status", ""))]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise RunDirError(f"cannot read the sweep index {path / 'index.json'} ({type(error).__name__}: {error})") \
+            from None
     return Sweep(name=meta.get("name", path.name), path=path, meta=meta, points=points)
+
+
+def notebook_sweep(default: str) -> tuple[Sweep, int]:
+    """The sweep a notebook draws, read as `asgd report` reads it: ASGD_SWEEP (else
+    `default`), a relative path taken from the repository root wherever Jupyter started,
+    and ASGD_WINDOW, else the spec's own window."""
+    path = Path(os.environ.get("ASGD_SWEEP", default))
+    sweep = load_sweep(path if path.is_absolute() else ROOT / path)
+    return sweep, int(os.environ.get("ASGD_WINDOW") or sweep.window)
 
 
 def curve(point: SweepRun, window: int = 400) -> Curve:

@@ -9,3 +9,24 @@ def test_a_simulated_runs_curve_is_labelled_virtual_time():
     assert time_label({"backend": "sim"}).startswith("virtual time")
     assert time_label({"backend": "mpi"}) == "wall time (s)"
     assert smoothing_window(1, 160) == 8 and smoothing_window(8, 10_000) == 400  # fits the run
+
+
+def test_a_notebook_reads_a_sweep_as_the_report_does(tmp_path, monkeypatch):
+    import json
+
+    import pytest
+
+    from paramserver.rundir import RunDirError
+    from plots import analysis
+
+    (tmp_path / "sw").mkdir()
+    (tmp_path / "sw" / "index.json").write_text(json.dumps({"window": 40, "points": []}))
+    monkeypatch.setattr(analysis, "ROOT", tmp_path)
+    monkeypatch.chdir(tmp_path / "sw")  # Jupyter started somewhere else than the repository root
+    monkeypatch.setenv("ASGD_SWEEP", "sw")
+    monkeypatch.delenv("ASGD_WINDOW", raising=False)
+    sweep, window = analysis.notebook_sweep("results/sweeps/none")
+    assert sweep.path == (tmp_path / "sw").resolve() and window == 40  # the spec's window, as the report's
+    (tmp_path / "sw" / "index.json").write_text('{"points": [')
+    with pytest.raises(RunDirError, match="cannot read the sweep index"):
+        analysis.load_sweep(tmp_path / "sw")
