@@ -34,7 +34,7 @@ def is_rules_sweep(sweep: Sweep) -> bool:
     return any(len({getattr(p, key) for p in sweep.points}) > 1 for key in VARIANTS)
 
 
-REDUCE_TO_ADD = ("add", "scaled", "staleness", "dcasgd")  # exactly add with one client (tests/test_client.py)
+REDUCE_TO_ADD = ("add", "scaled", "staleness", "dcasgd")  # exactly add with one client (tests/sim/test_client.py)
 
 
 def _ones(sweep: Sweep, profile: str, start: str, rule: str = "add") -> list[SweepRun]:

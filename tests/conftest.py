@@ -16,9 +16,6 @@ from paramserver.protocol import Push, Tag
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-# tests/test_gpu.py links to sim/test_gpu.py for experiments/bench/gpu_check.sh, which runs
-# it by that path; `pytest tests` collects it once, from sim/.
-collect_ignore = ["test_gpu.py"]
 
 
 def make_tiny_npz(path: Path, n: int = 768, seed: int = 0) -> Path:

@@ -12,7 +12,7 @@
 # are installed (MPICH, as on the CPU reference machine). Without .gpucheck/fashion-mnist
 # the training runs use a generated dataset. Stages:
 #   1. versions, GPU, MPI library and whether it is CUDA-aware (paramserver/gpu.py);
-#   2. pytest tests/test_gpu.py (cuda Store == numpy Store, cuda client run == cpu run);
+#   2. pytest tests/sim/test_gpu.py (cuda Store == numpy Store, cuda client run == cpu run);
 #   3. experiments/bench/gpu_paths.py: pinned against pageable staging, and the server's
 #      push + pull on the GPU against numpy, at 1e6, 1.6e7 and 6e7 floats;
 #   4. experiments/bench/wire.py wire and load: the MPI wire and the server loop on this
@@ -91,7 +91,7 @@ print("MPI:", MPI.Get_library_version().splitlines()[0].strip(), "| mpi4py", mpi
 print("cuda_aware_mpi:", cuda_aware_mpi())'
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || true
 
-stage 110 "pytest tests/test_gpu.py" "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py
+stage 110 "pytest tests/sim/test_gpu.py" "$PY" -m pytest -q -p no:cacheprovider -rs tests/sim/test_gpu.py
 
 stage 60 "gpu_paths (staging and the server on the GPU)" \
     "$PY" -m experiments.bench.gpu_paths --json "$SAVE/gpu_paths.json"

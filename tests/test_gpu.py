@@ -1,1 +1,0 @@
-sim/test_gpu.py
