@@ -139,9 +139,12 @@ def test_sigterm_ends_the_whole_mpi_job_and_it_resumes_exactly(tmp_path, tiny_np
         [f"asgd: run {run} interrupted; resume with: asgd train --resume {run}"]
     wait_for(lambda: not job_processes(str(run)), "every process of the job gone")
     assert status(run).startswith("failed: interrupted")
-    assert asgd("train", "--resume", str(run), "--steps", "60", timeout=180).returncode == 0
+    done = int(load_arrays(run / "checkpoint" / "latest.npz")["tally.client_steps"].max())
+    fewer = asgd("train", "--resume", str(run), "--steps", str(done - 1))
+    assert fewer.returncode == 2 and f"fewer than the {done} minibatches" in fewer.stderr
+    assert asgd("train", "--resume", str(run), "--steps", str(done + 4), timeout=180).returncode == 0
     assert sorted((r["client"], r["step"]) for r in rows(run, "clients")) == \
-        [(c, s) for c in range(2) for s in range(1, 61)]
+        [(c, s) for c in range(2) for s in range(1, done + 5)]
 
 
 def test_sigkill_of_the_command_takes_its_job_down(tmp_path, tiny_npz):
