@@ -59,6 +59,19 @@ def wait_for(condition, what: str, guard: float = 60) -> None:
         time.sleep(0.05)
 
 
+def interrupt(args: list[str], ready, what: str, how: signal.Signals) -> tuple[int, str]:
+    """`asgd ARGS` in a session of its own (so SIGINT is not ignored), sent `how` once
+    `ready()`; its exit status and stderr."""
+    job = subprocess.Popen([str(BIN / "asgd"), *args], stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(ready, what)
+        job.send_signal(how)
+        _, err = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    return job.returncode, err
+
+
 @pytest.fixture
 def interrupted_run(tmp_path, tiny_npz) -> Path:
     """A 2-client run failed at version 10 with a checkpoint at version 8."""
@@ -125,17 +138,12 @@ def test_a_run_that_did_not_train_does_not_say_complete(tmp_path, tiny_npz, flag
 
 def test_sigterm_ends_the_whole_mpi_job_and_it_resumes_exactly(tmp_path, tiny_npz):
     run = tmp_path / "run"
-    job = subprocess.Popen([str(BIN / "asgd"), "train", "--clients", "2", "--steps", "100000", "--data",
-                            str(tiny_npz), "--batch-size", "32", "--eval-samples", "50", "--eval-every", "20",
-                            "--quiet", "--out", str(run)], stderr=subprocess.PIPE, text=True,
-                           start_new_session=True)
-    try:
-        wait_for(lambda: (run / "checkpoint" / "latest.npz").exists(), "a first checkpoint")
-        job.send_signal(signal.SIGTERM)
-        _, err = job.communicate(timeout=60)
-    finally:
-        job.kill()
-    assert job.returncode == 130 and err.strip().splitlines() == \
+    returncode, err = interrupt(["train", "--clients", "2", "--steps", "100000", "--data", str(tiny_npz),
+                                 "--batch-size", "32", "--eval-samples", "50", "--eval-every", "20", "--quiet",
+                                 "--out", str(run)],
+                                lambda: (run / "checkpoint" / "latest.npz").exists(), "a first checkpoint",
+                                signal.SIGTERM)
+    assert returncode == 130 and err.strip().splitlines() == \
         [f"asgd: run {run} interrupted; resume with: asgd train --resume {run}"]
     wait_for(lambda: not job_processes(str(run)), "every process of the job gone")
     assert status(run).startswith("failed: interrupted")
@@ -165,16 +173,11 @@ def test_an_interrupted_sweep_ends_its_point_and_goes_on_when_rerun(tmp_path, ti
                     f'batch_size = 32\neval_samples = 50\neval_every = 10\nsim_step_time = 0.01\n'
                     f'sim_apply_time = 0.001\n[grid]\nclients = [1, 2]\n')
     out = tmp_path / "out"
-    sweep = subprocess.Popen([str(BIN / "asgd"), "sweep", str(spec), "--out", str(out), "--quiet", "--jobs", "1"],
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        wait_for(lambda: list(out.glob("runs/*/checkpoint/latest.npz")), "a point's first checkpoint")
-        sweep.send_signal(signal.SIGTERM)
-        _, err = sweep.communicate(timeout=60)
-    finally:
-        sweep.kill()
+    returncode, err = interrupt(["sweep", str(spec), "--out", str(out), "--quiet", "--jobs", "1"],
+                                lambda: list(out.glob("runs/*/checkpoint/latest.npz")), "a point's first checkpoint",
+                                signal.SIGTERM)
     said = [line for line in err.strip().splitlines() if not line.startswith("asgd: warning: ")]  # the step timing's
-    assert sweep.returncode == 130 and said == [f"asgd: sweep {out} interrupted; run the same command again to go on"]
+    assert returncode == 130 and said == [f"asgd: sweep {out} interrupted; run the same command again to go on"]
     wait_for(lambda: not job_processes(str(out)), "the sweep's point gone")
     points = json.loads((out / "index.json").read_text())["points"]
     assert [p["status"] for p in points] == ["interrupted", "pending"]
@@ -186,15 +189,10 @@ def test_an_interrupted_sweep_ends_its_point_and_goes_on_when_rerun(tmp_path, ti
 
 def test_ctrl_c_in_the_simulator_is_one_line_and_resumable(tmp_path, tiny_npz):
     run = tmp_path / "run"
-    job = subprocess.Popen([str(BIN / "asgd"), *sim(run, tiny_npz, "--steps", "100000")], stderr=subprocess.PIPE,
-                           text=True, start_new_session=True)  # a session of its own: SIGINT is not ignored
-    try:
-        wait_for(lambda: (run / "checkpoint" / "latest.npz").exists(), "a first checkpoint")
-        job.send_signal(signal.SIGINT)
-        _, err = job.communicate(timeout=60)
-    finally:
-        job.kill()
-    assert job.returncode == 130 and err.strip().splitlines() == \
+    returncode, err = interrupt(sim(run, tiny_npz, "--steps", "100000"),
+                                lambda: (run / "checkpoint" / "latest.npz").exists(), "a first checkpoint",
+                                signal.SIGINT)
+    assert returncode == 130 and err.strip().splitlines() == \
         [f"asgd: run {run} interrupted; resume with: asgd train --resume {run}"]
     assert status(run) == "failed: interrupted"
     steps = int(load_arrays(run / "checkpoint" / "latest.npz")["tally.client_steps"].max()) + 4
