@@ -49,20 +49,13 @@ class ServerLink:
     def exchange(self, message: Outgoing, into: np.ndarray | None) -> None:
         """Send `message`; with `into`, the servers' weights come back into it."""
         slices = [] if into is None else [into[lo:hi] for lo, hi in self.bounds]
-        replies = self.transport.expect_payloads(list(self.servers), slices)
+        replies = self.transport.expect_weights(list(self.servers), slices)
         self.transport.send_many([(server, message.tag, _sliced(message.header, i, lo, hi),
                                    None if message.payload is None else message.payload[lo:hi])
                                   for i, (server, (lo, hi)) in enumerate(zip(self.servers, self.bounds))],
                                  self.timeout)
-        if into is None:
-            return
-        # They come as soon as the servers have taken our push, applied it and sent the
-        # weights back: about three passes over the bytes, unless they are busy with
-        # others; so we watch for them closely that long.
-        busy = 0.01 + 3 * into.itemsize * max(hi - lo for lo, hi in self.bounds) / 1e9
-        for server in self.servers:
-            self.transport.recv(self.timeout, source=server, tag=Tag.WEIGHTS, busy=busy)
-        self.transport.complete(replies, list(self.servers), into.nbytes, self.timeout)
+        if into is not None:
+            self.transport.complete(replies, list(self.servers), into.nbytes, self.timeout)
 
 
 def _sliced(header: Any, server: int, lo: int, hi: int) -> Any:

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from paramserver import frame
+
 
 def small_cnn(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     channels, height, width = shape
@@ -89,5 +91,5 @@ def host_empty(size: int, device: torch.device) -> np.ndarray:
     """An empty float32 host vector for data on its way to or from `device`: page-locked
     for a GPU (copies to and from it are DMAs at full speed), plain numpy on a CPU."""
     if device.type == "cpu":
-        return np.empty(size, np.float32)
+        return frame.empty(size, np.float32)  # with room for a message header: sent in place
     return torch.empty(size, dtype=torch.float32, pin_memory=True).numpy()

@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from paramserver import frame
+
 
 class ServerArrays:
     """float32 torch tensors on `device`."""
@@ -28,7 +30,12 @@ class ServerArrays:
         self._staging: torch.Tensor | None = None  # the weights on their way to the wire (GPU)
 
     def adopt(self, host: np.ndarray) -> torch.Tensor:
-        """A private float32 copy of `host`, to update in place."""
+        """A private float32 copy of `host`, to update in place (on the host with room for
+        a message header around it: the weights go out as they are, paramserver/frame.py)."""
+        if self.on_host:
+            vector = frame.empty(host.size)
+            vector[:] = np.asarray(host, np.float32).reshape(-1)
+            return torch.from_numpy(vector)
         return torch.from_numpy(np.array(host, dtype=np.float32, order="C")).to(self.device)
 
     def upload(self, push: np.ndarray) -> torch.Tensor:

@@ -21,6 +21,8 @@ import numpy as np
 
 from paramserver.checkpoint import Checkpoint
 from paramserver.compress import Codec
+from paramserver import frame
+from paramserver.frame import Garbled
 from paramserver.protocol import FROM_CLIENTS, Message, Push, Reply, Stop, Tag, Weights, well_formed
 from paramserver.store import ApplyResult, Store
 
@@ -119,9 +121,9 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.tally = self.tally or ServerTally(len(self.client_ranks))
-        self.buffer = np.empty(self.store.size, np.float32)  # pushes, as float32
+        self.buffer = frame.empty(self.store.size, np.float32)  # pushes, as float32
         compressed = self.codec.wire_dtype != np.float32
-        self.landing = np.empty(self.store.size, self.codec.wire_dtype) if compressed else self.buffer  # as they come
+        self.landing = frame.empty(self.store.size, self.codec.wire_dtype) if compressed else self.buffer  # as they come
 
     def client(self, rank: int) -> int:
         return self.client_ranks.index(rank)
@@ -170,6 +172,8 @@ def _message_problem(state: ServerState, msg: Message) -> str:
         return f"message tag {msg.tag} from rank {msg.source}, a client lost before"
     if msg.tag not in FROM_CLIENTS:
         return f"message tag {tag_name(msg.tag)} is not one a client sends"
+    if isinstance(msg.header, Garbled):
+        return f"malformed message: {msg.header.why}"
     if not well_formed(msg.tag, msg.header):
         return f"malformed message: tag {msg.tag} with header {type(msg.header).__name__}"
     return ""

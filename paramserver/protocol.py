@@ -1,9 +1,9 @@
 """Every message between clients and the server: tags and headers, in one place.
 
-A message is a small header (a frozen dataclass, sent as a pickled object) and, for
-weights and pushes, a payload sent right after it as a raw buffer on tag PAYLOAD to the
-same peer (MPI keeps the order of messages between two ranks, so the payload that
-follows a header is that header's).
+A message is a header (a frozen dataclass) and, for a push or weights, a payload. On the
+wire a push and its weights reply are each ONE MPI message, a fixed binary header in
+front of the payload's bytes (paramserver/frame.py: no pickle on the hot path); the
+rare messages (PULL, STOP, FAIL, BYE) are pickled dataclasses.
 
 Message sequence (one client; the server serves all clients in arrival order):
 
@@ -41,7 +41,6 @@ class Tag(IntEnum):
     STOP = 3
     FAIL = 4
     WEIGHTS = 5
-    PAYLOAD = 6
     GATHER = 7     # a small object on its way to a gather's root (startup, sync modes' rows)
     BYE = 8
 
@@ -131,7 +130,7 @@ class Link(Protocol):
 
     def post(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None) -> list: ...
 
-    def expect_payloads(self, sources: list[int], intos: list[np.ndarray]) -> list: ...
+    def expect_weights(self, sources: list[int], intos: list[np.ndarray]) -> list: ...
 
     def complete(self, requests: list, peers: list[int], nbytes: int, timeout: float) -> None: ...
 
@@ -148,8 +147,7 @@ _LOGGABLE = (int, float, str, bool, type(None))
 
 
 def carries_payload(tag: int, header: Any) -> bool:
-    """Whether a payload follows this header from its sender: only a push's does (a
-    payload after any other header arrives alone, as a PAYLOAD message to reject)."""
+    """Whether a client's message brings a payload for the server: only a push does."""
     return tag == Tag.PUSH and isinstance(header, Push)
 
 

@@ -115,9 +115,10 @@ class RunDir:
     def lock(self) -> FolderLock:
         return FolderLock(self.path)
 
-    def writer(self, log: str, lines: int = 0) -> JsonlWriter:
+    def writer(self, log: str, lines: int = 0, flush_every: float = 0.0) -> JsonlWriter:
         tap = self.tap
-        return JsonlWriter(self.path / f"{log}.jsonl", lines, None if tap is None else lambda rows: tap(log, rows))
+        return JsonlWriter(self.path / f"{log}.jsonl", lines, None if tap is None else lambda rows: tap(log, rows),
+                           flush_every)
 
     def close_tap(self) -> None:
         if self.tap is not None and hasattr(self.tap, "close"):

@@ -1,7 +1,8 @@
 """The run directory: append-only JSONL logs, atomic JSON, text and checkpoint files.
 
-Rows are flushed to the OS as they are written, so a crashed process loses at most the
-row it was writing. Whole files (summary, config, checkpoint) are written to a
+Rows are flushed to the OS as they are written (the server's: at least every 0.1 s and
+before each checkpoint), so a crashed process loses at most the rows of its last moment,
+which no checkpoint accounts for. Whole files (summary, config, checkpoint) are written to a
 temporary name, fsynced and renamed, so a reader sees the old file or the new one,
 never half of one. Checkpoints are `.npz` files of plain arrays: `np.load` reads them
 with `allow_pickle=False`.
@@ -14,6 +15,7 @@ import json
 import math
 import os
 import sys
+import time
 import zipfile
 import zlib
 from pathlib import Path
@@ -23,23 +25,37 @@ import numpy as np
 
 
 class JsonlWriter:
-    """One JSON object a line, flushed per row."""
+    """One JSON object a line. `flush_every`: seconds rows may wait in memory before they
+    go to the OS (0: each row at once); `flush()` sends them now."""
 
-    def __init__(self, path: Path, lines: int = 0, tap: Callable[[list[dict[str, Any]]], None] | None = None):
-        self.path, self.tap = Path(path), tap
-        self._file = open(self.path, "a", encoding="utf-8")
+    def __init__(self, path: Path, lines: int = 0, tap: Callable[[list[dict[str, Any]]], None] | None = None,
+                 flush_every: float = 0.0):
+        self.path, self.tap, self.flush_every = Path(path), tap, flush_every
+        self._file = open(self.path, "a", encoding="utf-8", buffering=1 << 20)
+        self._flushed = time.monotonic()
         self.lines = lines  # rows in the file; a checkpoint records it to cut the log back on resume
 
     def write(self, row: dict[str, Any]) -> None:
         self.write_many([row])
 
     def write_many(self, rows: list[dict[str, Any]]) -> None:
+        self.write_json("".join(json.dumps(r, default=_plain) + "\n" for r in rows), rows)
+
+    def write_json(self, text: str, rows: list[dict[str, Any]]) -> None:
+        """`rows`, already written as JSON lines in `text` (the server's hot path formats
+        its own)."""
         with naming(self.path):
-            self._file.write("".join(json.dumps(r, default=_plain) + "\n" for r in rows))
-            self._file.flush()
+            self._file.write(text)
+            if time.monotonic() - self._flushed >= self.flush_every:
+                self.flush()
         self.lines += len(rows)
         if self.tap is not None:
             self.tap(rows)
+
+    def flush(self) -> None:
+        with naming(self.path):
+            self._file.flush()
+        self._flushed = time.monotonic()
 
     def close(self) -> None:
         self._file.close()

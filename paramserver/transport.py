@@ -1,4 +1,4 @@
-"""The only module that talks MPI: headers as small objects, payloads as raw buffers.
+"""The only module that talks MPI: a push or weights as one framed message, the rest pickled.
 
 Waiting never spins a core for long. A blocking MPI receive busy-polls (MPICH and Open
 MPI both do), which on a small machine steals the CPU the clients train on; here every
@@ -22,11 +22,27 @@ import numpy as np
 from mpi4py import MPI
 
 from paramserver.liveness import PeerDied, PeerWatch
-from paramserver.protocol import Message, PeerFailed, PeerTimeout, Tag, carries_payload, payload_target
+from paramserver import frame
+from paramserver.frame import FRAMED, HEADER_BYTES, rows_bytes
+from paramserver.protocol import Message, PeerFailed, PeerTimeout, Push, Tag, Weights, payload_target
 
 ANY = MPI.ANY_SOURCE
 _FIRST_SLEEP, _MAX_SLEEP = 50e-6, 1e-3
 _BUSY = 1e-3  # a message the peer sends right after its last one comes within this
+
+
+class ProtocolError(RuntimeError):
+    """A server's reply that cannot be read: the run cannot go on from it."""
+
+
+class Posted(list):
+    """MPI requests under way, with the buffers they read or fill (alive until done) and,
+    for replies, the check to run once they are in."""
+
+    def __init__(self, requests: list[MPI.Request], keep: list[np.ndarray] = (),
+                 verify: Callable[[], None] | None = None):
+        super().__init__(requests)
+        self.keep, self.verify = keep, verify
 
 
 class Transport:
@@ -41,61 +57,114 @@ class Transport:
 
     def send(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None,
              timeout: float = 600.0) -> None:
-        """A header, then its payload buffer (never pickled) if there is one; returns when
-        both are out. Even a small MPI send blocks while the receiver does not take it (a
-        stopped process fills MPICH's shared-memory queue), so a send waits like a receive:
-        polled, and no longer than `timeout`."""
+        """One message (a push or weights: header and payload in one, paramserver/frame.py;
+        anything else pickled); returns when it is out. Even a small MPI send blocks while
+        the receiver does not take it (a stopped process fills MPICH's shared-memory
+        queue), so a send waits like a receive: polled, and no longer than `timeout`."""
         self.send_many([(dest, tag, header, payload)], timeout)
 
     def send_many(self, messages: list[tuple[int, Tag, Any, np.ndarray | None]], timeout: float = 600.0) -> None:
         """Several (dest, tag, header, payload) at once: every transfer is under way
         before we wait for any (a client pushing to sharded servers)."""
-        requests = [request for dest, tag, header, payload in messages
-                    for request in self.post(dest, tag, header, payload)]
+        posted = [self.post(dest, tag, header, payload) for dest, tag, header, payload in messages]
         nbytes = sum(m[3].nbytes for m in messages if m[3] is not None)
-        self._complete(requests, timeout, sorted({m[0] for m in messages}), nbytes)
+        self._complete([request for p in posted for request in p], timeout, sorted({m[0] for m in messages}), nbytes)
 
-    def post(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None) -> list[MPI.Request]:
-        """Start sending a header and its payload; finish with `complete` (the payload
-        must not change until then)."""
-        requests = [self.comm.isend(header, dest=dest, tag=int(tag))]
-        if payload is not None:
-            requests.append(self.comm.Isend([_as_bytes(payload), MPI.BYTE], dest=dest, tag=int(Tag.PAYLOAD)))
-        return requests
+    def post(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None) -> Posted:
+        """Start sending one message; finish with `complete` (the payload must not change
+        until then). A push or weights goes framed: in place when the payload has room
+        around it (`frame.empty`), else as a datatype over its parts."""
+        if tag not in FRAMED:
+            if payload is not None:
+                raise ValueError(f"a {Tag(tag).name} message carries no payload")
+            return Posted([self.comm.isend(header, dest=dest, tag=int(tag))])
+        rows = rows_bytes(header) if isinstance(header, Push) else b""
+        data = _as_bytes(payload if payload is not None else np.empty(0, np.uint8))
+        block = frame.around(data, len(rows))
+        if block is None:
+            parts = [np.empty(HEADER_BYTES, np.uint8), data, np.frombuffer(rows, np.uint8)]
+            head = parts[0]
+        else:
+            parts, head = [block], block[:HEADER_BYTES]
+            block[HEADER_BYTES + data.nbytes:] = np.frombuffer(rows, np.uint8)
+        frame.write_header(head, tag, header, self.rank, rows)
+        return Posted([self._framed(self.comm.Isend, parts, dest, tag)], keep=parts)
 
     def recv(self, timeout: float, source: int = ANY, tag: int = MPI.ANY_TAG, busy: float = _BUSY,
              into: np.ndarray | None = None) -> Message:
-        """The next message from `source` (any rank by default): its header and, for a push,
-        the payload that follows it, landed in `into` when the byte counts match (see
-        `payload_target`); `busy`: seconds it is expected soon (see `_poll`). A sender that
-        stops between header and payload times out after `self.timeout`, naming it."""
+        """The next message from `source` (any rank by default); a framed one's payload
+        landed in `into` when the byte counts match (see `payload_target`). `busy`:
+        seconds it is expected soon (see `_poll`)."""
         status = self._wait(source, tag, timeout, busy)
-        sender = status.Get_source()
-        if status.Get_tag() == Tag.PAYLOAD:  # a payload whose header was not a push: drain it
-            self._recv_payload(sender, None)
-            return Message(sender, status.Get_tag(), None)
-        header = self._dead_on_error(lambda: self.comm.recv(source=sender, tag=status.Get_tag()), [sender])
-        payload = self._recv_payload(sender, into) if carries_payload(status.Get_tag(), header) else None
-        return Message(sender, status.Get_tag(), header, payload)
+        sender, got = status.Get_source(), status.Get_tag()
+        if got in FRAMED:
+            header, payload = self._recv_frame(sender, got, status.Get_count(MPI.BYTE), into)
+            return Message(sender, got, header, payload)
+        header = self._dead_on_error(lambda: self.comm.recv(source=sender, tag=got), [sender])
+        return Message(sender, got, header)
 
-    def _recv_payload(self, source: int, into: np.ndarray | None) -> np.ndarray:
-        nbytes = self._wait(source, int(Tag.PAYLOAD), self.timeout).Get_count(MPI.BYTE)
-        target = payload_target(nbytes, into)
-        request = self.comm.Irecv([_as_bytes(target), MPI.BYTE], source=source, tag=int(Tag.PAYLOAD))
-        self._complete([request], self.timeout, [source], nbytes)  # a sender stopped mid-transfer times out
-        return target
+    def _recv_frame(self, sender: int, tag: int, count: int, into: np.ndarray | None) -> tuple[Any, np.ndarray]:
+        """A framed message of `count` bytes. When it is as long as `into` says, its payload
+        lands in `into`: in place when `into` has room around it, else through a datatype;
+        otherwise (a payload of the wrong size, rejected anyway) as bytes, split after."""
+        data = _as_bytes(into if into is not None else np.empty(0, np.uint8))
+        tail = count - HEADER_BYTES - data.nbytes
+        block = frame.around(data, tail) if into is not None and tail >= 0 else None
+        if block is not None:
+            parts = [block]
+            head, rows = block[:HEADER_BYTES], block[HEADER_BYTES + data.nbytes:]
+        elif into is not None and tail >= 0:
+            parts = [np.empty(HEADER_BYTES, np.uint8), data, np.empty(tail, np.uint8)]
+            head, rows = parts[0], parts[2]
+        else:
+            parts = [np.empty(count, np.uint8)]
+        self._complete([self._framed(self.comm.Irecv, parts, sender, tag)], self.timeout, [sender], count)
+        if len(parts) == 1 and block is None or frame.rows_length(head) != tail:  # not the payload `into` expects
+            whole = np.concatenate(parts)
+            head, nrows = whole[:HEADER_BYTES], min(frame.rows_length(whole), max(count - HEADER_BYTES, 0))
+            raw, rows = whole[HEADER_BYTES:count - nrows], whole[count - nrows:]
+            into = payload_target(raw.nbytes, into)
+            into.view(np.uint8)[:] = raw
+        return frame.decode(tag, head, rows, sender), into
 
-    def expect_payloads(self, sources: list[int], intos: list[np.ndarray]) -> list[MPI.Request]:
-        """Receives posted before the headers that announce them: a peer's send then
-        completes whatever we are busy with (a client pushing to sharded servers must not
-        hold up a server that already answers it). Sizes must be right: a longer payload
-        is an MPI truncation error. Wait for them with `complete`."""
-        return [self.comm.Irecv([_as_bytes(into), MPI.BYTE], source=source, tag=int(Tag.PAYLOAD))
-                for source, into in zip(sources, intos)]
+    def _framed(self, operation: Callable, parts: list[np.ndarray], peer: int, tag: int) -> MPI.Request:
+        """Send or receive `parts` (byte arrays) as one message: one block as it is, several
+        through a derived datatype over their addresses (which MPI frees once the
+        transfer no longer needs it)."""
+        parts = [p for p in parts if p.nbytes] or parts[:1]
+        if len(parts) == 1:
+            return self._dead_on_error(lambda: operation([parts[0], MPI.BYTE], peer, int(tag)), [peer])
+        layout = MPI.BYTE.Create_hindexed([p.nbytes for p in parts], [MPI.Get_address(p) for p in parts]).Commit()
+        try:
+            return self._dead_on_error(lambda: operation([MPI.BOTTOM, 1, layout], peer, int(tag)), [peer])
+        finally:
+            layout.Free()
 
-    def complete(self, requests: list[MPI.Request], peers: list[int], nbytes: int, timeout: float) -> None:
-        """Wait for requests from `expect_payloads` or `post`."""
+    def expect_weights(self, sources: list[int], intos: list[np.ndarray]) -> Posted:
+        """Receives for the servers' replies, posted before the message that asks for them:
+        a server's send then completes whatever we are busy with (a client pushing to
+        sharded servers must not hold up a server that already answers it). `complete`
+        them; it checks each reply's header and raises `ProtocolError` on a bad one."""
+        heads, requests = [], []
+        for source, into in zip(sources, intos):
+            data = _as_bytes(into)
+            block = frame.around(data, 0)
+            parts = [block] if block is not None else [np.empty(HEADER_BYTES, np.uint8), data]
+            heads.append(parts[0][:HEADER_BYTES])
+            requests.append(self._framed(self.comm.Irecv, parts, source, Tag.WEIGHTS))
+
+        def verify() -> None:
+            for source, head, into in zip(sources, heads, intos):
+                header = frame.decode(Tag.WEIGHTS, head, b"", source)
+                if not isinstance(header, Weights) or header.size != into.size:
+                    raise ProtocolError(f"rank {self.rank}: a bad weights reply from rank {source}: {header}")
+        return Posted(requests, keep=[*heads, *intos], verify=verify)
+
+    def complete(self, requests: Posted, peers: list[int], nbytes: int, timeout: float) -> None:
+        """Wait for what `expect_weights` or `post` started."""
         self._complete(requests, timeout, peers, nbytes)
+        if requests.verify is not None:
+            requests.verify()
 
     def _complete(self, requests: list[MPI.Request], timeout: float, peers: list[int] | None,
                   nbytes: int) -> None:

@@ -27,8 +27,11 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
+import torch
+
 from clients.driver import ServerLink
 from clients.loop import Outgoing
+from clients.models import host_empty
 from paramserver.protocol import Pull, Push, Stop, Tag, shard_bounds
 from paramserver.rules import make_rule
 from paramserver.rundir import RunDir
@@ -96,8 +99,15 @@ def push_pull(link: ServerLink, payload: np.ndarray, into: np.ndarray, step: int
     link.exchange(Outgoing(Tag.PUSH, Push(step, payload.size, True, rows=(row,)), payload), into)
 
 
+def client_vectors(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """A push and a landing buffer, allocated as a CPU client allocates them."""
+    payload, into = host_empty(size, torch.device("cpu")), host_empty(size, torch.device("cpu"))
+    payload[:] = 1e-6
+    return payload, into
+
+
 def client_round_trips(transport: Transport, size: int, repeats: int) -> list[float]:
-    payload, into = np.full(size, 1e-6, np.float32), np.empty(size, np.float32)
+    payload, into = client_vectors(size)
     link = client_link(transport, size, 1)
     link.exchange(Outgoing(Tag.PULL, Pull()), into)
     times = []
@@ -155,7 +165,7 @@ def load(comm: MPI.Comm, size: int, seconds: float, servers: int) -> dict | None
             (time.perf_counter() - start, rss_mb())))
         wall = time.perf_counter() - start
         return None if comm.rank else _load_figures(loop, size, wall, servers, rss)
-    payload, into = np.full(size, 1e-6, np.float32), np.empty(size, np.float32)
+    payload, into = client_vectors(size)
     link = client_link(transport, size, servers)
     link.exchange(Outgoing(Tag.PULL, Pull()), into)
     step, end = 0, time.perf_counter() + seconds

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 
+from paramserver.frame import Garbled
 from paramserver.inprocess import InProcess, land
 from paramserver.protocol import Fail, Message, Pull, Push, Stop, Tag, Weights, carries_payload
 from paramserver.runlog import read_jsonl
@@ -40,7 +41,7 @@ class Bad(NamedTuple):
 BAD = {
     # (a) a tag the server does not take from a client
     "unknown tag": Bad((1, 99, Pull(), None), "tag unknown tag 99 is not one a client sends"),
-    "PAYLOAD without its header": Bad((1, Tag.PAYLOAD, None, None), "tag PAYLOAD is not one a client sends"),
+    "tag 6 (a payload's, before pushes were one message)": Bad((1, 6, None, None), "unknown tag 6"),
     "WEIGHTS from a client": Bad((1, Tag.WEIGHTS, Weights(0, 4), None), "tag WEIGHTS is not one a client sends"),
     # (b) a known tag with another header type
     "PUSH with a Stop header": Bad((1, Tag.PUSH, Stop(1, 1), GOOD), "with header Stop"),
@@ -164,20 +165,108 @@ def test_serve_rejects_every_bad_message_and_ends_only_when_every_client_stopped
     np.testing.assert_array_equal(server.state.store.weights, np.arange(4) + 2)
 
 
-def test_a_payload_without_its_push_header_is_drained_not_unpickled():
-    """Over real MPI (this process alone): a payload the server did not read as a push's
-    comes out as a PAYLOAD message to reject, and the next header reads normally."""
-    from mpi4py import MPI
+class Loopback:
+    """Over real MPI, this process alone: what a sender puts on the wire, as the server's
+    transport reads it (a send to oneself completes only once received)."""
 
-    from paramserver.transport import Transport
+    def __init__(self):
+        from mpi4py import MPI
 
-    comm = MPI.COMM_SELF
-    transport = Transport(comm)
-    # As a client sends them (a send to oneself completes only once received):
-    sent = [comm.isend(Stop(1, 1), dest=0, tag=Tag.PUSH),  # handle() rejects it and reads no payload
-            comm.Isend([GOOD, MPI.FLOAT], dest=0, tag=Tag.PAYLOAD), comm.isend(Pull(), dest=0, tag=Tag.PULL)]
-    assert transport.recv(timeout=5).tag == Tag.PUSH
-    stray = transport.recv(timeout=5)
-    assert (stray.tag, stray.header) == (Tag.PAYLOAD, None)
-    assert transport.recv(timeout=5).header == Pull()
-    MPI.Request.Waitall(sent)
+        from paramserver.transport import Transport
+
+        self.MPI, self.comm = MPI, MPI.COMM_SELF
+        self.transport = Transport(self.comm)
+        self.sent: list = []
+
+    def raw(self, data: bytes | np.ndarray, tag: int) -> None:
+        self.sent.append(self.comm.Isend([np.frombuffer(bytes(data), np.uint8), self.MPI.BYTE], dest=0, tag=tag))
+
+    def receive(self, into: np.ndarray | None) -> Message:
+        msg = self.transport.recv(timeout=5, into=into)
+        self.done(self.sent)
+        self.sent = []
+        return msg
+
+    def done(self, requests: list) -> None:
+        """Wait for sends (5 s at most: a test must fail, not hang)."""
+        from paramserver.transport import Posted
+
+        self.transport.complete(Posted(requests), [0], 0, 5)
+
+
+@pytest.mark.parametrize("framed", [True, False], ids=["in place", "through a datatype"])
+def test_a_push_is_one_message_that_lands_in_the_servers_buffer(framed):
+    from paramserver import frame
+
+    wire = Loopback()
+    payload, into = (frame.empty(4), frame.empty(4)) if framed else (np.empty(4, np.float32), np.empty(4, np.float32))
+    payload[:] = [1, 2, 3, 4]
+    header = Push(7, 4, True, rows=({"client": 0, "step": 7, "loss": float("nan")}, {"client": 0, "step": 8}))
+    posted = wire.transport.post(0, Tag.PUSH, header, payload)
+    msg = wire.transport.recv(timeout=5, into=into)
+    wire.done(posted)
+    assert msg.payload is into and into.tolist() == [1, 2, 3, 4]
+    assert (msg.header.step, msg.header.size, msg.header.fetch, msg.header.dtype) == (7, 4, True, "float32")
+    assert msg.header.rows[1] == {"client": 0, "step": 8} and np.isnan(msg.header.rows[0]["loss"])
+
+
+def test_a_pickled_object_on_the_push_tag_is_rejected_unread_and_the_next_message_reads():
+    import pickle
+
+    wire = Loopback()
+    wire.raw(pickle.dumps(Push(1, 4, True)), Tag.PUSH)
+    into = np.zeros(4, np.float32)
+    msg = wire.receive(into)
+    assert isinstance(msg.header, Garbled) and "magic" in msg.header.why
+    wire.sent.append(wire.comm.isend(Pull(), dest=0, tag=Tag.PULL))
+    assert wire.receive(None).header == Pull()
+
+
+def frame_bytes(header: Push, payload: np.ndarray, rank: int = 0) -> bytearray:
+    from paramserver import frame
+
+    head = np.zeros(frame.HEADER_BYTES, np.uint8)
+    rows = frame.rows_bytes(header)
+    frame.write_header(head, Tag.PUSH, header, rank, rows)
+    return bytearray(head.tobytes() + payload.tobytes() + rows)
+
+
+@pytest.mark.parametrize("damage", ["flip a header bit", "wrong rank", "rows cut short", "rows not JSON"])
+def test_a_damaged_frame_is_garbled_and_the_server_rejects_it(served, damage):
+    data = frame_bytes(Push(1, 4, True, rows=({"client": 0, "step": 1},)), GOOD,
+                       rank=3 if damage == "wrong rank" else 0)
+    if damage == "flip a header bit":
+        data[20] ^= 0x10
+    elif damage == "rows cut short":
+        data = data[:-2]
+    elif damage == "rows not JSON":
+        data[-3] = ord("{")
+    wire = Loopback()
+    wire.raw(data, Tag.PUSH)
+    msg = wire.receive(served.state.landing)
+    assert isinstance(msg.header, Garbled)
+    start(served, stopped=False)
+    before = state(served)
+    served.deliver(1, Tag.PUSH, msg.header, msg.payload)
+    assert state(served) == before
+    [row] = rejections(served)
+    assert row["rejected"].startswith("malformed message: ")
+
+
+def test_a_payload_of_the_wrong_size_lands_as_bytes_that_are_rejected():
+    wire = Loopback()
+    wire.raw(frame_bytes(Push(1, 5, True), np.ones(5, np.float32)), Tag.PUSH)
+    into = np.zeros(4, np.float32)
+    msg = wire.receive(into)
+    assert msg.header == Push(1, 5, True) and msg.payload.dtype == np.uint8 and msg.payload.nbytes == 20
+
+
+def test_a_bad_weights_reply_is_an_error_not_weights():
+    from paramserver.transport import ProtocolError
+
+    wire = Loopback()
+    into = np.zeros(4, np.float32)
+    posted = wire.transport.expect_weights([0], [into])
+    wire.raw(frame_bytes(Push(1, 4, True), GOOD), Tag.WEIGHTS)  # a push's header, on the weights' tag
+    with pytest.raises(ProtocolError, match="bad weights reply from rank 0"):
+        wire.transport.complete(posted, [0], into.nbytes, 5)

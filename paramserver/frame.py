@@ -1,0 +1,114 @@
+"""The hot path's wire format: a push, and a weights reply, each one MPI message.
+
+    | 64-byte header | payload (the vector's bytes) | rows (a push's log rows, JSON) |
+
+The header is fixed binary: magic, format, tag, dtype, fetch, the sender's rank, step,
+version, payload length in elements, the rows' byte count, and a CRC-32 of the fields
+before it. Nothing here is unpickled, so a message from a broken or hostile sender can
+only be rejected (`Garbled`), never run. The rows go last, so a push's payload lands in
+the server's buffer whatever the rows' length.
+
+The vectors that travel (the server's weights and landing buffer, a CPU client's pushes
+and incoming weights) are allocated by `empty()`, with room for the header before them
+and for rows after: the message is then one contiguous block, sent and received in
+place, with no copy. Any other vector goes as a derived MPI datatype over the three
+parts (still one message; MPICH packs it, a copy, so that path is for the rare
+cases: compressed or GPU-staged vectors, and the slices of sharded servers). Rare
+messages (PULL, STOP, FAIL, BYE) stay pickled dataclasses: they cost a message each,
+not one per minibatch.
+"""
+from __future__ import annotations
+
+import json
+import struct
+import weakref
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from paramserver.protocol import Push, Tag, Weights
+
+MAGIC, FORMAT = b"ASGD", 1
+HEADER_BYTES = 64
+# magic, format, tag, dtype code, fetch, client rank, step, version, length, rows bytes | crc
+_FIELDS = struct.Struct("<4sBBBBiqqqI")
+_CRC = struct.Struct("<I")
+DTYPES = ("float32", "float16", "bfloat16")  # a push header's dtype name, by its code on the wire
+FRAMED = (Tag.PUSH, Tag.WEIGHTS)
+ROWS_ROOM = 1 << 16  # bytes kept after a vector from `empty()`, for a push's rows
+_FRAMES: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()  # vector address -> frame
+
+
+def empty(size: int, dtype: np.dtype | type = np.float32) -> np.ndarray:
+    """An uninitialised vector with room for a frame around it (see the module's doc).
+    Any view that starts where it does (a torch tensor's `.numpy()`) finds the room too."""
+    nbytes = size * np.dtype(dtype).itemsize
+    frame = np.empty(HEADER_BYTES + nbytes + ROWS_ROOM, np.uint8)
+    vector = frame[HEADER_BYTES:HEADER_BYTES + nbytes].view(dtype)
+    _FRAMES[vector.__array_interface__["data"][0]] = frame
+    return vector
+
+
+def around(data: np.ndarray, tail: int) -> np.ndarray | None:
+    """The contiguous block [header | `data` | `tail` bytes] when `data` (bytes) came from
+    `empty()` and has that much room after it; else None."""
+    frame = _FRAMES.get(data.__array_interface__["data"][0])
+    end = HEADER_BYTES + data.nbytes + tail
+    return frame[:end] if frame is not None and end <= frame.nbytes else None
+
+
+@dataclass(frozen=True)
+class Garbled:
+    """A framed message that could not be read: the handler rejects it, saying why."""
+
+    why: str
+
+
+def write_header(out: np.ndarray, tag: int, header: Push | Weights, rank: int, rows: bytes = b"") -> None:
+    """The 64 header bytes for `header`, sent by `rank`, into `out`. (Every reply of one
+    version from one server has the same header: the replies in flight from the
+    server's weights share its room.)"""
+    if isinstance(header, Push):
+        fields = (DTYPES.index(header.dtype), header.fetch, header.step, 0, header.size)
+    else:
+        fields = (0, False, 0, header.version, header.size)
+    dtype, fetch, step, version, length = fields
+    _FIELDS.pack_into(out, 0, MAGIC, FORMAT, tag, dtype, fetch, rank, step, version, length, len(rows))
+    _CRC.pack_into(out, _FIELDS.size, zlib.crc32(out[:_FIELDS.size]))
+
+
+def rows_bytes(header: Push) -> bytes:
+    return json.dumps(header.rows, allow_nan=True, separators=(",", ":")).encode() if header.rows else b""
+
+
+def rows_length(head: np.ndarray) -> int:
+    """The rows' byte count a header announces (0 when the header is unreadable)."""
+    if head.nbytes < HEADER_BYTES or bytes(head[:4]) != MAGIC:
+        return 0
+    return _FIELDS.unpack_from(head)[-1]
+
+
+def decode(tag: int, head: np.ndarray, rows: np.ndarray | bytes, rank: int) -> Push | Weights | Garbled:
+    """The header a framed message carries, or why it is unreadable. `head`: its first 64
+    bytes; `rows`: the bytes after the payload; `rank`: the sender's, which the header
+    must name."""
+    if head.nbytes < HEADER_BYTES:
+        return Garbled(f"a framed message of {head.nbytes} bytes, shorter than its header")
+    magic, fmt, wire_tag, dtype, fetch, client, step, version, length, nrows = _FIELDS.unpack_from(head)
+    if magic != MAGIC:
+        return Garbled("a framed message without the frame's magic bytes")
+    if _CRC.unpack_from(head, _FIELDS.size)[0] != zlib.crc32(head[:_FIELDS.size]):
+        return Garbled("a frame header whose checksum does not match")
+    if (fmt, wire_tag, client) != (FORMAT, tag, rank) or dtype >= len(DTYPES) or fetch > 1 or nrows != len(rows):
+        return Garbled(f"a frame header of format {fmt}, tag {wire_tag}, rank {client}, dtype code {dtype}, "
+                       f"fetch {fetch}, {nrows} row bytes ({len(rows)} came) on tag {tag} for rank {rank}")
+    if tag == Tag.WEIGHTS:
+        return Weights(version, length)
+    try:
+        decoded = json.loads(bytes(rows)) if nrows else []
+    except (UnicodeDecodeError, ValueError):
+        return Garbled("a push whose rows are not JSON")
+    if not isinstance(decoded, list):
+        return Garbled("a push whose rows are not a list")
+    return Push(step, length, bool(fetch), DTYPES[dtype], rows=tuple(decoded))
