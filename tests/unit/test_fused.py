@@ -1,0 +1,100 @@
+"""The fused kernels' formulas (paramserver/fused.py) against the torch rules, in numpy.
+
+Each rule is written twice: on torch tensors (paramserver/rules.py, the CPU server) and
+as the statements a GPU server compiles into one cupy kernel. Here the statements run in
+float32 numpy inside a real Store (through `Fused`, as on a GPU: double-buffered, the
+flag rejecting NaN/Inf), push by push beside a Store running the torch rule, and after
+each push the weights and the rule's state must agree to float32 precision. This runs
+without a GPU; tests/sim/test_gpu.py runs the compiled kernels where CUDA and cupy are.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from paramserver import fused
+from paramserver.config import RunConfig
+from paramserver.rules import RULES, make_rule
+from paramserver.store import Store
+
+N = 50
+SETTINGS = RunConfig(lr=0.05, server_lr=0.1, server_momentum=0.9, weight_decay=1e-3, dc_lambda=2.0)
+PLAIN = RunConfig(lr=0.05, server_momentum=0.0, weight_decay=0.0, dc_lambda=0.0)  # sgd without a buffer, ...
+# (client, pulls before pushing): client 0 always pulls (staleness 0 on its own, more
+# after the others), 1 sometimes, 2 never (staleness grows; dcasgd holds no copy of it)
+SCHEDULE = [(0, True), (1, True), (0, True), (2, False), (1, False), (0, True), (2, False), (1, True),
+            (0, False), (2, False)]
+CASES = [(rule, SETTINGS, 3) for rule in RULES] + [(rule, PLAIN, 3) for rule in ("sgd", "adagrad", "dcasgd")] + [
+    ("easgd", SETTINGS, 1), ("staleness", SETTINGS, 1), ("scaled", SETTINGS, 1)]
+
+
+def fused_store(start: np.ndarray, rule: str, settings: RunConfig, clients: int) -> Store:
+    """A CPU Store whose applies take the fused path, with numpy running the formulas."""
+    store = Store(start, make_rule(rule, settings, clients))
+    assert store.fused is None  # the CPU server runs the torch rule
+    store.fused = fused.Fused(store.rule, fused.numpy_kernel)
+    return store
+
+
+def assert_same(store: Store, reference: Store, where: str) -> None:
+    np.testing.assert_allclose(store.weights, reference.weights, rtol=1e-5, atol=1e-6, err_msg=where)
+    state, expected = store.rule.state(), reference.rule.state()
+    assert state.keys() == expected.keys(), where
+    for key in state:
+        np.testing.assert_allclose(state[key].numpy(), expected[key].numpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg=f"{where}: {key}")
+
+
+@pytest.mark.parametrize("rule,settings,clients", CASES, ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(CASES)])
+def test_formula_equals_the_torch_rule_push_by_push(rule, settings, clients):
+    rng = np.random.default_rng(7)
+    start = rng.standard_normal(N).astype(np.float32)
+    ours, reference = fused_store(start, rule, settings, clients), Store(start, make_rule(rule, settings, clients))
+    scale = 1.0 if rule == "easgd" else 0.1  # easgd pushes weights
+    for step, (client, pulls) in enumerate(SCHEDULE):
+        client %= clients
+        if pulls:
+            ours.pull(client)
+            reference.pull(client)
+        push = (rng.standard_normal(N) * scale).astype(np.float32)
+        got, expected = ours.apply(client, push.copy()), reference.apply(client, push.copy())
+        assert got == expected
+        assert_same(ours, reference, f"push {step} (client {client}, staleness {expected.staleness})")
+    assert ours.staleness == reference.staleness and max(reference.staleness) >= 2
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_push_changes_neither_weights_nor_state(rule, bad):
+    """The flag rejects it after the formula ran: the new values went to spare buffers."""
+    rng = np.random.default_rng(8)
+    start = rng.standard_normal(N).astype(np.float32)
+    ours, reference = fused_store(start, rule, SETTINGS, 2), Store(start, make_rule(rule, SETTINGS, 2))
+    for push_bad_first in (True, False):  # before the state exists, and after
+        for store in (ours, reference):
+            store.pull(0)
+        push = rng.standard_normal(N).astype(np.float32) * 0.1
+        if not push_bad_first:
+            assert ours.apply(0, push.copy()).accepted and reference.apply(0, push.copy()).accepted
+        push[N // 2] = bad
+        got = ours.apply(0, push.copy())
+        assert got == reference.apply(0, push.copy()) and not got.accepted and got.reason == "contains NaN or Inf"
+        assert_same(ours, reference, f"after a push with {bad}")
+    assert ours.rejected == reference.rejected == {0: 2}
+
+
+def test_every_formula_is_statements_c_and_python_share():
+    for code in (fused.ADD, fused.STEP, fused.ELASTIC, fused.SGD_PLAIN, fused.SGD, fused.ADAGRAD, fused.DCASGD):
+        targets = [target for target, _ in fused.statements(code)]
+        assert targets[-1] == "w_out" and "**" not in code and "//" not in code
+    with pytest.raises(ValueError, match="not `name = expression;` statements"):
+        fused.statements("w_out = w + d")  # no semicolon: C would not compile it
+
+
+def test_every_rule_has_a_formula():
+    assert set(RULES.values()) <= set(fused.UPDATES)
+
+
+def test_cpu_server_never_takes_the_fused_path():
+    store = Store(np.zeros(4, np.float32), make_rule("sgd", SETTINGS))
+    assert store.fused is None and fused.for_store(store.backend, store.rule) is None
