@@ -16,6 +16,7 @@ from paramserver import fused
 from paramserver.config import RunConfig
 from paramserver.rules import RULES, make_rule
 from paramserver.store import Store
+from tests.conftest import assert_same_store
 
 N = 50
 SETTINGS = RunConfig(lr=0.05, server_lr=0.1, server_momentum=0.9, weight_decay=1e-3, dc_lambda=2.0)
@@ -36,15 +37,6 @@ def fused_store(start: np.ndarray, rule: str, settings: RunConfig, clients: int)
     return store
 
 
-def assert_same(store: Store, reference: Store, where: str) -> None:
-    np.testing.assert_allclose(store.weights, reference.weights, rtol=1e-5, atol=1e-6, err_msg=where)
-    state, expected = store.rule.state(), reference.rule.state()
-    assert state.keys() == expected.keys(), where
-    for key in state:
-        np.testing.assert_allclose(state[key].numpy(), expected[key].numpy(), rtol=1e-5, atol=1e-6,
-                                   err_msg=f"{where}: {key}")
-
-
 @pytest.mark.parametrize("rule,settings,clients", CASES, ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(CASES)])
 def test_formula_equals_the_torch_rule_push_by_push(rule, settings, clients):
     rng = np.random.default_rng(7)
@@ -59,7 +51,7 @@ def test_formula_equals_the_torch_rule_push_by_push(rule, settings, clients):
         push = (rng.standard_normal(N) * scale).astype(np.float32)
         got, expected = ours.apply(client, push.copy()), reference.apply(client, push.copy())
         assert got == expected
-        assert_same(ours, reference, f"push {step} (client {client}, staleness {expected.staleness})")
+        assert_same_store(ours, reference, f"push {step} (client {client}, staleness {expected.staleness})")
     assert ours.staleness == reference.staleness and max(reference.staleness) >= 2
 
 
@@ -79,7 +71,7 @@ def test_a_non_finite_push_changes_neither_weights_nor_state(rule, bad):
         push[N // 2] = bad
         got = ours.apply(0, push.copy())
         assert got == reference.apply(0, push.copy()) and not got.accepted and got.reason == "contains NaN or Inf"
-        assert_same(ours, reference, f"after a push with {bad}")
+        assert_same_store(ours, reference, f"after a push with {bad}")
     assert ours.rejected == reference.rejected == {0: 2}
 
 
