@@ -84,7 +84,8 @@ def kernel_row(size: int, device: torch.device, rule: str, repeats: int) -> dict
     torch_rule, fused_rule = make_rule(rule, SETTINGS, CLIENTS), make_rule(rule, SETTINGS, CLIENTS)
     torch_rule.pulled(0, start)
     fused_rule.pulled(0, start)
-    w_torch, fused, weights = start.clone(), Fused(fused_rule, CupyKernel() if on_gpu else numpy_kernel), [start.clone()]
+    fused = Fused(fused_rule, CupyKernel() if on_gpu else numpy_kernel)
+    w_torch, weights = start.clone(), [start.clone()]
 
     def fused_step() -> None:  # returns after the flag is read: synchronised
         weights[0] = fused.apply(weights[0], d, 0, 1)
@@ -126,8 +127,8 @@ def main() -> None:
     print(json.dumps(result, indent=1))
     print("fused kernel: ms, and its ratio to the torch update and to a memcpy of the same bytes (target <= 1.5)")
     for row in result["kernels"]:
-        print(f"{row['floats']:>10.0e} {row['rule']:>9}  fused {row['fused_ms']:8.3f} ms  torch {row['torch_ms']:8.3f} ms"
-              f"  fused/torch {row['fused_vs_torch']:5.2f}  fused/memcpy {row['fused_vs_memcpy']:5.2f}"
+        print(f"{row['floats']:>10.0e} {row['rule']:>9}  fused {row['fused_ms']:8.3f} ms"
+              f"  torch {row['torch_ms']:8.3f} ms  fused/torch {row['fused_vs_torch']:5.2f}  fused/memcpy {row['fused_vs_memcpy']:5.2f}"
               f"  torch/memcpy {row['torch_vs_memcpy']:5.2f}")
     if args.json:
         with open(args.json, "w") as out:
