@@ -142,6 +142,16 @@ def numpy_kernel(update: Update, inputs: dict[str, Tensor], outputs: dict[str, T
     return bool(np.isfinite(scope["d"]).all())
 
 
+def kernel_source(update: Update, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> tuple[str, str, str]:
+    """An ElementwiseKernel's in_params, out_params and operation for `update` over the
+    named arrays: temporaries declared float, the flag `bad` set where d is not finite."""
+    targets = {f"{k}_out" for k in outputs}
+    body = [f"{'' if t in targets else 'float '}{t} = {e};" for t, e in statements(update.code)]
+    body.append("if (!isfinite(d)) bad[0] = 1;")  # a benign race: every writer writes 1
+    return (", ".join(f"float32 {k}" for k in (*inputs, *update.scalars)),
+            ", ".join([*(f"float32 {k}_out" for k in outputs), "raw int32 bad"]), "\n".join(body))
+
+
 class CupyKernel:
     """The statements as cupy ElementwiseKernels (compiled once per formula and
     signature) on CUDA tensors, shared with torch through DLPack, on torch's stream."""
@@ -156,13 +166,8 @@ class CupyKernel:
     def compile(self, update: Update, inputs: tuple[str, ...], outputs: tuple[str, ...]):
         key = (update.code, inputs, tuple(update.scalars), outputs)
         if key not in self.kernels:
-            targets = {f"{k}_out" for k in outputs}
-            body = [f"{'' if t in targets else 'float '}{t} = {e};" for t, e in statements(update.code)]
-            body.append("if (!isfinite(d)) bad[0] = 1;")  # a benign race: every writer writes 1
-            self.kernels[key] = self.cupy.ElementwiseKernel(
-                ", ".join(f"float32 {k}" for k in (*inputs, *update.scalars)),
-                ", ".join([*(f"float32 {t}_out" for t in outputs), "raw int32 bad"]),
-                "\n".join(body), name="asgd_update")
+            self.kernels[key] = self.cupy.ElementwiseKernel(*kernel_source(update, inputs, outputs),
+                                                            name="asgd_update")
         return self.kernels[key]
 
     def __call__(self, update: Update, inputs: dict[str, Tensor], outputs: dict[str, Tensor]) -> bool:

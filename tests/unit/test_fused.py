@@ -9,6 +9,9 @@ without a GPU; tests/sim/test_gpu.py runs the compiled kernels where CUDA and cu
 """
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -90,3 +93,32 @@ def test_every_rule_has_a_formula():
 def test_cpu_server_never_takes_the_fused_path():
     store = Store(np.zeros(4, np.float32), make_rule("sgd", SETTINGS))
     assert store.fused is None and fused.for_store(store.backend, store.rule) is None
+
+
+def every_update() -> list[tuple[str, fused.Update, tuple[str, ...], tuple[str, ...]]]:
+    """(rule, update, input names, output names) of every formula as a GPU server would
+    compile it, each rule past its first push (its state made) and dcasgd's copy pulled."""
+    found = []
+    for rule, settings in [(rule, SETTINGS) for rule in RULES] + [("sgd", PLAIN)]:
+        store = fused_store(np.zeros(4, np.float32), rule, settings, 2)
+        store.pull(0)
+        store.apply(0, np.ones(4, np.float32))
+        update = fused.UPDATES[type(store.rule)](store.rule, 0, 1)
+        found.append((rule, update, ("w", "d", *update.state, *update.reads), ("w", *update.state)))
+    return found
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to compile the kernels' C++ on the host")
+def test_every_kernel_compiles_as_cpp(tmp_path):
+    """The operation cupy would hand NVRTC, in a host C++ function with the same
+    parameters (cupy's: const inputs and scalars, float& outputs, a raw int array)."""
+    units = ["#include <cmath>", "using std::isfinite; using std::sqrt;"]
+    for rule, update, inputs, outputs in every_update():
+        in_params, out_params, body = fused.kernel_source(update, inputs, outputs)
+        params = [p.replace("float32 ", "const float ") for p in in_params.split(", ")]
+        params += [p.replace("float32 ", "float& ").replace("raw int32 ", "int* ") for p in out_params.split(", ")]
+        units.append(f"void {rule}_{len(units)}({', '.join(params)}) {{\n{body}\n}}")
+    (tmp_path / "kernels.cpp").write_text("\n".join(units))
+    result = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-Wall", "-Werror", str(tmp_path / "kernels.cpp")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
