@@ -3,8 +3,8 @@
 paramserver/rules.py writes each rule on torch tensors: several kernels a push (DC-ASGD's
 takes about eight), each a pass over memory, after the host read the push once more
 for NaN/Inf. Here each rule's update is written once more, as a few `name = expr;`
-statements in the common ground of C and Python (names, numbers, + - * /, brackets and
-sqrt), compiled by cupy into one ElementwiseKernel that reads w, d and the rule's state
+statements in the common ground of C and Python (names, + - * /, brackets and sqrt;
+constants come in as float32 scalars, a literal 0.5 being a double in C), compiled by cupy into one ElementwiseKernel that reads w, d and the rule's state
 once, writes their new values once, and raises a flag where an element of d is not
 finite. `Store` uses it when the weights are on a GPU and cupy imports
 (`for_store`); anywhere else the torch rules run, unchanged.
@@ -15,8 +15,9 @@ is known only after the kernel wrote them. So the kernel writes into second buff
 no extra pass, at the cost of one more vector for the weights and each state vector.
 
 The same statements run in numpy (`numpy_kernel`), which is how tests/unit/test_fused.py
-holds every formula to its torch rule on a machine without a GPU. Unverified on a GPU
-so far: experiments/bench/gpu_check.sh runs tests/sim/test_gpu.py and times the kernels.
+holds every formula to its torch rule on a machine without a GPU (and it compiles each
+kernel's operation as host C++). Unverified on a GPU so far: experiments/bench/
+gpu_check.sh runs tests/sim/test_gpu.py and times the kernels.
 """
 from __future__ import annotations
 

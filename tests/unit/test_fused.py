@@ -4,8 +4,8 @@ Each rule is written twice: on torch tensors (paramserver/rules.py, the CPU serv
 as the statements a GPU server compiles into one cupy kernel. Here the statements run in
 float32 numpy inside a real Store (through `Fused`, as on a GPU: double-buffered, the
 flag rejecting NaN/Inf), push by push beside a Store running the torch rule, and after
-each push the weights and the rule's state must agree to float32 precision. This runs
-without a GPU; tests/sim/test_gpu.py runs the compiled kernels where CUDA and cupy are.
+each push the weights and the rule's state must agree to float32 precision; and each
+kernel's operation must compile as host C++. This runs without a GPU; tests/sim/test_gpu.py runs the compiled kernels where CUDA and cupy are.
 """
 from __future__ import annotations
 
