@@ -10,7 +10,9 @@ The weights are a torch tensor where `server_device` says (paramserver/arrays.py
 the CPU it shares a numpy vector's memory), updated by the rule's torch arithmetic.
 Outside the Store they are always a host float32 vector (`weights`), so the server loop
 does not care where they live. The staleness of a push is known before its apply,
-because a rule may depend on it.
+because a rule may depend on it. On a GPU with cupy installed each apply is one fused
+kernel (paramserver/fused.py) whose flag does the NaN/Inf check, and it writes new
+weights beside the old: `array` is then a different tensor after each accepted push.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 import numpy as np
 
+from paramserver import fused
 from paramserver.arrays import ServerArrays
 from paramserver.rules import Rule
 
@@ -38,6 +41,7 @@ class Store:
         self.backend = backend or ServerArrays()
         self.array = self.backend.adopt(weights)  # the weights, where the backend keeps them
         self.rule = rule
+        self.fused = fused.for_store(self.backend, rule)  # None: the rule's torch arithmetic
         self.version = version
         self.pulled: dict[int, int] = {}
         self.applied: Counter[int] = Counter()
@@ -61,8 +65,8 @@ class Store:
         self.rule.pulled(client, self.array)
         return self.weights, self.version
 
-    def check(self, push: np.ndarray) -> str:
-        """Why `push` must be rejected, or "" if it is fine."""
+    def check(self, push: np.ndarray, finite: bool = True) -> str:
+        """Why `push` must be rejected, or "" if it is fine (NaN and Inf only if `finite`)."""
         if push.dtype != np.float32:
             return f"dtype {push.dtype}, expected float32"
         if push.size != self.size:
@@ -71,17 +75,24 @@ class Store:
         # cheapest read of the vector (a float64 sum costs 5x). Huge finite values can
         # overflow it too, so only then look element by element.
         with np.errstate(over="ignore"):
-            if not np.isfinite(np.dot(push, push)) and not np.isfinite(push).all():
+            if finite and not np.isfinite(np.dot(push, push)) and not np.isfinite(push).all():
                 return "contains NaN or Inf"
         return ""
 
     def apply(self, client: int, push: np.ndarray) -> ApplyResult:
         staleness = self.version - self.pulled.get(client, 0)
-        reason = self.check(push)
+        reason = self.check(push, finite=self.fused is None)
+        if not reason and self.fused:
+            weights = self.fused.apply(self.array, self.backend.upload(push), client, staleness)
+            if weights is None:
+                reason = "contains NaN or Inf"
+            else:
+                self.array = weights
+        elif not reason:
+            self.rule.apply(self.array, self.backend.upload(push), client, staleness)
         if reason:
             self.rejected[client] += 1
             return ApplyResult(False, self.version, staleness, reason)
-        self.rule.apply(self.array, self.backend.upload(push), client, staleness)
         self.version += 1
         self.applied[client] += 1
         self.staleness[staleness] += 1

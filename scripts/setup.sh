@@ -4,19 +4,30 @@
 #               the registry's CUDA build where nvidia-smi finds one)
 #   MPI=system  build mpi4py against the MPI on PATH (a cluster's own) instead of
 #               installing the mpich wheel
+# Where nvidia-smi finds a GPU, also the cupy wheel for that torch's CUDA (cupy-cuda12x
+# for CUDA 12, cupy-cuda13x for 13: scripts/cupy_package.sh), which a GPU server's
+# fused update kernels need (paramserver/fused.py); without it they fall back to torch.
 set -euo pipefail
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
+GPU=no
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    GPU=yes
+fi
 if [ -z "${TORCH_SPEC:-}" ]; then
-    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-        TORCH_SPEC=torch
-    else
-        TORCH_SPEC=torch==2.13.0
-    fi
+    if [ "$GPU" = yes ]; then TORCH_SPEC=torch; else TORCH_SPEC=torch==2.13.0; fi
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 "$VENV/bin/python" -c "import torch" 2>/dev/null || pip install "$TORCH_SPEC"
+if [ "$GPU" = yes ]; then
+    CUPY=$("$(dirname "$0")/cupy_package.sh" "$VENV/bin/python")
+    if [ -n "$CUPY" ]; then
+        pip install "$CUPY"
+    else
+        echo "setup: a GPU, but $VENV's torch has no CUDA: cupy not installed (TORCH_SPEC)" >&2
+    fi
+fi
 if [ "${MPI:-wheel}" = system ]; then
     pip install --no-binary mpi4py mpi4py
 else

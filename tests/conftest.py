@@ -1,6 +1,6 @@
 """Shared test helpers, for every tier: a small generated dataset, a hard-timeout command
-runner, a run's every-row-once check, and the real server driven in process, with a
-message builder."""
+runner, a run's every-row-once check, two Stores compared, and the real server driven
+in process, with a message builder."""
 from __future__ import annotations
 
 import json
@@ -80,6 +80,15 @@ def small_sweep(tmp_path_factory, tiny_npz) -> Path:
                     f'[grid]\nclients = [1, 2]\nn_sync = [1, 2]\nmode = ["async", "sync"]\nstart = ["cold", "warm"]\n')
     assert main(["sweep", str(spec), "--out", str(folder / "out"), "--quiet"]) == 0
     return folder / "out"
+
+
+def assert_same_store(store, reference, where: str = "") -> None:
+    """Every array a checkpoint of the Store would hold (weights, version, the rule's
+    state, the counters) equal to float32 precision."""
+    arrays, expected = store.state(), reference.state()
+    assert arrays.keys() == expected.keys(), where
+    for key, value in expected.items():
+        np.testing.assert_allclose(arrays[key], value, rtol=1e-5, atol=1e-6, err_msg=f"{where}: {key}")
 
 
 def make_server(path: Path, weights: np.ndarray, clients: int, clock=lambda: 0.0):

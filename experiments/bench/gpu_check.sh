@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
 # Every GPU path of gpu-asgd on one CUDA machine, each number printed. Sized for one H200
 # with 16 cores: about 3 minutes; every stage has a time limit, and the limits add up to
-# 7.5 minutes, so the whole check ends within 8 even when stages hang.
+# 8.5 minutes, so the whole check ends within 9 even when stages hang.
 #
-#   experiments/bench/gpu_check.sh prepare   # where pip reaches PyPI: puts the mpich and
-#                                            # mpi4py wheels and Fashion-MNIST in .gpucheck/
+#   experiments/bench/gpu_check.sh prepare   # where pip reaches PyPI: puts the mpich,
+#                                            # mpi4py and cupy wheels (cupy-cuda12x and
+#                                            # -cuda13x, about 200 MB; CUPY_PACKAGES="..."
+#                                            # for fewer) and Fashion-MNIST in .gpucheck/
 #   experiments/bench/gpu_check.sh           # on the GPU machine, with .gpucheck/ brought along
 #
 # Python: .venv's when its torch sees CUDA (`make setup` on a GPU machine), else python3
 # (a machine image with CUDA torch), into whose environment the wheels in .gpucheck/
-# are installed (MPICH, as on the CPU reference machine). Without .gpucheck/fashion-mnist
+# are installed (MPICH, as on the CPU reference machine; the cupy wheel that matches that
+# torch's CUDA, scripts/cupy_package.sh). Without .gpucheck/fashion-mnist
 # the training runs use a generated dataset. Stages:
-#   1. versions, GPU, MPI library and whether it is CUDA-aware (paramserver/gpu.py);
-#   2. pytest tests/sim/test_gpu.py (cuda Store == numpy Store, cuda client run == cpu run);
-#   3. experiments/bench/gpu_paths.py: pinned against pageable staging, and the server's
-#      push + pull on the GPU against numpy, at 1e6, 1.6e7 and 6e7 floats;
+#   1. versions, GPU, cupy, MPI library and whether it is CUDA-aware (paramserver/gpu.py);
+#   2. pytest tests/sim/test_gpu.py (cuda Store == numpy Store, cuda client run == cpu run,
+#      each rule's fused cupy kernel == its torch update, NaN/Inf rejected by the kernel);
+#   3. experiments/bench/gpu_paths.py: pinned against pageable staging, the server's
+#      push + pull on the GPU against numpy, and each rule's fused kernel against its
+#      torch update and a device memcpy of the same bytes (target: within 1.5x of the
+#      memcpy), at 1e6, 1.6e7 and 6e7 floats;
 #   4. experiments/bench/wire.py wire and load: the MPI wire and the server loop on this
 #      machine (host vectors: what the staging above adds to);
 #   5. asgd train, 1 server + 4 clients on Fashion-MNIST, clients on cuda, with the server on
@@ -31,7 +37,8 @@ prepare() {
     "$python" -m pip download -q --no-deps --only-binary=:all: --python-version "${PYVER:-3.12}" \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
-        -d "$CHECK/wheels" "mpich==${MPICH_VERSION:-5.0.2}" "mpi4py==${MPI4PY_VERSION:-4.1.2}" || exit 1
+        -d "$CHECK/wheels" "mpich==${MPICH_VERSION:-5.0.2}" "mpi4py==${MPI4PY_VERSION:-4.1.2}" \
+        "cuda-pathfinder>=1.3.4,<2" ${CUPY_PACKAGES:-cupy-cuda12x==14.2.0 cupy-cuda13x==14.2.0} || exit 1
     if [ -d /usr/share/datasets/fashion-mnist ]; then
         mkdir -p "$CHECK/fashion-mnist"
         cp /usr/share/datasets/fashion-mnist/*-ubyte.gz "$CHECK/fashion-mnist/"
@@ -66,8 +73,14 @@ cuda_torch() { "$1" -c 'import sys, torch; sys.exit(not torch.cuda.is_available(
 if [ -x .venv/bin/python ] && cuda_torch .venv/bin/python; then PY=.venv/bin/python; else PY=$(command -v python3); fi
 cuda_torch "$PY" || { echo "gpu_check: $PY has no torch that sees a CUDA device"; exit 1; }
 if compgen -G "$CHECK/wheels/*.whl" >/dev/null; then
-    stage 30 "install MPI wheels into $PY's environment" \
-        "$PY" -m pip install -q --no-index --no-deps --no-cache-dir --force-reinstall "$CHECK"/wheels/*.whl
+    CUPY_WHEEL=$(scripts/cupy_package.sh "$PY" | tr - _)  # cupy_cuda12x: as wheel files spell it
+    WHEELS=()
+    for wheel in "$CHECK"/wheels/*.whl; do
+        case ${wheel##*/} in cupy_cuda*) [[ ${wheel##*/} == "$CUPY_WHEEL"-* ]] || continue ;; esac
+        WHEELS+=("$wheel")
+    done
+    stage 60 "install the wheels into $PY's environment" \
+        "$PY" -m pip install -q --no-index --no-deps --no-cache-dir --force-reinstall "${WHEELS[@]}"
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # ignored by MPICH
@@ -88,12 +101,17 @@ from mpi4py import MPI
 from paramserver.gpu import cuda_aware_mpi
 print("torch", torch.__version__, "| CUDA", torch.version.cuda, "|", torch.cuda.get_device_name(0))
 print("MPI:", MPI.Get_library_version().splitlines()[0].strip(), "| mpi4py", mpi4py.__version__)
-print("cuda_aware_mpi:", cuda_aware_mpi())'
+print("cuda_aware_mpi:", cuda_aware_mpi())
+try:
+    import cupy
+    print("cupy", cupy.__version__, "| CUDA runtime", cupy.cuda.runtime.runtimeGetVersion())
+except ImportError as error:
+    print("cupy: not importable, so the server runs the torch rules:", error)'
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || true
 
 stage 110 "pytest tests/sim/test_gpu.py" "$PY" -m pytest -q -p no:cacheprovider -rs tests/sim/test_gpu.py
 
-stage 60 "gpu_paths (staging and the server on the GPU)" \
+stage 80 "gpu_paths (staging, the server on the GPU, the fused kernels)" \
     "$PY" -m experiments.bench.gpu_paths --json "$SAVE/gpu_paths.json"
 
 stage 40 "wire (MPI wire, 2 ranks)" env OMP_NUM_THREADS=1 "$MPIEXEC" -n 2 "$PY" -m experiments.bench.wire wire \

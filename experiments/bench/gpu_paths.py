@@ -9,9 +9,13 @@ For each model size P (floats), the median milliseconds of a repeat after a warm
 - the server's work for one fetching push: apply, then pull (the weights staged for the
   wire), with the Store on the device (upload, the rule's torch kernels, staging to
   pinned memory) against the same Store on the host, for every update rule (sgd with
-  server momentum 0.9 and weight decay).
+  server momentum 0.9 and weight decay);
+- each rule's update alone, on weights already on the device: the fused cupy kernel
+  (paramserver/fused.py) against the rule's torch kernels, and both against a device
+  memcpy (torch's and cupy's) that reads and writes as many bytes as the kernel does.
+  The target is `fused_vs_memcpy` <= 1.5.
 `experiments/bench/gpu_check.sh` runs it; with `--device cpu` it runs the same code on
-CPU tensors (a smoke test, not a measurement).
+CPU tensors, numpy standing in for cupy (a smoke test, not a measurement).
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import torch
 from clients.models import host_copy, host_empty
 from paramserver.arrays import ServerArrays
 from paramserver.config import RunConfig
+from paramserver.fused import UPDATES, CupyKernel, Fused, numpy_kernel
 from paramserver.rules import RULES, make_rule
 from paramserver.store import Store
 
@@ -71,6 +76,41 @@ def server_row(size: int, device: torch.device, rule: str, repeats: int) -> dict
     return row
 
 
+def kernel_row(size: int, device: torch.device, rule: str, repeats: int) -> dict:
+    """One update of `rule` by client 0 (pulled, staleness 1): fused, torch, memcpy."""
+    on_gpu = device.type == "cuda"
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    start, d = torch.randn(size, device=device), torch.full((size,), 1e-6, device=device)
+    torch_rule, fused_rule = make_rule(rule, SETTINGS, CLIENTS), make_rule(rule, SETTINGS, CLIENTS)
+    torch_rule.pulled(0, start)
+    fused_rule.pulled(0, start)
+    fused = Fused(fused_rule, CupyKernel() if on_gpu else numpy_kernel)
+    w_torch, weights = start.clone(), [start.clone()]
+
+    def fused_step() -> None:  # returns after the flag is read: synchronised
+        weights[0] = fused.apply(weights[0], d, 0, 1)
+
+    row = {"floats": size, "rule": rule,
+           "fused_ms": median_ms(fused_step, repeats),
+           "torch_ms": median_ms(lambda: (torch_rule.apply(w_torch, d, 0, 1), sync()), repeats)}
+    update = UPDATES[type(fused_rule)](fused_rule, 0, 1)
+    row["vectors_moved"] = 2 + len(update.reads) + 2 * (1 + len(update.state))  # w, d, reads in; w, state in and out
+    source = torch.empty(size * row["vectors_moved"] // 2, device=device)  # a copy reads and writes it: the same bytes
+    target = torch.empty_like(source)
+    row["torch_memcpy_ms"] = median_ms(lambda: (target.copy_(source), sync()), repeats)
+    if on_gpu:
+        import cupy
+
+        source_cp, target_cp = cupy.from_dlpack(source), cupy.from_dlpack(target)
+        row["cupy_memcpy_ms"] = median_ms(lambda: (cupy.copyto(target_cp, source_cp), sync()), repeats)
+    memcpy_ms = min(row["torch_memcpy_ms"], row.get("cupy_memcpy_ms", np.inf))
+    row["fused_gb_s"] = 4 * size * row["vectors_moved"] / row["fused_ms"] / 1e6
+    row["fused_vs_torch"] = row["fused_ms"] / row["torch_ms"]
+    row["fused_vs_memcpy"] = row["fused_ms"] / memcpy_ms
+    row["torch_vs_memcpy"] = row["torch_ms"] / memcpy_ms
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -82,8 +122,14 @@ def main() -> None:
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "client": [client_row(size, device, args.repeats) for size in sizes],
-              "server": [server_row(size, device, rule, args.repeats) for size in sizes for rule in RULES]}
+              "server": [server_row(size, device, rule, args.repeats) for size in sizes for rule in RULES],
+              "kernels": [kernel_row(size, device, rule, args.repeats) for size in sizes for rule in RULES]}
     print(json.dumps(result, indent=1))
+    print("fused kernel: ms, and its ratio to the torch update and to a memcpy of the same bytes (target <= 1.5)")
+    for row in result["kernels"]:
+        print(f"{row['floats']:>10.0e} {row['rule']:>9}  fused {row['fused_ms']:8.3f} ms"
+              f"  torch {row['torch_ms']:8.3f} ms  fused/torch {row['fused_vs_torch']:5.2f}  fused/memcpy {row['fused_vs_memcpy']:5.2f}"
+              f"  torch/memcpy {row['torch_vs_memcpy']:5.2f}")
     if args.json:
         with open(args.json, "w") as out:
             json.dump(result, out, indent=1)

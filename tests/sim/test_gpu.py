@@ -2,7 +2,8 @@
 
 What runs without a GPU runs everywhere: the CPU store's shared memory, the
 server_device config key, the CUDA-aware MPI check. The rest needs CUDA and skips
-without it (experiments/bench/gpu_check.sh runs this file on a GPU machine).
+without it, and the fused server kernels (paramserver/fused.py) need cupy as well
+(experiments/bench/gpu_check.sh runs this file on a GPU machine).
 """
 from __future__ import annotations
 
@@ -25,8 +26,21 @@ from paramserver.gpu import cuda_aware_mpi
 from paramserver.rules import RULES, make_rule
 from paramserver.runlog import load_arrays, save_arrays
 from paramserver.store import Store
+from tests.conftest import assert_same_store
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def cupy_imports() -> bool:
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_cupy = pytest.mark.skipif(not (torch.cuda.is_available() and cupy_imports()),
+                                reason="needs a CUDA device and cupy (the fused server kernels)")
 SETTINGS = RunConfig(lr=0.1, server_lr=0.1, server_momentum=0.9)
 
 
@@ -57,6 +71,31 @@ def test_cuda_store_equals_cpu_store(tmp_path, rule):
     resumed.apply(0, pushes[6].copy())
     host.apply(0, pushes[6].copy())
     np.testing.assert_allclose(resumed.weights, host.weights, atol=1e-5, rtol=0)
+
+
+@needs_cupy
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("settings", [SETTINGS, RunConfig(lr=0.1, server_momentum=0.0, weight_decay=0.0)])
+def test_fused_kernel_equals_the_torch_rule_on_the_gpu(rule, settings):
+    """Each rule's one cupy kernel against its torch kernels, both on the GPU, push by
+    push (pulls, staleness, state carried); a NaN and an Inf push are rejected by the
+    kernel's flag and leave the weights and the rule's state as they were."""
+    rng = np.random.default_rng(5)
+    start = rng.standard_normal(100_003).astype(np.float32)  # not a multiple of a block
+    fused_store = Store(start, make_rule(rule, settings, 3), backend=ServerArrays("cuda"))
+    torch_store = Store(start, make_rule(rule, settings, 3), backend=ServerArrays("cuda"))
+    assert fused_store.fused is not None
+    torch_store.fused = None
+    for i, client in enumerate([0, 1, 0, 2, 1, 0, 2, 0, 1, 0]):
+        if client != 2:  # client 2 never pulls: its staleness grows, dcasgd has no copy for it
+            fused_store.pull(client)
+            torch_store.pull(client)
+        push = (rng.standard_normal(start.size) * (1.0 if rule == "easgd" else 0.1)).astype(np.float32)
+        if i in (3, 6):
+            push[i * 1000] = np.nan if i == 3 else -np.inf
+        got, expected = fused_store.apply(client, push.copy()), torch_store.apply(client, push.copy())
+        assert got == expected and got.accepted == (i not in (3, 6))
+        assert_same_store(fused_store, torch_store, f"push {i}")
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])

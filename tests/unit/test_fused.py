@@ -1,0 +1,124 @@
+"""The fused kernels' formulas (paramserver/fused.py) against the torch rules, in numpy.
+
+Each rule is written twice: on torch tensors (paramserver/rules.py, the CPU server) and
+as the statements a GPU server compiles into one cupy kernel. Here the statements run in
+float32 numpy inside a real Store (through `Fused`, as on a GPU: double-buffered, the
+flag rejecting NaN/Inf), push by push beside a Store running the torch rule, and after
+each push the weights and the rule's state must agree to float32 precision; and each
+kernel's operation must compile as host C++. This runs without a GPU; tests/sim/test_gpu.py runs the compiled kernels where CUDA and cupy are.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from paramserver import fused
+from paramserver.config import RunConfig
+from paramserver.rules import RULES, make_rule
+from paramserver.store import Store
+from tests.conftest import assert_same_store
+
+N = 50
+SETTINGS = RunConfig(lr=0.05, server_lr=0.1, server_momentum=0.9, weight_decay=1e-3, dc_lambda=2.0)
+PLAIN = RunConfig(lr=0.05, server_momentum=0.0, weight_decay=0.0, dc_lambda=0.0)  # sgd without a buffer, ...
+# (client, pulls before pushing): client 0 always pulls (staleness 0 on its own, more
+# after the others), 1 sometimes, 2 never (staleness grows; dcasgd holds no copy of it)
+SCHEDULE = [(0, True), (1, True), (0, True), (2, False), (1, False), (0, True), (2, False), (1, True),
+            (0, False), (2, False)]
+CASES = [(rule, SETTINGS, 3) for rule in RULES] + [(rule, PLAIN, 3) for rule in ("sgd", "adagrad", "dcasgd")] + [
+    ("easgd", SETTINGS, 1), ("staleness", SETTINGS, 1), ("scaled", SETTINGS, 1)]
+
+
+def fused_store(start: np.ndarray, rule: str, settings: RunConfig, clients: int) -> Store:
+    """A CPU Store whose applies take the fused path, with numpy running the formulas."""
+    store = Store(start, make_rule(rule, settings, clients))
+    assert store.fused is None  # the CPU server runs the torch rule
+    store.fused = fused.Fused(store.rule, fused.numpy_kernel)
+    return store
+
+
+@pytest.mark.parametrize("rule,settings,clients", CASES, ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(CASES)])
+def test_formula_equals_the_torch_rule_push_by_push(rule, settings, clients):
+    rng = np.random.default_rng(7)
+    start = rng.standard_normal(N).astype(np.float32)
+    ours, reference = fused_store(start, rule, settings, clients), Store(start, make_rule(rule, settings, clients))
+    scale = 1.0 if rule == "easgd" else 0.1  # easgd pushes weights
+    for step, (client, pulls) in enumerate(SCHEDULE):
+        client %= clients
+        if pulls:
+            ours.pull(client)
+            reference.pull(client)
+        push = (rng.standard_normal(N) * scale).astype(np.float32)
+        got, expected = ours.apply(client, push.copy()), reference.apply(client, push.copy())
+        assert got == expected
+        assert_same_store(ours, reference, f"push {step} (client {client}, staleness {expected.staleness})")
+    assert ours.staleness == reference.staleness and max(reference.staleness) >= 2
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_push_changes_neither_weights_nor_state(rule, bad):
+    """The flag rejects it after the formula ran: the new values went to spare buffers."""
+    rng = np.random.default_rng(8)
+    start = rng.standard_normal(N).astype(np.float32)
+    ours, reference = fused_store(start, rule, SETTINGS, 2), Store(start, make_rule(rule, SETTINGS, 2))
+    for push_bad_first in (True, False):  # before the state exists, and after
+        for store in (ours, reference):
+            store.pull(0)
+        push = rng.standard_normal(N).astype(np.float32) * 0.1
+        if not push_bad_first:
+            assert ours.apply(0, push.copy()).accepted and reference.apply(0, push.copy()).accepted
+        push[N // 2] = bad
+        got = ours.apply(0, push.copy())
+        assert got == reference.apply(0, push.copy()) and not got.accepted and got.reason == "contains NaN or Inf"
+        assert_same_store(ours, reference, f"after a push with {bad}")
+    assert ours.rejected == reference.rejected == {0: 2}
+
+
+def test_every_formula_is_statements_c_and_python_share():
+    for code in (fused.ADD, fused.STEP, fused.ELASTIC, fused.SGD_PLAIN, fused.SGD, fused.ADAGRAD, fused.DCASGD):
+        targets = [target for target, _ in fused.statements(code)]
+        assert targets[-1] == "w_out" and "**" not in code and "//" not in code
+    with pytest.raises(ValueError, match="not `name = expression;` statements"):
+        fused.statements("w_out = w + d")  # no semicolon: C would not compile it
+
+
+def test_every_rule_has_a_formula():
+    assert set(RULES.values()) <= set(fused.UPDATES)
+
+
+def test_cpu_server_never_takes_the_fused_path():
+    store = Store(np.zeros(4, np.float32), make_rule("sgd", SETTINGS))
+    assert store.fused is None and fused.for_store(store.backend, store.rule) is None
+
+
+def every_update() -> list[tuple[str, fused.Update, tuple[str, ...], tuple[str, ...]]]:
+    """(rule, update, input names, output names) of every formula as a GPU server would
+    compile it, each rule past its first push (its state made) and dcasgd's copy pulled."""
+    found = []
+    for rule, settings in [(rule, SETTINGS) for rule in RULES] + [("sgd", PLAIN)]:
+        store = fused_store(np.zeros(4, np.float32), rule, settings, 2)
+        store.pull(0)
+        store.apply(0, np.ones(4, np.float32))
+        update = fused.UPDATES[type(store.rule)](store.rule, 0, 1)
+        found.append((rule, update, ("w", "d", *update.state, *update.reads), ("w", *update.state)))
+    return found
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to compile the kernels' C++ on the host")
+def test_every_kernel_compiles_as_cpp(tmp_path):
+    """The operation cupy would hand NVRTC, in a host C++ function with the same
+    parameters (cupy's: const inputs and scalars, float& outputs, a raw int array)."""
+    units = ["#include <cmath>", "using std::isfinite; using std::sqrt;"]
+    for rule, update, inputs, outputs in every_update():
+        in_params, out_params, body = fused.kernel_source(update, inputs, outputs)
+        params = [p.replace("float32 ", "const float ") for p in in_params.split(", ")]
+        params += [p.replace("float32 ", "float& ").replace("raw int32 ", "int* ") for p in out_params.split(", ")]
+        units.append(f"void {rule}_{len(units)}({', '.join(params)}) {{\n{body}\n}}")
+    (tmp_path / "kernels.cpp").write_text("\n".join(units))
+    result = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-Wall", "-Werror", str(tmp_path / "kernels.cpp")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
