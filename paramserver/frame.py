@@ -51,11 +51,14 @@ def empty(size: int, dtype: np.dtype | type = np.float32) -> np.ndarray:
 
 
 def around(data: np.ndarray, tail: int) -> np.ndarray | None:
-    """The contiguous block [header | `data` | `tail` bytes] when `data` (bytes) came from
-    `empty()` and has that much room after it; else None."""
+    """The contiguous block [header | `data` | `tail` bytes] when `data` (bytes) starts a
+    vector from `empty()` and that much room after it is free (after the whole vector:
+    behind a leading slice of it, such as a sharded server's, lies the next slice)."""
     frame = _FRAMES.get(data.__array_interface__["data"][0])
-    end = HEADER_BYTES + data.nbytes + tail
-    return frame[:end] if frame is not None and end <= frame.nbytes else None
+    if frame is None:
+        return None
+    whole = data.nbytes == frame.nbytes - HEADER_BYTES - ROWS_ROOM
+    return frame[:HEADER_BYTES + data.nbytes + tail] if tail == 0 or whole and tail <= ROWS_ROOM else None
 
 
 @dataclass(frozen=True)
