@@ -20,6 +20,8 @@ in every process. Process start-up and data loading are outside the timed window
 K trainers send P-float gradients to the same server and take its P floats back as fast as
 they can; it reports the calls completed by all trainers in a timed window of `seconds`,
 after a short warm-up, as pushes/s and MB/s (both directions), as `wire.py load` does.
+`RpcLoadGroup` keeps such a server and its trainers for many windows, stopped between
+them, so that `versus.py` can take turns with ours trial by trial.
 
 Processes are spawned, so a calling script needs the usual `if __name__ == "__main__":`
 guard. Every process ends within `timeout` seconds: the call kills the ones still

@@ -2,21 +2,24 @@
 
     asgd bench [--out results/bench.json] [--markdown PAGE.md] [--quick]
 
-One run measures, on this machine, each comparison in the same run and prints ratios:
-1. wire: push + pull through the server against raw MPI, and apply against memcpy
-   (experiments/bench/wire.py);
+One run measures, on this machine:
+1. wire: push + pull through the server against raw MPI plus the apply, and the apply
+   against memcpy (experiments/bench/wire.py);
 2. server under load: 1, 2, 4, 8 clients pushing without compute (oversubscribed where
    cores are few), and whether a waiting rank leaves the cores to the others
    (experiments/bench/idle_wait.py);
-3. server against a peer: pushes/s of our server and of a torch.distributed.rpc
-   parameter server with 1, 2, 4 clients pushing 1e6 floats without compute, where the
-   server is what limits (wire.py load, peers.rpc_ps_load);
+3. server-bound: pushes/s of our server and of a torch.distributed.rpc parameter server
+   with no-compute clients, 1e4 to 1.6e7 floats with 1 and 2 clients, and at the proxy
+   CNN's size with 1, 2 and 4 (experiments/bench/versus.py);
 4. peers: samples/s of our async server (n_sync 1 and 10) and sync mode against torch
    DDP (gloo) and a torch.distributed.rpc parameter server (experiments/bench/peers.py),
    same model, data, clients and batch;
 5. simulator: its wall time against the pure compute of the same minibatches.
-Every figure is a median over repeats after a warm-up, or a rate over a timed window
-after one. Nothing here asserts a time: the numbers are for reading.
+Every comparison runs its two sides in turn, trial by trial after a warm-up
+(experiments/bench/trials.py), and reports the median of the per-trial ratios with their
+interquartile range; a median below a physical lower bound is flagged as a measurement
+error. Nothing here asserts a time: the numbers are for reading. About 12 minutes on 2
+cores; `--quick` is a smoke run.
 
 The JSON is rewritten after every section; at the end the same tables that are printed
 go to a Markdown page (default: beside the JSON; `make bench` writes
