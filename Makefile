@@ -27,8 +27,8 @@ test: setup
 test-unit test-sim test-mpi test-reliability: setup
 	$(BIN)/python -m pytest -q tests/$(@:test-%=%)
 
-# Performance against MPI, memcpy, torch DDP and an RPC parameter server (about 5 minutes
-# on 2 cores): prints its tables, writes results/bench.json and, once every section is
+# Performance against MPI, memcpy, torch DDP and an RPC parameter server (under about 12
+# minutes on 2 cores): prints its tables, writes results/bench.json and, once every section is
 # measured, the tables as docs/results/bench.md (the page docs/performance.md links to;
 # written whole or not at all, so the docs never quote a half-finished run).
 bench: setup

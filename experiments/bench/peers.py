@@ -20,6 +20,8 @@ in every process. Process start-up and data loading are outside the timed window
 K trainers send P-float gradients to the same server and take its P floats back as fast as
 they can; it reports the calls completed by all trainers in a timed window of `seconds`,
 after a short warm-up, as pushes/s and MB/s (both directions), as `wire.py load` does.
+`RpcLoadGroup` keeps such a server and its trainers for many windows, stopped between
+them, so that `versus.py` can take turns with ours trial by trial.
 
 Processes are spawned, so a calling script needs the usual `if __name__ == "__main__":`
 guard. Every process ends within `timeout` seconds: the call kills the ones still
@@ -27,15 +29,20 @@ running and raises TimeoutError (PeerError when one fails).
 """
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+import queue
+import signal
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from experiments.bench.peer_setup import (PeerError, Workload, backward, batch_source, build, digest, make_load,
+from experiments.bench.peer_setup import (POLL_S, PeerError, Workload, backward, batch_source, build, digest, make_load,
                                           make_workload, run_processes, sgd, summary, timed, train_split)
-from experiments.bench.rpc_ps import rpc_load_process, rpc_process
+from experiments.bench.rpc_ps import rpc_load_member, rpc_load_process, rpc_process
 
 
 def ddp_throughput(clients: int, steps: int, batch_size: int = 64, model: str = "cnn", warmup: int = 5,
@@ -67,6 +74,69 @@ def rpc_ps_load(clients: int, size: int, seconds: float, timeout: float = 120) -
     pushes = sum(run_processes(rpc_load_process, w.clients + 1, w)[0])
     return {"clients": clients, "floats": size, "seconds": seconds, "pushes": pushes,
             "pushes_per_s": pushes / seconds, "mbytes_per_s": pushes * 2 * 4 * size / seconds / 1e6}
+
+
+class RpcLoadGroup:
+    """The RPC parameter server and `clients` no-compute trainers, started once and kept for
+    many `window`s (start-up takes seconds; a window, a fraction of one).
+
+    Between windows every process is stopped (SIGSTOP): TensorPipe's shared-memory
+    transport busy-polls a core in every process even when idle, which would take the
+    CPU from whatever is measured meanwhile (our server, in `versus.py`). Stopped all
+    together with no call in flight, nothing times out. Use it as a context manager."""
+
+    def __init__(self, clients: int, timeout: float = 300) -> None:
+        self.w = make_load(clients, 1, 1.0, timeout)  # size and seconds come with each window
+        ctx = mp.get_context("spawn")
+        self.commands, self.results = ctx.Queue(), ctx.Queue()
+        self.procs = [ctx.Process(target=rpc_load_member, args=(rank, self.w, self.commands, self.results),
+                                  daemon=True) for rank in range(clients + 1)]
+
+    def __enter__(self) -> RpcLoadGroup:
+        for p in self.procs:
+            p.start()
+        self._take("ready")
+        self._signal(signal.SIGSTOP)
+        return self
+
+    def window(self, size: int, seconds: float, warmup_s: float) -> float:
+        """Pushes/s of all trainers in one window of `seconds` (`warmup_s` after they start)."""
+        self._signal(signal.SIGCONT)
+        self.commands.put((size, seconds, warmup_s))
+        counts = self._take("counts")
+        self._signal(signal.SIGSTOP)
+        return sum(counts) / seconds
+
+    def __exit__(self, *exc: object) -> None:
+        self._signal(signal.SIGCONT)
+        self.commands.put(None)
+        deadline = time.monotonic() + self.w.timeout
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+
+    def _signal(self, number: int) -> None:
+        for p in self.procs:
+            if p.exitcode is None:
+                os.kill(p.pid, number)
+
+    def _take(self, kind: str) -> Any:
+        """The next result of `kind`; raises on a failure, a dead process, or the timeout."""
+        deadline = time.monotonic() + self.w.timeout
+        while time.monotonic() < deadline:
+            try:
+                got, value = self.results.get(timeout=POLL_S)
+            except queue.Empty:
+                dead = [rank for rank, p in enumerate(self.procs) if p.exitcode is not None]
+                if dead:
+                    raise PeerError(f"RPC process {dead[0]} died with exit status {self.procs[dead[0]].exitcode}")
+                continue
+            if got == "error":
+                raise PeerError(value)
+            return value
+        raise TimeoutError(f"the RPC load group gave no {kind} within {self.w.timeout} s")
 
 
 def _ddp_rank(rank: int, w: Workload) -> tuple[float, str]:

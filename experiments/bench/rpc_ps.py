@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 import warnings
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed.rpc as rpc
@@ -157,16 +159,38 @@ def run_server(w: Workload) -> list[float]:
 
 def run_load_server(w: Load) -> list[int]:
     """Every trainer's count of steps completed in one common window of `w.seconds`."""
-    ps_rref = rpc.RRef(ParameterServer.flat(w.size))
+    return load_window(w.clients, w.size, w.seconds)
+
+
+def load_window(clients: int, size: int, seconds: float, warmup_s: float = LOAD_WARMUP_S) -> list[int]:
+    """On the server, with every process in the RPC group: a fresh `size`-float server and
+    `clients` fresh load trainers; each trainer's steps completed in one common window of
+    `seconds` that opens `warmup_s` after each has made one step."""
+    ps_rref = rpc.RRef(ParameterServer.flat(size))
     # Made first and stepped once, so that no trainer's set-up (the first call to a process can take
     # seconds to connect on a busy machine) falls into the window.
-    trainers = [rpc.remote(trainer_name(rank), load_trainer, args=(ps_rref, w.size))
-                for rank in range(1, w.clients + 1)]
+    trainers = [rpc.remote(trainer_name(rank), load_trainer, args=(ps_rref, size))
+                for rank in range(1, clients + 1)]
     for future in [trainer.rpc_async().step() for trainer in trainers]:
         future.wait()
-    start = time.time() + LOAD_WARMUP_S
-    futures = [trainer.rpc_async().steps_in(start, start + w.seconds) for trainer in trainers]
+    start = time.time() + warmup_s
+    futures = [trainer.rpc_async().steps_in(start, start + seconds) for trainer in trainers]
     return [f.wait() for f in futures]
+
+
+def rpc_load_member(rank: int, w: Load, commands: Any, results: Any) -> None:
+    """A process of a long-lived load group (`peers.RpcLoadGroup`): rank 0 runs one
+    `load_window` per (size, seconds) taken from `commands` until None, and puts its counts
+    (after ("ready", None) once every process has joined) on `results`."""
+    try:
+        with rpc_member(rank, w.clients, w.port, w.timeout):
+            if rank == 0:
+                results.put(("ready", None))
+                for size, seconds, warmup_s in iter(commands.get, None):
+                    results.put(("counts", load_window(w.clients, size, seconds, warmup_s)))
+    except BaseException:
+        results.put(("error", f"RPC process {rank} failed:\n{traceback.format_exc()}"))
+        raise
 
 
 def rpc_process(rank: int, w: Workload) -> list[float] | None:
@@ -180,13 +204,21 @@ def rpc_load_process(rank: int, w: Load) -> list[int] | None:
 
 
 def _rpc_rank(rank: int, w: Workload | Load, serve: Callable[[Any], list[Any]]) -> list[Any] | None:
+    with rpc_member(rank, w.clients, w.port, w.timeout):
+        return serve(w) if rank == 0 else None
+
+
+@contextmanager
+def rpc_member(rank: int, clients: int, port: int, timeout: float) -> Iterator[None]:
+    """This process in the RPC group of 1 + `clients`: rank 0 the server ("ps"), the others
+    trainers, which only serve calls; on leaving, waits until every process is done."""
     # Raised by RPC's own shutdown, not by anything here; the PyTorch example silences it too.
     warnings.filterwarnings("ignore", message="You are using a Backend.*ProcessGroup")
     # rpc_timeout bounds every call, a trainer's whole run included, so a lost peer fails by the deadline.
-    options = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{w.port}", rpc_timeout=w.timeout)
-    rpc.init_rpc(SERVER if rank == 0 else trainer_name(rank), rank=rank, world_size=w.clients + 1,
+    options = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port}", rpc_timeout=timeout)
+    rpc.init_rpc(SERVER if rank == 0 else trainer_name(rank), rank=rank, world_size=clients + 1,
                  rpc_backend_options=options)
     try:
-        return serve(w) if rank == 0 else None
+        yield
     finally:
         rpc.shutdown()  # waits until every process is done, as in the examples

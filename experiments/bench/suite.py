@@ -2,21 +2,24 @@
 
     asgd bench [--out results/bench.json] [--markdown PAGE.md] [--quick]
 
-One run measures, on this machine, each comparison in the same run and prints ratios:
-1. wire: push + pull through the server against raw MPI, and apply against memcpy
-   (experiments/bench/wire.py);
+One run measures, on this machine:
+1. wire: push + pull through the server against raw MPI plus the apply, and the apply
+   against memcpy (experiments/bench/wire.py);
 2. server under load: 1, 2, 4, 8 clients pushing without compute (oversubscribed where
    cores are few), and whether a waiting rank leaves the cores to the others
    (experiments/bench/idle_wait.py);
-3. server against a peer: pushes/s of our server and of a torch.distributed.rpc
-   parameter server with 1, 2, 4 clients pushing 1e6 floats without compute, where the
-   server is what limits (wire.py load, peers.rpc_ps_load);
+3. server-bound: pushes/s of our server and of a torch.distributed.rpc parameter server
+   with no-compute clients, 1e4 to 1.6e7 floats with 1 and 2 clients, and at the proxy
+   CNN's size with 1, 2 and 4 (experiments/bench/versus.py);
 4. peers: samples/s of our async server (n_sync 1 and 10) and sync mode against torch
    DDP (gloo) and a torch.distributed.rpc parameter server (experiments/bench/peers.py),
    same model, data, clients and batch;
 5. simulator: its wall time against the pure compute of the same minibatches.
-Every figure is a median over repeats after a warm-up, or a rate over a timed window
-after one. Nothing here asserts a time: the numbers are for reading.
+Every comparison runs its two sides in turn, trial by trial after a warm-up
+(experiments/bench/trials.py), and reports the median of the per-trial ratios with their
+interquartile range; a median below a physical lower bound is flagged as a measurement
+error. Nothing here asserts a time: the numbers are for reading. About 12 minutes on 2
+cores; `--quick` is a smoke run.
 
 The JSON is rewritten after every section; at the end the same tables that are printed
 go to a Markdown page (default: beside the JSON; `make bench` writes
@@ -32,8 +35,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from experiments.bench.trials import SPREAD, interleave, ratio_cell
 from experiments.launch import find_mpiexec
 from paramserver.rundir import RunDir
 from paramserver.runlog import read_jsonl, write_json_atomic, write_text_atomic
@@ -53,7 +57,8 @@ def mpi(ranks: int, module: str, *args: str, timeout: float = 300) -> Any:
 
 def wire(quick: bool) -> list[dict]:
     sizes = "1e5,1e6,4e6" if quick else "1e5,1e6,4e6,1.6e7"
-    return mpi(2, "experiments.bench.wire", "wire", "--sizes", sizes, "--repeats", "10" if quick else "30")
+    return mpi(2, "experiments.bench.wire", "wire", "--sizes", sizes, "--trials", "3" if quick else "7",
+               "--repeats", "5" if quick else "10")
 
 
 def ours_load(servers: int, clients: int, size: float, seconds: float) -> dict:
@@ -81,19 +86,31 @@ def idle() -> dict:
     return mpi(3, "experiments.bench.idle_wait", "2")
 
 
-def server_peers(quick: bool, size: int = 10**6) -> list[dict]:
-    """Our server (one, `wire.py load`) against the RPC parameter server, K clients pushing
-    `size` floats and pulling them back without compute: the servers are the bottleneck.
-    The two take turns, so both see the machine in the same state."""
-    from experiments.bench.peers import rpc_ps_load
+def proxy_floats() -> int:
+    """Floats in the default model (`asgd train`'s, on Fashion-MNIST's shape): a push of the proxy CNN."""
+    from clients.models import build_model
+    from experiments.bench.peer_setup import SHAPES
+    from paramserver.config import RunConfig
 
-    seconds, repeats = (1.0, 1) if quick else (2.0, 3)
-    rows = []
-    for k in (1, 2) if quick else (1, 2, 4):
-        turns = [(ours_load(1, k, size, seconds), rpc_ps_load(k, size, seconds)) for _ in range(repeats)]
-        rows.append({"clients": k, "floats": size, "ours": median_of([ours for ours, _ in turns]),
-                     "rpc_ps": median_of([rpc for _, rpc in turns])})
-    return rows
+    cfg = RunConfig()
+    shape, classes = SHAPES[cfg.model]
+    return sum(p.numel() for p in build_model(cfg.model, shape, classes, cfg.seed).parameters())
+
+
+def server_bound(quick: bool) -> dict:
+    """Our server (one, no-compute clients) against the RPC parameter server, trial by trial
+    (versus.py): pushes/s across sizes with 1 and 2 clients, and at the proxy CNN's size
+    with 4 clients too, the target table. Bigger pushes get longer windows (a few per window)."""
+    from experiments.bench.versus import server_bound as measure
+
+    proxy = proxy_floats()
+    sizes = [10**4, proxy] if quick else sorted({10**4, proxy, 10**5, 10**6, 4 * 10**6, 16 * 10**6})
+    seconds = {size: (0.3 if quick else 0.5) * (3 if size >= 4 * 10**6 else 1) for size in sizes}
+    trials = 2 if quick else 5
+    rows = [row for k in (1, 2) for row in measure(k, sizes, trials, seconds)]
+    if not quick:
+        rows += measure(4, [proxy], trials, seconds)
+    return {"proxy_floats": proxy, "rows": rows}
 
 
 def asgd_train(out: Path, *flags: str, timeout: float = 600) -> dict:
@@ -135,22 +152,39 @@ def peers(quick: bool, clients: int = 2, batch: int = 64) -> list[dict]:
 
 
 def simulator(quick: bool) -> list[dict]:
-    """The sim backend's wall time for K clients against one process computing the same
-    minibatches (its overhead: events, binding K clients to one model, the server)."""
-    total = 240 if quick else 960
-    compute = compute_seconds(total)
+    """The sim backend's wall time for K clients against pure compute of as many minibatches
+    in this process (a lower bound), trial by trial: its overhead (events, binding K clients
+    to one model, the server). Both run here, so no process start-up is timed."""
+    total, trials, clients = (160, 1, (8,)) if quick else (320, 3, (1, 8, 32))
+    compute = compute_steps()
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for k in (1, 8, 32):
-            summary = asgd_train(Path(folder) / f"sim{k}", "--backend", "sim", "--clients", str(k),
-                                 "--steps", str(total // k), "--eval-samples", "100", "--threads", "1")
-            rows.append({"clients": k, "minibatches": total, "sim_wall_s": summary["train_wall_s"],
-                         "compute_s": compute, "overhead": summary["train_wall_s"] / compute})
+        for k in clients:
+            runs = iter(range(1, 100))
+
+            def sim(k: int = k) -> float:
+                return sim_train(Path(folder) / f"sim{k}-{next(runs)}", k, total // k)["train_wall_s"]
+
+            # One warm-up pair, before the first: the process stays warm for the rest.
+            vs = interleave(sim, lambda: compute(total), trials, warmup=int(k == clients[0]), lower_bound=True)
+            rows.append({"clients": k, "minibatches": total, "trials": trials, "sim_wall_s": vs["ours_median"],
+                         "compute_s": vs["other_median"], "overhead": vs})
     return rows
 
 
-def compute_seconds(minibatches: int) -> float:
-    """Wall time of `minibatches` steps of the default model on one client, in this process."""
+def sim_train(out: Path, clients: int, steps: int) -> dict:
+    """One `asgd train --backend sim` run in this process; its summary."""
+    from experiments.cli import main
+
+    code = main(["train", "--quiet", "--backend", "sim", "--clients", str(clients), "--steps", str(steps),
+                 "--eval-samples", "100", "--threads", "1", "--out", str(out)])
+    if code:
+        raise RuntimeError(f"asgd train --backend sim ended with exit status {code}")
+    return RunDir(out).summary()
+
+
+def compute_steps() -> Callable[[int], float]:
+    """Seconds for n steps of the default model on one client in this process, set up once."""
     import torch
 
     from clients.data import load_dataset
@@ -165,10 +199,14 @@ def compute_seconds(minibatches: int) -> float:
                                            "cpu", 1), dataset, 1, 0)
     for _ in range(WARMUP):
         client.step()
-    start = time.perf_counter()
-    for _ in range(minibatches):
-        client.step()
-    return time.perf_counter() - start
+
+    def seconds(minibatches: int) -> float:
+        torch.set_num_threads(1)  # again: a run in this process restores the count it found when it ends
+        start = time.perf_counter()
+        for _ in range(minibatches):
+            client.step()
+        return time.perf_counter() - start
+    return seconds
 
 
 def run_bench(out: str, quick: bool, markdown: str | None = None) -> int:
@@ -180,7 +218,7 @@ def run_bench(out: str, quick: bool, markdown: str | None = None) -> int:
     results: dict[str, Any] = {"machine": {"cores": os.cpu_count(), "mpi": MPI.Get_library_version().splitlines()[0],
                                            "quick": quick, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}}
     for name, measure in (("wire", wire), ("load", load), ("idle", lambda quick: idle()),
-                          ("server_peers", server_peers), ("peers", peers), ("simulator", simulator)):
+                          ("server_bound", server_bound), ("peers", peers), ("simulator", simulator)):
         print(f"bench: {name} ...", file=sys.stderr, flush=True)
         results[name] = measure(quick)
         write_json_atomic(Path(out), results)  # a crash later loses only the section under way
@@ -207,11 +245,16 @@ def write_markdown(path: Path, results: dict[str, Any]) -> Path:
 
 def tables(r: dict[str, Any]) -> str:
     """The results as Markdown tables: what the bench prints and docs/results/bench.md holds."""
+    per_trial = f"median of per-trial ratios ({SPREAD})"
     lines = [f"{r['machine']['cores']} cores, {r['machine']['mpi']}", "",
-             "| floats | MB | raw one-way ms | push+pull ms | apply ms | apply / memcpy | ratio (target <= 1.25) |",
+             f"Each ratio compares its two sides measured in turn, trial by trial: the {per_trial}. A median "
+             "below a physical lower bound (raw MPI + apply; memcpy; pure compute) is marked as a measurement error.",
+             "", "| floats | MB | raw one-way ms | push+pull ms | apply ms | apply / memcpy, " + per_trial +
+             " | push+pull / (2 x raw one-way + apply), " + per_trial + " (target <= 1.25) |",
              "|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {w['floats']:.0e} | {w['mbytes']:.1f} | {w['raw_one_way_ms']:.3f} | {w['round_trip_ms']:.3f} | "
-              f"{w['apply_ms']:.3f} | {w['apply_vs_copy']:.2f} | {w['ratio']:.2f} |" for w in r["wire"]]
+              f"{w['apply_ms']:.3f} | {ratio_cell(w['apply_vs_copy'])} | {ratio_cell(w['vs_bound'])} |"
+              for w in r["wire"]]
     lines += ["", "| servers | clients (no compute) | floats | pushes/s | MB/s through the servers | server 0 busy |",
               "|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {x['servers']} | {x['clients']} | {x['floats']:.0e} | {x['pushes_per_s']:.0f} | "
@@ -220,10 +263,7 @@ def tables(r: dict[str, Any]) -> str:
     lines += ["", f"A waiting rank (2 computing ranks beside it): blocking Recv burns {idle['blocking_cpu_s']:.2f} s "
               f"CPU, our wait {idle['polled_cpu_s']:.2f} s; the computing ranks do {idle['speedup']:.2f}x the work "
               f"beside ours."]
-    lines += ["", "| clients (no compute, 1e6 floats) | ours pushes/s | RPC PS pushes/s | ours / RPC |",
-              "|---:|---:|---:|---:|"]
-    lines += [f"| {x['clients']} | {x['ours']['pushes_per_s']:.0f} | {x['rpc_ps']['pushes_per_s']:.0f} | "
-              f"{x['ours']['pushes_per_s'] / max(x['rpc_ps']['pushes_per_s'], 1e-9):.2f} |" for x in r["server_peers"]]
+    lines += server_tables(r["server_bound"], per_trial)
     peers = r["peers"]
     if "samples_per_s" in peers[0]:
         ours = {p["system"]: p["samples_per_s"] for p in peers}
@@ -234,8 +274,25 @@ def tables(r: dict[str, Any]) -> str:
                   f"{ours['ours: async, n_sync 1'] / p['samples_per_s']:.2f} |" for p in peers]
     else:
         lines += ["", f"peers: {peers[0]['system']}"]
-    lines += ["", "| simulated clients | minibatches | sim wall s | pure compute s | overhead (target <= 1.15) |",
-              "|---:|---:|---:|---:|---:|"]
+    lines += ["", "| simulated clients | minibatches a trial | sim wall s | pure compute s | sim / compute, "
+              f"{per_trial} (target <= 1.15) |", "|---:|---:|---:|---:|---:|"]
     lines += [f"| {x['clients']} | {x['minibatches']} | {x['sim_wall_s']:.2f} | {x['compute_s']:.2f} | "
-              f"{x['overhead']:.2f} |" for x in r["simulator"]]
+              f"{ratio_cell(x['overhead'])} |" for x in r["simulator"]]
     return "\n".join(lines)
+
+
+def server_tables(bound: dict[str, Any], per_trial: str) -> list[str]:
+    """Our server against the RPC PS, server-bound: across sizes, then the target table at the proxy CNN's size."""
+    def row(x: dict, *first: str) -> str:
+        return (f"| {' | '.join(first)} | {x['ours_pushes_per_s']:.0f} | {x['rpc_ps_pushes_per_s']:.0f} | "
+                f"{ratio_cell(x['vs_rpc_ps'])} |")
+
+    proxy = bound["proxy_floats"]
+    lines = ["", f"| floats | MB | clients (no compute) | ours pushes/s | RPC PS pushes/s | ours / RPC, {per_trial} |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    lines += [row(x, f"{x['floats']:.3g}", f"{4 * x['floats'] / 1e6:.2f}", str(x["clients"]))
+              for x in bound["rows"] if x["clients"] < 4]
+    lines += ["", f"| clients (no compute, the proxy CNN: {proxy} floats) | ours pushes/s (target >= 10,000 with 1 "
+              f"client) | RPC PS pushes/s | ours / RPC, {per_trial} (target >= 2) |", "|---:|---:|---:|---:|"]
+    lines += [row(x, str(x["clients"])) for x in bound["rows"] if x["floats"] == proxy]
+    return lines

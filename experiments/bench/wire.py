@@ -1,13 +1,15 @@
 """The server against the physical limits: the wire, the apply, and many clients at once.
 
-    mpiexec -n 2 python -m experiments.bench.wire wire --sizes 1e5,1e6,4e6,1.6e7 --json OUT
+    mpiexec -n 2 python -m experiments.bench.wire wire --sizes 1e5,1e6,4e6,1.6e7 --trials 7 --json OUT
     mpiexec -n S+K python -m experiments.bench.wire load --size 1e6 --seconds 3 --servers S --json OUT
 
-`wire` (2 ranks): for each model size P, the median round trip of a push + pull of P
-floats through the real server loop (`serve()`, with its store, logs and checks) from
-rank 1, against raw blocking MPI Send/Recv of the same bytes between the same ranks,
-and the server's apply against a plain memory copy of P floats. ratio = round trip /
-(2 x raw one-way + apply).
+`wire` (2 ranks): for each model size P, trials that interleave (trials.py) a batch of
+push + pull round trips of P floats through the real server loop (a fresh `ServerLoop`,
+with its store, logs and checks, each trial) from rank 1, and a batch of raw blocking
+MPI Send/Recv round trips of the same bytes between the same ranks plus the server's
+apply of P floats: per trial, ratio = median round trip / (2 x raw one-way + apply), a
+lower bound, so a median ratio below 1 is a measurement error. Then the apply against a
+plain memory copy of P floats, interleaved the same way.
 `load` (S+K ranks): K clients push P floats and pull the weights back as fast as they
 can (no compute) for SECONDS, to S servers each holding a slice (`--servers`): pushes/s and bytes/s through the server and the
 fraction of its time the server was busy handling messages, and its resident memory
@@ -40,6 +42,8 @@ from paramserver.recorder import Recorder
 from paramserver.server import ServerLoop
 from paramserver.store import Store
 from paramserver.transport import Transport
+
+from experiments.bench.trials import interleave
 
 WARMUP = 3
 
@@ -119,38 +123,50 @@ def client_round_trips(transport: Transport, size: int, repeats: int) -> list[fl
     return times[WARMUP:]
 
 
-def apply_and_copy(size: int, repeats: int) -> tuple[list[float], list[float]]:
-    """The server's apply of one push (checks included) and a memory copy of the same size."""
-    store = Store(np.zeros(size, np.float32), make_rule("add"))
-    push, target = np.full(size, 1e-6, np.float32), np.empty(size, np.float32)
-    applies, copies = [], []
+def timed_median(action: Callable[[], object], repeats: int) -> float:
+    """Median seconds of `action()` over `repeats` calls after WARMUP untimed ones."""
+    times = []
     for _ in range(WARMUP + repeats):
         start = time.perf_counter()
-        store.apply(0, push)
-        applies.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        np.copyto(target, push)
-        copies.append(time.perf_counter() - start)
-    return applies[WARMUP:], copies[WARMUP:]
+        action()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[WARMUP:])
 
 
-def wire(comm: MPI.Comm, sizes: list[int], repeats: int) -> list[dict] | None:
+def wire(comm: MPI.Comm, sizes: list[int], repeats: int, trials: int) -> list[dict] | None:
+    """Per size, `trials` interleaved trials after one warm-up: `repeats` push + pull round
+    trips through a fresh server loop, then `repeats` raw MPI round trips and applies, the
+    ratio per trial; then the apply against a memcpy, interleaved the same way (rank 0)."""
     transport = Transport(comm)
     rows = []
     for size in sizes:
-        raw = raw_round_trips(comm, np.ones(size, np.float32), repeats)
-        comm.Barrier()
-        ours = client_round_trips(transport, size, repeats) if comm.rank == 1 else None
+        store = Store(np.zeros(size, np.float32), make_rule("add"))
+        push, target = np.full(size, 1e-6, np.float32), np.empty(size, np.float32)
+        raw, applies = [], []  # seconds per trial (rank 1's raw round trip; rank 0's apply)
+
+        def ours() -> float:  # rank 1's median round trip, on both ranks
+            comm.Barrier()
+            if comm.rank == 0:
+                serve_clients(transport, size, clients=1)  # its set-up is outside rank 1's timed round trips
+            return comm.bcast(statistics.median(client_round_trips(transport, size, repeats))
+                              if comm.rank == 1 else None, root=1)
+
+        def bound() -> float:  # 2 x raw one-way + apply
+            raw.append(comm.bcast(statistics.median(raw_round_trips(comm, push, repeats)), root=1))
+            applies.append(comm.bcast(timed_median(lambda: store.apply(0, push), repeats) if comm.rank == 0
+                                      else None))
+            return raw[-1] + applies[-1]
+
+        vs_bound = interleave(ours, bound, trials, lower_bound=True)
         if comm.rank == 0:
-            serve_clients(transport, size, clients=1)
-        ours = comm.bcast(ours, root=1)
-        if comm.rank == 0:
-            applies, copies = apply_and_copy(size, repeats)
-            raw_one_way, apply = median_ms(raw) / 2, median_ms(applies)
-            rows.append({"floats": size, "mbytes": 4 * size / 1e6, "raw_one_way_ms": raw_one_way,
-                         "round_trip_ms": median_ms(ours), "apply_ms": apply, "copy_ms": median_ms(copies),
-                         "apply_vs_copy": apply / median_ms(copies),
-                         "ratio": median_ms(ours) / (2 * raw_one_way + apply)})
+            # The apply reads the push and reads and writes the weights: more than a copy moves.
+            vs_copy = interleave(lambda: timed_median(lambda: store.apply(0, push), repeats),
+                                 lambda: timed_median(lambda: np.copyto(target, push), repeats), trials,
+                                 lower_bound=True)
+            rows.append({"floats": size, "mbytes": 4 * size / 1e6, "trials": trials, "repeats": repeats,
+                         "raw_one_way_ms": median_ms(raw[-trials:]) / 2, "apply_ms": median_ms(applies[-trials:]),
+                         "round_trip_ms": 1e3 * vs_bound["ours_median"], "copy_ms": 1e3 * vs_copy["other_median"],
+                         "vs_bound": vs_bound, "apply_vs_copy": vs_copy})
     return rows if comm.rank == 0 else None
 
 
@@ -193,14 +209,15 @@ def main() -> None:
     parser.add_argument("what", choices=("wire", "load"))
     parser.add_argument("--sizes", default="1e5,1e6,4e6,1.6e7", help="wire: model sizes, in floats")
     parser.add_argument("--size", type=float, default=1e6, help="load: model size, in floats")
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=10, help="wire: round trips in one trial's batch")
+    parser.add_argument("--trials", type=int, default=7, help="wire: interleaved trials per size")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--servers", type=int, default=1, help="load: server ranks (sharded)")
     parser.add_argument("--json", required=True, help="where rank 0 writes the results")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     if args.what == "wire":
-        result = wire(comm, [int(float(s)) for s in args.sizes.split(",")], args.repeats)
+        result = wire(comm, [int(float(s)) for s in args.sizes.split(",")], args.repeats, args.trials)
     else:
         result = load(comm, int(args.size), args.seconds, args.servers)
     if comm.rank == 0:

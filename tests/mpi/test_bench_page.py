@@ -11,17 +11,27 @@ import pytest
 
 import paramserver.runlog
 from experiments.bench import suite
+from experiments.bench.trials import summarise
 
 SECTIONS = {
     "wire": [{"floats": 1e6, "mbytes": 4.0, "raw_one_way_ms": 0.271, "round_trip_ms": 0.801, "apply_ms": 0.114,
-              "apply_vs_copy": 1.79, "ratio": 1.22}],
+              "apply_vs_copy": summarise([1.8, 1.7, 1.9], [1.0, 1.0, 1.0], lower_bound=True),
+              "vs_bound": summarise([1.2, 1.3, 1.22], [1.0, 1.0, 1.0], lower_bound=True)},
+             {"floats": 1.6e7, "mbytes": 64.0, "raw_one_way_ms": 3.2, "round_trip_ms": 11.0, "apply_ms": 4.6,
+              "apply_vs_copy": summarise([1.5, 1.4, 1.6], [1.0, 1.0, 1.0], lower_bound=True),
+              "vs_bound": summarise([0.9, 0.93, 1.1], [1.0, 1.0, 1.0], lower_bound=True)}],
     "load": [{"servers": 1, "clients": 4, "floats": 1e6, "pushes_per_s": 574.4, "mbytes_per_s": 4594.2,
               "server_busy": 0.95}],
     "idle": {"blocking_cpu_s": 1.38, "polled_cpu_s": 0.03, "speedup": 1.52},
-    "server_peers": [{"clients": 2, "floats": 10**6, "ours": {"pushes_per_s": 1101}, "rpc_ps": {"pushes_per_s": 463}}],
+    "server_bound": {"proxy_floats": 206922, "rows": [
+        {"clients": k, "floats": size, "ours_pushes_per_s": ours, "rpc_ps_pushes_per_s": rpc,
+         "vs_rpc_ps": summarise([ours, ours], [rpc, rpc])}
+        for k, size, ours, rpc in ((1, 10**4, 4000, 1000), (1, 206922, 1800, 700), (2, 206922, 1101, 463),
+                                   (4, 206922, 900, 500))]},
     "peers": [{"system": "ours: async, n_sync 1", "samples_per_s": 8657.0, "rule": "easgd"},
               {"system": "torch DDP (gloo)", "samples_per_s": 9957.0}],
-    "simulator": [{"clients": 8, "minibatches": 960, "sim_wall_s": 8.41, "compute_s": 8.30, "overhead": 1.013}],
+    "simulator": [{"clients": 8, "minibatches": 320, "sim_wall_s": 8.41, "compute_s": 8.30,
+                   "overhead": summarise([8.41, 8.5, 8.3], [8.3, 8.3, 8.3], lower_bound=True)}],
 }
 
 
@@ -37,9 +47,14 @@ def test_the_page_holds_every_table_under_where_and_when(tmp_path):
                            "2026-11-30 12:00 UTC in 5 min; do not edit")
     assert "2 cores, MPICH Version: 5.0.2" in text and "smoke run" not in text
     assert suite.tables(results()) + "\n" in text  # exactly what the bench prints
-    for row in ("| 1e+06 | 4.0 | 0.271 | 0.801 | 0.114 | 1.79 | 1.22 |", "| 1 | 4 | 1e+06 | 574 | 4594 | 95% |",
-                "| 2 | 1101 | 463 | 2.38 |", "| torch DDP (gloo) | 9957 | 0.87 |", "| 8 | 960 | 8.41 | 8.30 | 1.01 |"):
+    for row in ("| 1e+06 | 4.0 | 0.271 | 0.801 | 0.114 | 1.80 (1.75-1.85) | 1.22 (1.21-1.26) |",
+                "| 1 | 4 | 1e+06 | 574 | 4594 | 95% |", "| 1e+04 | 0.04 | 1 | 4000 | 1000 | 4.00 (4.00-4.00) |",
+                "| 2 | 1101 | 463 | 2.38 (2.38-2.38) |", "| 4 | 900 | 500 | 1.80 (1.80-1.80) |",
+                "| torch DDP (gloo) | 9957 | 0.87 |", "| 8 | 320 | 8.41 | 8.30 | 1.01 (1.01-1.02) |"):
         assert row in text
+    # a median ratio under a physical lower bound is flagged, not reported as a result
+    assert "| 0.93 (below the lower bound: measurement error) |" in text
+    assert "proxy CNN: 206922 floats" in text and "interquartile range" in text
     assert "ours with --rule easgd" in text  # which server rule the throughput rows measured
     assert [p.name for p in page.parent.iterdir()] == ["bench.md"]  # no temporary file left
     assert "smoke run" in suite.write_markdown(tmp_path / "quick.md", results(quick=True)).read_text()
@@ -52,7 +67,7 @@ def test_a_failed_write_leaves_the_previous_page(tmp_path, monkeypatch):
     def crash(*args):
         raise OSError("killed before the rename")
     monkeypatch.setattr(paramserver.runlog.os, "replace", crash)
-    changed = {**results(), "simulator": [{**SECTIONS["simulator"][0], "overhead": 9.99}]}
+    changed = {**results(), "simulator": [{**SECTIONS["simulator"][0], "sim_wall_s": 99.9}]}
     with pytest.raises(OSError, match="killed"):
         suite.write_markdown(page, changed)
     assert page.read_text() == before
@@ -61,7 +76,7 @@ def test_a_failed_write_leaves_the_previous_page(tmp_path, monkeypatch):
 @pytest.fixture
 def stand_ins(monkeypatch):
     """Every section returns its fixed numbers; mpi4py is a stand-in that only names the library."""
-    for name in ("wire", "load", "server_peers", "peers", "simulator"):
+    for name in ("wire", "load", "server_bound", "peers", "simulator"):
         monkeypatch.setattr(suite, name, lambda quick, name=name: SECTIONS[name])
     monkeypatch.setattr(suite, "idle", lambda: SECTIONS["idle"])
     mpi = types.SimpleNamespace(Get_library_version=lambda: "MPICH Version: 5.0.2\nmore")
@@ -87,5 +102,5 @@ def test_a_section_that_fails_writes_no_page(tmp_path, stand_ins, monkeypatch):
     out, page = tmp_path / "bench.json", tmp_path / "docs" / "bench.md"
     with pytest.raises(RuntimeError):
         suite.run_bench(str(out), quick=True, markdown=str(page))
-    assert set(json.loads(out.read_text())) == {"machine", "wire", "load", "idle", "server_peers"}
+    assert set(json.loads(out.read_text())) == {"machine", "wire", "load", "idle", "server_bound"}
     assert not page.exists()
