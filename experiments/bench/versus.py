@@ -10,8 +10,8 @@ command its rank 0 reads from stdin) and the RPC parameter server with K trainer
 (`peers.RpcLoadGroup`). For each size P, `trials.interleave` alternates, after one
 warm-up pair:
 - ours: K clients push P floats and pull them back through the real server loop (a
-  fresh one each trial) as fast as they can, no compute, for `seconds`; pushes / the
-  server's wall time;
+  fresh one each trial) as fast as they can, no compute, for `seconds`; pushes /
+  `seconds`;
 - the RPC PS: its K trainers call `update_and_fetch` with P floats for a window of
   `seconds` after a short warm-up; calls in the window / `seconds`.
 Per trial, ratio = ours / RPC pushes/s. Start-up (mpiexec, importing torch, the RPC
