@@ -159,14 +159,15 @@ def payload_target(nbytes: int, into: np.ndarray | None) -> np.ndarray:
 
 def well_formed(tag: int, header: Any) -> bool:
     """True when `header` is the header type that `tag` announces, with fields of the
-    declared types (headers are unpickled from the wire, so nothing else guarantees it)."""
+    declared types (a push's rows come as JSON from the wire, so nothing else guarantees
+    them)."""
     if tag not in HEADERS or not isinstance(header, HEADERS[Tag(tag)]):
         return False
     if isinstance(header, Push):
         return (_is_int(header.step) and _is_int(header.size) and isinstance(header.fetch, bool)
                 and isinstance(header.dtype, str) and isinstance(header.rows, tuple)
-                and all(isinstance(row, dict) and all(isinstance(v, _LOGGABLE) for v in row.values())
-                        for row in header.rows))
+                and all(isinstance(row, dict) for row in header.rows)
+                and all(isinstance(v, _LOGGABLE) for row in header.rows for v in row.values()))
     if isinstance(header, Stop):
         return _is_int(header.steps) and _is_int(header.pushes)
     return True
