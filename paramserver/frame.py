@@ -11,10 +11,11 @@ the server's buffer whatever the rows' length.
 The vectors that travel (the server's weights and landing buffer, a CPU client's pushes
 and incoming weights) are allocated by `empty()`, with room for the header before them
 and for rows after: the message is then one contiguous block, sent and received in
-place, with no copy. Any other vector goes as a derived MPI datatype over the three
-parts (still one message; MPICH packs it, a copy, so that path is for the rare
-cases: compressed or GPU-staged vectors, and the slices of sharded servers). Rare
-messages (PULL, STOP, FAIL, BYE) stay pickled dataclasses: they cost a message each,
+place, with no copy. Any other vector (compressed, GPU-staged, a shard's slice after the
+first) is copied into a block first, or out of one after (paramserver/transport.py).
+Not a derived MPI datatype over the parts: MPICH packs those in pieces that move only
+while both sides poll (measured: 8 MB pushes to sharded servers crawled at 2 a second).
+Rare messages (PULL, STOP, FAIL, BYE) stay pickled dataclasses: they cost a message each,
 not one per minibatch.
 """
 from __future__ import annotations

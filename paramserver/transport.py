@@ -54,6 +54,8 @@ class Transport:
         self.size = comm.Get_size()
         self.watch = watch
         self.timeout = timeout  # for collectives, whose callers have no better bound
+        self._staging: dict[tuple[str, int], np.ndarray] = {}  # see _staged
+        self._sending: dict[int, Posted] = {}  # the last framed message to each peer
 
     def send(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None,
              timeout: float = 600.0) -> None:
@@ -73,7 +75,7 @@ class Transport:
     def post(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None) -> Posted:
         """Start sending one message; finish with `complete` (the payload must not change
         until then). A push or weights goes framed: in place when the payload has room
-        around it (`frame.empty`), else as a datatype over its parts."""
+        around it (`frame.empty`), else copied into a frame first."""
         if tag not in FRAMED:
             if payload is not None:
                 raise ValueError(f"a {Tag(tag).name} message carries no payload")
@@ -82,13 +84,26 @@ class Transport:
         data = _as_bytes(payload if payload is not None else np.empty(0, np.uint8))
         block = frame.around(data, len(rows))
         if block is None:
-            parts = [np.empty(HEADER_BYTES, np.uint8), data, np.frombuffer(rows, np.uint8)]
-            head = parts[0]
-        else:
-            parts, head = [block], block[:HEADER_BYTES]
-            block[HEADER_BYTES + data.nbytes:] = np.frombuffer(rows, np.uint8)
-        frame.write_header(head, tag, header, self.rank, rows)
-        return Posted([self._framed(self.comm.Isend, parts, dest, tag)], keep=parts)
+            block = self._staged(("to", dest), HEADER_BYTES + data.nbytes + len(rows))
+            block[HEADER_BYTES:HEADER_BYTES + data.nbytes] = data
+        block[HEADER_BYTES + data.nbytes:] = np.frombuffer(rows, np.uint8)
+        frame.write_header(block[:HEADER_BYTES], tag, header, self.rank, rows)
+        posted = Posted([self._dead_on_error(lambda: self.comm.Isend([block, MPI.BYTE], dest, int(tag)), [dest])],
+                        keep=[block])
+        self._sending[dest] = posted
+        return posted
+
+    def _staged(self, key: tuple[str, int], nbytes: int) -> np.ndarray:
+        """A reused block of `nbytes` for a framed message to or from a peer whose vector has
+        no room around it (compressed, GPU-staged, a shard's slice): one copy, where a
+        derived MPI datatype would have MPICH pack it, a copy too, and in pieces that move
+        only while both sides poll. A new block while the last send to that peer is
+        still under way."""
+        block = self._staging.get(key)
+        last = self._sending.get(key[1]) if key[0] == "to" else None
+        if block is None or block.nbytes < nbytes or (last is not None and not MPI.Request.Testall(last)):
+            block = self._staging[key] = np.empty(nbytes, np.uint8)
+        return block[:nbytes]
 
     def recv(self, timeout: float, source: int = ANY, tag: int = MPI.ANY_TAG, busy: float = _BUSY,
              into: np.ndarray | None = None) -> Message:
@@ -104,61 +119,49 @@ class Transport:
         return Message(sender, got, header)
 
     def _recv_frame(self, sender: int, tag: int, count: int, into: np.ndarray | None) -> tuple[Any, np.ndarray]:
-        """A framed message of `count` bytes. When it is as long as `into` says, its payload
-        lands in `into`: in place when `into` has room around it, else through a datatype;
-        otherwise (a payload of the wrong size, rejected anyway) as bytes, split after."""
+        """A framed message of `count` bytes. When it is as long as `into` says and `into`
+        has room around it, it lands in place; otherwise in a reused block, its payload
+        copied out after: into `into` when the sizes match, else into fresh bytes (which
+        the server rejects)."""
         data = _as_bytes(into if into is not None else np.empty(0, np.uint8))
         tail = count - HEADER_BYTES - data.nbytes
         block = frame.around(data, tail) if into is not None and tail >= 0 else None
-        if block is not None:
-            parts = [block]
-            head, rows = block[:HEADER_BYTES], block[HEADER_BYTES + data.nbytes:]
-        elif into is not None and tail >= 0:
-            parts = [np.empty(HEADER_BYTES, np.uint8), data, np.empty(tail, np.uint8)]
-            head, rows = parts[0], parts[2]
-        else:
-            parts = [np.empty(count, np.uint8)]
-        self._complete([self._framed(self.comm.Irecv, parts, sender, tag)], self.timeout, [sender], count)
-        if len(parts) == 1 and block is None or frame.rows_length(head) != tail:  # not the payload `into` expects
-            whole = np.concatenate(parts)
-            head, nrows = whole[:HEADER_BYTES], min(frame.rows_length(whole), max(count - HEADER_BYTES, 0))
-            raw, rows = whole[HEADER_BYTES:count - nrows], whole[count - nrows:]
+        in_place = block is not None
+        if not in_place:
+            block = self._staged(("from", sender), count)
+        request = self._dead_on_error(lambda: self.comm.Irecv([block, MPI.BYTE], sender, int(tag)), [sender])
+        self._complete([request], self.timeout, [sender], count)
+        nrows = min(frame.rows_length(block), max(count - HEADER_BYTES, 0))
+        if not (in_place and nrows == tail):
+            raw = block[HEADER_BYTES:count - nrows]
             into = payload_target(raw.nbytes, into)
             into.view(np.uint8)[:] = raw
-        return frame.decode(tag, head, rows, sender), into
-
-    def _framed(self, operation: Callable, parts: list[np.ndarray], peer: int, tag: int) -> MPI.Request:
-        """Send or receive `parts` (byte arrays) as one message: one block as it is, several
-        through a derived datatype over their addresses (which MPI frees once the
-        transfer no longer needs it)."""
-        parts = [p for p in parts if p.nbytes] or parts[:1]
-        if len(parts) == 1:
-            return self._dead_on_error(lambda: operation([parts[0], MPI.BYTE], peer, int(tag)), [peer])
-        layout = MPI.BYTE.Create_hindexed([p.nbytes for p in parts], [MPI.Get_address(p) for p in parts]).Commit()
-        try:
-            return self._dead_on_error(lambda: operation([MPI.BOTTOM, 1, layout], peer, int(tag)), [peer])
-        finally:
-            layout.Free()
+        return frame.decode(tag, block[:HEADER_BYTES], block[count - nrows:count], sender), into
 
     def expect_weights(self, sources: list[int], intos: list[np.ndarray]) -> Posted:
         """Receives for the servers' replies, posted before the message that asks for them:
         a server's send then completes whatever we are busy with (a client pushing to
         sharded servers must not hold up a server that already answers it). `complete`
-        them; it checks each reply's header and raises `ProtocolError` on a bad one."""
-        heads, requests = [], []
+        them; it checks each reply's header (raising `ProtocolError` on a bad one) and
+        copies a reply that could not land in place."""
+        blocks, requests = [], []
         for source, into in zip(sources, intos):
             data = _as_bytes(into)
             block = frame.around(data, 0)
-            parts = [block] if block is not None else [np.empty(HEADER_BYTES, np.uint8), data]
-            heads.append(parts[0][:HEADER_BYTES])
-            requests.append(self._framed(self.comm.Irecv, parts, source, Tag.WEIGHTS))
+            if block is None:
+                block = self._staged(("from", source), HEADER_BYTES + data.nbytes)
+            blocks.append(block)
+            requests.append(self._dead_on_error(
+                lambda: self.comm.Irecv([block, MPI.BYTE], source, int(Tag.WEIGHTS)), [source]))
 
-        def verify() -> None:
-            for source, head, into in zip(sources, heads, intos):
-                header = frame.decode(Tag.WEIGHTS, head, b"", source)
+        def finish() -> None:
+            for source, block, into in zip(sources, blocks, intos):
+                header = frame.decode(Tag.WEIGHTS, block[:HEADER_BYTES], b"", source)
                 if not isinstance(header, Weights) or header.size != into.size:
                     raise ProtocolError(f"rank {self.rank}: a bad weights reply from rank {source}: {header}")
-        return Posted(requests, keep=[*heads, *intos], verify=verify)
+                if frame.around(_as_bytes(into), 0) is None:
+                    _as_bytes(into)[:] = block[HEADER_BYTES:]
+        return Posted(requests, keep=blocks, verify=finish)
 
     def complete(self, requests: Posted, peers: list[int], nbytes: int, timeout: float) -> None:
         """Wait for what `expect_weights` or `post` started."""

@@ -77,7 +77,7 @@ def median_of(runs: list[dict]) -> dict:
 def load(quick: bool) -> list[dict]:
     """Clients 1..8 on one server (1e6 floats), then 4 clients on 1, 2 and 4 sharded servers
     (4e6 floats: enough bytes per push that splitting them can pay)."""
-    seconds, repeats = (1.0, 1) if quick else (2.0, 3)
+    seconds, repeats = (0.5, 1) if quick else (1.0, 3)
     return [median_of([ours_load(servers, k, size, seconds) for _ in range(repeats)])
             for servers, k, size in [(1, k, 1e6) for k in (1, 2, 4, 8)] + [(s, 4, 4e6) for s in (1, 2, 4)]]
 
@@ -155,7 +155,7 @@ def simulator(quick: bool) -> list[dict]:
     """The sim backend's wall time for K clients against pure compute of as many minibatches
     in this process (a lower bound), trial by trial: its overhead (events, binding K clients
     to one model, the server). Both run here, so no process start-up is timed."""
-    total, trials, clients = (160, 1, (8,)) if quick else (320, 3, (1, 8, 32))
+    total, trials, clients = (160, 1, (8,)) if quick else (240, 3, (1, 8, 32))
     compute = compute_steps()
     rows = []
     with tempfile.TemporaryDirectory() as folder:
