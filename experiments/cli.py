@@ -63,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "tensorboard":
             from experiments.tensorboard import tensorboard
             return tensorboard(args.path, args.out)
+        if args.command == "bench" and args.compare:
+            from experiments.bench.compare import compare, read_results
+
+            print(compare(*(read_results(Path(path)) for path in args.compare)))
+            return 0
         if args.command == "bench":
             from experiments.bench.suite import run_bench
             return run_bench(args.out, args.quick, args.markdown)
@@ -105,6 +110,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--markdown", help="the tables as a Markdown page (default: --out with the suffix .md; "
                                           "`make bench`: docs/results/bench.md)")
     bench.add_argument("--quick", action="store_true", help="fewer repeats and sizes (a smoke run, not for the docs)")
+    bench.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
+                       help="measure nothing: how far two runs' ratios are apart (does it repeat?)")
     report = commands.add_parser("report", help="summarise a run or a sweep: tables, findings, figures")
     report.add_argument("path", help="a run directory or a sweep folder")
     report.add_argument("--window", type=int, help="smoothing window, in minibatches (default: the sweep "

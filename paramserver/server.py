@@ -65,14 +65,15 @@ class ServerLoop:
         return self.state.tally
 
     def answer(self, msg: Message) -> None:
-        """Handle one message, record what happened and start sending the replies."""
+        """Handle one message, start sending the replies, then record what happened: the
+        log rows are written while the weights are on their way, not before."""
         if msg.tag == Tag.PUSH:
             self.finish_replies()  # the apply changes the weights they may be reading
         replies, events = handle(self.state, msg)
-        if self.recorder is not None:
-            self.recorder.record(events)
         for reply in replies:
             self._send(reply)
+        if self.recorder is not None:
+            self.recorder.record(events)
 
     def _serve_one(self) -> None:
         msg = self._next_message()

