@@ -56,6 +56,7 @@ class Transport:
         self.timeout = timeout  # for collectives, whose callers have no better bound
         self._staging: dict[tuple[str, int], np.ndarray] = {}  # see _staged
         self._sending: dict[int, Posted] = {}  # the last framed message to each peer
+        self._in_place: dict[int, Posted] = {}  # block address -> the last send from it
 
     def send(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None,
              timeout: float = 600.0) -> None:
@@ -83,6 +84,8 @@ class Transport:
         rows = rows_bytes(header) if isinstance(header, Push) else b""
         data = _as_bytes(payload if payload is not None else np.empty(0, np.uint8))
         block = frame.around(data, len(rows))
+        if block is not None and self._reading(block):
+            block = None  # its header is being sent (replies to several clients): not rewritten under MPI
         if block is None:
             block = self._staged(("to", dest), HEADER_BYTES + data.nbytes + len(rows))
             block[HEADER_BYTES:HEADER_BYTES + data.nbytes] = data
@@ -90,8 +93,15 @@ class Transport:
         frame.write_header(block[:HEADER_BYTES], tag, header, self.rank, rows)
         posted = Posted([self._dead_on_error(lambda: self.comm.Isend([block, MPI.BYTE], dest, int(tag)), [dest])],
                         keep=[block])
-        self._sending[dest] = posted
+        self._sending[dest] = self._in_place[block.__array_interface__["data"][0]] = posted
         return posted
+
+    def _reading(self, block: np.ndarray) -> bool:
+        """Whether a send from `block` (one that starts where it does) is still under way:
+        MPI allows no write to a buffer it is sending, not even of the same bytes. (Only
+        sends under way are remembered, so the blocks of finished ones can be freed.)"""
+        self._in_place = {a: p for a, p in self._in_place.items() if not MPI.Request.Testall(p)}
+        return block.__array_interface__["data"][0] in self._in_place
 
     def _staged(self, key: tuple[str, int], nbytes: int) -> np.ndarray:
         """A reused block of `nbytes` for a framed message to or from a peer whose vector has

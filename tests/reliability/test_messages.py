@@ -270,3 +270,20 @@ def test_a_bad_weights_reply_is_an_error_not_weights():
     wire.raw(frame_bytes(Push(1, 4, True), GOOD), Tag.WEIGHTS)  # a push's header, on the weights' tag
     with pytest.raises(ProtocolError, match="bad weights reply from rank 0"):
         wire.transport.complete(posted, [0], into.nbytes, 5)
+
+
+def test_a_second_reply_from_weights_still_being_sent_does_not_rewrite_the_first_ones_header():
+    """Two replies from one vector before the first is taken (the server answering several
+    clients' PULLs): the second goes through a copy, and each arrives as it was sent."""
+    from paramserver import frame
+
+    wire = Loopback()
+    weights = frame.empty(4)
+    weights[:] = [1, 2, 3, 4]
+    first = wire.transport.post(0, Tag.WEIGHTS, Weights(1, 4), weights)
+    second = wire.transport.post(0, Tag.WEIGHTS, Weights(2, 4), weights)
+    assert first.keep[0].__array_interface__["data"] != second.keep[0].__array_interface__["data"]
+    into = frame.empty(4)
+    got = [wire.transport.recv(timeout=5, into=into).header for _ in range(2)]
+    wire.done([*first, *second])
+    assert got == [Weights(1, 4), Weights(2, 4)] and into.tolist() == [1, 2, 3, 4]
