@@ -55,8 +55,7 @@ class Transport:
         self.watch = watch
         self.timeout = timeout  # for collectives, whose callers have no better bound
         self._staging: dict[tuple[str, int], np.ndarray] = {}  # see _staged
-        self._sending: dict[int, Posted] = {}  # the last framed message to each peer
-        self._in_place: dict[int, Posted] = {}  # block address -> the last send from it
+        self._in_place: dict[int, Posted] = {}  # block address -> the send from it still under way
 
     def send(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None,
              timeout: float = 600.0) -> None:
@@ -93,7 +92,7 @@ class Transport:
         frame.write_header(block[:HEADER_BYTES], tag, header, self.rank, rows)
         posted = Posted([self._dead_on_error(lambda: self.comm.Isend([block, MPI.BYTE], dest, int(tag)), [dest])],
                         keep=[block])
-        self._sending[dest] = self._in_place[block.__array_interface__["data"][0]] = posted
+        self._in_place[block.__array_interface__["data"][0]] = posted
         return posted
 
     def _reading(self, block: np.ndarray) -> bool:
@@ -107,11 +106,10 @@ class Transport:
         """A reused block of `nbytes` for a framed message to or from a peer whose vector has
         no room around it (compressed, GPU-staged, a shard's slice): one copy, where a
         derived MPI datatype would have MPICH pack it, a copy too, and in pieces that move
-        only while both sides poll. A new block while the last send to that peer is
-        still under way."""
+        only while both sides poll. A new block while a send from the last is still
+        under way."""
         block = self._staging.get(key)
-        last = self._sending.get(key[1]) if key[0] == "to" else None
-        if block is None or block.nbytes < nbytes or (last is not None and not MPI.Request.Testall(last)):
+        if block is None or block.nbytes < nbytes or self._reading(block):
             block = self._staging[key] = np.empty(nbytes, np.uint8)
         return block[:nbytes]
 
@@ -154,10 +152,11 @@ class Transport:
         sharded servers must not hold up a server that already answers it). `complete`
         them; it checks each reply's header (raising `ProtocolError` on a bad one) and
         copies a reply that could not land in place."""
-        blocks, requests = [], []
+        blocks, staged, requests = [], [], []
         for source, into in zip(sources, intos):
             data = _as_bytes(into)
             block = frame.around(data, 0)
+            staged.append(block is None)
             if block is None:
                 block = self._staged(("from", source), HEADER_BYTES + data.nbytes)
             blocks.append(block)
@@ -165,11 +164,11 @@ class Transport:
                 lambda: self.comm.Irecv([block, MPI.BYTE], source, int(Tag.WEIGHTS)), [source]))
 
         def finish() -> None:
-            for source, block, into in zip(sources, blocks, intos):
+            for source, block, into, copy in zip(sources, blocks, intos, staged):
                 header = frame.decode(Tag.WEIGHTS, block[:HEADER_BYTES], b"", source)
                 if not isinstance(header, Weights) or header.size != into.size:
                     raise ProtocolError(f"rank {self.rank}: a bad weights reply from rank {source}: {header}")
-                if frame.around(_as_bytes(into), 0) is None:
+                if copy:
                     _as_bytes(into)[:] = block[HEADER_BYTES:]
         return Posted(requests, keep=blocks, verify=finish)
 
