@@ -33,6 +33,7 @@ from torch import nn
 
 from clients.data import ShardSampler, Split
 from clients.models import host_copy, host_empty
+from paramserver.schedule import Schedule
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,12 @@ class StepResult:
     loss: float
     error: float
     samples: int
+    lr: float
 
     def row(self, client: int, step: int, time: float) -> dict:
         """The minibatch's row in clients.jsonl (or warm_start.jsonl): the one place it is built."""
         return {"client": client, "step": step, "time": time, "loss": self.loss, "error": self.error,
-                "samples": self.samples}
+                "samples": self.samples, "lr": self.lr}
 
 
 def wrong(outputs: torch.Tensor, targets: torch.Tensor) -> float:
@@ -91,11 +93,15 @@ class Replica:
 
 class Client:
     """`pushes`: "delta", "gradient" or "weights" (the rule's `pushes`); `elastic`: the
-    EASGD coefficient alpha when the client pushes its weights."""
+    EASGD coefficient alpha when the client pushes its weights; `schedule`: the run's lr
+    schedule, whose lr a window trains at is the one of the progress its weights came
+    with (`sync`), or that the collective modes set each step (`lr`)."""
 
     def __init__(self, replica: Replica, train: Split, sampler: ShardSampler, pushes: str = "delta",
-                 elastic: float = 0.0):
+                 elastic: float = 0.0, schedule: Schedule | None = None):
         self.replica, self.train, self.sampler = replica, train, sampler
+        self.schedule = schedule
+        self.lr = schedule.at(0) if schedule else replica.optimizer.param_groups[0]["lr"]
         self.weights = replica.initial_weights()
         self.grad = torch.zeros_like(self.weights)
         self.momentum = torch.zeros_like(self.weights)
@@ -128,13 +134,15 @@ class Client:
         logits = replica.model(x)
         loss = replica.loss(logits, y)
         loss.backward()
-        return StepResult(loss.item(), wrong(logits, y) / len(y), len(y))
+        return StepResult(loss.item(), wrong(logits, y) / len(y), len(y), self.lr)
 
     def optimizer_step(self) -> None:
         """The optimizer step with the gradient in `self.grad` (possibly averaged meanwhile)."""
         self.replica.bind(self)
         if self.grad_sum is not None:
             self.grad_sum += self.grad
+        for group in self.replica.optimizer.param_groups:  # clients share a replica in the simulator
+            group["lr"] = self.lr
         self.replica.optimizer.step()
         self.unpushed_steps += 1
 
@@ -152,11 +160,14 @@ class Client:
         self.unpushed_steps = 0
         return push
 
-    def sync(self, weights: np.ndarray) -> None:
-        """Take the server's weights, keeping any local work not pushed yet.
+    def sync(self, weights: np.ndarray, samples: int | None = None) -> None:
+        """Take the server's weights, keeping any local work not pushed yet; with the
+        server's progress `samples`, train on at the schedule's lr there.
 
         A blocking copy to the device (from the pinned `incoming`, one DMA): it is done
         when this returns, so MPI may receive the next weights into `incoming` at once."""
+        if samples is not None and self.schedule is not None:
+            self.lr = self.schedule.at(samples)
         if self.answer_due:
             self._elastic_step(weights)
         elif self.unpushed_steps:

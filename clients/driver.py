@@ -22,13 +22,12 @@ def run_client(transport: Link, client: Client, plan: ClientPlan,
     after a resume); returns the number of pushes sent in all."""
     loop = ClientLoop(client, plan, clock, *start)
     link = ServerLink(transport, plan.servers, shard_bounds(client.size, len(plan.servers)), plan.timeout)
-    link.exchange(Outgoing(Tag.PULL, Pull()), loop.landing)
-    loop.take_weights(loop.landing)
+    loop.take_weights(loop.landing, link.exchange(Outgoing(Tag.PULL, Pull()), loop.landing))
     while not loop.done:
         message, fetch = loop.advance()
-        link.exchange(message, loop.landing if fetch else None)
+        samples = link.exchange(message, loop.landing if fetch else None)
         if fetch:
-            loop.take_weights(loop.landing)
+            loop.take_weights(loop.landing, samples)
     return loop.pushes
 
 
@@ -46,16 +45,18 @@ class ServerLink:
                  timeout: float):
         self.transport, self.servers, self.bounds, self.timeout = transport, servers, bounds, timeout
 
-    def exchange(self, message: Outgoing, into: np.ndarray | None) -> None:
-        """Send `message`; with `into`, the servers' weights come back into it."""
+    def exchange(self, message: Outgoing, into: np.ndarray | None) -> int | None:
+        """Send `message`; with `into`, the servers' weights come back into it, and the
+        progress server 0 sent with them (the lr schedule's) is returned."""
         slices = [] if into is None else [into[lo:hi] for lo, hi in self.bounds]
         replies = self.transport.expect_weights(list(self.servers), slices)
         self.transport.send_many([(server, message.tag, _sliced(message.header, i, lo, hi),
                                    None if message.payload is None else message.payload[lo:hi])
                                   for i, (server, (lo, hi)) in enumerate(zip(self.servers, self.bounds))],
                                  self.timeout)
-        if into is not None:
-            self.transport.complete(replies, list(self.servers), into.nbytes, self.timeout)
+        if into is None:
+            return None
+        return self.transport.complete(replies, list(self.servers), into.nbytes, self.timeout)[0].samples
 
 
 def _sliced(header: Any, server: int, lo: int, hi: int) -> Any:

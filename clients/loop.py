@@ -11,12 +11,14 @@ event queue, and the tests call it directly.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
 from clients.client import Client
+from clients.stragglers import Stragglers
 from paramserver.compress import ErrorFeedback, make_codec
 from paramserver.config import InjectedFault
 from paramserver.protocol import Pull, Push, Stop, Tag
@@ -32,6 +34,7 @@ class ClientPlan:
     servers: tuple[int, ...] = (0,)  # server ranks, in the order of their slices
     fault_step: int | None = None
     compress: str = "none"  # pushes and pulls on the wire (paramserver/compress.py)
+    stragglers: Stragglers | None = None  # slept after each minibatch (MPI); the simulator's clock has them
 
 
 @dataclass(frozen=True)
@@ -63,16 +66,19 @@ class ClientLoop:
         # where pulled weights land, as they come over the wire
         self.landing = np.empty(self.client.size, self.codec.wire_dtype) if compressed else self.client.incoming
 
-    def take_weights(self, data: np.ndarray) -> None:
-        """The server's weights, as they came over the wire."""
-        self.client.sync(self.codec.decode(data, self.client.incoming))
+    def take_weights(self, data: np.ndarray, samples: int | None = None) -> None:
+        """The server's weights, as they came over the wire, at its progress `samples`."""
+        self.client.sync(self.codec.decode(data, self.client.incoming), samples)
 
     def advance(self) -> tuple[Outgoing, bool]:
         """Train up to the next sync point: (the message to send, whether weights come back)."""
         plan = self.plan
         while self.step < plan.steps:
             self.step += 1
+            start = time.perf_counter()
             result = self.client.step()
+            if plan.stragglers is not None:
+                plan.stragglers.sleep_after(plan.index, self.step, time.perf_counter() - start)
             self.rows.append(result.row(plan.index, self.step, self.clock()))
             if self.step == plan.fault_step:
                 raise InjectedFault(f"injected fault on client {plan.index} at step {self.step}")

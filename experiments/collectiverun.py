@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from clients.client import Client
-from clients.collective import Average, collective_step
+from clients.collective import Average, Straggle, collective_step
 from clients.models import host_copy
 from experiments.progress import Progress
 from experiments.resume import ResumePoint, cut_back
@@ -29,13 +29,16 @@ from paramserver.checkpoint import Checkpoint
 from paramserver.config import InjectedFault
 from paramserver.recorder import Background
 from paramserver.rundir import RunDir
+from paramserver.runlog import read_jsonl
 
 
 def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], average: Average,
                    clock: Callable[[], float], gather: Callable[[list[dict]], list[dict] | None],
-                   advance: Callable[[int], None] = lambda step: None, point: ResumePoint | None = None) -> int:
-    """Train every local client in lockstep; `gather` returns all rows on the recorder, else None."""
+                   straggle: Straggle, point: ResumePoint | None = None) -> int:
+    """Train every local client in lockstep; `gather` returns all rows on the recorder, else
+    None; `straggle` (clients/collective.py) slows the step as the straggler model says."""
     cfg = setup.cfg
+    k, samples_per_step = setup.clients, setup.clients * cfg.batch_size
     every = eval_every(cfg, cfg.steps)
     recorder = 0 in indices
     run, counts, lines = _open(setup, every, point) if recorder else (None, {}, 0)
@@ -46,10 +49,12 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
     try:
         with run.writer("clients", lines) if recorder else contextlib.nullcontext() as log:
             for step in range(first, cfg.steps + 1):
-                results = collective_step(clients, cfg.mode, step, cfg.steps, cfg.n_sync, average)
-                advance(step)
+                for client in clients:  # the lr schedule's progress: the samples of the steps before
+                    client.lr = client.schedule.at((step - 1) * samples_per_step)
+                results, kept = collective_step(clients, cfg.mode, step, cfg.steps, cfg.n_sync, average, straggle,
+                                                (k, cfg.backup_workers))
                 now = clock()
-                rows = [r.row(i, step, now) for i, r in zip(indices, results)]
+                rows = [_row(r, i, step, now, keep) for i, r, keep in zip(indices, results, kept)]
                 _maybe_fault(cfg.fault, indices, step)
                 everyone = gather(rows)
                 if recorder:
@@ -63,7 +68,8 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
         progress.close()
         if recorder:
             files.close()
-            finish_run(run, setup, clock(), time.perf_counter() - wall, counts)
+            dropped = {"gradients_dropped": _dropped(run)} if cfg.backup_workers else {}
+            finish_run(run, setup, clock(), time.perf_counter() - wall, {**counts, **dropped})
     except BaseException as error:
         progress.close()
         if recorder:
@@ -72,6 +78,17 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
             record_failure(run, clock(), counts, error)
         raise
     return 0
+
+
+def _row(result, client: int, step: int, now: float, kept: bool) -> dict:
+    """A minibatch's row; a backup worker's dropped gradient says so."""
+    row = result.row(client, step, now)
+    return row if kept else {**row, "dropped": True}
+
+
+def _dropped(run: RunDir) -> int:
+    """Gradients the backup workers' rule dropped in the whole run (a resumed one too)."""
+    return sum(1 for row in read_jsonl(run.path / "clients.jsonl") if row.get("dropped"))
 
 
 def _open(setup: RunSetup, every: int, point: ResumePoint | None) -> tuple[RunDir, dict[str, Any], int]:

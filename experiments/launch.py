@@ -23,7 +23,9 @@ import numpy as np
 import torch
 
 from clients.client import Client
+from clients.collective import Straggle, keep_fastest
 from clients.driver import ClientPlan, run_client
+from clients.stragglers import Stragglers
 from experiments.assemble import Share, Started, build, start
 from experiments.collectiverun import collective_run
 from experiments.provenance import provenance
@@ -149,7 +151,9 @@ def _run_role(transport: Transport, started: Started, client: Client | None, ind
     cfg = setup.cfg
     if cfg.mode != "async":
         return collective_run(setup, [client], [index], _mpi_average(transport), clock,
-                              gather=lambda rows: _flatten(transport.gather(rows)), point=point)
+                              gather=lambda rows: _flatten(transport.gather(rows)),
+                              straggle=_mpi_straggle(transport, Stragglers.for_run(cfg, setup.clients), index,
+                                                     cfg.backup_workers), point=point)
     if transport.rank > 0 and client is None:
         if serve_slice(setup, transport, clock, transport.rank):
             _exit(0)  # clients were lost: see _say_bye
@@ -157,7 +161,7 @@ def _run_role(transport: Transport, started: Started, client: Client | None, ind
     if client is None:
         _say_bye(transport, servers, setup.clients, serve_mpi(setup, transport, clock)["lost_clients"])
         return 0
-    run_client(transport, client, _plan(index, servers, cfg), clock,
+    run_client(transport, client, _plan(index, servers, cfg, setup.clients), clock,
                start=(started.steps[0], point.client_pushes[index] if point else 0))
     _wait_for_bye(transport)
     return 0
@@ -183,17 +187,37 @@ def _mpi_average(transport: Transport):
     return average
 
 
+def _mpi_straggle(transport: Transport, stragglers: Stragglers, index: int, backups: int) -> Straggle:
+    """Each rank's step as slow as the straggler model says, for real. With backup workers
+    every rank learns every step's durations (its compute plus the model's excess: one
+    allreduce of K floats before anyone sleeps), so all agree which b are dropped; a
+    dropped rank skips its sleep and waits in the average for the slowest kept one."""
+    def straggle(step: int, compute_s: list[float]) -> list[bool]:
+        extra = stragglers.extra(index, step, compute_s[0])
+        keep = True
+        if backups:
+            durations = np.zeros(stragglers.clients, np.float32)
+            durations[index] = compute_s[0] + extra
+            transport.allreduce_mean(durations)  # every slot but one is 0: the mean is each rank's / K
+            keep = keep_fastest(list(durations), backups)[index]
+        if keep and extra:
+            time.sleep(extra)
+        return [keep]
+    return straggle
+
+
 def _flatten(gathered: list[list[dict]] | None) -> list[dict] | None:
     return None if gathered is None else [row for rows in gathered for row in rows]
 
 
-def _plan(index: int, servers: int, cfg: RunConfig) -> ClientPlan:
+def _plan(index: int, servers: int, cfg: RunConfig, clients: int) -> ClientPlan:
     fault = cfg.fault
     return ClientPlan(index=index, steps=cfg.steps, n_push=cfg.push_every, n_fetch=cfg.fetch_every,
                       # Twice the server's: when one client stalls, the server (which names
                       # it) must give up before the others blame the busy server.
                       timeout=2 * cfg.stall_timeout, servers=tuple(range(servers)),
-                      fault_step=fault[1] if fault and fault[0] == index + servers else None, compress=cfg.compress)
+                      fault_step=fault[1] if fault and fault[0] == index + servers else None, compress=cfg.compress,
+                      stragglers=stragglers if (stragglers := Stragglers.for_run(cfg, clients)).active else None)
 
 
 def _fail(transport: Transport, error: Exception, index: int, servers: int, keep_going: bool, out: str,

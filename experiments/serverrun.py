@@ -26,6 +26,7 @@ from paramserver.handler import ServerState, ServerTally
 from paramserver.protocol import Link, Pull, Tag, shard_bounds
 from paramserver.recorder import Recorder
 from paramserver.rules import make_rule, state_bytes
+from paramserver.schedule import Schedule
 from paramserver.server import ServerLoop
 from paramserver.store import Store
 
@@ -56,7 +57,8 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
     every = eval_every(cfg, async_versions(cfg, clients))
     bounds = shard_bounds(setup.weights.size, cfg.servers)
     state = ServerState(make_store(cfg, setup.weights[slice(*bounds[0])], clients), client_ranks(cfg, clients),
-                        every, make_codec(cfg.compress), apply_cost=apply_cost)
+                        every, make_codec(cfg.compress), apply_cost=apply_cost,
+                        schedule=server_schedule(cfg, clients))
     lines = (0, 0)
     if cfg.resume:
         run = record_dir(setup)
@@ -96,7 +98,7 @@ def serve_slice(setup: RunSetup, link: Link, clock: Callable[[], float], shard: 
     cfg = setup.cfg
     lo, hi = shard_bounds(setup.weights.size, cfg.servers)[shard]
     state = ServerState(make_store(cfg, setup.weights[lo:hi], setup.clients), client_ranks(cfg, setup.clients),
-                        codec=make_codec(cfg.compress), peers=(0,))
+                        codec=make_codec(cfg.compress), peers=(0,), schedule=server_schedule(cfg, setup.clients))
     loop = ServerLoop(link, state, None, clock, cfg.stall_timeout, cfg.on_client_failure)
     loop.serve()
     while (msg := link.recv(math.inf, source=0)).tag == Tag.PULL:
@@ -108,6 +110,11 @@ def serve_slice(setup: RunSetup, link: Link, clock: Callable[[], float], shard: 
 def client_ranks(cfg: RunConfig, clients: int) -> list[int]:
     """The clients' ranks: after the server ranks."""
     return list(range(cfg.servers, cfg.servers + clients))
+
+
+def server_schedule(cfg: RunConfig, clients: int) -> Schedule:
+    """The lr schedule the server counts progress for and applies its rule's lr by."""
+    return Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr)
 
 
 def make_store(cfg: RunConfig, weights: np.ndarray, clients: int) -> Store:

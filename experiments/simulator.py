@@ -10,7 +10,8 @@ in clients.jsonl and server.jsonl. The K clients share one model (`Replica`); ea
 only its flat vectors.
 
 Time model: client i's minibatch takes `step_time * factor_i` (factor_i drawn once from
-U(1-j, 1+j) by the seed); a message takes `latency + bytes / bandwidth`; the server is
+U(1-j, 1+j) by the seed), stretched per minibatch by the straggler model
+(clients/stragglers.py: lognormal noise, slow clients, pauses); a message takes `latency + bytes / bandwidth`; the server is
 one queue: it handles one message at a time, a push costs it `apply_time` (by default
 the real handler's measured time for a push: checks, apply, log rows), and sending a
 reply occupies it for the reply's transfer. A client that pushes without fetching goes
@@ -38,9 +39,10 @@ import numpy as np
 import torch
 
 from clients.client import Client, Replica, StepResult
-from clients.collective import mean_in_place
+from clients.collective import keep_fastest, mean_in_place
 from clients.data import Dataset, ShardSampler
 from clients.loop import ClientLoop, ClientPlan, Outgoing
+from clients.stragglers import Stragglers
 from experiments.assemble import build, start
 from experiments.collectiverun import collective_run
 from experiments.launch import pick_device
@@ -94,30 +96,40 @@ STEP_SPREAD = 2.0   # slowest over fastest above this: the host was busy while i
 
 class StepClock:
     """A client's clock. ClientLoop reads it once per minibatch, so each read is one
-    minibatch later than the last."""
+    minibatch later than the last: `step_time`, or as the straggler model stretches
+    client `client`'s minibatch number `step` (counted from `step`, its first)."""
 
-    def __init__(self, step_time: float):
+    def __init__(self, step_time: float, stragglers: Stragglers | None = None, client: int = 0, step: int = 0):
         self.step_time, self.now = step_time, 0.0
+        self.stragglers, self.client, self.step = stragglers, client, step
 
     def __call__(self) -> float:
-        self.now += self.step_time
+        self.step += 1
+        self.now += self.stragglers.duration(self.client, self.step, self.step_time) if self.stragglers \
+            else self.step_time
         return self.now
 
 
 class LockstepClock:
-    """Virtual time of a sync or local-sgd run: each step waits for the slowest client,
-    and an average costs a ring allreduce (2(K-1)/K of the bytes, 2(K-1) latencies)."""
+    """Virtual time of a sync or local-sgd run: each step waits for the slowest client it
+    keeps (with backup workers, the b slowest are dropped: `keep_fastest`), and an
+    average costs a ring allreduce (2(K-1)/K of the bytes, 2(K-1) latencies)."""
 
-    def __init__(self, step_times: list[float], timing: SimTiming, weights: np.ndarray, cfg: RunConfig):
+    def __init__(self, step_times: list[float], timing: SimTiming, weights: np.ndarray, cfg: RunConfig,
+                 stragglers: Stragglers):
         k = len(step_times)
-        self.step = max(step_times)
+        self.step_times, self.stragglers = step_times, stragglers
         self.allreduce = 2 * (k - 1) * (timing.latency + timing.wire_bytes(weights) / k / timing.bandwidth)
         self.cfg, self.now = cfg, 0.0
 
-    def advance(self, step: int) -> None:
+    def straggle(self, step: int, compute_s: list[float]) -> list[bool]:
+        """The `Straggle` of clients/collective.py: the step's virtual time, and who is kept."""
         cfg = self.cfg
+        durations = [self.stragglers.duration(i, step, t) for i, t in enumerate(self.step_times)]
+        kept = keep_fastest(durations, cfg.backup_workers)
         averaged = cfg.mode == "sync" or step % cfg.n_sync == 0 or step == cfg.steps
-        self.now += self.step + (self.allreduce if averaged else 0.0)
+        self.now += max(d for d, keep in zip(durations, kept) if keep) + (self.allreduce if averaged else 0.0)
+        return kept
 
     def __call__(self) -> float:
         return self.now
@@ -147,7 +159,7 @@ class Simulation:
                 self._arrive(server, when, i, item)
             else:
                 if kind == "reply":   # weights reach client i
-                    self.loops[i].take_weights(item)
+                    self.loops[i].take_weights(item.payload, item.header.samples)
                 self._window(when, i)
         if not server.state.done:
             raise RuntimeError("simulation: events ran out before every client stopped (replay order?)")
@@ -174,7 +186,7 @@ class Simulation:
         busy_until = start + (self.timing.apply_time if message.tag == Tag.PUSH else 0.0)
         for reply in replies:
             busy_until += self.timing.transfer(reply.payload)
-            self._schedule(busy_until, "reply", i, reply.payload)
+            self._schedule(busy_until, "reply", i, reply)
         self.busy += busy_until - start
         self.server_free = busy_until
 
@@ -203,12 +215,13 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     prov["sim"] = {**timing.__dict__, "profile": cfg.sim_profile, "speed_factors": factors}
     started = start(parts, out, records=True, provenance=prov, warm_clock=StepClock(timing.step_time))
     setup, point = started.setup, started.point
+    stragglers = Stragglers.for_run(cfg, clients)
     if cfg.mode != "async":
-        lockstep = LockstepClock([timing.step_time * f for f in factors], timing, setup.weights, cfg)
+        lockstep = LockstepClock([timing.step_time * f for f in factors], timing, setup.weights, cfg, stragglers)
         lockstep.now = point.time if point else 0.0
         return collective_run(setup, parts.local, list(range(clients)), mean_in_place, lockstep,
-                              gather=lambda rows: rows, advance=lockstep.advance, point=point)
-    clocks = [StepClock(timing.step_time * f) for f in factors]
+                              gather=lambda rows: rows, straggle=lockstep.straggle, point=point)
+    clocks = [StepClock(timing.step_time * f, stragglers, i, started.steps[i]) for i, f in enumerate(factors)]
     loops = [ClientLoop(c, ClientPlan(i, cfg.steps, cfg.push_every, cfg.fetch_every, cfg.stall_timeout,
                                       compress=cfg.compress), clk,
                         step=started.steps[i], pushes=point.client_pushes[i] if point else 0)
@@ -304,7 +317,7 @@ def measure_push(cfg: RunConfig, size: int, clients: int) -> float:
         run.create()
         state = ServerState(make_store(cfg, np.zeros(size, np.float32), clients), [1])
         server = InProcess(state, Recorder(run, state, time.perf_counter))
-        row = StepResult(2.3, 0.9, cfg.batch_size).row(0, 1, 0.0)
+        row = StepResult(2.3, 0.9, cfg.batch_size, cfg.lr).row(0, 1, 0.0)
         header = Push(cfg.push_every, size, True, rows=(row,) * cfg.push_every)
         push, times = np.zeros(size, np.float32), []
         for _ in range(9):

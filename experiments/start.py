@@ -23,6 +23,7 @@ from paramserver.config import RunConfig
 from paramserver.rules import easgd_alpha, rule_class
 from paramserver.rundir import RunDir
 from paramserver.runlog import load_arrays
+from paramserver.schedule import Schedule
 
 WARM_STREAM = 1_000_003  # the ShardSampler "client" number of the warm-start order
 
@@ -45,7 +46,7 @@ def make_client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int
     pushes = rule_class(cfg.rule).pushes if cfg.mode == "async" else "delta"
     elastic = easgd_alpha(cfg.easgd_beta, clients) if pushes == "weights" else 0.0
     return Client(replica, dataset.train, ShardSampler(shard, cfg.batch_size, cfg.seed, index),
-                  pushes=pushes, elastic=elastic)
+                  pushes=pushes, elastic=elastic, schedule=Schedule.for_run(cfg, clients))
 
 
 def start_checkpoint(cfg: RunConfig) -> tuple[str, str] | None:

@@ -20,6 +20,8 @@ from paramserver.rules import RULES
 BACKENDS = ("mpi", "sim")
 MODES = ("async", "sync", "local-sgd")
 FAILURE_POLICIES = ("abort", "continue")
+LR_SCHEDULES = ("constant", "cosine", "step")
+LR_SCALINGS = ("none", "linear")
 SIM_PROFILES = ("measured", "paper")  # their values: experiments/simulator.py
 # user code named in a config (clients/usercode.py imports it): a module or a .py file, a name in it
 USER_CODE = re.compile(r"(?:[A-Za-z_][\w.]*|[^:]+\.py):[A-Za-z_][\w.]*")
@@ -54,6 +56,15 @@ class RunConfig:
     steps: int = _key(500, "minibatches per client")
     batch_size: int = _key(64, "samples per minibatch")
     lr: float = _key(0.01, "client learning rate")
+    lr_warmup: int = _key(0, "samples over which the lr ramps linearly up to its value (0: none); samples the "
+                             "server has applied (async) or steps x clients x batch_size (sync modes)")
+    lr_schedule: str = _key("constant", "constant, cosine (to lr_floor over the run's planned samples) or step "
+                                        "(times lr_step_factor at each of lr_milestones)")
+    lr_floor: float = _key(0.0, "cosine: the last lr, as a fraction of the peak")
+    lr_milestones: str = _key("", "step: comma-separated sample counts at which the lr is multiplied")
+    lr_step_factor: float = _key(0.1, "step: what the lr is multiplied by at each milestone")
+    lr_scaling: str = _key("none", "none, or linear: the lr times the client minibatches one update averages "
+                                   "(K in sync mode, K - backup_workers with backup workers, 1 otherwise)")
     momentum: float = _key(0.9, "client SGD momentum (the buffer stays on the client), or auto: lowered "
                                 "with the number of clients to offset the momentum asynchrony adds")
     weight_decay: float = _key(5e-4, "client L2 weight decay")
@@ -107,6 +118,14 @@ class RunConfig:
     sim_push_bytes: int = _key(0, "sim: bytes a push (and a pull) carries on the wire (0: the profile's; "
                                   "measured: the model's)")
     speed_jitter: float = _key(0.0, "sim: client i's step time is sim_step_time * U(1-j, 1+j), seeded")
+    step_sigma: float = _key(0.0, "stragglers: each minibatch's compute time times a lognormal factor "
+                                  "exp(sigma z) (median 1), seeded; simulated, or slept for real under MPI")
+    slow_clients: int = _key(0, "stragglers: the last N clients compute slow_factor times slower")
+    slow_factor: float = _key(2.0, "stragglers: how much slower the slow clients are")
+    pause_prob: float = _key(0.0, "stragglers: chance that a minibatch is followed by a pause of pause_time")
+    pause_time: float = _key(0.0, "stragglers: seconds a pause lasts")
+    backup_workers: int = _key(0, "sync mode: each step averages the first K - b gradients to arrive and drops "
+                                  "the b slowest (Chen et al. 2016)")
     replay: str = _key("", "sim: apply pushes in the order of this run directory's server.jsonl")
     inject_fault: str = _key("", "RANK:STEP; raise an exception there (for tests)")
 
@@ -235,6 +254,8 @@ def _check_values(cfg: RunConfig) -> None:
     _require(0 <= cfg.speed_jitter < 1, "speed_jitter", f"must be in [0, 1), got {cfg.speed_jitter}")
     _require(not cfg.replay or (cfg.backend == "sim" and cfg.mode == "async"), "replay",
              "needs --backend sim and --mode async")
+    _check_schedule(cfg)
+    _check_stragglers(cfg)
     _require(cfg.servers >= 1, "servers", f"must be at least 1, got {cfg.servers}")
     _require(cfg.servers == 1 or (cfg.mode == "async" and cfg.backend == "mpi"), "servers",
              "more than one server needs --mode async --backend mpi")
@@ -258,6 +279,47 @@ def _check_values(cfg: RunConfig) -> None:
         _require(not value or USER_CODE.fullmatch(value) is not None, name,
                  f"expected package.module:name or path/file.py:name, got {value!r}")
     _require(_fault_ok(cfg.inject_fault), "inject_fault", f"expected RANK:STEP, got {cfg.inject_fault!r}")
+
+
+def _check_schedule(cfg: RunConfig) -> None:
+    _require(cfg.lr_warmup >= 0, "lr_warmup", f"must be non-negative (samples), got {cfg.lr_warmup}")
+    _require(cfg.lr_schedule in LR_SCHEDULES, "lr_schedule",
+             f"unknown schedule {cfg.lr_schedule!r} (choose from {', '.join(LR_SCHEDULES)})")
+    _require(0 <= cfg.lr_floor <= 1, "lr_floor", f"must be in [0, 1] (a fraction of the peak lr), got {cfg.lr_floor}")
+    _require(0 < cfg.lr_step_factor <= 1, "lr_step_factor", f"must be in (0, 1], got {cfg.lr_step_factor}")
+    _require(cfg.lr_scaling in LR_SCALINGS, "lr_scaling",
+             f"unknown scaling {cfg.lr_scaling!r} (choose from {', '.join(LR_SCALINGS)})")
+    try:
+        milestones = parse_milestones(cfg.lr_milestones)
+    except ValueError:
+        milestones = None
+    _require(milestones is not None, "lr_milestones",
+             f"expected increasing positive sample counts separated by commas, got {cfg.lr_milestones!r}")
+    _require(cfg.lr_schedule == "step" or not milestones, "lr_milestones", "needs lr_schedule = step")
+    _require(cfg.lr_schedule != "step" or bool(milestones), "lr_schedule", "step needs lr_milestones")
+
+
+def parse_milestones(text: str) -> tuple[int, ...]:
+    """`lr_milestones` as sample counts ("" is none); ValueError unless positive and increasing."""
+    milestones = tuple(int(part) for part in text.split(",")) if text.strip() else ()
+    if any(m <= 0 for m in milestones) or list(milestones) != sorted(set(milestones)):
+        raise ValueError(text)
+    return milestones
+
+
+def _check_stragglers(cfg: RunConfig) -> None:
+    _require(cfg.step_sigma >= 0, "step_sigma", f"must be non-negative, got {cfg.step_sigma}")
+    _require(cfg.step_sigma <= 3, "step_sigma", f"must be at most 3 (a factor of e^3 per sigma), got {cfg.step_sigma}")
+    _require(cfg.slow_clients >= 0, "slow_clients", f"must be non-negative, got {cfg.slow_clients}")
+    _require(cfg.clients is None or cfg.slow_clients <= cfg.clients, "slow_clients",
+             f"must be at most clients ({cfg.clients}), got {cfg.slow_clients}")
+    _require(1 <= cfg.slow_factor <= 100, "slow_factor", f"must be in [1, 100], got {cfg.slow_factor}")
+    _require(0 <= cfg.pause_prob < 1, "pause_prob", f"must be in [0, 1), got {cfg.pause_prob}")
+    _require(0 <= cfg.pause_time <= 3600, "pause_time", f"must be in [0, 3600] seconds, got {cfg.pause_time}")
+    _require(cfg.backup_workers >= 0, "backup_workers", f"must be non-negative, got {cfg.backup_workers}")
+    _require(not cfg.backup_workers or cfg.mode == "sync", "backup_workers", "needs --mode sync")
+    _require(cfg.clients is None or cfg.backup_workers < cfg.clients, "backup_workers",
+             f"must be below clients ({cfg.clients}): a step needs one gradient, got {cfg.backup_workers}")
 
 
 def is_user_code(spec: str) -> bool:

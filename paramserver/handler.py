@@ -24,6 +24,7 @@ from paramserver.compress import Codec
 from paramserver import frame
 from paramserver.frame import Garbled
 from paramserver.protocol import FROM_CLIENTS, Message, Push, Reply, Stop, Tag, Weights, well_formed
+from paramserver.schedule import Schedule
 from paramserver.store import ApplyResult, Store
 
 
@@ -107,7 +108,9 @@ class ServerState:
 
     `peers`: with sharded servers, the server ranks allowed to read this one's slice
     (a PULL from them is answered with the raw slice). `apply_cost`: seconds an apply is
-    logged as taking (the simulator's virtual cost); None: measured.
+    logged as taking (the simulator's virtual cost); None: measured. `schedule`: the
+    run's lr schedule (paramserver/schedule.py), whose progress the replies carry and
+    whose multiplier the rule applies with; None: a constant lr.
     """
 
     store: Store
@@ -118,6 +121,7 @@ class ServerState:
     peers: tuple[int, ...] = ()
     apply_cost: float | None = None
     wire_bytes: list[int] = field(default_factory=lambda: [0, 0])  # payload bytes (pushed, pulled)
+    schedule: Schedule | None = None
 
     def __post_init__(self) -> None:
         self.tally = self.tally or ServerTally(len(self.client_ranks))
@@ -127,6 +131,14 @@ class ServerState:
 
     def client(self, rank: int) -> int:
         return self.client_ranks.index(rank)
+
+    @property
+    def progress(self) -> int:
+        """Samples the clients have pushed so far: the lr schedule's clock. From the steps
+        in the push headers, so every server of a sharded run counts alike (only server 0
+        sees the rows), and a checkpoint's client steps restore it."""
+        batch = self.schedule.batch_size if self.schedule else 0
+        return batch * int(self.tally.client_steps.sum())
 
     @property
     def waiting(self) -> list[int]:
@@ -141,7 +153,8 @@ class ServerState:
 def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
     """One message: the replies to send and the events to record."""
     if msg.source in state.peers and msg.tag == Tag.PULL:  # server 0 reads this slice for a snapshot
-        return [Reply(msg.source, Weights(state.store.version, state.store.size), state.store.weights)], []
+        return [Reply(msg.source, Weights(state.store.version, state.store.size, state.progress),
+                      state.store.weights)], []
     problem = _message_problem(state, msg)
     if problem:
         return [], [_reject(state, msg.source, problem)]
@@ -183,7 +196,7 @@ def _weights_for(state: ServerState, rank: int) -> Reply:
     weights, version = state.store.pull(state.client(rank))
     data = state.codec.encode(weights)
     state.wire_bytes[1] += data.nbytes
-    return Reply(rank, Weights(version, weights.size), data)
+    return Reply(rank, Weights(version, weights.size, state.progress), data)
 
 
 def _push(state: ServerState, msg: Message) -> list[Event]:
@@ -191,6 +204,8 @@ def _push(state: ServerState, msg: Message) -> list[Event]:
     client, store, payload = state.client(msg.source), state.store, msg.payload
     state.wire_bytes[0] += payload.nbytes
     pulled = store.pulled.get(client, 0)
+    if state.schedule is not None:  # the lr at the progress before this push
+        store.rule.lr_factor = state.schedule.factor(state.progress)
     start = time.perf_counter()
     if header.dtype != state.codec.dtype or payload.dtype != state.codec.wire_dtype or header.size != store.size:
         reason = (f"payload of {payload.nbytes} bytes as {header.size} {header.dtype}, "

@@ -79,6 +79,7 @@ class Bye:
 class Weights:
     version: int
     size: int
+    samples: int = 0           # the server's progress (paramserver/schedule.py): the lr they train at
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ class Link(Protocol):
 
     def expect_weights(self, sources: list[int], intos: list[np.ndarray]) -> list: ...
 
-    def complete(self, requests: list, peers: list[int], nbytes: int, timeout: float) -> None: ...
+    def complete(self, requests: list, peers: list[int], nbytes: int, timeout: float) -> list[Weights]: ...
 
 
 def shard_bounds(size: int, servers: int) -> list[tuple[int, int]]:

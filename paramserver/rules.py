@@ -44,6 +44,15 @@ class Rule:
 
     def __init__(self, settings: RuleSettings, clients: int):
         self.clients = clients
+        self.base_lr = settings.effective_server_lr
+        # The lr schedule's multiplier at the server's progress, set before each apply
+        # (paramserver/schedule.py): rules with an lr of their own follow the same curve
+        # as the clients.
+        self.lr_factor = 1.0
+
+    @property
+    def lr(self) -> float:
+        return self.base_lr * self.lr_factor
 
     def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
         w.add_(d)
@@ -86,7 +95,7 @@ class SGDRule(Rule):
 
     def __init__(self, settings: RuleSettings, clients: int):
         super().__init__(settings, clients)
-        self.lr, self.momentum = settings.effective_server_lr, settings.server_momentum
+        self.momentum = settings.server_momentum
         self.weight_decay = settings.weight_decay
         self.buffer: Tensor | None = None  # torch starts it at the first gradient
 
@@ -117,7 +126,7 @@ class AdagradRule(Rule):
 
     def __init__(self, settings: RuleSettings, clients: int):
         super().__init__(settings, clients)
-        self.lr, self.weight_decay = settings.effective_server_lr, settings.weight_decay
+        self.weight_decay = settings.weight_decay
         self.sum: Tensor | None = None
 
     def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
@@ -147,7 +156,7 @@ class DCASGDRule(Rule):
 
     def __init__(self, settings: RuleSettings, clients: int):
         super().__init__(settings, clients)
-        self.lr, self.lam0 = settings.lr, settings.dc_lambda
+        self.base_lr, self.lam0 = settings.lr, settings.dc_lambda  # the clients' lr: g = -d / lr
         self.backups: dict[int, Tensor] = {}
         self.meansquare: Tensor | None = None
 

@@ -40,7 +40,7 @@ class Posted(list):
     for replies, the check to run once they are in."""
 
     def __init__(self, requests: list[MPI.Request], keep: list[np.ndarray] = (),
-                 verify: Callable[[], None] | None = None):
+                 verify: Callable[[], list] | None = None):
         super().__init__(requests)
         self.keep, self.verify = keep, verify
 
@@ -163,20 +163,22 @@ class Transport:
             requests.append(self._dead_on_error(
                 lambda: self.comm.Irecv([block, MPI.BYTE], source, int(Tag.WEIGHTS)), [source]))
 
-        def finish() -> None:
+        def finish() -> list[Weights]:
+            headers = []
             for source, block, into, copy in zip(sources, blocks, intos, staged):
                 header = frame.decode(Tag.WEIGHTS, block[:HEADER_BYTES], b"", source)
                 if not isinstance(header, Weights) or header.size != into.size:
                     raise ProtocolError(f"rank {self.rank}: a bad weights reply from rank {source}: {header}")
                 if copy:
                     _as_bytes(into)[:] = block[HEADER_BYTES:]
+                headers.append(header)
+            return headers
         return Posted(requests, keep=blocks, verify=finish)
 
-    def complete(self, requests: Posted, peers: list[int], nbytes: int, timeout: float) -> None:
-        """Wait for what `expect_weights` or `post` started."""
+    def complete(self, requests: Posted, peers: list[int], nbytes: int, timeout: float) -> list[Weights]:
+        """Wait for what `expect_weights` or `post` started; the replies' headers (none for a post)."""
         self._complete(requests, timeout, peers, nbytes)
-        if requests.verify is not None:
-            requests.verify()
+        return requests.verify() if requests.verify is not None else []
 
     def _complete(self, requests: list[MPI.Request], timeout: float, peers: list[int] | None,
                   nbytes: int) -> None:

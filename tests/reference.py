@@ -1,6 +1,8 @@
 """The plain single-process PyTorch SGD loop that async training must reduce to."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 
@@ -10,18 +12,20 @@ from clients.models import build_model
 
 def plain_sgd(dataset: Dataset, steps: int, *, model: str = "cnn", seed: int = 0, batch_size: int = 32,
               lr: float = 0.05, momentum: float = 0.9, weight_decay: float = 5e-4, clients: int = 1,
-              optimizer: str = "SGD") -> np.ndarray:
+              optimizer: str = "SGD", lr_lambda: Callable[[int], float] | None = None) -> np.ndarray:
     """Final weights, flattened, of `steps` minibatches of torch.optim.SGD (or, with
     optimizer="Adagrad", torch.optim.Adagrad at the same lr and weight decay).
 
     Each minibatch joins the next `batch_size` samples of each of `clients` shards (in
     the order those clients would see them), so one client gives client 0's run and K
-    clients give the batch K*B that synchronous data parallelism is equivalent to."""
+    clients give the batch K*B that synchronous data parallelism is equivalent to.
+    `lr_lambda`: a torch LambdaLR multiplier of the steps taken, stepped after each."""
     net = build_model(model, dataset.shape, dataset.num_classes, seed)
     if optimizer == "Adagrad":
         optimizer = torch.optim.Adagrad(net.parameters(), lr=lr, weight_decay=weight_decay)
     else:
         optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda) if lr_lambda else None
     samplers = [ShardSampler(shard_indices(len(dataset.train), clients, k, seed), batch_size, seed, k)
                 for k in range(clients)]
     for _ in range(steps):
@@ -29,4 +33,6 @@ def plain_sgd(dataset: Dataset, steps: int, *, model: str = "cnn", seed: int = 0
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(net(x), y).backward()
         optimizer.step()
+        if scheduler:
+            scheduler.step()
     return torch.cat([p.detach().reshape(-1) for p in net.parameters()]).numpy()

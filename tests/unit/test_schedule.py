@@ -1,0 +1,92 @@
+"""Learning-rate schedules and the straggler model against hand-written references."""
+from __future__ import annotations
+
+import math
+from re import escape
+
+import pytest
+
+from clients.collective import keep_fastest
+from clients.stragglers import Stragglers
+from paramserver.config import ConfigError, RunConfig, load_config
+from paramserver.schedule import Schedule
+
+
+def test_warmup_ramps_linearly_then_holds():
+    s = Schedule(lr=0.1, batch_size=10, planned=1000, warmup=100)
+    assert [round(s.at(x), 12) for x in (0, 40, 90, 100, 500)] == [0.01, 0.05, 0.1, 0.1, 0.1]
+
+
+def test_cosine_decays_to_its_floor_after_the_warmup():
+    s = Schedule(lr=1.0, batch_size=10, planned=1100, warmup=100, kind="cosine", floor=0.1)
+    assert s.at(100) == pytest.approx(1.0)
+    assert s.at(600) == pytest.approx(0.1 + 0.9 * 0.5)        # halfway: cos(pi / 2) = 0
+    assert s.at(350) == pytest.approx(0.1 + 0.9 * (1 + math.cos(math.pi / 4)) / 2)
+    assert s.at(1100) == pytest.approx(0.1) == s.at(5000)      # past the plan: the floor
+
+
+def test_step_multiplies_at_each_milestone():
+    s = Schedule(lr=1.0, batch_size=1, planned=0, kind="step", milestones=(100, 300), step_factor=0.5)
+    assert [s.at(x) for x in (0, 99, 100, 299, 300, 10**6)] == [1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
+
+
+def test_linear_scaling_multiplies_by_the_minibatches_an_update_averages():
+    sync = Schedule.for_run(RunConfig(mode="sync", lr=0.01, lr_scaling="linear", backup_workers=2, clients=8), 8)
+    assert sync.at(0) == pytest.approx(0.06)                       # K - b = 6 gradients a step
+    assert Schedule.for_run(RunConfig(lr=0.01, lr_scaling="linear"), 8).at(0) == pytest.approx(0.01)  # async
+    assert Schedule.for_run(RunConfig(steps=10, batch_size=4, lr_schedule="cosine"), 3).planned == 120
+
+
+@pytest.mark.parametrize("key,value,says", [
+    ("lr_warmup", -1, "lr_warmup: must be non-negative"),
+    ("lr_schedule", "linear", "lr_schedule: unknown schedule"),
+    ("lr_floor", 1.5, "lr_floor: must be in [0, 1]"),
+    ("lr_milestones", "300,100", "lr_milestones: expected increasing"),
+    ("lr_milestones", "a", "lr_milestones: expected increasing"),
+    ("lr_step_factor", 0.0, "lr_step_factor: must be in (0, 1]"),
+    ("lr_scaling", "sqrt", "lr_scaling: unknown scaling"),
+    ("step_sigma", -0.1, "step_sigma: must be non-negative"),
+    ("slow_factor", 0.5, "slow_factor: must be in [1, 100]"),
+    ("pause_prob", 1.0, "pause_prob: must be in [0, 1)"),
+    ("pause_time", -1.0, "pause_time: must be in [0, 3600]"),
+    ("backup_workers", 1, "backup_workers: needs --mode sync"),
+])
+def test_bad_schedule_and_straggler_values_say_which_key(key, value, says):
+    with pytest.raises(ConfigError, match=r"^" + escape(says)):
+        load_config(overrides={key: value})
+
+
+def test_settings_that_need_each_other_are_refused():
+    for overrides, says in [({"lr_milestones": "10"}, "lr_milestones: needs lr_schedule = step"),
+                            ({"lr_schedule": "step"}, "lr_schedule: step needs lr_milestones"),
+                            ({"clients": 2, "slow_clients": 3}, "slow_clients: must be at most clients"),
+                            ({"clients": 2, "mode": "sync", "backup_workers": 2}, "backup_workers: must be below")]:
+        with pytest.raises(ConfigError, match="^" + escape(says)):
+            load_config(overrides=overrides)
+
+
+def test_straggler_draws_are_a_function_of_seed_client_and_step():
+    a, b = Stragglers(7, 4, sigma=0.5, pause_prob=0.3, pause_time=2.0), Stragglers(7, 4, sigma=0.5, pause_prob=0.3,
+                                                                                  pause_time=2.0)
+    forward = [a.duration(c, t, 1.0) for c in range(4) for t in range(1, 50)]
+    backward = [b.duration(c, t, 1.0) for c in reversed(range(4)) for t in reversed(range(1, 50))]
+    assert forward == list(reversed(backward))                        # order does not matter
+    assert forward != [Stragglers(8, 4, 0.5, pause_prob=0.3, pause_time=2.0).duration(c, t, 1.0)
+                       for c in range(4) for t in range(1, 50)]       # the seed does
+    logs = [math.log(Stragglers(0, 1, sigma=0.5).factor(0, t)) for t in range(1, 4001)]
+    assert abs(sum(logs) / len(logs)) < 0.05 and 0.45 < (sum(x * x for x in logs) / len(logs)) ** 0.5 < 0.55
+    pauses = [Stragglers(0, 1, pause_prob=0.1, pause_time=3.0).pause(0, t) for t in range(1, 4001)]
+    assert set(pauses) == {0.0, 3.0} and 300 < pauses.count(3.0) < 500
+
+
+def test_slow_clients_are_the_last_ones_and_a_real_client_sleeps_only_the_excess():
+    s = Stragglers(0, 4, slow_clients=1, slow_factor=2.5)
+    assert [s.factor(c, 1) for c in range(4)] == [1.0, 1.0, 1.0, 2.5]
+    assert s.extra(3, 1, 0.2) == pytest.approx(0.3) and s.extra(0, 1, 0.2) == 0.0
+    assert not Stragglers(0, 4).active and s.active
+
+
+def test_backup_workers_drop_the_slowest():
+    assert keep_fastest([3.0, 1.0, 2.0, 5.0], 2) == [False, True, True, False]
+    assert keep_fastest([1.0, 1.0, 1.0], 1) == [True, True, False]   # ties: the higher index drops
+    assert keep_fastest([1.0, 2.0], 0) == [True, True]
