@@ -67,13 +67,16 @@ from paramserver.rundir import FolderLock, RunDir, finished
 from paramserver.runlog import write_json_atomic
 
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")
-# grid keys that are config keys as such, and their part of a point id
+# Grid keys that are config keys as such: these five always in the index, with their
+# part of a point id; any other config key may be an axis too (its tag: its name).
 VARIANT_KEYS = ("rule", "momentum", "speed_jitter", "sim_profile", "steps")
 VARIANT_TAGS = {"rule": "", "momentum": "m", "speed_jitter": "j", "sim_profile": "", "steps": "steps"}
 SPEC_KEYS = {"name": str, "scale": str, "backend": str, "timeout": float, "warm_start": int, "window": int,
-             "steps_per_client": str,
+             "steps_per_client": str, "samples": (int, dict), "evaluations": int, "study": str, "targets": list,
              "base": dict, "grid": (dict, list)}  # key: the type load_spec reads it as
-KIND_NAMES = {str: "a string", float: "a number", int: "an integer", dict: "a table", (dict, list): "a table"}
+KIND_NAMES = {str: "a string", float: "a number", int: "an integer", dict: "a table", (dict, list): "a table",
+              list: "a list", (int, dict): "an integer or a table of integers by client count"}
+STUDIES = ("", "scaling")  # `study`: which report a sweep gets (plots/scaling.py for "scaling")
 MAX_TIMEOUT = 2**31 // 1000  # seconds (24 days): a point's wait is one poll() of a C int of milliseconds
 # "sqrt": K clients run steps / sqrt(K) minibatches each (steps * sqrt(K) in all), so
 # every point runs long enough to show a speedup of sqrt(K) or more at a fraction of the
@@ -97,6 +100,7 @@ class Spec:
     timeout: float
     window: int
     points: list[PlannedPoint]
+    meta: dict[str, Any]       # what the report reads beside the points: study, targets, samples
 
 
 def load_spec(path: str) -> Spec:
@@ -110,9 +114,11 @@ def load_spec(path: str) -> Spec:
     grids = grids if isinstance(grids, list) else [grids]
     if not all(isinstance(table, dict) for table in grids):
         raise ConfigError(f"sweep {path}: grid must be a table, or tables ([[grid]])")
-    keys = GRID_KEYS + VARIANT_KEYS
-    unknown = sorted(set(raw) - SPEC_KEYS.keys()) + sorted({k for g in grids for k in g} - set(keys))
+    axes = {k for g in grids for k in g} - set(GRID_KEYS)
+    unknown = sorted(set(raw) - SPEC_KEYS.keys()) + sorted(axes - (field_names() - OWN_KEYS))
     clashing = sorted(set(raw.get("base", {})) & OWN_KEYS)
+    if "samples" in raw and ("steps" in axes or "steps" in raw.get("base", {})):
+        raise ConfigError(f"sweep {path}: samples sets every point's steps; no grid or [base] may set steps")
     if unknown or clashing:
         raise ConfigError(f"sweep {path}: unknown key {unknown[0]!r}" if unknown else
                           f"sweep {path}: [base] may not set {clashing[0]!r} (the grid and spec do)")
@@ -125,14 +131,19 @@ def load_spec(path: str) -> Spec:
     for table in grids:
         grid = {key: table.get(key, default) for key, default in
                 zip(GRID_KEYS, ([1], [1], ["cold"], ["async"], [0]))}
-        grid.update({key: table[key] for key in VARIANT_KEYS if key in table})
+        grid.update({key: table[key] for key in table if key not in GRID_KEYS})
         if any(not isinstance(values, list) or not values for values in grid.values()):
             raise ConfigError(f"sweep {path}: every [grid] entry must be a non-empty list")
         for values in itertools.product(*grid.values()):
-            point = _point(dict(zip(grid, values)), raw, backend, reference)
+            point = _point(dict(zip(grid, values)), raw, backend, reference, sorted(axes - set(VARIANT_KEYS)))
             points.setdefault(point.id, point)  # sync modes ignore n_sync: one point, not several
+    meta = {k: raw[k] for k in ("study", "targets", "samples", "evaluations") if k in raw}
     return Spec(raw.get("name", Path(path).stem), raw.get("scale", "proxy"), backend,
-                float(raw.get("timeout", 3600)), int(raw.get("window", 400)), list(points.values()))
+                float(raw.get("timeout", 3600)), int(raw.get("window", 400)), list(points.values()), meta)
+
+
+def field_names() -> set[str]:
+    return set(RunConfig.__dataclass_fields__)
 
 
 def _check_spec_values(raw: dict[str, Any], path: str) -> None:
@@ -149,9 +160,27 @@ def _check_spec_values(raw: dict[str, Any], path: str) -> None:
                           f"got {raw['steps_per_client']!r}")
     if raw.get("window", 1) < 1:
         raise ConfigError(f"sweep {path}: window must be at least 1, got {raw['window']!r}")
+    budgets = raw.get("samples", 1)
+    budgets = budgets if isinstance(budgets, dict) else {"1": budgets}
+    if not all(k.isdigit() and int(k) >= 1 and isinstance(v, int) and v >= 1 for k, v in budgets.items()) \
+            or "1" not in budgets:
+        raise ConfigError(f"sweep {path}: samples must be a positive integer, or a table of them by client count "
+                          f"starting at 1 (samples = {{ 1 = 160000, 32 = 640000 }}), got {raw['samples']!r}")
+    if raw.get("evaluations", 1) < 1:
+        raise ConfigError(f"sweep {path}: evaluations must be at least 1, got {raw['evaluations']!r}")
+    if raw.get("study", "") not in STUDIES:
+        raise ConfigError(f"sweep {path}: study must be {' or '.join(map(repr, STUDIES))}, got {raw['study']!r}")
+    targets = raw.get("targets", [0.5])
+    if not targets or not all(isinstance(t, float) and 0 < t < 1 for t in targets):
+        raise ConfigError(f"sweep {path}: targets must be errors in (0, 1), got {targets!r}")
+    if "samples" in raw and raw.get("steps_per_client", "equal") != "equal":
+        raise ConfigError(f"sweep {path}: samples sets every point's steps; leave steps_per_client out")
 
 
-def _point(settings: dict[str, Any], raw: dict[str, Any], backend: str, reference: RunConfig) -> PlannedPoint:
+def _point(settings: dict[str, Any], raw: dict[str, Any], backend: str, reference: RunConfig,
+           axes: list[str]) -> PlannedPoint:
+    """One point: its config and its id, which names what departs from [base]. `axes`: the
+    spec's grid keys beyond GRID_KEYS and VARIANT_KEYS, in the index too."""
     if settings["start"] not in ("cold", "warm"):
         raise ConfigError(f"sweep: start must be cold or warm, got {settings['start']!r}")
     if settings["mode"] == "sync":
@@ -161,20 +190,48 @@ def _point(settings: dict[str, Any], raw: dict[str, Any], backend: str, referenc
     keys = {"clients": settings["clients"], "n_sync": settings["n_sync"], "mode": settings["mode"],
             "seed": settings["seed"], "backend": backend,
             "warm_start": raw.get("warm_start", 0) if settings["start"] == "warm" else 0,
-            **{key: settings[key] for key in VARIANT_KEYS if key in settings}}
+            **{key: value for key, value in settings.items() if key not in GRID_KEYS}}
     if raw.get("steps_per_client") == "sqrt":
         keys["steps"] = max(1, math.ceil(settings["steps"] / math.sqrt(settings["clients"])))
     config = load_config(None, {**base, **keys})
+    if "samples" in raw:
+        config = _in_samples(config, raw, reference.batch_size)
     if settings["start"] == "warm" and not config.warm_start:
         raise ConfigError("sweep: warm points need warm_start > 0 in the spec")
     point_id = f"{settings['mode']}-c{settings['clients']}-n{settings['n_sync']}-{settings['start']}-s{settings['seed']}"
     # a variant names the point where it departs from the spec's [base] (or asgd train's
     # default), so two grids that reach the same config reach the same point
-    values = {key: settings["steps"] if key == "steps" else getattr(config, key) for key in VARIANT_KEYS}
-    point_id += "".join(f"-{VARIANT_TAGS[key]}{values[key]}" for key in VARIANT_KEYS
-                        if values[key] != getattr(reference, key))
+    values = {key: settings["steps"] if key == "steps" and "samples" not in raw else getattr(config, key)
+              for key in (*VARIANT_KEYS, *axes)}
+    point_id += "".join(f"-{VARIANT_TAGS.get(key, key)}{values[key]}" for key in (*VARIANT_KEYS, *axes)
+                        if values[key] != getattr(reference, key) and (key != "steps" or "samples" not in raw))
     # the index holds every variant's value, given or not, so the analysis can tell points apart
     return PlannedPoint(point_id, {**settings, **values}, config)
+
+
+def budget(samples: int | dict[str, int], clients: int, batch_size: int, base_batch: int) -> int:
+    """The samples a point trains on in all: `samples`, or from a table by client count the
+    entry of the largest count at most the point's (clients x batch_size / [base]'s
+    batch: one process at batch K x b counts as K), so larger K get the budget their
+    slower statistics need and no point is cut short of its peers at the same K."""
+    if not isinstance(samples, dict):
+        return samples
+    k = clients * batch_size / base_batch
+    return samples[str(max(int(c) for c in samples if int(c) <= max(k, 1)))]
+
+
+def _in_samples(config: RunConfig, raw: dict[str, Any], base_batch: int) -> RunConfig:
+    """Steps from the budget in samples (K clients run budget / (K x batch) minibatches
+    each) and, with `evaluations`, about that many test evaluations a run, so that they
+    are as far apart in samples for every point of a client count (eval_every counts
+    the server's versions: a push of n_push minibatches, or a step of every client)."""
+    k, batch = config.clients or 1, config.batch_size
+    total = budget(raw["samples"], k, batch, base_batch)
+    changes = {"steps": max(1, math.ceil(total / (k * batch)))}
+    if "evaluations" in raw:
+        per_version = batch * (config.push_every if config.mode == "async" else k)
+        changes["eval_every"] = max(1, round(total / raw["evaluations"] / per_version))
+    return _config_with(config, changes)
 
 
 class SweepRunner:
@@ -203,7 +260,7 @@ class SweepRunner:
                   for p in self.spec.points]
         meta = {k: v for k, v in old.items() if k != "points"}
         return {**meta, "name": self.spec.name, "scale": self.spec.scale, "backend": self.spec.backend,
-                "window": self.spec.window, "points": points}
+                "window": self.spec.window, **self.spec.meta, "points": points}
 
     def run(self) -> int:
         for sub in ("runs", "configs"):
@@ -251,7 +308,7 @@ class SweepRunner:
                                _config_with(p.config, {k: getattr(p.config, k) or v for k, v in base.items()}))
                   if p.config.sim_profile == "measured" else p for p in self.spec.points]
         self.spec = Spec(self.spec.name, self.spec.scale, self.spec.backend, self.spec.timeout, self.spec.window,
-                         points)
+                         points, self.spec.meta)
 
     def _stop(self) -> None:
         """End the running points as Ctrl-C ends a run (each records `interrupted` and can

@@ -10,7 +10,7 @@ import functools
 import json
 import os
 from collections import Counter
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,11 @@ class SweepRun:
     jitter: float = 0.0
     profile: str = "measured"
     steps: int = 0             # minibatches a client, as the grid set them (0: not recorded)
+    settings: dict[str, Any] = field(default_factory=dict, compare=False)  # the whole index entry: every axis
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """An axis of the point as the index recorded it (lr, batch_size, backup_workers...)."""
+        return self.settings.get(key, default)
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,7 @@ class Sweep:
         return int(self.meta.get("window", 400))
 
     def select(self, **criteria: Any) -> list[SweepRun]:
-        names = {f.name for f in fields(SweepRun)}
+        names = {f.name for f in fields(SweepRun)} - {"settings"}
         if unknown := set(criteria) - names:
             raise TypeError(f"unknown point fields: {sorted(unknown)}")
         return [p for p in self.points if all(getattr(p, k) == v for k, v in criteria.items())]
@@ -88,7 +93,7 @@ def load_sweep(sweep_dir: str | Path) -> Sweep:
                            run=(path / p["run"]).resolve(), status=p["status"], train_size=train_size,
                            rule=p.get("rule", "add"), momentum=str(p.get("momentum", 0.9)),
                            jitter=float(p.get("speed_jitter", 0.0)), profile=p.get("sim_profile", "measured"),
-                           steps=int(p.get("steps", 0)))
+                           steps=int(p.get("steps", 0)), settings=dict(p))
                   for p in index["points"] if finished(p.get("status", ""))]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise RunDirError(f"cannot read the sweep index {path / 'index.json'} ({type(error).__name__}: {error})") \
