@@ -7,8 +7,9 @@ For a sweep it writes, into DIR (default: the sweep folder's figures/): the spee
 table (time to a target error, speedup against 1 client, efficiency) and the staleness
 table as CSV and Markdown, findings.json (which of the paper's findings the sweep
 shows, with the numbers), and every figure the sweep has the points for, as PNG and PDF.
-A sweep that varies the update rule (`make rules`) gets the rules table, its summary
-per rule and the rules figure instead (plots/rules.py).
+A scaling study (a spec with `study = "scaling"`, `make scaling`) gets its own tables
+and figure instead: every method's speedup to the spec's fixed targets against the
+tuned single client, beside the measured ceiling (plots/scaling.py).
 
 With --docs, the same tables (and the findings as a table) also go to one Markdown page
 that says which runs they come from: when and where they were measured, at which
@@ -53,12 +54,12 @@ def report(path: str, window: int | None = None, figures: str | None = None, tar
 
 def _sweep_report(sweep_dir: Path, window: int, out: Path, target: float | None,
                   page: tuple[Path, str] | None = None) -> int:
-    from plots import analysis, figures, rules
+    from plots import analysis, figures, scaling
 
     sweep = analysis.load_sweep(sweep_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if rules.is_rules_sweep(sweep):
-        return _rules_report(sweep, window, out, page)
+    if scaling.is_scaling_sweep(sweep):
+        return _scaling_report(sweep, window, out, page)
     start = analysis.default_start(sweep)
     sections = {}
     try:
@@ -90,26 +91,29 @@ def _sweep_report(sweep_dir: Path, window: int, out: Path, target: float | None,
     return 0
 
 
-def _rules_report(sweep, window: int, out: Path, page: tuple[Path, str] | None = None) -> int:
-    """A sweep over update rules (or momentum, jitter, cost profile): the rules table, its
-    summary per rule and the speedup figure; the paper's figures need one setting."""
-    from plots import analysis, figures, rules
+def _scaling_report(sweep, window: int, out: Path, page: tuple[Path, str] | None = None) -> int:
+    """The scaling study: the ceiling and the single client's grid, the table of every
+    method, and the speedup figure."""
+    from plots import analysis, figures, scaling
 
-    rows = rules.rules_table(sweep, window)
-    summary = rules.rules_summary(rows)
-    analysis.write_table(rows, out / "rules.csv", out / "rules.md")
-    analysis.write_table(summary, out / "rules_summary.csv", out / "rules_summary.md")
-    print((out / "rules_summary.md").read_text())
-    written = [out / "rules.md", out / "rules_summary.md"]
+    rows, base = scaling.scaling_table(sweep), scaling.baselines(sweep)
+    caps = [{"target": t, "K": k, **v} for t in scaling.targets(sweep) for k, v in scaling.ceiling(sweep, t).items()]
+    tables = {"ceiling": caps, "baselines": base, "scaling": rows}
+    for stem, table in tables.items():
+        analysis.write_table(table, out / f"{stem}.csv", out / f"{stem}.md")
+    print((out / "ceiling.md").read_text())
+    print((out / "scaling.md").read_text())
+    written = [out / f"{stem}.md" for stem in tables]
     if page:
         written.append(write_docs_page(page[0], sweep, window, {
-            "Per rule": analysis.markdown_table(summary),
-            "Point by point": analysis.markdown_table(rows)}, page[1],
-            columns="plots/rules.py (module docstring, `rules_table`, `rules_summary`)"))
+            "The ceiling C(K)": analysis.markdown_table(caps),
+            "The single client and the ceiling's runs": analysis.markdown_table(base),
+            "Every method": analysis.markdown_table(rows)}, page[1],
+            columns="plots/scaling.py (module docstring, `scaling_table`, `ceiling`, `baselines`)"))
     try:
-        written += figures.save(rules.fig_rules(sweep, window, rows), out / "rules")
+        written += figures.save(scaling.fig_scaling(sweep, rows), out / "scaling")
     except ValueError as missing:
-        print(f"rules: skipped ({missing})")
+        print(f"scaling: skipped ({missing})")
     print("written:", ", ".join(str(p) for p in written))
     return 0
 

@@ -72,7 +72,10 @@ def open_run(setup: RunSetup, every: int) -> RunDir:
 def finish_run(run: RunDir, setup: RunSetup, train_s: float, train_wall_s: float, counts: dict[str, Any]) -> dict:
     """Evaluate the snapshots and write the summary; returns it."""
     start = time.perf_counter()
-    torch.set_num_threads(len(os.sched_getaffinity(0)))  # the clients are done: take every core
+    # The clients are done: every core, unless --threads says how many this run may take
+    # (a sweep running points side by side gives each its share: more threads than cores
+    # made evaluation slower than training).
+    torch.set_num_threads(setup.cfg.threads or len(os.sched_getaffinity(0)))
     model = setup.model.to(setup.device)
     cfg, test = setup.cfg, setup.dataset.test
     samples = curve_samples(len(test), cfg.eval_samples, cfg.seed)

@@ -1,6 +1,7 @@
 """Sweeps: a grid of runs in subprocesses, an index, resumable after a kill, failures kept."""
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import time
@@ -107,9 +108,9 @@ def test_report_of_a_sweep_writes_tables_findings_and_figures(small_sweep, tmp_p
         {"cold_start_slowdown", "n_sync_hurts", "warm_start_helps", "speedup_grows"}
 
 
-def test_a_rules_sweep_names_its_variants_once_and_reports_them(tmp_path, tiny_npz, capsys):
+def test_grid_tables_name_their_variants_once(tmp_path, tiny_npz, capsys):
     """[[grid]] tables: their union, a point reached by two of them run once, its id naming
-    only what departs from the defaults; steps / sqrt(K) each; the rules report."""
+    only what departs from the defaults; steps / sqrt(K) each."""
     path = tmp_path / "rules.toml"
     path.write_text(f'name = "rules"\nbackend = "sim"\ntimeout = 120\nwindow = 4\nsteps_per_client = "sqrt"\n'
                     f'[base]\nsteps = 8\ndata = "{tiny_npz}"\nbatch_size = 32\neval_samples = 50\n'
@@ -125,8 +126,43 @@ def test_a_rules_sweep_names_its_variants_once_and_reports_them(tmp_path, tiny_n
     assert len(rows(out / "runs" / "async-c4-n1-cold-s0-scaled")) == 4 * 4  # ceil(8 / sqrt(4)) each
     config = json.loads((out / "runs" / "async-c4-n1-cold-s0-scaled-mauto" / "config.json").read_text())
     assert config["momentum"] == "auto" and config["momentum_used"] == pytest.approx(0.6)
-    assert main(["report", str(out), "--figures", str(tmp_path / "fig")]) == 0
-    table = (tmp_path / "fig" / "rules.csv").read_text().splitlines()
-    assert table[0].startswith("profile,start,jitter,rule,momentum,n_sync,clients,target,time_to_target,speedup")
-    assert len(table) == 1 + 5  # every async point, the 1-client baselines included
-    assert (tmp_path / "fig" / "rules_summary.md").exists() and (tmp_path / "fig" / "rules.png").exists()
+
+
+def test_a_scaling_study_budgets_in_samples_and_reports_against_the_ceiling(tmp_path, tiny_npz):
+    """Any config key is an axis; every point's steps come from its budget in samples by
+    client count (one process at batch K x b counts as K); the report's tables hold the
+    ceiling, the baselines and every method at the spec's own targets."""
+    path = tmp_path / "scaling.toml"
+    path.write_text(f'name = "scaling"\nbackend = "sim"\ntimeout = 300\nstudy = "scaling"\n'
+                    f'targets = [0.7, 0.6]\nevaluations = 6\nsamples = {{ 1 = 1024, 2 = 1536 }}\n'
+                    f'[base]\ndata = "{tiny_npz}"\nbatch_size = 32\neval_samples = 76\nrule = "add"\nlr = 0.05\n'
+                    f'sim_step_time = 0.01\nsim_apply_time = 0.0001\n'
+                    f'[[grid]]\nclients = [1]\nlr = [0.05, 0.1]\n'
+                    f'[[grid]]\nclients = [1]\nbatch_size = [64]\nlr = [0.1]\nlr_warmup = [128]\n'
+                    f'[[grid]]\nclients = [2]\nmode = ["sync"]\nlr_scaling = ["linear"]\n'
+                    f'[[grid]]\nclients = [2]\nmode = ["sync"]\nbackup_workers = [1]\nstep_sigma = [0.5]\n'
+                    f'slow_clients = [1]\n'
+                    f'[[grid]]\nclients = [2]\nrule = ["add", "easgd"]\nstep_sigma = [0.5]\nslow_clients = [1]\n')
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--out", str(out), "--quiet"]) == 0
+    points = {p["id"]: p for p in index(out)["points"]}
+    assert sorted(points) == sorted([
+        "async-c1-n1-cold-s0", "async-c1-n1-cold-s0-lr0.1", "async-c1-n1-cold-s0-batch_size64-lr0.1-lr_warmup128",
+        "sync-c2-n1-cold-s0-lr_scalinglinear", "sync-c2-n1-cold-s0-backup_workers1-slow_clients1-step_sigma0.5",
+        "async-c2-n1-cold-s0-slow_clients1-step_sigma0.5", "async-c2-n1-cold-s0-easgd-slow_clients1-step_sigma0.5"])
+    config = json.loads((out / "runs" / "async-c1-n1-cold-s0-batch_size64-lr0.1-lr_warmup128" / "config.json")
+                        .read_text())
+    assert (config["steps"], config["eval_every"]) == (1536 // 64, 4)  # batch 64 of base 32: K = 2's budget
+    sync = json.loads((out / "runs" / "sync-c2-n1-cold-s0-lr_scalinglinear" / "config.json").read_text())
+    assert (sync["steps"], sync["eval_every"]) == (1536 // 64, 4)
+    assert len(rows(out / "runs" / "async-c1-n1-cold-s0")) == 1024 // 32
+    figures = tmp_path / "fig"
+    assert main(["report", str(out), "--figures", str(figures)]) == 0
+    table = list(csv.DictReader((figures / "scaling.csv").open()))
+    assert {(r["target"], r["speeds"], r["method"]) for r in table} == {
+        (t, s, m) for t in ("0.7", "0.6") for s, m in [("equal", "sync"), ("stragglers", "sync, 1 backup"),
+                                                      ("stragglers", "async add"), ("stragglers", "async easgd")]}
+    assert {"speedup", "of_ceiling", "vs_sync", "vs_sync_backup", "diverged", "server_bound"} <= set(table[0])
+    ceiling = list(csv.DictReader((figures / "ceiling.csv").open()))
+    assert [(r["target"], r["K"], r["tried"]) for r in ceiling] == [("0.7", "2", "1"), ("0.6", "2", "1")]
+    assert (figures / "scaling.png").exists() and (figures / "baselines.md").exists()

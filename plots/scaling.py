@@ -1,0 +1,213 @@
+"""The scaling study (`make scaling`): every method's speedup beside the measured ceiling.
+
+Read from a sweep whose spec says `study = "scaling"` and fixes its `targets` (test
+errors) before the runs:
+- time to a target: the first evaluation at which the mean test error of the last
+  `SMOOTH` evaluations (the curve's fixed subset) is at or below it, in the run's
+  (virtual) time; a run that never gets there has none (its budget is a bound);
+- the tuned single client: the best, over the lr grid, of one async client at the
+  [base] batch b;
+- the ceiling C(K) = the tuned single client's steps to the target / the best steps of
+  one process at batch K x b (its lr grid, with warmup): what averaging K x b samples
+  per update can gain at most, at equal speeds (McCandlish et al. 2018);
+- per method (sync, sync with backup workers, local SGD, each async rule), client count
+  and speed model (equal, or the spec's stragglers): the speedup (the tuned single
+  client's time over the method's, medians over seeds), its fraction of C(K) (may pass
+  1: model averaging is not bound by it), its ratio to sync and to sync with backup
+  workers at the same K and speeds (above 1: faster than they), the share of seeds that
+  reached the target, whether a run diverged, and whether the simulated server was the
+  bottleneck (busy most of the run).
+Never a method's own final error: every number is time to a target fixed in advance.
+"""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from plots.analysis import Sweep, SweepRun  # noqa: E402
+from plots.rundata import load_json, load_log  # noqa: E402
+
+SMOOTH = 3           # evaluations averaged before a target counts as reached
+DIVERGED = 0.5       # a final test error above this (chance: 90%) counts as diverged
+SERVER_BOUND = 0.9   # a server busy this share of the run's time was the bottleneck
+
+
+def is_scaling_sweep(sweep: Sweep) -> bool:
+    return sweep.meta.get("study") == "scaling"
+
+
+def targets(sweep: Sweep) -> list[float]:
+    return [float(t) for t in sweep.meta["targets"]]
+
+
+def reached(point: SweepRun, target: float) -> tuple[float, int] | None:
+    """(time, minibatches in all) when the smoothed test error first reached `target`."""
+    rows = [r for r in load_log(point.run, "eval") if r.get("test_error") is not None]
+    errors = np.array([r["test_error"] for r in rows], dtype=np.float64)
+    for i in range(SMOOTH - 1, len(rows)):
+        if errors[i - SMOOTH + 1:i + 1].mean() <= target:
+            return float(rows[i]["time"]), int(rows[i]["minibatches"])
+    return None
+
+
+def speeds(point: SweepRun) -> str:
+    """`equal`, or the straggler model the point ran under."""
+    sigma, slow = float(point.get("step_sigma", 0.0)), int(point.get("slow_clients", 0))
+    return "equal" if not sigma and not slow and not point.jitter else "stragglers"
+
+
+def method(point: SweepRun) -> str:
+    if point.mode == "sync":
+        backups = int(point.get("backup_workers", 0))
+        return f"sync, {backups} backup" if backups else "sync"
+    if point.mode == "local-sgd":
+        return f"local-sgd n{point.n_sync}"
+    return f"async {point.rule}" + (f" n{point.n_sync}" if point.n_sync > 1 else "")
+
+
+def _base_batch(sweep: Sweep) -> int:
+    return min(int(p.get("batch_size", 64)) for p in sweep.select(mode="async", clients=1))
+
+
+def _single(sweep: Sweep) -> tuple[list[SweepRun], dict[int, list[SweepRun]]]:
+    """The single-client lr grid at batch b, and the one-process runs at K x b by K."""
+    b = _base_batch(sweep)
+    ones = [p for p in sweep.select(mode="async", clients=1, n_sync=1) if speeds(p) == "equal"]
+    big: dict[int, list[SweepRun]] = {}
+    for p in ones:
+        big.setdefault(int(p.get("batch_size", b)) // b, []).append(p)
+    return big.pop(1, []), big
+
+
+def _best(points: list[SweepRun], target: float, index: int) -> tuple[SweepRun, float] | None:
+    """The point that reached `target` soonest (index 0: time, 1: minibatches), and that."""
+    hits = [(p, hit[index]) for p in points if (hit := reached(p, target))]
+    return min(hits, key=lambda h: h[1]) if hits else None
+
+
+def ceiling(sweep: Sweep, target: float) -> dict[str, dict]:
+    """C(K) by K (as a string key), with the lr and warmup that achieved it."""
+    grid, big = _single(sweep)
+    one = _best(grid, target, 1)
+    out = {}
+    for k, points in sorted(big.items()):
+        best = _best(points, target, 1)
+        out[str(k)] = {"ceiling": one[1] / best[1] if one and best else None,
+                       "lr": best[0].get("lr") if best else None,
+                       "lr_warmup": best[0].get("lr_warmup") if best else None,
+                       "steps": best[1] if best else None, "tried": len(points)}
+    return out
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return float(np.median(known)) if known else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def scaling_table(sweep: Sweep) -> list[dict]:
+    """One row per (target, speeds, method, K): see the module docstring."""
+    grid, _ = _single(sweep)
+    rows = []
+    for target in targets(sweep):
+        tuned = _best(grid, target, 0)
+        t1 = tuned[1] if tuned else None
+        caps = ceiling(sweep, target)
+        groups: dict[tuple[str, str, int], list[SweepRun]] = {}
+        for p in sweep.points:
+            if p.clients > 1:
+                groups.setdefault((speeds(p), method(p), p.clients), []).append(p)
+        times = {key: [(hit[0] if (hit := reached(p, target)) else None) for p in points]
+                 for key, points in groups.items()}
+        for (speed, name, k), points in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][2])):
+            t = _median(times[(speed, name, k)])
+            sync, backup = _median(times.get((speed, "sync", k), [])), _median(
+                [t for (s, m, kk), ts in times.items() if s == speed and kk == k and m.startswith("sync,")
+                 for t in ts])
+            cap = caps.get(str(k), {}).get("ceiling")
+            summaries = [load_json(p.run, "summary") for p in points]
+            finals = [s.get("final_test_error") for s in summaries]
+            rows.append({"target": target, "speeds": speed, "method": name, "clients": k, "seeds": len(points),
+                         "reached": sum(x is not None for x in times[(speed, name, k)]) / len(points),
+                         "time_to_target": t, "speedup": _ratio(t1, t), "ceiling": cap,
+                         "of_ceiling": _ratio(_ratio(t1, t), cap),
+                         "vs_sync": _ratio(sync, t) if name != "sync" else None,
+                         "vs_sync_backup": _ratio(backup, t) if not name.startswith("sync") else None,
+                         "diverged": any(f is None or not np.isfinite(f) or f > DIVERGED for f in finals),
+                         "server_bound": any(_server_bound(s) for s in summaries),
+                         "final_test_error": _median(finals)})
+    return rows
+
+
+def _server_bound(summary: dict) -> bool:
+    busy, time = summary.get("server_busy_s"), summary.get("time_s")
+    return bool(busy and time and busy / time > SERVER_BOUND)
+
+
+def baselines(sweep: Sweep) -> list[dict]:
+    """The single client's lr grid and the ceiling's, per target: what the table divides by."""
+    grid, big = _single(sweep)
+    rows = []
+    for target in targets(sweep):
+        for k, points in [(1, grid), *sorted(big.items())]:
+            for p in sorted(points, key=lambda p: float(p.get("lr", 0))):
+                hit = reached(p, target)
+                rows.append({"target": target, "batch_of_K": k, "lr": p.get("lr"), "lr_warmup": p.get("lr_warmup"),
+                             "steps_to_target": hit[1] if hit else None, "time_to_target": hit[0] if hit else None,
+                             "final_test_error": load_json(p.run, "summary").get("final_test_error")})
+    return rows
+
+
+def fig_scaling(sweep: Sweep, rows: list[dict] | None = None) -> Figure:
+    """Speedup against K, one row of panels per target, equal speeds and stragglers side by
+    side: the linear line, the measured ceiling, every method (x at the axis: not reached)."""
+    rows = rows if rows is not None else scaling_table(sweep)
+    if not rows:
+        raise ValueError("the sweep has no multi-client points")
+    marks, panels = targets(sweep), ("equal", "stragglers")
+    fig, axes = plt.subplots(len(marks), 2, figsize=(11, 3.6 * len(marks)), squeeze=False, sharey=True)
+    names = sorted({r["method"] for r in rows})
+    colours = dict(zip(names, plt.cm.tab20(np.arange(len(names)) % 20)))
+    for i, target in enumerate(marks):
+        caps = {int(k): v["ceiling"] for k, v in ceiling(sweep, target).items() if v["ceiling"]}
+        for j, speed in enumerate(panels):
+            ax, mine = axes[i][j], [r for r in rows if r["target"] == target and r["speeds"] == speed]
+            ks = sorted({r["clients"] for r in mine} | set(caps))
+            ax.plot(ks, ks, color="0.8", lw=1, ls=":", label="linear")
+            if caps:
+                ax.plot(sorted(caps), [caps[k] for k in sorted(caps)], color="k", lw=2, label="ceiling C(K)")
+            for name in names:
+                line = sorted((r for r in mine if r["method"] == name), key=lambda r: r["clients"])
+                hit = [r for r in line if r["speedup"] is not None]
+                if hit:
+                    ax.plot([r["clients"] for r in hit], [r["speedup"] for r in hit], marker="o", ms=3,
+                            color=colours[name], label=name)
+                missed = [r["clients"] for r in line if r["speedup"] is None]
+                if missed:
+                    ax.scatter(missed, [0.25] * len(missed), marker="x", s=18, color=colours[name],
+                               label=None if hit else name)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log", base=2)
+            ax.set_ylim(0.2, max(ks) * 1.2 if ks else 2)
+            ax.set_xticks(ks, [str(k) for k in ks])
+            ax.grid(alpha=0.3)
+            ax.set_title(f"{speed} speeds, target {target:.0%} test error", fontsize=9)
+            ax.set_xlabel("clients K")
+            if j == 0:
+                ax.set_ylabel("speedup vs tuned 1 client")
+    handles = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.legend(handles.values(), handles.keys(), fontsize=7, loc="center right")
+    fig.suptitle(f"time to target against the tuned single client ({sweep.name}); x at the bottom: not reached "
+                 "within the budget", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 0.8, 1))
+    return fig
