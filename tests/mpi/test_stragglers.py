@@ -1,0 +1,42 @@
+"""Stragglers and backup workers under real mpiexec: the sleeps are real, the drops agreed."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import mpi_train
+
+pytestmark = pytest.mark.mpi
+TINY = ["--batch-size", "32", "--lr", "0.01", "--eval-samples", "50"]
+
+
+def rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "clients.jsonl").read_text().splitlines()]
+
+
+def test_a_slow_client_really_takes_slow_factor_times_as_long(tmp_path, tiny_npz):
+    """One window of 12 minibatches each (nothing but compute between rows): client 1
+    sleeps twice what each of its steps computed. The ratio of the two clients' median
+    step gaps is 3 up to how the two shared the cores; a bound well inside that."""
+    run = tmp_path / "run"
+    result = mpi_train(3, "--data", str(tiny_npz), "--out", str(run), "--clients", "2", "--steps", "12",
+                       "--n-sync", "12", "--slow-clients", "1", "--slow-factor", "3", *TINY)
+    assert result.returncode == 0, result.stderr
+    gaps = {c: np.median(np.diff([r["time"] for r in rows(run) if r["client"] == c])) for c in (0, 1)}
+    assert 1.8 < gaps[1] / gaps[0] < 6
+
+
+def test_backup_workers_over_mpi_drop_one_gradient_a_step_on_every_rank_alike(tmp_path, tiny_npz):
+    run = tmp_path / "run"
+    result = mpi_train(3, "--data", str(tiny_npz), "--out", str(run), "--mode", "sync", "--steps", "8",
+                       "--backup-workers", "1", "--step-sigma", "0.5", "--lr-scaling", "linear", *TINY)
+    assert result.returncode == 0, result.stderr
+    client_rows = rows(run)
+    for step in range(1, 9):
+        assert sum(bool(r.get("dropped")) for r in client_rows if r["step"] == step) == 1
+    assert {r["lr"] for r in client_rows} == {0.02}  # 0.01 x the 2 gradients a step averages
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["gradients_dropped"] == 8
