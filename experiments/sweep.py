@@ -21,6 +21,10 @@ A spec (TOML):
     warm_start = 300          # warm-start minibatches of the points with start = "warm"
     window = 400              # smoothing window for `asgd report`, in minibatches
     steps_per_client = "equal"  # or "sqrt": K clients run steps / sqrt(K) each
+    samples = { 1 = 160000, 32 = 512000 }  # instead: budgets in samples by client count
+    evaluations = 40          # with samples: about this many test evaluations a run
+    study = "scaling"         # the scaling study's report (plots/scaling.py) ...
+    targets = [0.13, 0.12]    # ... at these test errors, fixed before the runs
     [base]                    # asgd train config keys shared by every point
     steps = 200
     [grid]                    # every combination is a point
@@ -34,6 +38,7 @@ A spec (TOML):
     speed_jitter = [0.0, 0.5]
     sim_profile = ["measured", "paper"]
     steps = [2000]            # minibatches a client (before steps_per_client)
+    lr = [0.01, 0.02]         # any other config key is an axis too, named where it departs
 
 `[[grid]]` tables instead of one `[grid]`: the points are the union of their grids (a
 full grid for some rules, a smaller one for others), each point once.
