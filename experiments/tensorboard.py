@@ -12,6 +12,7 @@ in the simulator), so TensorBoard's "Relative" axis is the run's clock.
 
 - `train/loss`, `train/error`: trailing mean over the last `window` minibatches of all
   clients, in arrival order (window: a twentieth of the run, at most 400).
+- `train/lr`: the lr each minibatch trained with (the schedule's), as its row says.
 - `test/error`, `test/loss`: eval.jsonl (written after training, from snapshots).
 - `server/staleness` per push; `server/pushes_per_s` and `server/busy` (the fraction of
   time spent applying pushes) over the last `RATE_PUSHES` pushes.
@@ -74,6 +75,8 @@ class Scalars:
         self.errors.append(row["error"])
         self._add("train/loss", sum(self.losses) / len(self.losses), self.minibatches, row["time"])
         self._add("train/error", sum(self.errors) / len(self.errors), self.minibatches, row["time"])
+        if "lr" in row:  # rows of runs recorded before schedules have none
+            self._add("train/lr", row["lr"], self.minibatches, row["time"])
 
     def _push(self, row: dict[str, Any]) -> None:
         self.pushes.append((row["time"], row["apply_s"]))

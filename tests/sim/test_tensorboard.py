@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 QUICK = ["--backend", "sim", "--sim-step-time", "0.01", "--sim-apply-time", "0.001", "--batch-size", "32",
          "--eval-samples", "100", "--quiet", "--threads", "1"]
-TAGS = {"train/loss", "train/error", "test/error", "test/loss", "server/staleness", "server/pushes_per_s",
+TAGS = {"train/loss", "train/error", "train/lr", "test/error", "test/loss", "server/staleness", "server/pushes_per_s",
         "server/busy"}
 
 
@@ -28,7 +28,7 @@ def scalars(folder: Path) -> dict[str, list[tuple[int, float, float]]]:
 def board_run(tmp_path_factory, tiny_npz) -> Path:
     out = tmp_path_factory.mktemp("board") / "run"
     assert main(["train", *QUICK, "--data", str(tiny_npz), "--clients", "2", "--steps", "10", "--eval-every", "10",
-                 "--tensorboard", "--out", str(out)]) == 0
+                 "--lr-warmup", "320", "--tensorboard", "--out", str(out)]) == 0
     return out
 
 
@@ -38,6 +38,8 @@ def test_the_run_writes_its_scalars_as_it_goes(board_run):
     assert [step for step, _, _ in written["train/error"]] == list(range(1, 21))
     assert [step for step, _, _ in written["test/error"]] == [0, 10, 20]
     assert [value for _, value, _ in written["server/staleness"]][2:] == [1.0] * 18  # two equal clients
+    lrs = [value for _, value, _ in written["train/lr"]]
+    assert lrs[0] == 0.001 and lrs[-1] == 0.01 and lrs == sorted(lrs)  # the warmup: 32 / 320 of lr, then lr
     assert all(0 < value <= 1 for _, value, _ in written["server/busy"])
 
 
