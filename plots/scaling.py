@@ -12,7 +12,8 @@ errors) before the runs:
   per update can gain at most, at equal speeds (McCandlish et al. 2018);
 - per method (sync, sync with backup workers, local SGD, each async rule), client count
   and speed model (equal, or the spec's stragglers): the speedup (the tuned single
-  client's time over the method's, medians over seeds), its fraction of C(K) (may pass
+  client's time over the method's, medians over seeds, and their range where there are
+  several), its fraction of C(K) (may pass
   1: model averaging is not bound by it), its ratio to sync and to sync with backup
   workers at the same K and speeds (above 1: faster than they), the share of seeds that
   reached the target, whether a run diverged, and whether the simulated server was the
@@ -104,8 +105,12 @@ def ceiling(sweep: Sweep, target: float) -> dict[str, dict]:
 
 
 def _median(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return float(np.median(known)) if known else None
+    """The median, a missing value (a target not reached, a run that diverged) counting as
+    the slowest: the median of 3 seeds of which 2 did not reach is "not reached"."""
+    if not values:
+        return None
+    median = float(np.median([np.inf if v is None else v for v in values]))
+    return None if not np.isfinite(median) else median
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -134,15 +139,19 @@ def scaling_table(sweep: Sweep) -> list[dict]:
             cap = caps.get(str(k), {}).get("ceiling")
             summaries = [load_json(p.run, "summary") for p in points]
             finals = [s.get("final_test_error") for s in summaries]
+            each = [_ratio(t1, x) for x in times[(speed, name, k)] if x is not None]
             rows.append({"target": target, "speeds": speed, "method": name, "clients": k, "seeds": len(points),
                          "reached": sum(x is not None for x in times[(speed, name, k)]) / len(points),
-                         "time_to_target": t, "speedup": _ratio(t1, t), "ceiling": cap,
+                         "time_to_target": t, "speedup": _ratio(t1, t),
+                         "speedup_range": f"{min(each):.2f}-{max(each):.2f}" if len(points) > 1 and each else None,
+                         "ceiling": cap,
                          "of_ceiling": _ratio(_ratio(t1, t), cap),
                          "vs_sync": _ratio(sync, t) if name != "sync" else None,
                          "vs_sync_backup": _ratio(backup, t) if not name.startswith("sync") else None,
                          "diverged": any(f is None or not np.isfinite(f) or f > DIVERGED for f in finals),
                          "server_bound": any(_server_bound(s) for s in summaries),
-                         "final_test_error": _median(finals)})
+                         "final_test_error": _median([f if f is not None and np.isfinite(f) else None
+                                                      for f in finals])})
     return rows
 
 
