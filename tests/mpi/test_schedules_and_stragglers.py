@@ -1,4 +1,5 @@
-"""Stragglers and backup workers under real mpiexec: the sleeps are real, the drops agreed."""
+"""Schedules, stragglers and backup workers under real mpiexec: the server's replies carry
+its progress, the sleeps are real, the drops agreed."""
 from __future__ import annotations
 
 import json
@@ -17,16 +18,30 @@ def rows(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "clients.jsonl").read_text().splitlines()]
 
 
+def test_each_window_trains_at_the_lr_of_the_progress_its_weights_came_with(tmp_path, tiny_npz):
+    """n_sync 1: a window's weights came after `version_pulled` pushes of one minibatch,
+    so its lr is the warmup's at that many minibatches, whatever order the pushes took."""
+    run = tmp_path / "run"
+    result = mpi_train(3, "--data", str(tiny_npz), "--out", str(run), "--clients", "2", "--steps", "10",
+                       "--lr-warmup", "640", *TINY)
+    assert result.returncode == 0, result.stderr
+    client_rows = rows(run)
+    assert [r["lr"] for r in client_rows] == pytest.approx(
+        [0.01 * min(1.0, (32 * r["version_pulled"] + 32) / 640) for r in client_rows], rel=1e-12)
+    assert len({r["lr"] for r in client_rows}) > 5
+
+
 def test_a_slow_client_really_takes_slow_factor_times_as_long(tmp_path, tiny_npz):
     """One window of 12 minibatches each (nothing but compute between rows): client 1
-    sleeps twice what each of its steps computed. The ratio of the two clients' median
-    step gaps is 3 up to how the two shared the cores; a bound well inside that."""
+    sleeps four times what each of its steps computed. The ratio of the two clients'
+    median step gaps is 5 up to how the two shared the cores (on a loaded 2-core machine
+    one client may compute twice as fast as the other); bounds well outside that."""
     run = tmp_path / "run"
     result = mpi_train(3, "--data", str(tiny_npz), "--out", str(run), "--clients", "2", "--steps", "12",
-                       "--n-sync", "12", "--slow-clients", "1", "--slow-factor", "3", *TINY)
+                       "--n-sync", "12", "--slow-clients", "1", "--slow-factor", "5", *TINY)
     assert result.returncode == 0, result.stderr
     gaps = {c: np.median(np.diff([r["time"] for r in rows(run) if r["client"] == c])) for c in (0, 1)}
-    assert 1.8 < gaps[1] / gaps[0] < 6
+    assert 2 < gaps[1] / gaps[0] < 15
 
 
 def test_backup_workers_over_mpi_drop_one_gradient_a_step_on_every_rank_alike(tmp_path, tiny_npz):
