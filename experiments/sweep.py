@@ -122,8 +122,9 @@ def load_spec(path: str) -> Spec:
     axes = {k for g in grids for k in g} - set(GRID_KEYS)
     unknown = sorted(set(raw) - SPEC_KEYS.keys()) + sorted(axes - (field_names() - OWN_KEYS))
     clashing = sorted(set(raw.get("base", {})) & OWN_KEYS)
-    if "samples" in raw and ("steps" in axes or "steps" in raw.get("base", {})):
-        raise ConfigError(f"sweep {path}: samples sets every point's steps; no grid or [base] may set steps")
+    if "samples" in raw and "steps" in raw.get("base", {}):
+        raise ConfigError(f"sweep {path}: samples sets the points' steps; [base] may not set steps "
+                          "(a grid may, for points that need a budget of their own)")
     if unknown or clashing:
         raise ConfigError(f"sweep {path}: unknown key {unknown[0]!r}" if unknown else
                           f"sweep {path}: [base] may not set {clashing[0]!r} (the grid and spec do)")
@@ -191,6 +192,7 @@ def _point(settings: dict[str, Any], raw: dict[str, Any], backend: str, referenc
     if settings["mode"] == "sync":
         settings = {**settings, "n_sync": 1}
     base = raw.get("base", {})
+    own_steps = "steps" in settings  # a grid's steps win over the budget in samples
     settings = {**settings, "steps": settings.get("steps", reference.steps)}  # before steps_per_client
     keys = {"clients": settings["clients"], "n_sync": settings["n_sync"], "mode": settings["mode"],
             "seed": settings["seed"], "backend": backend,
@@ -200,16 +202,17 @@ def _point(settings: dict[str, Any], raw: dict[str, Any], backend: str, referenc
         keys["steps"] = max(1, math.ceil(settings["steps"] / math.sqrt(settings["clients"])))
     config = load_config(None, {**base, **keys})
     if "samples" in raw:
-        config = _in_samples(config, raw, reference.batch_size)
+        config = _in_samples(config, raw, reference.batch_size, own_steps)
     if settings["start"] == "warm" and not config.warm_start:
         raise ConfigError("sweep: warm points need warm_start > 0 in the spec")
     point_id = f"{settings['mode']}-c{settings['clients']}-n{settings['n_sync']}-{settings['start']}-s{settings['seed']}"
     # a variant names the point where it departs from the spec's [base] (or asgd train's
     # default), so two grids that reach the same config reach the same point
-    values = {key: settings["steps"] if key == "steps" and "samples" not in raw else getattr(config, key)
+    budgeted = "samples" in raw and not own_steps  # its steps follow from the budget: not a variant
+    values = {key: settings["steps"] if key == "steps" and not budgeted else getattr(config, key)
               for key in (*VARIANT_KEYS, *axes)}
     point_id += "".join(f"-{VARIANT_TAGS.get(key, key)}{values[key]}" for key in (*VARIANT_KEYS, *axes)
-                        if values[key] != getattr(reference, key) and (key != "steps" or "samples" not in raw))
+                        if values[key] != getattr(reference, key) and (key != "steps" or not budgeted))
     # the index holds every variant's value, given or not, so the analysis can tell points apart
     return PlannedPoint(point_id, {**settings, **values}, config)
 
@@ -225,13 +228,13 @@ def budget(samples: int | dict[str, int], clients: int, batch_size: int, base_ba
     return samples[str(max(int(c) for c in samples if int(c) <= max(k, 1)))]
 
 
-def _in_samples(config: RunConfig, raw: dict[str, Any], base_batch: int) -> RunConfig:
+def _in_samples(config: RunConfig, raw: dict[str, Any], base_batch: int, own_steps: bool) -> RunConfig:
     """Steps from the budget in samples (K clients run budget / (K x batch) minibatches
-    each) and, with `evaluations`, about that many test evaluations a run, so that they
+    each; unless the grid set the point's steps, `own_steps`) and, with `evaluations`, about that many test evaluations a run, so that they
     are as far apart in samples for every point of a client count (eval_every counts
     the server's versions: a push of n_push minibatches, or a step of every client)."""
     k, batch = config.clients or 1, config.batch_size
-    total = budget(raw["samples"], k, batch, base_batch)
+    total = config.steps * k * batch if own_steps else budget(raw["samples"], k, batch, base_batch)
     changes = {"steps": max(1, math.ceil(total / (k * batch)))}
     if "evaluations" in raw:
         per_version = batch * (config.push_every if config.mode == "async" else k)
