@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             return _train(args, argv)
         if args.command == "sweep":
-            from experiments.sweep import run_sweep
+            from experiments.sweepfolder import run_sweep
             return run_sweep(args.spec, args.out, args.jobs, args.retry_failed, args.quiet)
         if args.command == "export":
             from experiments.export import export

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from paramserver.rundir import RunDirError
 from paramserver.runlog import write_json_atomic, write_text_atomic
+from experiments.sweepfolder import refuse_mixed
 from experiments.tensorboard import smoothing_window
 from plots.curves import plot_run
 from plots.rundata import load_json
@@ -65,6 +66,7 @@ def _sweep_report(sweep_dir: Path, window: int, out: Path, target: float | None,
     from plots import analysis, figures, rules
 
     sweep = analysis.load_sweep(sweep_dir)
+    refuse_mixed(sweep.points)
     out.mkdir(parents=True, exist_ok=True)
     if rules.is_rules_sweep(sweep):
         return _rules_report(sweep, window, out, page)
