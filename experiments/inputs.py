@@ -60,25 +60,33 @@ def fingerprint(dataset: Any) -> dict[str, Any]:
 def check_fingerprint(recorded: Any, dataset: Any) -> None:
     """Refuse (ConfigError, one line) data other than the run recorded. A run recorded
     before fingerprints were kept has none to check."""
-    if not recorded:
+    if recorded is None:
         return
     now = fingerprint(dataset)
-    if "files" in recorded and "files" in now:
-        for then, current in zip(recorded["files"], now["files"]):
-            if (then.get("size"), then.get("sha256")) != (current["size"], current["sha256"]):
-                raise ConfigError(f"data: {current['path']} differs from what the run trained on ({_said(then)} "
-                                  f"then, {_said(current)} now); restore that file, or start a new run")
-        if len(recorded["files"]) == len(now["files"]):
-            return
-    elif "files" not in recorded and "files" not in now:
-        keys = ("train", "test", "sample_sha256")
-        if all(recorded.get(key) == now[key] for key in keys):
-            return
-        changed = next(key for key in keys if recorded.get(key) != now[key])
-        raise ConfigError(f"data: the data differs from what the run trained on ({changed}: "
-                          f"{recorded.get(changed)!r} then, {now[changed]!r} now); restore it, or start a new run")
-    raise ConfigError("data: the data is not of the kind the run trained on (files read whole, or items "
-                      "sampled); restore it, or start a new run")
+    if _essence(recorded) != _essence(now):
+        where = ", ".join(entry["path"] for entry in now.get("files", [])) or "the data"
+        raise ConfigError(f"data: {where} differs from what the run trained on ({_said(recorded)} then, "
+                          f"{_said(now)} now); restore it, or start a new run")
+
+
+def _essence(record: Any) -> Any:
+    """What must be equal: each file's size and hash, or the lengths and the sample's hash
+    (not where the files are, nor how they were installed); None for a damaged record."""
+    try:
+        if "files" in record:
+            return [(entry["size"], entry["sha256"]) for entry in record["files"]]
+        return record["train"], record["test"], record["sample_sha256"]
+    except (TypeError, KeyError):
+        return None
+
+
+def _said(record: Any) -> str:
+    essence = _essence(record)
+    if essence is None:
+        return "a damaged fingerprint"
+    if isinstance(essence, list):
+        return "; ".join(f"{size} bytes, sha256 {str(digest)[:12]}" for size, digest in essence)
+    return f"{essence[0]} training and {essence[1]} test items, sampled sha256 {str(essence[2])[:12]}"
 
 
 def _file_print(path: Path) -> dict[str, Any]:
@@ -87,10 +95,6 @@ def _file_print(path: Path) -> dict[str, Any]:
         for block in iter(lambda: file.read(1 << 20), b""):
             digest.update(block)
     return {"path": str(path), "size": path.stat().st_size, "sha256": digest.hexdigest()}
-
-
-def _said(entry: dict[str, Any]) -> str:
-    return f"{entry.get('size')} bytes, sha256 {str(entry.get('sha256'))[:12]}"
 
 
 def _package(path: Path) -> str | None:
