@@ -33,7 +33,7 @@ def absolute_paths(values: dict[str, Any]) -> dict[str, Any]:
     out = dict(values)
     for key in PATH_KEYS:
         if isinstance(out.get(key), str) and out[key]:
-            out[key] = str(Path(out[key]).expanduser().resolve())
+            out[key] = _absolute(out[key])
     for key in CODE_KEYS:
         value = out.get(key)
         if not isinstance(value, str) or not value:
@@ -41,10 +41,19 @@ def absolute_paths(values: dict[str, Any]) -> dict[str, Any]:
         if is_user_code(value):
             file, _, name = value.rpartition(":")
             if USER_CODE.fullmatch(value) and file.endswith(".py"):
-                out[key] = f"{Path(file).expanduser().resolve()}:{name}"
-        elif key == "data" and (value.endswith(".npz") or Path(value).expanduser().is_dir()):
-            out[key] = str(Path(value).expanduser().resolve())
+                out[key] = f"{_absolute(file)}:{name}"
+        elif key == "data" and (value.endswith(".npz") or Path(_absolute(value)).is_dir()):
+            out[key] = _absolute(value)
     return out
+
+
+def _absolute(text: str) -> str:
+    """The path, from `~` or the current folder; as given where it cannot be one (a NUL
+    in it, an unknown user's home): the check that reads it refuses it by name."""
+    try:
+        return str(Path(text).expanduser().resolve())
+    except (RuntimeError, ValueError, OSError):
+        return text
 
 
 def fingerprint(dataset: Any) -> dict[str, Any]:

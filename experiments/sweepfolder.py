@@ -2,14 +2,15 @@
 
 DIR/spec.toml is the spec the folder was started with, never rewritten. `asgd sweep`
 run again on the folder accepts:
-- one of the folder's own specs (its `timeout` may change): it goes on with every point
-  the folder holds;
+- one of the folder's own specs, or any that plans the same points with the same
+  settings (another timeout, window or name, say): it goes on with every point the
+  folder holds;
 - a spec that adds points and drops none: the new points run with the new spec's
   settings, every earlier point keeps its own, the spec is kept beside the first as
   DIR/spec.N.toml, and index.json gives each point's settings (`config`: every key
   but those that only handle the run).
-Anything else (a point dropped, the name, scale or window changed, or settings changed
-with no point added) is refused, one line naming the spec keys that changed. Since a
+Anything else (a point dropped, or a point's settings changed and none added) is
+refused, one line naming the settings or spec keys that changed. Since a
 grown folder may hold points of different settings, `refuse_mixed` stops `asgd report`
 comparing them.
 """
@@ -28,9 +29,9 @@ from paramserver.runlog import write_text_atomic
 
 FIRST = "spec.toml"
 # config keys a sweep's points may differ in: the grid's, what follows from them (the
-# warm start, evaluation and cost-profile timings), how a run is handled
-PER_POINT = {*GRID_KEYS, *VARIANT_KEYS, *CHANGEABLE, "warm_start", "eval_every", "sim_step_time",
-             "sim_apply_time", "sim_bandwidth", "sim_latency", "sim_push_bytes"}
+# warm start, the evaluation interval, the step and push times measured for the
+# `measured` cost profile only), how a run is handled
+PER_POINT = {*GRID_KEYS, *VARIANT_KEYS, *CHANGEABLE, "warm_start", "eval_every", "sim_step_time", "sim_apply_time"}
 
 
 def run_sweep(spec_path: str, out: str | None, jobs: int, retry_failed: bool, quiet: bool) -> int:
