@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest

@@ -1,8 +1,6 @@
 """What a run reads (experiments/inputs.py, issue 25): paths made absolute, data fingerprinted."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from torch.utils.data import Dataset as TorchDataset, TensorDataset
@@ -54,7 +52,7 @@ def test_a_users_datasets_are_fingerprinted_by_lengths_and_a_sample():
         check_fingerprint(recorded, user_data(Jittered(1001), test))
 
 
-def test_a_damaged_or_missing_fingerprint(tmp_path):
+def test_a_damaged_or_missing_fingerprint():
     test = TensorDataset(torch.zeros(10, 4), torch.zeros(10, dtype=torch.int64))
     data = user_data(Jittered(8), test)
     check_fingerprint(None, data)  # a run recorded before fingerprints were kept
