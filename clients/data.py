@@ -59,6 +59,7 @@ class Dataset:
     test: Split
     shape: tuple[int, ...]  # one input's: (C, H, W) for images
     num_classes: int | None  # None: a user's Dataset that does not say (no `classes`)
+    files: tuple[Path, ...] = ()  # the files it was read from, whole (what a run fingerprints)
 
 
 class ArraySplit:
@@ -113,14 +114,14 @@ def load_dataset(spec: str, data_dir: str | None = None) -> Dataset:
 
 
 def _array_dataset(name: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray],
-                   num_classes: int) -> Dataset:
+                   num_classes: int, files: tuple[Path, ...]) -> Dataset:
     """Standardise both splits with train statistics only, so test data never leaks into training."""
     (x, y), (x_test, y_test) = train, test
     scale = _scale(x)
     mean, std = _moments(x)
     mean, std = mean * scale, max(std * scale, STD_FLOOR)
     splits = ArraySplit(x, y, scale, mean, std), ArraySplit(x_test, y_test, _scale(x_test), mean, std)
-    return Dataset(name, *splits, (x.shape[1], x.shape[2], x.shape[3]), num_classes)
+    return Dataset(name, *splits, (x.shape[1], x.shape[2], x.shape[3]), num_classes, files)
 
 
 def _scale(x: np.ndarray) -> float:
@@ -145,7 +146,8 @@ def _load_fashion_mnist(data_dir: str | None) -> Dataset:
         if len(images) != len(labels):
             raise DataError(f"data: {folder / labels_name}: {len(labels)} labels but {len(images)} images")
         splits.append((images[:, None], labels.astype(np.int64)))
-    return _array_dataset("fashion-mnist", splits[0], splits[1], 10)
+    return _array_dataset("fashion-mnist", splits[0], splits[1], 10,
+                          tuple((folder / name).resolve() for name in FASHION_MNIST_FILES))
 
 
 def _missing_files(folder: str) -> list[str]:
@@ -224,7 +226,7 @@ def _load_npz(path: Path) -> Dataset:
     if num_classes > MAX_CLASSES:
         raise _field_error(path, "y", f"has the label {num_classes - 1}: labels are class indices 0..C-1, "
                                       f"C at most {MAX_CLASSES:,} (remap them)")
-    return _array_dataset(path.stem, (x, y), (x_test, y_test), num_classes)
+    return _array_dataset(path.stem, (x, y), (x_test, y_test), num_classes, (path.resolve(),))
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:

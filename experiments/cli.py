@@ -21,7 +21,8 @@ import traceback
 from dataclasses import fields
 from pathlib import Path
 
-from paramserver.config import ConfigError, RunConfig, field_types, flag_type, load_config
+from experiments.inputs import absolute_paths
+from paramserver.config import ConfigError, RunConfig, config_values, field_types, flag_type
 from paramserver.rundir import RunDir, RunDirError
 
 DEFAULT_CLIENTS = 2  # when asgd starts mpiexec itself and --clients is not given
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             return _train(args, argv)
         if args.command == "sweep":
-            from experiments.sweep import run_sweep
+            from experiments.sweepfolder import run_sweep
             return run_sweep(args.spec, args.out, args.jobs, args.retry_failed, args.quiet)
         if args.command == "export":
             from experiments.export import export
@@ -146,12 +147,13 @@ def _help(key) -> str:
 def _train(args: argparse.Namespace, argv: list[str]) -> int:
     from experiments import launch
 
-    overrides = {f.name: getattr(args, f.name) for f in fields(RunConfig)}
-    if args.resume:
+    flags = {f.name: getattr(args, f.name) for f in fields(RunConfig)}
+    asked = absolute_paths(config_values(args.config, flags))
+    if isinstance(asked.get("resume"), str) and asked["resume"]:  # by flag or config file: one door
         from experiments.resume import resumed_config
-        cfg = resumed_config(args.resume, overrides)
+        cfg = resumed_config(asked)
     else:
-        cfg = load_config(args.config, overrides)
+        cfg = RunConfig(**asked)
     _check_inputs(cfg)
     out = cfg.out or _default_out(cfg)
     if cfg.backend == "mpi" and launch.launcher_rank() is None:
@@ -215,11 +217,17 @@ def _check_inputs(cfg: RunConfig) -> None:
     # without --clients: asgd's default when it starts (or simulates) the job; under a
     # user's mpiexec every rank but the server, unknown here, so at least the whole set
     clients = cfg.clients or (DEFAULT_CLIENTS if cfg.backend == "sim" or launcher_rank() is None else 1)
+    if clients > len(dataset.train):
+        raise InputError(f"clients: {clients} clients need at least one training sample each; the data has "
+                         f"{len(dataset.train)}")
     if len(dataset.train) // clients < cfg.batch_size:
         raise InputError(f"batch_size: {cfg.batch_size} is more than a client's shard of "
                          f"{len(dataset.train) // clients} samples")
     if cfg.init or cfg.resume:
         _check_start_weights(cfg, dataset)
+    if cfg.resume:
+        from experiments.inputs import check_fingerprint
+        check_fingerprint(RunDir(cfg.resume).record("config").get("data_fingerprint"), dataset)
 
 
 def _resume_hint(out: str) -> str:

@@ -96,8 +96,9 @@ def _open(setup: RunSetup, every: int, point: ResumePoint | None) -> tuple[RunDi
     if point is None:
         run = open_run(setup, every)
         run.writer("server").close()  # no server in these modes: its log stays empty
-        run.save_snapshot(setup.weights, 0, 0.0, 0)
-        return run, {"minibatches": 0, "samples": 0}, 0
+        counts = {"minibatches": 0, "samples": 0}
+        _write_files(run, setup, setup.weights, 0, 0.0, counts, 0)  # the starting state: resumable from step 1
+        return run, counts, 0
     run = record_dir(setup)
     checkpoint = Checkpoint.load(run)
     cut_back(run, checkpoint, setup.cfg.steps, setup.provenance)

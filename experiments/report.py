@@ -21,7 +21,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from paramserver.rundir import RunDirError
 from paramserver.runlog import write_json_atomic, write_text_atomic
+from experiments.sweepfolder import refuse_mixed
 from experiments.tensorboard import smoothing_window
 from plots.curves import plot_run
 from plots.rundata import load_json
@@ -43,13 +45,21 @@ def report(path: str, window: int | None = None, figures: str | None = None, tar
     if not summary:
         print(f"asgd: error: run_dir: {path} has no summary.json (not a finished run?)", file=sys.stderr)
         return 2
-    window = window or smoothing_window(1, summary.get("minibatches") or 1)  # fits the run, as TensorBoard's
+    if not isinstance(summary.get("status"), str):
+        raise RunDirError(f"{Path(path) / 'summary.json'} is not a run's summary (it has no status)")
+    minibatches, time_s, error = (_number(summary, key) for key in ("minibatches", "time_s", "final_test_error"))
+    window = window or smoothing_window(1, int(minibatches or 1))  # fits the run, as TensorBoard's
     png = plot_run(path, Path(path) / "training_error.png", window)
-    error = summary.get("final_test_error")
-    print(f"{path}: {summary['status']}; test error {error if error is None else f'{error:.4f}'}; "
-          f"{summary['minibatches']} minibatches in {summary['time_s']:.1f} s")
+    print(f"{path}: {summary['status']}; test error {error if error is None else f'{error:.4f}'}"
+          + ("" if minibatches is None or time_s is None else f"; {minibatches} minibatches in {time_s:.1f} s"))
     print(f"figure: {png}")
     return 0
+
+
+def _number(summary: dict, key: str) -> float | None:
+    """A summary's number (a failed run's summary may lack it: None)."""
+    value = summary.get(key)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _sweep_report(sweep_dir: Path, window: int, out: Path, target: float | None,
@@ -57,6 +67,7 @@ def _sweep_report(sweep_dir: Path, window: int, out: Path, target: float | None,
     from plots import analysis, figures, scaling
 
     sweep = analysis.load_sweep(sweep_dir)
+    refuse_mixed(sweep.points)
     out.mkdir(parents=True, exist_ok=True)
     if scaling.is_scaling_sweep(sweep):
         return _scaling_report(sweep, window, out, page)

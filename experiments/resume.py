@@ -26,9 +26,12 @@ from paramserver.config import ConfigError, RunConfig, load_config
 from paramserver.rundir import RunDir, RunDirError
 from paramserver.runlog import CorruptFile, read_jsonl, truncate_jsonl, write_json_atomic
 
+# The one list of settings a resume may change: how the run is handled, never what it
+# trains (every other config key, whoever adds it, must keep the run's recorded value).
 CHANGEABLE = {"steps", "quiet", "stall_timeout", "eval_samples", "keep_snapshots", "device", "server_device",
-              "resume", "inject_fault", "out", "threads", "debug"}
-RECORD_ONLY = {"provenance", "num_params", "train_size", "resumed", "momentum_used"}  # config.json keys that are not config
+              "resume", "inject_fault", "out", "threads", "debug", "tensorboard"}
+RECORD_ONLY = {"provenance", "num_params", "train_size", "resumed", "momentum_used",
+               "data_fingerprint"}  # config.json keys that are not config
 
 
 @dataclass(frozen=True)
@@ -40,26 +43,39 @@ class ResumePoint:
     client_pushes: list[int]
 
 
-def resumed_config(run_dir: str, overrides: dict[str, Any]) -> RunConfig:
-    """The run's own config, with the few flags a resume may change."""
-    stored = {k: v for k, v in _read_record(Path(run_dir) / "config.json").items() if k not in RECORD_ONLY}
-    stored["inject_fault"] = ""  # a test's fault is for the run it was given to
-    for key, value in overrides.items():
-        if value is not None and key not in CHANGEABLE and value != stored.get(key):
-            raise ConfigError(f"resume: {key} cannot change when resuming (run has {stored.get(key)!r})")
+def resumed_config(asked: dict[str, Any]) -> RunConfig:
+    """The run named by `asked["resume"]`, with the few settings a resume may change.
+
+    `asked` holds every setting given, from flags and a config file alike (the `resume`
+    key of a TOML file too), so a resume however asked for meets the same checks: a
+    setting that would change the run is refused, one line naming it."""
+    run_dir = asked["resume"]
+    stored = recorded_config(run_dir)
+    for key, value in asked.items():
+        if key not in CHANGEABLE and value != stored.get(key):
+            raise ConfigError(f"resume: {key} cannot change when resuming (run has {stored.get(key)!r}, "
+                              f"asked for {value!r})")
+    if asked.get("out") and Path(asked["out"]).resolve() != Path(run_dir).resolve():
+        raise ConfigError(f"out: a resume writes into its own run directory {run_dir}, not {asked['out']}")
     if not RunDir(run_dir).checkpoint_path.exists():
         raise ConfigError(f"resume: {run_dir} has no checkpoint to resume from")
     try:
         Checkpoint.verify(RunDir(run_dir))
     except CorruptFile as error:
         raise ConfigError(f"resume: {error}") from None
-    given = {k: v for k, v in overrides.items() if v is not None}
-    cfg = load_config(None, {**stored, **given, "out": run_dir, "resume": run_dir})
+    cfg = load_config(None, {**stored, **asked, "out": run_dir, "resume": run_dir})
     summary = Path(run_dir) / "summary.json"
     if summary.exists() and _read_record(summary).get("status") == "complete" \
             and cfg.steps <= stored.get("steps", RunConfig.steps):
         raise ConfigError(f"resume: {run_dir} is complete; pass a larger --steps to train on")
     return cfg
+
+
+def recorded_config(run_dir: str | Path) -> dict[str, Any]:
+    """The config keys of a run's config.json, as it ran (what it recorded beside them left out)."""
+    stored = {k: v for k, v in _read_record(Path(run_dir) / "config.json").items() if k not in RECORD_ONLY}
+    stored["inject_fault"] = ""  # a test's fault is for the run it was given to
+    return stored
 
 
 def _read_record(path: Path) -> dict[str, Any]:
@@ -146,4 +162,5 @@ def cut_back(run: RunDir, checkpoint: Checkpoint, steps: int, record: dict[str, 
     config = run.record("config")
     config["resumed"] = [*config.get("resumed", []), {**record, "before": before}]
     config["steps"] = steps  # a resume may extend the run
+    config["out"] = str(run.path)  # a copy of a run, resumed, is a run of its own
     write_json_atomic(run.path / "config.json", config)

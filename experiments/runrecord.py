@@ -20,6 +20,7 @@ from torch import nn
 from clients.data import Dataset
 from clients.evaluate import curve_samples, evaluate_snapshots
 from clients.usercode import loss_function
+from experiments.inputs import fingerprint
 from experiments.progress import Progress
 from paramserver.config import RunConfig
 from paramserver.rundir import RunDir
@@ -61,8 +62,9 @@ def open_run(setup: RunSetup, every: int) -> RunDir:
     run = record_dir(setup)
     run.create()
     run.write_config({**setup.cfg.to_dict(), "out": setup.out, "clients": setup.clients, "eval_every": every,
-                      "momentum_used": round(setup.cfg.client_momentum(setup.clients), 6), "num_params": setup.weights.size, "train_size": len(setup.dataset.train),
-                      "provenance": setup.provenance})
+                      "momentum_used": round(setup.cfg.client_momentum(setup.clients), 6),
+                      "num_params": setup.weights.size, "train_size": len(setup.dataset.train),
+                      "data_fingerprint": fingerprint(setup.dataset), "provenance": setup.provenance})
     if setup.warm_rows:
         with run.writer("warm_start") as log:
             log.write_many(setup.warm_rows)

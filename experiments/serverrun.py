@@ -74,7 +74,7 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
                         fault_version=fault[1] if fault and fault[0] == 0 else None)
     try:
         if not cfg.resume:
-            recorder.snapshot(checkpoint=False)
+            recorder.start()
         wall = time.perf_counter()
         busy_s = drive(state, recorder)
         train_wall_s = time.perf_counter() - wall

@@ -4,7 +4,9 @@
 
 Each point is one `asgd train` in a subprocess (the simulator, or `mpiexec` per point),
 with a timeout, writing its own run directory under DIR/runs/. DIR/index.json lists
-the points and their status, rewritten atomically after each one. Run the sweep again
+the points, their settings and status (`running` while one runs), rewritten atomically
+as each starts and ends. The folder is bound to the spec it was started with
+(experiments/sweepfolder.py: a later spec may only add points). Run the sweep again
 after a kill and it finishes only what is missing: a finished point (complete, diverged,
 untrained) is skipped, one with a checkpoint is resumed (`--resume`), one without is
 started over; a failed point keeps its reason and is retried only with --retry-failed.
@@ -66,9 +68,10 @@ from typing import Any
 
 from experiments.lifeline import lifeline
 from experiments.progress import Progress
+from experiments.resume import CHANGEABLE
 from experiments.supervise import STOP_GRACE_S, kill_tree
 from paramserver.config import ConfigError, RunConfig, load_config
-from paramserver.rundir import FolderLock, RunDir, finished
+from paramserver.rundir import RunDir, finished
 from paramserver.runlog import write_json_atomic
 
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")
@@ -108,12 +111,17 @@ class Spec:
     meta: dict[str, Any]       # what the report reads beside the points: study, targets, samples
 
 
-def load_spec(path: str) -> Spec:
-    """The spec and every point's validated config; errors are one line (ConfigError)."""
+def read_spec(path: str) -> dict[str, Any]:
+    """A spec file's TOML, unchecked; errors are one line (ConfigError)."""
     try:
-        raw = tomllib.loads(Path(path).read_text())
+        return tomllib.loads(Path(path).read_text())
     except (OSError, ValueError) as error:  # ValueError: not TOML, not UTF-8, an int of over 4300 digits
         raise ConfigError(f"sweep {path}: cannot read ({error})") from None
+
+
+def load_spec(path: str) -> Spec:
+    """The spec and every point's validated config; errors are one line (ConfigError)."""
+    raw = read_spec(path)
     _check_spec_values(raw, path)
     grids = raw.get("grid", {})
     grids = grids if isinstance(grids, list) else [grids]
@@ -264,8 +272,8 @@ class SweepRunner:
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
             raise ConfigError(f"sweep: cannot read {path} ({type(error).__name__}: {error}); "
                               "remove it to rebuild the index from the runs") from None
-        points = [{"id": p.id, **p.settings, "run": f"runs/{p.id}", "status": status.get(p.id, "pending")}
-                  for p in self.spec.points]
+        points = [{"id": p.id, **p.settings, "config": run_settings(p.config), "run": f"runs/{p.id}",
+                   "status": status.get(p.id, "pending")} for p in self.spec.points]
         meta = {k: v for k, v in old.items() if k != "points"}
         return {**meta, "name": self.spec.name, "scale": self.spec.scale, "backend": self.spec.backend,
                 "window": self.spec.window, **self.spec.meta, "points": points}
@@ -349,7 +357,7 @@ class SweepRunner:
         # mpi points launch themselves (under the supervisor, which names a dead rank)
         status = self._execute(point.id, [sys.executable, "-m", "experiments.cli", *command], run)
         with self.lock:
-            next(e for e in self.index["points"] if e["id"] == point.id)["status"] = status
+            self._entry(point.id)["status"] = status
             if finished(status):  # epochs in the figures need the training-set size
                 self.index["train_size"] = RunDir(run).record("config")["train_size"]
             self._save()
@@ -366,6 +374,8 @@ class SweepRunner:
             proc = subprocess.Popen(lifeline(argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                     start_new_session=True)
             self.running[point] = proc
+            self._entry(point)["status"] = "running"  # the index is true while the sweep runs
+            self._save()
         try:
             _, err = proc.communicate(timeout=self.spec.timeout)
         except subprocess.TimeoutExpired:
@@ -380,14 +390,24 @@ class SweepRunner:
             return record.status()
         lines = [line for line in err.splitlines() if line.strip()]
         last = lines[-1].strip() if lines else "no message"
-        if proc.returncode == 130 or (record.status() or "").startswith("failed: interrupted"):
+        if proc.returncode == 130 or self.stopping or (record.status() or "").startswith("failed: interrupted"):
             return "interrupted"
         if "is being written by" in last:
             return f"locked: {last}"
         return f"failed: exit {proc.returncode}: {last}"
 
+    def _entry(self, point: str) -> dict[str, Any]:
+        return next(e for e in self.index["points"] if e["id"] == point)
+
     def _save(self) -> None:
         write_json_atomic(self.out / "index.json", self.index)
+
+
+def run_settings(config: RunConfig) -> dict[str, Any]:
+    """What a point runs with: every config key but those that only handle the run (a
+    point runs its own steps, which a resume alone may extend). What index.json shows of
+    each point, since a folder grown by a later spec may hold points of other settings."""
+    return {key: value for key, value in config.to_dict().items() if key not in CHANGEABLE - {"steps"}}
 
 
 def _config_with(config: RunConfig, changes: dict[str, Any]) -> RunConfig:
@@ -399,15 +419,3 @@ def _toml(values: dict[str, Any]) -> str:
     skip = {"out", "resume", "quiet"}
     return "".join(f"{key} = {json.dumps(value)}\n" for key, value in values.items()
                    if value is not None and key not in skip)
-
-
-def run_sweep(spec_path: str, out: str | None, jobs: int, retry_failed: bool, quiet: bool) -> int:
-    spec = load_spec(spec_path)
-    folder = Path(out or f"results/sweeps/{spec.name}")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigError(f"out: cannot create the sweep folder {folder} ({error.strerror})") from None
-    with FolderLock(folder):  # one sweep at a time in a folder
-        shutil.copyfile(spec_path, folder / "spec.toml")
-        return SweepRunner(spec, folder, jobs, retry_failed, quiet).run()

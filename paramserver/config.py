@@ -335,6 +335,12 @@ def _fault_ok(text: str) -> bool:
 
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
     """The config file's values, then the overrides (flags given on the command line)."""
+    return RunConfig(**config_values(path, overrides))
+
+
+def config_values(path: str | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The settings asked for, not yet checked against each other: the config file's
+    values, then the overrides (None: not given). Unknown keys are refused here."""
     values: dict[str, Any] = {}
     if path:
         values.update(_read_toml(path))
@@ -343,7 +349,7 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     unknown = sorted(set(values) - known)
     if unknown:
         raise ConfigError(f"{f'config {path}: ' if path else ''}unknown key {unknown[0]!r}")
-    return RunConfig(**values)
+    return values
 
 
 def _read_toml(path: str) -> dict[str, Any]:

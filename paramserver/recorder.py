@@ -83,7 +83,7 @@ class Recorder:
                 self.client_log.write_many(event.rows)
                 self.progress(event.minibatches)
             elif isinstance(event, SnapshotDue):
-                self.snapshot(checkpoint=True)
+                self.snapshot()
         version = self.state.store.version
         if self.fault_version is not None and version >= self.fault_version:
             raise InjectedFault(f"injected fault on the server at version {version}")
@@ -98,25 +98,29 @@ class Recorder:
         own = self.state.store.weights
         return own.copy() if self.gather is None else self.gather(own)
 
-    def snapshot(self, checkpoint: bool) -> None:
-        """The weights for the test error and, with `checkpoint`, everything to resume from,
-        copied now and written in the background."""
+    def snapshot(self) -> None:
+        """The weights for the test error and everything to resume from, copied now and
+        written in the background."""
         state, weights, now = self.state, self.weights(), self.clock()
         tally, store = state.tally, state.store
-        point = None
-        if checkpoint:  # the rows it counts are on disk before it is
-            self.server_log.flush()
-            self.client_log.flush()
-            point = Checkpoint(weights, store.version, now, (self.server_log.lines, self.client_log.lines),
-                               (tally.minibatches, tally.samples, tally.rejected), tally.client_steps.copy(),
-                               tally.client_pushes.copy(),
-                               {k: np.array(v, copy=True) for k, v in store.state().items() if k != "weights"})
+        self.server_log.flush()  # the rows the checkpoint counts are on disk before it is
+        self.client_log.flush()
+        point = Checkpoint(weights, store.version, now, (self.server_log.lines, self.client_log.lines),
+                           (tally.minibatches, tally.samples, tally.rejected), tally.client_steps.copy(),
+                           tally.client_pushes.copy(),
+                           {k: np.array(v, copy=True) for k, v in store.state().items() if k != "weights"})
         self.files.submit(_write, self.run, weights, store.version, now, tally.minibatches, point)
+
+    def start(self) -> None:
+        """The starting state (version 0) as snapshot and checkpoint, on disk before any
+        row is: a run interrupted at any moment resumes from here at least."""
+        self.snapshot()
+        self.files.wait()
 
     def finish(self) -> None:
         """The last snapshot and checkpoint, every file out, the logs closed."""
         try:
-            self.snapshot(checkpoint=True)
+            self.snapshot()
         finally:
             self.close()
 
@@ -130,7 +134,6 @@ class Recorder:
 
 
 def _write(run: RunDir, weights: np.ndarray, version: int, now: float, minibatches: int,
-           checkpoint: Checkpoint | None) -> None:
+           checkpoint: Checkpoint) -> None:
     run.save_snapshot(weights, version, now, minibatches)
-    if checkpoint is not None:
-        checkpoint.save(run)
+    checkpoint.save(run)

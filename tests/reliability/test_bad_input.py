@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, event, example, given, settings, strategies 
 from hypothesis.extra import numpy as hnp
 
 import experiments.cli
-import experiments.sweep
+import experiments.sweepfolder
 from clients.data import load_dataset
 from clients.models import build_model, flat_weights
 from experiments.cli import main
@@ -81,7 +81,7 @@ def sandbox(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(box.cwd)
         patch.setattr(experiments.cli, "_check_inputs", check_then_stop)
-        patch.setattr(experiments.sweep, "SweepRunner", stop)
+        patch.setattr(experiments.sweepfolder, "SweepRunner", stop)
         yield box
 
 

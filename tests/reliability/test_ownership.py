@@ -72,6 +72,14 @@ def interrupt(args: list[str], ready, what: str, how: signal.Signals) -> tuple[i
     return job.returncode, err
 
 
+def checkpointed(run: Path) -> bool:
+    """A checkpoint past the starting state (version 0, written before the first minibatch)."""
+    try:
+        return int(load_arrays(run / "checkpoint" / "latest.npz")["version"]) > 0
+    except (OSError, ValueError, KeyError):  # not there yet
+        return False
+
+
 @pytest.fixture
 def interrupted_run(tmp_path, tiny_npz) -> Path:
     """A 2-client run failed at version 10 with a checkpoint at version 8."""
@@ -141,7 +149,7 @@ def test_sigterm_ends_the_whole_mpi_job_and_it_resumes_exactly(tmp_path, tiny_np
     returncode, err = interrupt(["train", "--clients", "2", "--steps", "100000", "--data", str(tiny_npz),
                                  "--batch-size", "32", "--eval-samples", "50", "--eval-every", "20", "--quiet",
                                  "--out", str(run)],
-                                lambda: (run / "checkpoint" / "latest.npz").exists(), "a first checkpoint",
+                                lambda: checkpointed(run), "a first checkpoint",
                                 signal.SIGTERM)
     assert returncode == 130 and err.strip().splitlines() == \
         [f"asgd: run {run} interrupted; resume with: asgd train --resume {run}"]
@@ -190,7 +198,7 @@ def test_an_interrupted_sweep_ends_its_point_and_goes_on_when_rerun(tmp_path, ti
 def test_ctrl_c_in_the_simulator_is_one_line_and_resumable(tmp_path, tiny_npz):
     run = tmp_path / "run"
     returncode, err = interrupt(sim(run, tiny_npz, "--steps", "100000"),
-                                lambda: (run / "checkpoint" / "latest.npz").exists(), "a first checkpoint",
+                                lambda: checkpointed(run), "a first checkpoint",
                                 signal.SIGINT)
     assert returncode == 130 and err.strip().splitlines() == \
         [f"asgd: run {run} interrupted; resume with: asgd train --resume {run}"]

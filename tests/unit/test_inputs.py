@@ -1,0 +1,61 @@
+"""What a run reads (experiments/inputs.py, issue 25): paths made absolute, data fingerprinted."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import Dataset as TorchDataset, TensorDataset
+
+from clients.data import Dataset
+from clients.usercode import TorchSplit
+from experiments.inputs import absolute_paths, check_fingerprint, fingerprint
+from paramserver.config import ConfigError
+
+
+def test_paths_become_absolute_and_names_stay(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "images" / "train").mkdir(parents=True)
+    values = absolute_paths({"data": "d.npz", "init": "w.npz", "model": "nets/mine.py:make", "loss": "pkg.mod:fn",
+                             "data_dir": "", "replay": "runs/a", "lr": 0.1})
+    assert values == {"data": str(tmp_path / "d.npz"), "init": str(tmp_path / "w.npz"),
+                      "model": f"{tmp_path / 'nets' / 'mine.py'}:make", "loss": "pkg.mod:fn", "data_dir": "",
+                      "replay": str(tmp_path / "runs" / "a"), "lr": 0.1}
+    assert absolute_paths({"data": "fashion-mnist", "model": "cnn"}) == {"data": "fashion-mnist", "model": "cnn"}
+    assert absolute_paths({"data": "images"})["data"] == str(tmp_path / "images")
+    assert absolute_paths({"data": 5}) == {"data": 5}  # refused later, by the config's type check
+
+
+class Jittered(TorchDataset):
+    """Items with a random augmentation (drawn from torch's RNG, as torchvision's are)."""
+
+    def __init__(self, n: int, changed: int = -1):
+        self.x, self.y, self.changed = torch.arange(n * 4.0).reshape(n, 4), torch.arange(n) % 3, changed
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int):
+        return self.x[i] + torch.rand(4) + (100.0 if i == self.changed else 0.0), self.y[i]
+
+
+def user_data(train: TorchDataset, test: TorchDataset) -> Dataset:
+    return Dataset("mine", TorchSplit(train), TorchSplit(test), (4,), 3)
+
+
+def test_a_users_datasets_are_fingerprinted_by_lengths_and_a_sample():
+    test = TensorDataset(torch.zeros(10, 4), torch.zeros(10, dtype=torch.int64))
+    recorded = fingerprint(user_data(Jittered(1000), test))
+    assert recorded["train"] == 1000 and recorded["test"] == 10
+    check_fingerprint(recorded, user_data(Jittered(1000), test))  # the same items, augmented alike
+    with pytest.raises(ConfigError, match="^data: the data differs from what the run trained on"):
+        check_fingerprint(recorded, user_data(Jittered(1000, changed=999), test))  # the last item is sampled
+    with pytest.raises(ConfigError, match="1001 training"):
+        check_fingerprint(recorded, user_data(Jittered(1001), test))
+
+
+def test_a_damaged_or_missing_fingerprint():
+    test = TensorDataset(torch.zeros(10, 4), torch.zeros(10, dtype=torch.int64))
+    data = user_data(Jittered(8), test)
+    check_fingerprint(None, data)  # a run recorded before fingerprints were kept
+    for damaged in (5, "x", [], {"files": 3}, {"train": 8}):
+        with pytest.raises(ConfigError, match="a damaged fingerprint then"):
+            check_fingerprint(damaged, data)
