@@ -20,7 +20,7 @@ CORE = ["paramserver.config", "paramserver.protocol", "paramserver.store", "para
         "paramserver.handler", "paramserver.recorder", "paramserver.server", "paramserver.inprocess",
         "clients.loop", "clients.driver", "experiments.simulator", "experiments.launch", "experiments.cli",
         "experiments.sweep", "experiments.claim", "experiments.assemble",
-        "plots.analysis", "plots.rules"]
+        "plots.analysis", "plots.scaling", "paramserver.schedule", "clients.stragglers"]
 
 
 @pytest.mark.parametrize("module", ["mpi4py", "mpi4py.MPI", "paramserver.transport"])
