@@ -62,9 +62,10 @@ def speeds(point: SweepRun) -> str:
 
 
 def method(point: SweepRun) -> str:
-    if point.mode == "sync":
+    if point.mode == "sync":  # "sync" is the tuned one; the linear rule's lr apart
         backups = int(point.get("backup_workers", 0))
-        return f"sync, {backups} backup" if backups else "sync"
+        name = "sync, linear rule" if point.get("lr_scaling") == "linear" else "sync"
+        return f"{name}, {backups} backup" if backups else name
     if point.mode == "local-sgd":
         return f"local-sgd n{point.n_sync}"
     return f"async {point.rule}" + (f" n{point.n_sync}" if point.n_sync > 1 else "")
@@ -134,7 +135,8 @@ def scaling_table(sweep: Sweep) -> list[dict]:
         for (speed, name, k), points in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][2])):
             t = _median(times[(speed, name, k)])
             sync, backup = _median(times.get((speed, "sync", k), [])), _median(
-                [t for (s, m, kk), ts in times.items() if s == speed and kk == k and m.startswith("sync,")
+                [t for (s, m, kk), ts in times.items() if s == speed and kk == k and m.startswith("sync, ") and m.endswith(" backup")
+                 and "linear" not in m
                  for t in ts])
             cap = caps.get(str(k), {}).get("ceiling")
             summaries = [load_json(p.run, "summary") for p in points]

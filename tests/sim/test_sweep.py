@@ -160,7 +160,7 @@ def test_a_scaling_study_budgets_in_samples_and_reports_against_the_ceiling(tmp_
     assert main(["report", str(out), "--figures", str(figures)]) == 0
     table = list(csv.DictReader((figures / "scaling.csv").open()))
     assert {(r["target"], r["speeds"], r["method"]) for r in table} == {
-        (t, s, m) for t in ("0.7", "0.6") for s, m in [("equal", "sync"), ("stragglers", "sync, 1 backup"),
+        (t, s, m) for t in ("0.7", "0.6") for s, m in [("equal", "sync, linear rule"), ("stragglers", "sync, 1 backup"),
                                                       ("stragglers", "async add"), ("stragglers", "async easgd")]}
     assert {"speedup", "of_ceiling", "vs_sync", "vs_sync_backup", "diverged", "server_bound"} <= set(table[0])
     ceiling = list(csv.DictReader((figures / "ceiling.csv").open()))
