@@ -4,7 +4,8 @@
 each message to the pure `handle()` and its events to the `Recorder`, and returns when
 every client has sent STOP. Replies go out without waiting (the transfer completes
 while the next message is taken) and are finished before the next push is handled,
-since a reply may be reading the live weights.
+since a reply may be reading the live weights. A push may be answered later, with
+others, when the step it joined is taken (`fresh`, paramserver/handler.py).
 
 A client that fails (it reports an exception), stalls (silent past the stall timeout)
 or dies (`PeerWatch`) is lost: by default that ends the job, naming it; with
@@ -17,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from paramserver.handler import ClientLost, ServerState, ServerTally, handle, tag_name
+from paramserver.handler import ClientLost, ServerState, ServerTally, handle, release, tag_name
 from paramserver.liveness import PeerDied
 from paramserver.protocol import Link, Message, PeerTimeout, Reply, Tag
 from paramserver.recorder import Recorder
@@ -144,3 +145,8 @@ class ServerLoop:
         tally.lost[lost.rank] = {"client": client, "rank": lost.rank, "last_step": step,
                                  "reason": f"{type(lost).__name__}: {lost}"}
         print(f"asgd: {what}; continuing with {len(self.state.waiting)} client(s)", file=sys.stderr, flush=True)
+        replies, events = release(self.state)  # the others may have waited for its push
+        for reply in replies:
+            self._send(reply)
+        if self.recorder is not None:
+            self.recorder.record(events)
