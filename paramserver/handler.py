@@ -205,11 +205,17 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
     return replies + more, events + flushed
 
 
+def release_due(state: ServerState) -> bool:
+    """Whether every client still running waits for a step being gathered: then no push
+    can complete it, and `release` takes it (a driver finishes replies in flight first:
+    the step changes the weights they may be reading)."""
+    return bool(state.deferred) and all(rank in state.deferred for rank in state.waiting)
+
+
 def release(state: ServerState) -> tuple[list[Reply], list[Event]]:
-    """If every client still running waits for a step being gathered, take it now with
-    what it has and answer them (no push could complete it)."""
-    waiting = state.waiting
-    if not state.deferred or any(rank not in state.deferred for rank in waiting) or not state.store.flush():
+    """The step `release_due` says must be taken, with what was gathered, and the replies
+    to the clients that waited for it."""
+    if not release_due(state) or not state.store.flush():
         return [], []
     return _answer_deferred(state), _snapshot_due(state)
 

@@ -59,6 +59,7 @@ class Rule:
 
     pushes = "delta"   # what a client sends: its weight change ("delta"), "gradient" sums or "weights"
     defers = False     # whether a reply may wait for a step being gathered (fresh's "wait")
+    step_batch: int | None = None  # the minibatches a step gathers, for rules that gather (fresh)
 
     def __init__(self, settings: RuleSettings, clients: int):
         self.clients = clients
@@ -91,8 +92,6 @@ class Rule:
     def pending(self) -> bool:
         """Pushes taken in that no step has applied yet: the version waits for them."""
         return False
-
-    step_batch: int | None = None  # the minibatches a step gathers, for rules that gather (fresh)
 
     def drops(self, staleness: int) -> str:
         """Why a push this stale is left out (counted, not applied, not an error), or ""."""
@@ -284,7 +283,7 @@ class FreshRule(SGDRule):
         super().__init__(settings, clients)
         self.max_staleness = settings.max_staleness
         self.auto = settings.fresh_batch == "auto"
-        self.fixed = clients if self.auto or not settings.fresh_batch else int(settings.fresh_batch)
+        self.fixed = fixed_batch(settings, clients)
         self.linear = settings.lr_scaling == "linear"
         self.defers = settings.fresh_reply == "wait"
         self.batch_size = settings.batch_size
@@ -300,8 +299,7 @@ class FreshRule(SGDRule):
 
     @classmethod
     def versions(cls, settings: RuleSettings, pushes: int, clients: int) -> int:
-        batch = clients if settings.fresh_batch == "auto" or not settings.fresh_batch else int(settings.fresh_batch)
-        return max(1, pushes // batch)
+        return max(1, pushes // fixed_batch(settings, clients))
 
     @property
     def step_batch(self) -> int:
@@ -354,6 +352,11 @@ class FreshRule(SGDRule):
     def load_scalars(self, values: dict[str, float]) -> None:
         self.covered = int(values.get("covered", 0))
         self.gather_factor = float(values.get("gather_factor", 1.0))
+
+
+def fixed_batch(settings: RuleSettings, clients: int) -> int:
+    """fresh's S as set: `fresh_batch`, or K (0, and `auto` until the noise is measured)."""
+    return clients if settings.fresh_batch in (0, "auto") else int(settings.fresh_batch)
 
 
 class NesterovRule(Rule):

@@ -91,11 +91,13 @@ class Store:
     def apply(self, client: int, push: np.ndarray, minibatches: int = 1) -> ApplyResult:
         """Apply `client`'s push of `minibatches` minibatches (or reject, or drop it)."""
         staleness = self.version - self.pulled.get(client, 0)
-        reason = self.check(push, finite=self.fused is None)
+        reason = self.check(push, finite=False)
         dropped = "" if reason else self.rule.drops(staleness)
-        if dropped:
+        if dropped:  # before it is read for NaN/Inf, which the fused path does in its kernel
             self.dropped[client] += 1
             return ApplyResult(False, self.version, staleness, dropped, dropped=True)
+        if not reason and self.fused is None:
+            reason = self.check(push)
         self.rule.minibatches = minibatches
         d = None if reason else self.backend.upload(push)
         if d is not None and self.fused:
