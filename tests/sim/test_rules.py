@@ -61,7 +61,7 @@ def test_fresh_drops_are_logged_and_counted_not_rejected(tmp_path, tiny_npz, rep
 
 def test_noise_scale_rows_summary_and_auto_fresh_batch(tmp_path, tiny_npz):
     run = sim(tmp_path / "run", tiny_npz, "--rule", "fresh", "--fresh-batch", "auto", "--clients", "2",
-              "--steps", "24", "--max-staleness", "2", "--fresh-reply", "again")
+              "--steps", "24", "--max-staleness", "2", "--fresh-reply", "again", "--tensorboard")
     noise = [r for r in rows(run, "server") if "noise_scale" in r]
     assert len(noise) >= 6 and all("version" not in r for r in noise)
     assert all(1 <= r["fresh_batch"] <= 8 for r in noise)
@@ -69,6 +69,12 @@ def test_noise_scale_rows_summary_and_auto_fresh_batch(tmp_path, tiny_npz):
     assert measured and all(r["fresh_batch"] == min(8, max(1, round(r["noise_scale"] / 32))) for r in measured)
     s = summary(run)["noise_scale"]
     assert s["windows"] == len(noise) and s["last"] == measured[-1]["noise_scale"]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(run / "tensorboard"))
+    board.Reload()
+    assert len(board.Scalars("server/noise_scale")) == len(measured)
+    assert [e.value for e in board.Scalars("server/fresh_batch")] == [r["fresh_batch"] for r in noise]
 
 
 def test_nesterov_runs_and_keeps_its_momentum(tmp_path, tiny_npz):
