@@ -304,7 +304,7 @@ class FreshRule(SGDRule):
     @property
     def step_batch(self) -> int:
         """S, the minibatches a step gathers: fixed, or from the noise scale."""
-        if not self.auto or self.noise is None or not self.noise.windows:
+        if not self.auto or not self.noise.windows:
             return self.fixed
         estimate = self.noise.estimate
         wanted = 4 * self.clients if estimate is None else round(estimate / self.batch_size)
