@@ -24,6 +24,7 @@ from experiments.inputs import fingerprint
 from experiments.progress import Progress
 from paramserver.config import RunConfig
 from paramserver.rundir import RunDir
+from paramserver.rules import rule_class
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,8 @@ def eval_every(cfg: RunConfig, events: int) -> int:
 
 
 def async_versions(cfg: RunConfig, clients: int) -> int:
-    return clients * math.ceil(cfg.steps / cfg.push_every)
+    """The versions an async run makes: one a push, or as its rule gathers them."""
+    return rule_class(cfg.rule).versions(cfg, clients * math.ceil(cfg.steps / cfg.push_every), clients)
 
 
 def record_dir(setup: RunSetup) -> RunDir:

@@ -23,6 +23,7 @@ from paramserver.checkpoint import Checkpoint
 from paramserver.compress import make_codec
 from paramserver.config import RunConfig
 from paramserver.handler import ServerState, ServerTally
+from paramserver.noise import summarise
 from paramserver.protocol import Link, Pull, Tag, shard_bounds
 from paramserver.recorder import Recorder
 from paramserver.rules import make_rule, state_bytes
@@ -80,8 +81,9 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
         train_wall_s = time.perf_counter() - wall
         progress.close()
         recorder.finish()
+        noise = {"noise_scale": summarise(run.rows("server"))} if state.store.rule.noise is not None else {}
         return finish_run(run, setup, clock(), train_wall_s, {
-            **_counts(state), "server_busy_s": busy_s,
+            **_counts(state), **noise, "server_busy_s": busy_s,
             "wire_bytes_pushed": state.wire_bytes[0], "wire_bytes_pulled": state.wire_bytes[1]})
     except BaseException as error:
         progress.close()
@@ -147,6 +149,8 @@ def _counts(state: ServerState) -> dict[str, Any]:
                            for i, r in enumerate(state.client_ranks)),
         "pushes_applied": sum(store.applied.values()),
         "pushes_rejected": tally.rejected,
+        "pushes_dropped": sum(store.dropped.values()),
+        "dropped_per_client": {str(c): n for c, n in sorted(store.dropped.items())},
         "staleness": store.staleness_stats(),
         "rule_state_bytes": state_bytes(store.rule),
         "lost_clients": sorted(tally.lost.values(), key=lambda lost: lost["client"]),

@@ -184,9 +184,9 @@ class Simulation:
         self.now = start
         replies = server.deliver(i + 1, message.tag, message.header, message.payload)
         busy_until = start + (self.timing.apply_time if message.tag == Tag.PUSH else 0.0)
-        for reply in replies:
+        for reply in replies:  # to the sender, or (a step gathered) to clients that waited for it
             busy_until += self.timing.transfer(reply.payload)
-            self._schedule(busy_until, "reply", i, reply)
+            self._schedule(busy_until, "reply", server.state.client(reply.dest), reply)
         self.busy += busy_until - start
         self.server_free = busy_until
 

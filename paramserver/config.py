@@ -15,11 +15,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional, get_type_hints
 
 from paramserver.compress import CODECS
-from paramserver.rules import RULES
+from paramserver.rules import RULES, rule_class
 
 BACKENDS = ("mpi", "sim")
 MODES = ("async", "sync", "local-sgd")
 FAILURE_POLICIES = ("abort", "continue")
+FRESH_REPLIES = ("wait", "again")
+AUTO_KEYS = ("momentum", "fresh_batch")  # keys that also take the word "auto"
 LR_SCHEDULES = ("constant", "cosine", "step")
 LR_SCALINGS = ("none", "linear")
 SIM_PROFILES = ("measured", "paper")  # their values: experiments/simulator.py
@@ -73,6 +75,13 @@ class RunConfig:
     server_momentum: float = _key(0.0, "momentum of the sgd rule")
     dc_lambda: float = _key(2.0, "dcasgd: lambda0 of the adaptive delay compensation (0: the add rule)")
     easgd_beta: float = _key(0.9, "easgd: the elastic coefficient is beta / clients")
+    fresh_batch: int = _key(0, "fresh: minibatches of fresh gradients a step gathers (0: clients; auto: from the "
+                               "gradient noise scale, in [1, 4 x clients])")
+    max_staleness: int = _key(0, "fresh: versions a gathered gradient may be behind; staler pushes are dropped")
+    fresh_reply: str = _key("wait", "fresh: a client whose push joins a step being gathered waits for the step "
+                                    "(wait) or computes again at the same weights (again)")
+    nesterov_every: int = _key(0, "nesterov: pushes between the server's momentum updates (0: clients)")
+    nesterov_momentum: float = _key(0.9, "nesterov: the server's momentum beta (0: w += d / nesterov_every)")
     seed: int = _key(0, "seed of the initial weights, shards and data order")
     warm_start: int = _key(0, "train this many minibatches on one client first; every client starts there")
     init: str = _key("", "start from the weights of this checkpoint (a run's checkpoint/latest.npz)")
@@ -187,18 +196,21 @@ def field_types() -> dict[str, type]:
 
 def flag_type(name: str) -> Callable[[str], Any]:
     """How a command-line value of `name` is read: its field's type, and for momentum
-    also the word `auto`."""
-    if name == "momentum":
-        def momentum(text: str) -> float | str:
-            return text if text == "auto" else float(text)
-        return momentum
+    and fresh_batch also the word `auto`."""
+    if name in AUTO_KEYS:
+        kind = field_types()[name]
+
+        def auto(text: str) -> float | int | str:
+            return text if text == "auto" else kind(text)
+        auto.__name__ = name  # argparse names it in a refusal: "invalid momentum value"
+        return auto
     return field_types()[name]
 
 
 def _check_types(cfg: RunConfig) -> None:
     for name, kind in field_types().items():
         value = getattr(cfg, name)
-        if value is None or (name == "momentum" and value == "auto"):
+        if value is None or (name in AUTO_KEYS and value == "auto"):
             continue
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -241,6 +253,7 @@ def _check_values(cfg: RunConfig) -> None:
     _require(0 < cfg.easgd_beta < 1, "easgd_beta", f"must be in (0, 1), got {cfg.easgd_beta}")
     _require(cfg.rule != "easgd" or cfg.push_every == cfg.fetch_every, "rule",
              "easgd needs n_push == n_fetch (each push is answered by the center it moved)")
+    _check_rule_keys(cfg)
     _require(cfg.weight_decay >= 0, "weight_decay", f"must be non-negative, got {cfg.weight_decay}")
     _require(cfg.seed >= 0, "seed", f"must be non-negative, got {cfg.seed}")
     _require(cfg.warm_start >= 0, "warm_start", f"must be non-negative, got {cfg.warm_start}")
@@ -279,6 +292,19 @@ def _check_values(cfg: RunConfig) -> None:
         _require(not value or USER_CODE.fullmatch(value) is not None, name,
                  f"expected package.module:name or path/file.py:name, got {value!r}")
     _require(_fault_ok(cfg.inject_fault), "inject_fault", f"expected RANK:STEP, got {cfg.inject_fault!r}")
+
+
+def _check_rule_keys(cfg: RunConfig) -> None:
+    _require(cfg.fresh_batch == "auto" or cfg.fresh_batch >= 0, "fresh_batch",
+             f"must be a positive number of minibatches, 0 (clients) or auto, got {cfg.fresh_batch!r}")
+    _require(cfg.max_staleness >= 0, "max_staleness", f"must be non-negative, got {cfg.max_staleness}")
+    _require(cfg.fresh_reply in FRESH_REPLIES, "fresh_reply",
+             f"expected {' or '.join(FRESH_REPLIES)}, got {cfg.fresh_reply!r}")
+    _require(cfg.nesterov_every >= 0, "nesterov_every", f"must be non-negative (0: clients), got {cfg.nesterov_every}")
+    _require(0 <= cfg.nesterov_momentum < 1, "nesterov_momentum", f"must be in [0, 1), got {cfg.nesterov_momentum}")
+    problem = rule_class(cfg.rule).check(cfg)  # the rule's own refusals, "field: reason"
+    if problem:
+        raise ConfigError(problem)
 
 
 def _check_schedule(cfg: RunConfig) -> None:

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from paramserver.rules import (AdagradRule, DCASGDRule, EASGDRule, Rule, ScaledRule, SGDRule,
-                               StalenessRule, staleness_factor)
+from paramserver.rules import (AdagradRule, DCASGDRule, EASGDRule, FreshRule, NesterovRule, Rule, ScaledRule,
+                               SGDRule, StalenessRule, staleness_factor)
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -54,18 +54,39 @@ w_out = w - lr * (g / (sqrt(sum_out) + eps));"""
 DCASGD = """g2 = (d / lr) * (d / lr);
 meansquare_out = keep * meansquare + take * g2;
 w_out = (w + d) - lr_lam * (g2 * (w - pulled) / (sqrt(meansquare_out) + eps));"""
+# fresh: a push gathered (the weights copied through), or the one that completes the
+# step: the SGD step above on the mean of the gathered pushes and this one
+FRESH_GATHER = """total_out = total + d;
+w_out = w;"""
+FRESH_STEP_PLAIN = """g = (total + d) * inv_count + weight_decay * w;
+total_out = 0;
+w_out = w - lr * g;"""
+FRESH_STEP = """g = (total + d) * inv_count + weight_decay * w;
+momentum_buffer_out = momentum * momentum_buffer + g;
+total_out = 0;
+w_out = w - lr * momentum_buffer_out;"""
+# nesterov: a plain step of d / N, and at every N-th push the momentum's look-ahead
+NESTEROV_PLAIN = """total_out = total + d;
+w_out = w + inv_n * d;"""
+NESTEROV = """momentum_out = beta * momentum + inv_n * (total + d);
+total_out = 0;
+w_out = (w + inv_n * d) + beta * momentum_out;"""
+FORMULAS = (ADD, STEP, ELASTIC, SGD_PLAIN, SGD, ADAGRAD, DCASGD, FRESH_GATHER, FRESH_STEP_PLAIN, FRESH_STEP,
+            NESTEROV_PLAIN, NESTEROV)
 STATEMENT = re.compile(r"\s*([A-Za-z]\w*)\s*=\s*([^;=]+);")
 
 
 @dataclass(frozen=True)
 class Update:
     """One push's update: `code` over w, d, `state` (None: a vector not made yet, read as
-    zeros), `reads` and `scalars`."""
+    zeros), `reads` and `scalars`; `after`: the rule's own counting, once the push is
+    known to be finite (fresh's and nesterov's)."""
 
     code: str
     scalars: dict[str, float] = field(default_factory=dict)
     state: dict[str, Tensor | None] = field(default_factory=dict)
     reads: dict[str, Tensor] = field(default_factory=dict)
+    after: Callable[[], object] | None = None
 
 
 def _sgd(rule: SGDRule, client: int, staleness: int) -> Update:
@@ -83,6 +104,30 @@ def _dcasgd(rule: DCASGDRule, client: int, staleness: int) -> Update:
     return Update(DCASGD, scalars, {"meansquare": rule.meansquare}, {"pulled": rule.backups[client]})
 
 
+def _fresh(rule: FreshRule, client: int, staleness: int) -> Update:
+    covered = rule.covered + rule.minibatches
+    if covered < rule.step_batch:
+        return Update(FRESH_GATHER, {}, {"total": rule.total}, after=rule.gathered)
+    factor = rule.gather_factor if rule.covered else rule.lr_factor
+
+    def after() -> None:
+        rule.gathered()
+        rule.covered = 0
+    scalars = {"lr": rule.step_lr(covered, factor), "inv_count": 1.0 / covered, "weight_decay": rule.weight_decay}
+    if not rule.momentum:
+        return Update(FRESH_STEP_PLAIN, scalars, {"total": rule.total}, after=after)
+    return Update(FRESH_STEP, {**scalars, "momentum": rule.momentum},
+                  {"total": rule.total, "momentum_buffer": rule.buffer}, after=after)
+
+
+def _nesterov(rule: NesterovRule, client: int, staleness: int) -> Update:
+    scalars = {"inv_n": 1.0 / rule.every}
+    if not rule.due():
+        return Update(NESTEROV_PLAIN, scalars, {"total": rule.total}, after=rule.counted)
+    return Update(NESTEROV, {**scalars, "beta": rule.beta}, {"total": rule.total, "momentum": rule.momentum},
+                  after=rule.counted)
+
+
 UPDATES: dict[type[Rule], Callable[..., Update]] = {
     Rule: lambda rule, client, staleness: Update(ADD),
     ScaledRule: lambda rule, client, staleness: Update(STEP, {"alpha": 1.0 / rule.clients}),
@@ -90,6 +135,8 @@ UPDATES: dict[type[Rule], Callable[..., Update]] = {
     EASGDRule: lambda rule, client, staleness: Update(ELASTIC, {"alpha": rule.alpha}),
     SGDRule: _sgd,
     DCASGDRule: _dcasgd,
+    FreshRule: _fresh,
+    NesterovRule: _nesterov,
     AdagradRule: lambda rule, client, staleness: Update(ADAGRAD, {"lr": rule.lr, "weight_decay": rule.weight_decay,
                                                                   "eps": rule.EPS}, {"sum": rule.sum}),
 }
@@ -117,6 +164,8 @@ class Fused:
         self.spare.update({"w": w, **state})
         if state:
             self.rule.load_state({**self.rule.state(), **{k: outputs[k] for k in state}})
+        if update.after is not None:
+            update.after()
         return outputs["w"]
 
 

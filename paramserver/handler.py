@@ -10,6 +10,13 @@ handler's cost is the apply's, not the disk's.
 A malformed message is rejected (a `Rejected` event) and never reaches the weights. A
 reply's payload may be the live weights: the driver sends it before the next push is
 handled (the apply would change it under the transfer).
+
+A rule that gathers pushes into one step and defers replies (`fresh` with
+`fresh_reply = "wait"`) leaves a gathered push unanswered until the step: its sender
+is `deferred`, and the push that completes the step is answered together with every
+deferred one, so `handle()` may return replies to earlier pushers. When every client
+still running waits so, no push can complete the step: it is taken with what was
+gathered (`release`, also the driver's after it loses a client).
 """
 from __future__ import annotations
 
@@ -85,6 +92,25 @@ class Rejected:
 
 
 @dataclass(frozen=True)
+class Dropped:
+    """A push too stale for the rule was left out (not an error): a server.jsonl row."""
+
+    client: int
+    staleness: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class NoiseMeasured:
+    """A window of the gradient noise scale closed: a server.jsonl row. `fresh_batch`:
+    the step size the fresh rule gathers from now on (None: another rule)."""
+
+    samples: int
+    noise_scale: float | None
+    fresh_batch: int | None
+
+
+@dataclass(frozen=True)
 class ClientRows:
     """A push's minibatch rows (clients.jsonl); `minibatches`: the run's count after them."""
 
@@ -99,7 +125,7 @@ class SnapshotDue:
     version: int
 
 
-Event = Applied | Rejected | ClientRows | SnapshotDue
+Event = Applied | Rejected | Dropped | NoiseMeasured | ClientRows | SnapshotDue
 
 
 @dataclass
@@ -122,6 +148,7 @@ class ServerState:
     apply_cost: float | None = None
     wire_bytes: list[int] = field(default_factory=lambda: [0, 0])  # payload bytes (pushed, pulled)
     schedule: Schedule | None = None
+    deferred: list[int] = field(default_factory=list)  # client ranks whose replies wait for a step
 
     def __post_init__(self) -> None:
         self.tally = self.tally or ServerTally(len(self.client_ranks))
@@ -162,11 +189,40 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
         raise ClientFailed(msg.source, f"failed: {msg.header.reason}")
     if msg.tag == Tag.STOP:
         state.tally.stops[msg.source] = msg.header
+        return release(state)
+    if msg.tag == Tag.PULL:
+        return [_weights_for(state, msg.source)], []
+    version = state.store.version
+    result, events = _push(state, msg)
+    replies = []
+    if msg.header.fetch and result.gathered and state.store.rule.defers:
+        state.deferred.append(msg.source)
+    elif msg.header.fetch:
+        replies.append(_weights_for(state, msg.source))
+    if state.store.version != version:
+        replies += _answer_deferred(state)
+    more, flushed = release(state)
+    return replies + more, events + flushed
+
+
+def release_due(state: ServerState) -> bool:
+    """Whether every client still running waits for a step being gathered: then no push
+    can complete it, and `release` takes it (a driver finishes replies in flight first:
+    the step changes the weights they may be reading)."""
+    return bool(state.deferred) and all(rank in state.deferred for rank in state.waiting)
+
+
+def release(state: ServerState) -> tuple[list[Reply], list[Event]]:
+    """The step `release_due` says must be taken, with what was gathered, and the replies
+    to the clients that waited for it."""
+    if not release_due(state) or not state.store.flush():
         return [], []
-    events = _push(state, msg) if msg.tag == Tag.PUSH else []
-    if msg.tag == Tag.PULL or msg.header.fetch:
-        return [_weights_for(state, msg.source)], events
-    return [], events
+    return _answer_deferred(state), _snapshot_due(state)
+
+
+def _answer_deferred(state: ServerState) -> list[Reply]:
+    ranks, state.deferred = state.deferred, []
+    return [_weights_for(state, rank) for rank in ranks if rank not in state.tally.lost]
 
 
 def tag_name(tag: int) -> str:
@@ -199,27 +255,44 @@ def _weights_for(state: ServerState, rank: int) -> Reply:
     return Reply(rank, Weights(version, weights.size, state.progress), data)
 
 
-def _push(state: ServerState, msg: Message) -> list[Event]:
+def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, list[Event]]:
     header: Push = msg.header
     client, store, payload = state.client(msg.source), state.store, msg.payload
     state.wire_bytes[0] += payload.nbytes
-    pulled = store.pulled.get(client, 0)
+    pulled, version = store.pulled.get(client, 0), store.version
     if state.schedule is not None:  # the lr at the progress before this push
         store.rule.lr_factor = state.schedule.factor(state.progress)
+    # from the steps in the headers, which every server of a sharded run gets
+    minibatches = max(1, header.step - int(state.tally.client_steps[client]))
     start = time.perf_counter()
     if header.dtype != state.codec.dtype or payload.dtype != state.codec.wire_dtype or header.size != store.size:
         reason = (f"payload of {payload.nbytes} bytes as {header.size} {header.dtype}, "
                   f"expected {store.size} {state.codec.dtype}")
         result = ApplyResult(False, store.version, store.version - pulled, reason)
     else:
-        result = store.apply(client, state.codec.decode(payload, state.buffer))
+        result = store.apply(client, state.codec.decode(payload, state.buffer), minibatches)
     apply_s = time.perf_counter() - start if state.apply_cost is None else state.apply_cost
-    events: list[Event] = [Applied(client, result.version, result.staleness, apply_s) if result.accepted
-                           else _reject(state, msg.source, result.reason)]
+    events: list[Event] = [_outcome(state, msg.source, client, result, apply_s)]
     events.append(_client_rows(state, client, header, pulled, result))
-    if result.accepted and state.eval_every and result.version % state.eval_every == 0:
-        events.append(SnapshotDue(result.version))
-    return events
+    if result.measured:
+        rule = store.rule
+        events.append(NoiseMeasured(state.progress, rule.noise.estimate, rule.step_batch))
+    if store.version != version:
+        events += _snapshot_due(state)
+    return result, events
+
+
+def _outcome(state: ServerState, rank: int, client: int, result: ApplyResult, apply_s: float) -> Event:
+    if result.accepted:
+        return Applied(client, result.version, result.staleness, apply_s)
+    if result.dropped:
+        return Dropped(client, result.staleness, result.reason)
+    return _reject(state, rank, result.reason)
+
+
+def _snapshot_due(state: ServerState) -> list[Event]:
+    version = state.store.version
+    return [SnapshotDue(version)] if state.eval_every and version % state.eval_every == 0 else []
 
 
 def _client_rows(state: ServerState, client: int, header: Push, pulled: int, result: ApplyResult) -> ClientRows:
@@ -231,7 +304,11 @@ def _client_rows(state: ServerState, client: int, header: Push, pulled: int, res
     tally.client_pushes[client] += 1
     if rows:
         sync = {"version_pulled": pulled, "staleness": result.staleness}
-        rows[-1].update(sync if result.accepted else {**sync, "rejected": result.reason})
+        if result.dropped:
+            sync["dropped"] = True
+        elif not result.accepted:
+            sync["rejected"] = result.reason
+        rows[-1].update(sync)
     tally.minibatches += len(rows)
     tally.samples += sum(r.get("samples", 0) for r in rows)
     return ClientRows(rows, tally.minibatches)

@@ -17,7 +17,7 @@ import numpy as np
 
 from paramserver.checkpoint import Checkpoint
 from paramserver.config import InjectedFault
-from paramserver.handler import Applied, ClientRows, Event, Rejected, ServerState, SnapshotDue
+from paramserver.handler import Applied, ClientRows, Dropped, Event, NoiseMeasured, Rejected, ServerState, SnapshotDue
 from paramserver.rundir import RunDir
 
 
@@ -79,6 +79,12 @@ class Recorder:
                 self.server_log.write({"time": self.clock(), "client": event.client, "rank": event.rank,
                                        "rejected": event.reason})
                 self.server_log.flush()  # rare, and what one looks for first
+            elif isinstance(event, Dropped):  # not an error: no version, no flush
+                self.server_log.write({"time": self.clock(), "client": event.client, "staleness": event.staleness,
+                                       "dropped": event.reason})
+            elif isinstance(event, NoiseMeasured):
+                row = {"time": self.clock(), "samples": event.samples, "noise_scale": event.noise_scale}
+                self.server_log.write(row if event.fresh_batch is None else {**row, "fresh_batch": event.fresh_batch})
             elif isinstance(event, ClientRows):
                 self.client_log.write_many(event.rows)
                 self.progress(event.minibatches)

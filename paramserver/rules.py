@@ -17,10 +17,19 @@ staleness, `K` the clients:
 - `easgd`     w += alpha * (x_i - w), alpha = beta / K; the client pushes its own
               weights x_i and moves the same way back (EASGD; see clients/client.py)
 - `adagrad`   w -= lr * g / (sqrt(sum g^2) + eps)       (Downpour's server-side Adagrad)
+- `fresh`     gather gradient pushes at most R versions old until they cover S
+              minibatches, then one SGD step on their mean (Rennala / Ringmaster ASGD)
+- `nesterov`  w += d / N each push; every N pushes w += beta * m, m = beta m + mean d
+              (delayed Nesterov, Liu et al. 2024)
+
+Where clients push gradients, the server also measures the gradient noise scale
+(paramserver/noise.py) on the way.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
+
+from paramserver.noise import NoiseScale
 
 if TYPE_CHECKING:  # torch loads with the server's weights, not with the config that names a rule
     from torch import Tensor
@@ -35,12 +44,22 @@ class RuleSettings(Protocol):
     weight_decay: float
     dc_lambda: float
     easgd_beta: float
+    batch_size: int
+    lr_scaling: str
+    fresh_batch: int | str
+    max_staleness: int
+    fresh_reply: str
+    nesterov_every: int
+    nesterov_momentum: float
+    servers: int
 
 
 class Rule:
     """w += d: the paper's rule, and the base of the others. Stateless."""
 
     pushes = "delta"   # what a client sends: its weight change ("delta"), "gradient" sums or "weights"
+    defers = False     # whether a reply may wait for a step being gathered (fresh's "wait")
+    step_batch: int | None = None  # the minibatches a step gathers, for rules that gather (fresh)
 
     def __init__(self, settings: RuleSettings, clients: int):
         self.clients = clients
@@ -49,13 +68,40 @@ class Rule:
         # (paramserver/schedule.py): rules with an lr of their own follow the same curve
         # as the clients.
         self.lr_factor = 1.0
+        # The minibatches the push being applied covers (the Store sets it from the push
+        # header's step, which every server of a sharded run gets).
+        self.minibatches = 1
+        # Pushed gradients carry the gradient noise scale; other pushes do not.
+        self.noise = NoiseScale(settings.batch_size, clients) if self.pushes == "gradient" else None
+
+    @classmethod
+    def check(cls, settings: RuleSettings) -> str:
+        """Why these settings cannot run this rule (a ConfigError line), or ""."""
+        return ""
+
+    @classmethod
+    def versions(cls, settings: RuleSettings, pushes: int, clients: int) -> int:
+        """The versions `pushes` applied pushes make (each makes one, but for fresh's)."""
+        return pushes
 
     @property
     def lr(self) -> float:
         return self.base_lr * self.lr_factor
 
+    @property
+    def pending(self) -> bool:
+        """Pushes taken in that no step has applied yet: the version waits for them."""
+        return False
+
+    def drops(self, staleness: int) -> str:
+        """Why a push this stale is left out (counted, not applied, not an error), or ""."""
+        return ""
+
     def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
         w.add_(d)
+
+    def step(self, w: Tensor) -> None:
+        """Apply what is pending now (the Store's `flush`: no more pushes can come for it)."""
 
     def pulled(self, client: int, w: Tensor) -> None:
         """`client` now holds the weights `w` (called before they are sent)."""
@@ -64,6 +110,13 @@ class Rule:
         return {}
 
     def load_state(self, state: dict[str, Tensor]) -> None:
+        pass
+
+    def scalars(self) -> dict[str, float]:
+        """Numbers of the rule's state (saved in float64 beside `state`'s vectors)."""
+        return {}
+
+    def load_scalars(self, values: dict[str, float]) -> None:
         pass
 
 
@@ -100,10 +153,13 @@ class SGDRule(Rule):
         self.buffer: Tensor | None = None  # torch starts it at the first gradient
 
     def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
+        self.sgd_step(w, d, self.lr)
+
+    def sgd_step(self, w: Tensor, g: Tensor, lr: float) -> None:
         from torch.optim.sgd import sgd as torch_sgd  # torch.optim.SGD's own arithmetic, fused
 
         buffers = [self.buffer]
-        torch_sgd([w], [d], buffers, fused=True, lr=self.lr, momentum=self.momentum,
+        torch_sgd([w], [g], buffers, fused=True, lr=lr, momentum=self.momentum,
                   weight_decay=self.weight_decay, dampening=0.0, nesterov=False, maximize=False)
         self.buffer = buffers[0]
 
@@ -208,8 +264,156 @@ def easgd_alpha(beta: float, clients: int) -> float:
     return beta / clients
 
 
+class FreshRule(SGDRule):
+    """A step on fresh gradients only (Rennala SGD, Tyurin & Richtarik 2023, arXiv
+    2305.12387; Ringmaster ASGD, Maranjyan, Tyurin & Richtarik 2025, arXiv 2501.16168).
+
+    Pushed gradient sums computed at most R = `max_staleness` versions ago are summed
+    until they cover S = `fresh_batch` minibatches; then one SGD step (server momentum,
+    weight decay) on their mean, at the lr for that many minibatches (times their count
+    with `lr_scaling = "linear"`) and at the schedule's factor of the gather's first push,
+    the progress its gradients were computed at. Staler pushes are dropped. The version
+    moves only at a step, so staleness counts steps. With `fresh_reply = "wait"` a client
+    whose push was gathered gets its reply at the step (S = K, R = 0 at equal speeds is
+    then synchronous SGD); with "again" it gets the weights at once and computes there
+    again, as a fast Rennala worker does. `fresh_batch = "auto"`: S = B_simple / b from
+    the gradient noise scale, in [1, 4K] (K until it is measured)."""
+
+    def __init__(self, settings: RuleSettings, clients: int):
+        super().__init__(settings, clients)
+        self.max_staleness = settings.max_staleness
+        self.auto = settings.fresh_batch == "auto"
+        self.fixed = fixed_batch(settings, clients)
+        self.linear = settings.lr_scaling == "linear"
+        self.defers = settings.fresh_reply == "wait"
+        self.batch_size = settings.batch_size
+        self.total: Tensor | None = None  # the gathered pushes, summed
+        self.covered = 0                  # the minibatches they cover
+        self.gather_factor = 1.0          # the lr factor at the gather's first push
+
+    @classmethod
+    def check(cls, settings: RuleSettings) -> str:
+        if settings.fresh_batch == "auto" and settings.servers > 1:
+            return "fresh_batch: auto needs servers = 1 (each server sees only its slice's gradient norms)"
+        return ""
+
+    @classmethod
+    def versions(cls, settings: RuleSettings, pushes: int, clients: int) -> int:
+        return max(1, pushes // fixed_batch(settings, clients))
+
+    @property
+    def step_batch(self) -> int:
+        """S, the minibatches a step gathers: fixed, or from the noise scale."""
+        if not self.auto or not self.noise.windows:
+            return self.fixed
+        estimate = self.noise.estimate
+        wanted = 4 * self.clients if estimate is None else round(estimate / self.batch_size)
+        return min(4 * self.clients, max(1, wanted))
+
+    @property
+    def pending(self) -> bool:
+        return self.covered > 0
+
+    def drops(self, staleness: int) -> str:
+        return f"staleness {staleness} > max_staleness {self.max_staleness}" if staleness > self.max_staleness else ""
+
+    def step_lr(self, covered: int, factor: float) -> float:
+        return self.base_lr * factor * (covered if self.linear else 1)
+
+    def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
+        if self.total is None:
+            self.total = w.new_zeros(w.shape)
+        self.total.add_(d)
+        self.gathered()
+        if self.covered >= self.step_batch:
+            self.step(w)
+
+    def gathered(self) -> None:
+        """Count the push just summed; the gather's first push fixes its lr factor."""
+        if not self.covered:
+            self.gather_factor = self.lr_factor
+        self.covered += self.minibatches
+
+    def step(self, w: Tensor) -> None:
+        self.sgd_step(w, self.total.div_(self.covered), self.step_lr(self.covered, self.gather_factor))
+        self.total.zero_()
+        self.covered = 0
+
+    def state(self) -> dict[str, Tensor]:
+        return {**super().state(), **({} if self.total is None else {"total": self.total})}
+
+    def load_state(self, state: dict[str, Tensor]) -> None:
+        super().load_state(state)
+        self.total = state.get("total")
+
+    def scalars(self) -> dict[str, float]:
+        return {"covered": self.covered, "gather_factor": self.gather_factor}
+
+    def load_scalars(self, values: dict[str, float]) -> None:
+        self.covered = int(values.get("covered", 0))
+        self.gather_factor = float(values.get("gather_factor", 1.0))
+
+
+def fixed_batch(settings: RuleSettings, clients: int) -> int:
+    """fresh's S as set: `fresh_batch`, or K (0, and `auto` until the noise is measured)."""
+    return clients if settings.fresh_batch in (0, "auto") else int(settings.fresh_batch)
+
+
+class NesterovRule(Rule):
+    """Delayed Nesterov momentum at the server (Liu et al. 2024, arXiv 2401.09135, for
+    asynchronous local SGD): each pushed weight change d moves the weights by d / N at
+    once, and every N = `nesterov_every` pushes (default K) the momentum, fed the mean of
+    those N pushes, adds its look-ahead term: m = beta m + mean d, w += beta m. So a stale
+    push is applied once, as a plain step, and never compounded by the momentum between
+    its updates; with N = K equal-speed clients a round is one Nesterov step of the
+    averaged client change (synchronous local SGD with a Nesterov server step); with one
+    client, N = 1 and beta = 0 it is `add`."""
+
+    def __init__(self, settings: RuleSettings, clients: int):
+        super().__init__(settings, clients)
+        self.every = settings.nesterov_every or clients
+        self.beta = settings.nesterov_momentum
+        self.total: Tensor | None = None     # the pushes since the last momentum update, summed
+        self.momentum: Tensor | None = None
+        self.count = 0                       # how many
+
+    def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
+        if self.total is None:
+            self.total = w.new_zeros(w.shape)
+        w.add_(d, alpha=1.0 / self.every)
+        self.total.add_(d)
+        if self.counted():
+            if self.momentum is None:
+                self.momentum = w.new_zeros(w.shape)
+            self.momentum.mul_(self.beta).add_(self.total, alpha=1.0 / self.every)
+            w.add_(self.momentum, alpha=self.beta)
+            self.total.zero_()
+
+    def due(self) -> bool:
+        """Whether the push being applied is the N-th, which updates the momentum."""
+        return self.count + 1 == self.every
+
+    def counted(self) -> bool:
+        """Count the push; True when it was the N-th."""
+        due, self.count = self.due(), (self.count + 1) % self.every
+        return due
+
+    def state(self) -> dict[str, Tensor]:
+        return {k: v for k, v in (("total", self.total), ("momentum", self.momentum)) if v is not None}
+
+    def load_state(self, state: dict[str, Tensor]) -> None:
+        self.total, self.momentum = state.get("total"), state.get("momentum")
+
+    def scalars(self) -> dict[str, float]:
+        return {"count": self.count}
+
+    def load_scalars(self, values: dict[str, float]) -> None:
+        self.count = int(values.get("count", 0))
+
+
 RULES: dict[str, type[Rule]] = {"add": Rule, "sgd": SGDRule, "scaled": ScaledRule, "staleness": StalenessRule,
-                                "dcasgd": DCASGDRule, "easgd": EASGDRule, "adagrad": AdagradRule}
+                                "dcasgd": DCASGDRule, "easgd": EASGDRule, "adagrad": AdagradRule,
+                                "fresh": FreshRule, "nesterov": NesterovRule}
 
 
 def rule_class(name: str) -> type[Rule]:

@@ -4,7 +4,8 @@
 each message to the pure `handle()` and its events to the `Recorder`, and returns when
 every client has sent STOP. Replies go out without waiting (the transfer completes
 while the next message is taken) and are finished before the next push is handled,
-since a reply may be reading the live weights.
+since a reply may be reading the live weights. A push may be answered later, with
+others, when the step it joined is taken (`fresh`, paramserver/handler.py).
 
 A client that fails (it reports an exception), stalls (silent past the stall timeout)
 or dies (`PeerWatch`) is lost: by default that ends the job, naming it; with
@@ -17,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from paramserver.handler import ClientLost, ServerState, ServerTally, handle, tag_name
+from paramserver.handler import ClientLost, ServerState, ServerTally, handle, release, release_due, tag_name
 from paramserver.liveness import PeerDied
 from paramserver.protocol import Link, Message, PeerTimeout, Reply, Tag
 from paramserver.recorder import Recorder
@@ -61,15 +62,23 @@ class ServerLoop:
                 if lost.named:
                     raise
                 self._lose(lost)
+            if release_due(self.state):  # a lost client's push was what the others waited for
+                self._release()
         self.finish_replies()
         return self.state.tally
 
     def answer(self, msg: Message) -> None:
         """Handle one message, start sending the replies, then record what happened: the
         log rows are written while the weights are on their way, not before."""
-        if msg.tag == Tag.PUSH:
-            self.finish_replies()  # the apply changes the weights they may be reading
-        replies, events = handle(self.state, msg)
+        if msg.tag == Tag.PUSH or (msg.tag == Tag.STOP and self.state.deferred):
+            self.finish_replies()  # the apply, or a step a STOP releases, changes the weights they may read
+        self._sent(*handle(self.state, msg))
+
+    def _release(self) -> None:
+        self.finish_replies()
+        self._sent(*release(self.state))
+
+    def _sent(self, replies: list[Reply], events: list) -> None:
         for reply in replies:
             self._send(reply)
         if self.recorder is not None:
@@ -144,3 +153,4 @@ class ServerLoop:
         tally.lost[lost.rank] = {"client": client, "rank": lost.rank, "last_step": step,
                                  "reason": f"{type(lost).__name__}: {lost}"}
         print(f"asgd: {what}; continuing with {len(self.state.waiting)} client(s)", file=sys.stderr, flush=True)
+

@@ -13,6 +13,11 @@ does not care where they live. The staleness of a push is known before its apply
 because a rule may depend on it. On a GPU with cupy installed each apply is one fused
 kernel (paramserver/fused.py) whose flag does the NaN/Inf check, and it writes new
 weights beside the old: `array` is then a different tensor after each accepted push.
+
+A rule may gather pushes before it steps (`fresh`): the version then moves only with a
+step, and a push too stale for it is dropped, which is counted (`dropped`) and changes
+nothing else. Where pushes are gradients, each accepted one also feeds the rule's
+gradient noise scale (paramserver/noise.py).
 """
 from __future__ import annotations
 
@@ -31,6 +36,9 @@ class ApplyResult:
     version: int          # the version after this push (unchanged if rejected)
     staleness: int
     reason: str = ""      # why it was rejected
+    dropped: bool = False   # too stale for the rule: left out, not an error
+    gathered: bool = False  # taken in, but the step it is part of is not taken yet
+    measured: bool = False  # it closed a window of the gradient noise scale
 
 
 class Store:
@@ -46,6 +54,7 @@ class Store:
         self.pulled: dict[int, int] = {}
         self.applied: Counter[int] = Counter()
         self.rejected: Counter[int] = Counter()
+        self.dropped: Counter[int] = Counter()
         self.staleness: Counter[int] = Counter()
 
     @property
@@ -79,24 +88,44 @@ class Store:
                 return "contains NaN or Inf"
         return ""
 
-    def apply(self, client: int, push: np.ndarray) -> ApplyResult:
+    def apply(self, client: int, push: np.ndarray, minibatches: int = 1) -> ApplyResult:
+        """Apply `client`'s push of `minibatches` minibatches (or reject, or drop it)."""
         staleness = self.version - self.pulled.get(client, 0)
-        reason = self.check(push, finite=self.fused is None)
-        if not reason and self.fused:
-            weights = self.fused.apply(self.array, self.backend.upload(push), client, staleness)
+        reason = self.check(push, finite=False)
+        dropped = "" if reason else self.rule.drops(staleness)
+        if dropped:  # before it is read for NaN/Inf, which the fused path does in its kernel
+            self.dropped[client] += 1
+            return ApplyResult(False, self.version, staleness, dropped, dropped=True)
+        if not reason and self.fused is None:
+            reason = self.check(push)
+        self.rule.minibatches = minibatches
+        d = None if reason else self.backend.upload(push)
+        if d is not None and self.fused:
+            weights = self.fused.apply(self.array, d, client, staleness)
             if weights is None:
                 reason = "contains NaN or Inf"
             else:
                 self.array = weights
-        elif not reason:
-            self.rule.apply(self.array, self.backend.upload(push), client, staleness)
+        elif d is not None:
+            self.rule.apply(self.array, d, client, staleness)
         if reason:
             self.rejected[client] += 1
             return ApplyResult(False, self.version, staleness, reason)
-        self.version += 1
+        measured = self.rule.noise is not None and self.rule.noise.add(d, minibatches)
+        gathered = self.rule.pending
+        self.version += not gathered
         self.applied[client] += 1
         self.staleness[staleness] += 1
-        return ApplyResult(True, self.version, staleness)
+        return ApplyResult(True, self.version, staleness, gathered=gathered, measured=measured)
+
+    def flush(self) -> bool:
+        """Take the step the rule is gathering now, with what it has (no more pushes can
+        come for it); whether there was one."""
+        if not self.rule.pending:
+            return False
+        self.rule.step(self.array)
+        self.version += 1
+        return True
 
     def staleness_stats(self) -> dict:
         total = sum(self.staleness.values())
@@ -113,7 +142,13 @@ class Store:
         """Arrays for a checkpoint (no objects, so it loads without pickle)."""
         arrays = {"weights": self.weights, "version": np.array(self.version)}
         arrays.update({f"rule.{k}": self.backend.export(v) for k, v in self.rule.state().items()})
-        for name in ("pulled", "applied", "rejected", "staleness"):
+        arrays.update({f"rule_scalar.{k}": np.array(v, np.float64) for k, v in self.rule.scalars().items()})
+        noise = self.rule.noise
+        if noise is not None:
+            arrays.update({f"noise.{k}": np.array(v, np.float64) for k, v in noise.scalars().items()})
+            if noise.total is not None:
+                arrays["noise_total"] = self.backend.export(noise.total)
+        for name in ("pulled", "applied", "rejected", "dropped", "staleness"):
             arrays[f"store.{name}"] = np.array(sorted(dict(getattr(self, name)).items()), np.int64).reshape(-1, 2)
         return arrays
 
@@ -124,6 +159,11 @@ class Store:
         self.backend.load(self.array, weights)
         self.version = int(arrays["version"])
         self.rule.load_state({k[5:]: self.backend.adopt(v) for k, v in arrays.items() if k.startswith("rule.")})
+        self.rule.load_scalars({k[12:]: float(v) for k, v in arrays.items() if k.startswith("rule_scalar.")})
+        if self.rule.noise is not None:
+            self.rule.noise.load_scalars({k[6:]: float(v) for k, v in arrays.items() if k.startswith("noise.")})
+            self.rule.noise.total = self.backend.adopt(arrays["noise_total"]) if "noise_total" in arrays else None
         self.pulled = {int(k): int(v) for k, v in arrays["store.pulled"]}
-        for name in ("applied", "rejected", "staleness"):
-            setattr(self, name, Counter({int(k): int(v) for k, v in arrays[f"store.{name}"]}))
+        for name in ("applied", "rejected", "dropped", "staleness"):
+            counts = arrays.get(f"store.{name}", np.zeros((0, 2), np.int64))  # older checkpoints hold no drops
+            setattr(self, name, Counter({int(k): int(v) for k, v in counts}))

@@ -199,13 +199,19 @@ def test_sharded_servers_apply_every_push_once(tmp_path, tiny_npz):
 # scaled and staleness travel and keep state as add does (a delta, no state): under MPI
 # they are add's job; their arithmetic is checked in tests/unit/test_rules.py and, through
 # the real handler, in tests/sim/test_client.py.
-@pytest.mark.parametrize("rule", ["add", "dcasgd", "easgd", "adagrad", "sgd"])
+# fresh gathers both clients' pushes of 2 minibatches into each step (its replies wait for
+# it); nesterov updates its momentum every 2 pushes
+RULE_FLAGS = {"fresh": ["--fresh-batch", "4"]}
+
+
+@pytest.mark.parametrize("rule", ["add", "dcasgd", "easgd", "adagrad", "sgd", "fresh", "nesterov"])
 def test_every_kind_of_rule_runs_under_mpiexec(tmp_path, tiny_npz, rule):
     """Two clients, the rule's own push (delta, gradient sum or weights) and state: every
     push applied once, the state in the checkpoint, the weights finite."""
     run = tmp_path / "run"
     result = mpi_train(3, "--data", str(tiny_npz), *TINY, "--steps", "6", "--n-sync", "2", "--threads", "1",
-                       "--rule", rule, "--momentum", "auto", "--eval-samples", "50", "--out", str(run))
+                       "--rule", rule, "--momentum", "auto", "--eval-samples", "50", "--out", str(run),
+                       *RULE_FLAGS.get(rule, []))
     assert result.returncode == 0, result.stderr
     s = summary(run)
     # 6 steps may leave the error at chance (`untrained`); a rule that broke the weights is `diverged`
@@ -213,7 +219,25 @@ def test_every_kind_of_rule_runs_under_mpiexec(tmp_path, tiny_npz, rule):
     checkpoint = load_arrays(run / "checkpoint" / "latest.npz")
     assert np.isfinite(checkpoint["weights"]).all()
     state = {k for k in checkpoint if k.startswith("rule.")}
-    expected = {"dcasgd": {"rule.backup.0", "rule.backup.1", "rule.meansquare"}, "adagrad": {"rule.sum"}}
+    expected = {"dcasgd": {"rule.backup.0", "rule.backup.1", "rule.meansquare"}, "adagrad": {"rule.sum"},
+                "fresh": {"rule.total"}, "nesterov": {"rule.total", "rule.momentum"}}
     assert state == expected.get(rule, set())
     assert s["rule_state_bytes"] == 4 * checkpoint["weights"].size * len(state)
     assert json.loads((run / "config.json").read_text())["momentum_used"] == pytest.approx(0.8)
+    assert s["version"] == (3 if rule == "fresh" else 6) and s.get("pushes_dropped") == 0
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_fresh_with_s_k_r_0_is_the_large_batch_loop_also_on_sharded_servers(tmp_path, tiny_npz, servers):
+    """Two clients whatever their arrival order: each step waits for both gradients, so
+    the weights are those of one process at twice the batch; with two servers every
+    slice takes its step at the same push (the steps in the headers), put together."""
+    run = tmp_path / "run"
+    result = mpi_train(2 + servers, "--servers", str(servers), "--clients", "2", "--data", str(tiny_npz), *TINY,
+                       "--steps", "12", "--rule", "fresh", "--server-momentum", "0.9", "--threads", "1",
+                       "--eval-samples", "50", "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    weights = load_arrays(run / "checkpoint" / "latest.npz")["weights"]
+    expected = plain_sgd(load_dataset(str(tiny_npz)), 12, batch_size=32, lr=0.01, clients=2)
+    np.testing.assert_allclose(weights, expected, atol=1e-6, rtol=0)
+    assert summary(run)["version"] == 12 and summary(run)["pushes_dropped"] == 0

@@ -29,11 +29,11 @@ def dataset(tiny_npz):
     return load_dataset(str(tiny_npz))
 
 
-def one_client(run_path, dataset, n_push, n_fetch, rule="add", server_momentum=0.0):
+def one_client(run_path, dataset, n_push, n_fetch, rule="add", server_momentum=0.0, **rule_settings):
     def model():
         return build_model("cnn", dataset.shape, dataset.num_classes, seed=0)
 
-    settings = RunConfig(lr=LR, server_momentum=server_momentum, weight_decay=WD)
+    settings = RunConfig(lr=LR, server_momentum=server_momentum, weight_decay=WD, **rule_settings)
     state = ServerState(Store(flat_weights(model()), make_rule(rule, settings)), [1])
     run = RunDir(run_path)
     run.create()
@@ -76,6 +76,16 @@ def test_one_client_rules_reduce_to_plain_sgd(tmp_path, dataset, rule):
     whole step, and DC-ASGD has nothing to compensate (the weights are those pulled)."""
     store, _ = one_client(tmp_path / "run", dataset, 1, 1, rule=rule)
     np.testing.assert_allclose(store.weights, plain_sgd(dataset, STEPS, batch_size=BATCH, lr=LR), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("rule,settings", [("fresh", {"server_momentum": MOMENTUM}),
+                                           ("nesterov", {"nesterov_momentum": 0.0})])
+def test_new_rules_with_one_client_reduce_to_plain_sgd(tmp_path, dataset, rule, settings):
+    """fresh: S = K = 1 and every push fresh, so each is one step of the server's SGD with
+    the clients' momentum; nesterov: N = K = 1 without momentum is add."""
+    store, _ = one_client(tmp_path / "run", dataset, 1, 1, rule=rule, **settings)
+    np.testing.assert_allclose(store.weights, plain_sgd(dataset, STEPS, batch_size=BATCH, lr=LR), atol=1e-6, rtol=0)
+    assert store.version == STEPS and store.dropped == {}
 
 
 def test_adagrad_rule_with_one_client_equals_torch_adagrad(tmp_path, dataset):

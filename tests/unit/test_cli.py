@@ -83,3 +83,20 @@ def test_scale_out_and_failure_flags_are_checked_before_launch(flags, message, c
     assert main(["train", *flags]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--rule", "fresh", "--fresh-batch", "-1"], "fresh_batch: must be a positive number of minibatches"),
+    (["--rule", "fresh", "--fresh-batch", "some"], "argument --fresh-batch: invalid fresh_batch value"),
+    (["--rule", "fresh", "--max-staleness", "-2"], "max_staleness: must be non-negative"),
+    (["--rule", "fresh", "--fresh-reply", "later"], "fresh_reply: expected wait or again"),
+    (["--rule", "fresh", "--fresh-batch", "auto", "--servers", "2"], "fresh_batch: auto needs servers = 1"),
+    (["--rule", "nesterov", "--nesterov-every", "-1"], "nesterov_every: must be non-negative"),
+    (["--rule", "nesterov", "--nesterov-momentum", "1"], "nesterov_momentum: must be in [0, 1)"),
+])
+def test_bad_rule_settings_exit_2_with_one_line(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:  # argparse exits itself on a value it cannot read
+        raise SystemExit(main(["train", *flags]))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err

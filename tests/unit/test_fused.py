@@ -28,8 +28,12 @@ PLAIN = RunConfig(lr=0.05, server_momentum=0.0, weight_decay=0.0, dc_lambda=0.0)
 # after the others), 1 sometimes, 2 never (staleness grows; dcasgd holds no copy of it)
 SCHEDULE = [(0, True), (1, True), (0, True), (2, False), (1, False), (0, True), (2, False), (1, True),
             (0, False), (2, False)]
-CASES = [(rule, SETTINGS, 3) for rule in RULES] + [(rule, PLAIN, 3) for rule in ("sgd", "adagrad", "dcasgd")] + [
-    ("easgd", SETTINGS, 1), ("staleness", SETTINGS, 1), ("scaled", SETTINGS, 1)]
+# fresh taking stale pushes too (S = 2 minibatches, R = 2, linear lr) and nesterov every 2 pushes
+GATHERING = RunConfig(lr=0.05, server_momentum=0.9, weight_decay=1e-3, fresh_batch=2, max_staleness=2,
+                      lr_scaling="linear", nesterov_every=2)
+CASES = [(rule, SETTINGS, 3) for rule in RULES] + [(rule, PLAIN, 3) for rule in ("sgd", "adagrad", "dcasgd", "fresh")] + [
+    ("easgd", SETTINGS, 1), ("staleness", SETTINGS, 1), ("scaled", SETTINGS, 1), ("fresh", GATHERING, 3),
+    ("nesterov", GATHERING, 3)]
 
 
 def fused_store(start: np.ndarray, rule: str, settings: RunConfig, clients: int) -> Store:
@@ -55,7 +59,8 @@ def test_formula_equals_the_torch_rule_push_by_push(rule, settings, clients):
         got, expected = ours.apply(client, push.copy()), reference.apply(client, push.copy())
         assert got == expected
         assert_same_store(ours, reference, f"push {step} (client {client}, staleness {expected.staleness})")
-    assert ours.staleness == reference.staleness and max(reference.staleness) >= 2
+    assert ours.staleness == reference.staleness and ours.dropped == reference.dropped
+    assert max(reference.staleness) >= 2 or sum(reference.dropped.values()) >= 2  # fresh at R = 0 drops them
 
 
 @pytest.mark.parametrize("rule", RULES)
@@ -79,7 +84,7 @@ def test_a_non_finite_push_changes_neither_weights_nor_state(rule, bad):
 
 
 def test_every_formula_is_statements_c_and_python_share():
-    for code in (fused.ADD, fused.STEP, fused.ELASTIC, fused.SGD_PLAIN, fused.SGD, fused.ADAGRAD, fused.DCASGD):
+    for code in fused.FORMULAS:
         targets = [target for target, _ in fused.statements(code)]
         assert targets[-1] == "w_out" and "**" not in code and "//" not in code
     with pytest.raises(ValueError, match="not `name = expression;` statements"):
@@ -97,14 +102,19 @@ def test_cpu_server_never_takes_the_fused_path():
 
 def every_update() -> list[tuple[str, fused.Update, tuple[str, ...], tuple[str, ...]]]:
     """(rule, update, input names, output names) of every formula as a GPU server would
-    compile it, each rule past its first push (its state made) and dcasgd's copy pulled."""
+    compile it, each rule past its first and second push (its state made) and dcasgd's
+    copy pulled."""
     found = []
-    for rule, settings in [(rule, SETTINGS) for rule in RULES] + [("sgd", PLAIN)]:
+    cases = [(rule, SETTINGS) for rule in RULES] + [("sgd", PLAIN), ("fresh", PLAIN), ("fresh", GATHERING),
+                                                    ("nesterov", GATHERING)]
+    for rule, settings in cases:
         store = fused_store(np.zeros(4, np.float32), rule, settings, 2)
         store.pull(0)
-        store.apply(0, np.ones(4, np.float32))
-        update = fused.UPDATES[type(store.rule)](store.rule, 0, 1)
-        found.append((rule, update, ("w", "d", *update.state, *update.reads), ("w", *update.state)))
+        for _ in range(2):  # fresh and nesterov: a push gathered, then the one that steps
+            store.apply(0, np.ones(4, np.float32))
+            update = fused.UPDATES[type(store.rule)](store.rule, 0, 1)
+            found.append((rule, update, ("w", "d", *update.state, *update.reads), ("w", *update.state)))
+    assert {u.code for _, u, _, _ in found} == set(fused.FORMULAS)  # every formula compiled
     return found
 
 

@@ -131,21 +131,154 @@ def test_one_client_fresh_pushes_reduce_to_add(rule):
     np.testing.assert_array_equal(stores[rule].weights, stores["add"].weights)
 
 
-@pytest.mark.parametrize("rule", list(RULES))
-def test_rule_state_survives_a_checkpoint_exactly(tmp_path, rule):
-    """Half the schedule, a checkpoint, a fresh Store loaded from it, the other half: the
-    same weights, to the bit, as without the checkpoint."""
-    def run(checkpoint_at: int | None) -> np.ndarray:
-        store = Store(vectors(0, 1, 1.0)[0], make_rule(rule, SETTINGS, K))
+
+
+
+# fresh: S = 2 minibatches a step, gradients up to R = 1 versions old, server momentum,
+# weight decay and the linear lr rule; over SCHEDULE clients 1 and 2 (which never pull)
+# fall 2 versions behind and are dropped, and steps gather pushes 1 version old
+FRESH = RunConfig(lr=0.05, server_momentum=0.9, weight_decay=1e-3, fresh_batch=2, max_staleness=1,
+                  lr_scaling="linear")
+
+
+def play_fresh(settings: RunConfig, clients: int = K):
+    """The fresh rule in a Store over SCHEDULE (client 0 pulls after each push): (final
+    weights, per push: (staleness, dropped), the store)."""
+    store = Store(vectors(0, 1, 1.0)[0], make_rule("fresh", settings, clients))
+    for c in range(clients):
+        store.pull(c)
+    seen = []
+    for c, push in zip(SCHEDULE, vectors(1, len(SCHEDULE))):
+        result = store.apply(c, push)
+        assert result.accepted != result.dropped
+        seen.append((result.staleness, result.dropped))
+        if c == 0:
+            store.pull(0)
+    return store.weights.copy(), seen, store
+
+
+def fresh_reference(settings: RunConfig) -> tuple[np.ndarray, list[tuple[int, bool]]]:
+    """Float64: versions move only at a step; a push more than R versions behind is left out."""
+    w = vectors(0, 1, 1.0)[0].astype(np.float64)
+    version, pulled, total, covered, buffer, seen = 0, {c: 0 for c in range(K)}, 0.0, 0, None, []
+    for c, push in zip(SCHEDULE, vectors(1, len(SCHEDULE))):
+        tau = version - pulled[c]
+        seen.append((tau, tau > settings.max_staleness))
+        if tau <= settings.max_staleness:
+            total, covered = total + push.astype(np.float64), covered + 1
+            if covered == settings.fresh_batch:
+                g = total / covered + settings.weight_decay * w
+                buffer = g if buffer is None else settings.server_momentum * buffer + g
+                w = w - settings.lr * covered * buffer
+                version, total, covered = version + 1, 0.0, 0
+        if c == 0:
+            pulled[0] = version
+    return w, seen
+
+
+def test_fresh_gathers_fresh_gradients_and_drops_stale_ones():
+    weights, seen, store = play_fresh(FRESH)
+    expected, expected_seen = fresh_reference(FRESH)
+    assert seen == expected_seen and sum(d for _, d in seen) == 3 and any(t == 1 and not d for t, d in seen)
+    np.testing.assert_allclose(weights, expected, atol=1e-6)
+    assert store.version == 2 and store.dropped == {1: 1, 2: 2} and sum(store.applied.values()) == 5
+
+
+def test_fresh_with_one_client_and_s_1_is_the_sgd_rule():
+    settings = RunConfig(lr=0.05, server_momentum=0.9, weight_decay=1e-3)
+    stores = {name: Store(vectors(5, 1, 1.0)[0], make_rule(name, settings, 1)) for name in ("sgd", "fresh")}
+    for push in vectors(6, 5):
+        for store in stores.values():
+            store.pull(0)
+            assert store.apply(0, push).accepted
+    np.testing.assert_allclose(stores["fresh"].weights, stores["sgd"].weights, atol=1e-7)
+    assert stores["fresh"].version == 5
+
+
+def test_a_dropped_push_changes_nothing_but_its_counters():
+    store = Store(vectors(0, 1, 1.0)[0], make_rule("fresh", FRESH, K))
+    for c in range(K):
+        store.pull(c)
+    for push in vectors(2, 2):  # client 0: one step, so client 1 is a version behind ...
+        store.apply(0, push)
+    store.apply(0, vectors(3, 1)[0])  # ... and a push is being gathered
+    store.pull(0)
+    store.apply(0, vectors(4, 1)[0])  # the second step: client 1 is 2 versions behind
+    before = store.state()
+    result = store.apply(1, vectors(5, 1, 10.0)[0])
+    assert result.dropped and not result.accepted and result.reason == "staleness 2 > max_staleness 1"
+    after = store.state()
+    assert before.keys() == after.keys()
+    for key in before:
+        if key != "store.dropped":
+            np.testing.assert_array_equal(after[key], before[key], err_msg=key)
+    assert store.dropped == {1: 1} and store.rejected == {}
+
+
+def test_fresh_flush_takes_the_step_with_what_was_gathered():
+    store = Store(np.zeros(N, np.float32), make_rule("fresh", RunConfig(lr=0.1, fresh_batch=4), K))
+    store.pull(0)
+    assert store.apply(0, np.ones(N, np.float32)).gathered and store.version == 0
+    assert store.flush() and store.version == 1 and not store.flush()
+    np.testing.assert_allclose(store.weights, -0.1 * np.ones(N), atol=1e-7)  # the mean of one push
+
+
+@pytest.mark.parametrize("every", [0, 2])
+def test_nesterov_plain_steps_and_momentum_once_every_n_pushes(every):
+    settings = RunConfig(nesterov_every=every, nesterov_momentum=0.8)
+    n = every or K
+    kept = {"total": 0.0, "m": 0.0, "count": 0}
+
+    def update(w, d, c, tau, pulled):
+        w = w + d / n
+        kept["total"], kept["count"] = kept["total"] + d, kept["count"] + 1
+        if kept["count"] == n:
+            kept["m"] = 0.8 * kept["m"] + kept["total"] / n
+            w = w + 0.8 * kept["m"]
+            kept["total"], kept["count"] = 0.0, 0
+        return w
+    np.testing.assert_allclose(play("nesterov", settings)[0], reference(update), atol=1e-6)
+
+
+def test_nesterov_with_n_equal_rounds_is_one_nesterov_step_of_the_mean_change():
+    """K clients pushing in rounds from the same weights: each round moves the weights by
+    the mean change plus beta m, m = beta m + mean: Nesterov's outer step."""
+    store = Store(np.zeros(N, np.float32), make_rule("nesterov", RunConfig(nesterov_momentum=0.5), K))
+    w, m = np.zeros(N), np.zeros(N)
+    for round_ in range(3):
+        pushes = vectors(10 + round_, K)
+        for c, push in enumerate(pushes):
+            store.apply(c, push)
+        mean = np.mean(np.array(pushes, np.float64), axis=0)
+        m = 0.5 * m + mean
+        w = w + mean + 0.5 * m
+    np.testing.assert_allclose(store.weights, w, atol=1e-6)
+
+
+# rules whose state holds pushes half gathered at the checkpoint (fresh, with drops too)
+GATHERING = [("fresh", FRESH), ("fresh", RunConfig(fresh_batch=4, max_staleness=7, server_momentum=0.9)),
+             ("nesterov", RunConfig(nesterov_every=2))]
+
+
+@pytest.mark.parametrize("rule,settings", [(rule, SETTINGS) for rule in RULES] + GATHERING,
+                         ids=[*RULES, "fresh-dropping", "fresh-gathering", "nesterov-2"])
+def test_rule_state_survives_a_checkpoint_exactly(tmp_path, rule, settings):
+    """A part of the schedule, a checkpoint, a fresh Store loaded from it, the rest: the
+    same weights, rule state, counters and noise scale, to the bit, as without it."""
+    def run(checkpoint_at: int | None) -> dict:
+        store = Store(vectors(0, 1, 1.0)[0], make_rule(rule, settings, K))
         for c in range(K):
             store.pull(c)
         for i, (c, push) in enumerate(zip(SCHEDULE, vectors(1, len(SCHEDULE)))):
             if i == checkpoint_at:
                 save_arrays(tmp_path / "ck.npz", store.state())
-                store = Store(np.zeros(N, np.float32), make_rule(rule, SETTINGS, K))
+                store = Store(np.zeros(N, np.float32), make_rule(rule, settings, K))
                 store.load_state(load_arrays(tmp_path / "ck.npz"))
             store.apply(c, push)
             if c == 0:
                 store.pull(0)
-        return store.weights.copy()
-    np.testing.assert_array_equal(run(4), run(None))
+        return store.state()
+    whole, resumed = run(None), run(3)
+    assert whole.keys() == resumed.keys()
+    for key in whole:
+        np.testing.assert_array_equal(resumed[key], whole[key], err_msg=key)

@@ -59,3 +59,71 @@ def test_recorder_writes_what_was_true_when_the_snapshot_was_due(tmp_path, monke
     checkpoint = Checkpoint.load(run)
     assert (version, checkpoint.version, checkpoint.lines, checkpoint.counts) == (1, 1, (1, 1), (1, 0, 0))
     np.testing.assert_array_equal(checkpoint.weights, np.ones(4))
+
+
+def fresh_state(clients: int, **settings):
+    import numpy as np
+
+    from paramserver.config import RunConfig
+    from paramserver.handler import ServerState
+    from paramserver.rules import make_rule
+    from paramserver.store import Store
+
+    rule = make_rule("fresh", RunConfig(lr=0.5, **settings), clients)
+    return ServerState(Store(np.zeros(4, np.float32), rule), list(range(1, clients + 1)))
+
+
+def gradient(state, rank: int, step: int, fetch: bool = True):
+    import numpy as np
+
+    from paramserver.handler import handle
+    from paramserver.protocol import Message, Push
+
+    return handle(state, Message(rank, Tag.PUSH, Push(step, 4, fetch), np.full(4, float(rank), np.float32)))
+
+
+def test_fresh_wait_answers_a_gathered_push_at_the_step_with_the_others():
+    from paramserver.handler import handle
+    from paramserver.protocol import Message, Pull
+
+    state = fresh_state(3)
+    for rank in (1, 2, 3):
+        handle(state, Message(rank, Tag.PULL, Pull()))
+    assert gradient(state, 2, 1)[0] == [] and gradient(state, 1, 1)[0] == []  # gathered: no reply yet
+    replies, _ = gradient(state, 3, 1)  # the third completes S = K = 3
+    assert [(r.dest, r.header.version) for r in replies] == [(3, 1), (2, 1), (1, 1)]  # the pusher first
+    assert state.store.weights.tolist() == [-1.0] * 4  # lr 0.5 x the mean gradient, 2
+    assert state.deferred == [] and state.store.pulled == {0: 1, 1: 1, 2: 1}
+
+
+def test_fresh_wait_takes_the_step_when_every_running_client_waits():
+    """Client 2 stopped; client 1's push cannot be joined by another: a STOP releases it
+    (the step with what was gathered, and the reply)."""
+    from paramserver.handler import SnapshotDue, handle
+    from paramserver.protocol import Message, Pull, Stop
+
+    state = fresh_state(3, fresh_batch=3)
+    state.eval_every = 1
+    for rank in (1, 2, 3):
+        handle(state, Message(rank, Tag.PULL, Pull()))
+    assert gradient(state, 3, 1, fetch=False)[0] == []
+    handle(state, Message(3, Tag.STOP, Stop(1, 1)))
+    assert gradient(state, 1, 1)[0] == [] and state.deferred == [1]
+    replies, events = handle(state, Message(2, Tag.STOP, Stop(0, 0)))
+    assert [(r.dest, r.header.version) for r in replies] == [(1, 1)] and events == [SnapshotDue(1)]
+    assert state.store.weights.tolist() == [-1.0] * 4  # the mean of the two gathered, 2
+
+
+def test_fresh_again_answers_at_once_with_the_same_weights():
+    from paramserver.handler import handle
+    from paramserver.protocol import Message, Pull
+
+    state = fresh_state(2, fresh_reply="again")
+    for rank in (1, 2):
+        handle(state, Message(rank, Tag.PULL, Pull()))
+    [reply], _ = gradient(state, 1, 1)
+    assert (reply.dest, reply.header.version) == (1, 0)
+    [reply], _ = gradient(state, 1, 2)  # a second gradient at version 0 completes the step
+    assert reply.header.version == 1
+    _, events = gradient(state, 2, 1)  # client 2's, computed at version 0: dropped
+    assert state.store.dropped == {1: 1} and type(events[0]).__name__ == "Dropped"
