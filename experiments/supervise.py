@@ -40,7 +40,7 @@ def supervise(command: list[str], env: dict[str, str], out: str, lock_fd: int) -
     # Their stderr passes through us (`Tee`), so the summary can name the rank that failed.
     tee = Tee()
     stdio = os.dup(1), tee.fd
-    env = {**env, STDIO_FDS: f"{stdio[0]},{stdio[1]}", LOCKED_RUN: str(Path(out).resolve())}
+    env = {**env, STDIO_FDS: ",".join(map(_identity, stdio)), LOCKED_RUN: str(Path(out).resolve())}
     interrupted = False
     try:
         job = subprocess.Popen(lifeline(command), env=env, pass_fds=(*stdio, lock_fd), start_new_session=True)
@@ -149,14 +149,33 @@ def kill_tree(pid: int) -> None:
 
 def direct_stdio() -> None:
     """In a rank the supervisor started: write to its stdout and stderr directly, where
-    they were inherited (on another host they were not; output goes through the launcher)."""
-    fds = os.environ.get(STDIO_FDS, "")
+    they were inherited. Each descriptor is taken only if it is still the very pipe or
+    file the supervisor handed on: Open MPI's launcher closes every inherited descriptor
+    above 2 and its runtime reuses the numbers for its own (and on another host nothing
+    was inherited); there the output goes through the launcher."""
     try:
-        out, err = (int(fd) for fd in fds.split(","))
-        os.fstat(out), os.fstat(err)
-    except (ValueError, OSError):
+        out, err = (_inherited(spec) for spec in os.environ.get(STDIO_FDS, "").split(","))
+    except ValueError:
+        return
+    if out is None or err is None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(out, 1)
     os.dup2(err, 2)
+
+
+def _identity(fd: int) -> str:
+    """`fd:device:inode`: what `_inherited` checks a descriptor against."""
+    stat = os.fstat(fd)
+    return f"{fd}:{stat.st_dev}:{stat.st_ino}"
+
+
+def _inherited(spec: str) -> int | None:
+    """The descriptor `spec` (from `_identity`) names, if it is still that pipe or file."""
+    fd, device, inode = (int(part) for part in spec.split(":"))
+    try:
+        stat = os.fstat(fd)
+    except OSError:
+        return None
+    return fd if (stat.st_dev, stat.st_ino) == (device, inode) else None
