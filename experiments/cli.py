@@ -172,8 +172,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
             servers = cfg.servers if cfg.mode == "async" else 0
             from experiments.supervise import supervise
             launcher = Launcher.of(mpiexec)
-            command = launcher.command(clients + servers, [*argv, "--clients", str(clients), "--out", out],
-                                       keep_going=cfg.on_client_failure == "continue")
+            command = launcher.command(clients + servers, [*argv, "--clients", str(clients), "--out", out])
             return supervise(command, launcher.environment(), out, lock.fd)
         return launch.run_mpi(cfg, out)
     except KeyboardInterrupt:  # the simulator's, or a rank's (which recorded it: see serverrun)

@@ -12,8 +12,12 @@ What each launcher is told:
   on without it (`--on-client-failure continue`).
 - Open MPI's (prterun): as root it starts nothing without OMPI_ALLOW_RUN_AS_ROOT (and
   _CONFIRM), and no more ranks than cores without oversubscription (PRTE's mapping
-  policy, Open MPI 5; the rmaps variable, Open MPI 4); with `continue`, `--with-ft
-  ulfm` (Open MPI 5): without MPI's fault tolerance a dead rank ends the whole job.
+  policy, Open MPI 5; the rmaps variable, Open MPI 4); and `--with-ft ulfm` (Open MPI
+  5: MPI's own fault tolerance). Without it the launcher ends the whole job the moment a
+  rank dies, SIGTERM to every rank, so nothing can go on without a lost client and the
+  summary would say `interrupted` without naming the dead rank; with it MPI itself tells
+  the survivors which rank failed (paramserver/transport.py), as under MPICH, and they
+  go on or end the job (MPI_Abort) as `on_client_failure` says.
 """
 from __future__ import annotations
 
@@ -67,15 +71,14 @@ class Launcher:
         needs = OPEN_MPI_ENV if self.kind == "openmpi" else {}
         return {**needs, **os.environ}
 
-    def flags(self, keep_going: bool) -> list[str]:
-        """`keep_going`: the job must outlive a rank (`--on-client-failure continue`)."""
+    def flags(self) -> list[str]:
+        """What keeps a job alive past a dead rank, so the survivors can name it."""
         if self.kind == "hydra":
             return ["-disable-auto-cleanup"]
-        if self.kind == "openmpi" and keep_going and self.ulfm:
+        if self.kind == "openmpi" and self.ulfm:
             return ["--with-ft", "ulfm"]
         return []
 
-    def command(self, ranks: int, argv: list[str], keep_going: bool) -> list[str]:
+    def command(self, ranks: int, argv: list[str]) -> list[str]:
         """The command that runs `asgd train argv` on `ranks` ranks."""
-        return [self.path, *self.flags(keep_going), "-n", str(ranks), sys.executable, "-m", "experiments.cli",
-                *argv]
+        return [self.path, *self.flags(), "-n", str(ranks), sys.executable, "-m", "experiments.cli", *argv]

@@ -35,15 +35,17 @@ def supervise(command: list[str], env: dict[str, str], out: str, lock_fd: int) -
     """Run `command`; the exit status the user should see."""
     sys.stdout.flush()
     # The ranks write straight to our stdout and stderr (a rank on this host inherits
-    # them through the launcher): MPICH's launcher kills every rank that writes through
+    # them through MPICH's launcher): MPICH's launcher kills every rank that writes through
     # it after one rank died, which would end a run meant to go on without that rank.
-    # Their stderr passes through us (`Tee`), so the summary can name the rank that failed.
+    # Their stderr passes through us (`Tee`), so the summary can name the rank that failed;
+    # so does the launcher's own (Open MPI's forwards what its ranks write).
     tee = Tee()
     stdio = os.dup(1), tee.fd
     env = {**env, STDIO_FDS: ",".join(map(_identity, stdio)), LOCKED_RUN: str(Path(out).resolve())}
     interrupted = False
     try:
-        job = subprocess.Popen(lifeline(command), env=env, pass_fds=(*stdio, lock_fd), start_new_session=True)
+        job = subprocess.Popen(lifeline(command), env=env, stderr=tee.fd, pass_fds=(*stdio, lock_fd),
+                               start_new_session=True)
         for fd in stdio:
             os.close(fd)  # the job holds them now: the tee ends when the job's last process does
         try:
