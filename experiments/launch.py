@@ -40,11 +40,13 @@ RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 FAIL_GRACE_S = 5.0  # a failed client waits this long for the server to record why
 
 
-def launcher_rank() -> int | None:
-    """This process's rank if an MPI launcher started it (MPICH, Open MPI, PMIx), else None."""
+def launcher_rank(environ: dict[str, str] | None = None) -> int | None:
+    """This process's rank (or, given its `environ`, another's) if an MPI launcher started
+    it (MPICH, Open MPI, PMIx), else None."""
+    env = os.environ if environ is None else environ
     for name in RANK_VARIABLES:
-        if name in os.environ:
-            return int(os.environ[name])
+        if name in env:
+            return int(env[name])
     return None
 
 
