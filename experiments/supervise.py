@@ -6,8 +6,12 @@
   Ctrl-C reaches us alone) and dies with us (`lifeline`); Ctrl-C or SIGTERM is passed
   on as one SIGTERM, which the launcher forwards to every rank, and a job still there
   after `STOP_GRACE_S` is killed;
-- the run's lock is ours: its descriptor goes to the launcher, so every process of the
-  job on this host holds it until the last one is gone;
+- the run's lock is ours: we hold it until the job's last process on this host is
+  gone. Its descriptor goes to the launcher; MPICH's hands it on to every rank, so each
+  holds it; Open MPI's closes it (every inherited descriptor above 2) before it starts
+  a rank, so there the ranks do not, and a rank that outlived its launcher (killed
+  alone; measured: the ranks follow within seconds) is waited for and then killed
+  (`_end_stragglers`) before we let the lock go;
 - a run that lost clients under `--on-client-failure continue` but finished is a
   success, whatever the launcher's exit status (it reports the dead rank's signal); a
   job that ended before its run directory could say so gets a failed summary (naming
@@ -21,13 +25,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from experiments.lifeline import lifeline
 from paramserver.rundir import RunDir, finished
 
 STDIO_FDS = "ASGD_STDIO_FDS"
-LOCKED_RUN = "ASGD_LOCKED_RUN"  # the run directory whose lock the job's launcher holds
+LOCKED_RUN = "ASGD_LOCKED_RUN"  # the run directory whose lock the job's supervisor holds
 STOP_GRACE_S = 10.0
 
 
@@ -54,8 +59,36 @@ def supervise(command: list[str], env: dict[str, str], out: str, lock_fd: int) -
             interrupted = True
             returncode = stop(job)
     finally:
+        _end_stragglers(env[LOCKED_RUN])
         tee.close()
     return _outcome(RunDir(out), returncode, interrupted, tee.failure)
+
+
+def _end_stragglers(run: str) -> None:
+    """Wait up to `STOP_GRACE_S` for the job's processes on this host that outlived the
+    launcher (found by the `LOCKED_RUN` every one of them inherited), then kill them: a
+    rank that does not hold the lock must not write after it is let go."""
+    marker = f"{LOCKED_RUN}={run}\0".encode()
+    deadline = time.monotonic() + STOP_GRACE_S
+    while (left := _carrying(marker)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _carrying(marker: bytes) -> list[int]:
+    """Live processes whose environment holds `marker` (a zombie's reads empty)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
 
 
 class Tee:
