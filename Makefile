@@ -10,7 +10,7 @@ DEMO_OUT ?= runs/demo
 SCALE ?= proxy
 RESULTS := results/$(SCALE)
 
-.PHONY: setup demo test test-unit test-sim test-mpi test-reliability bench clean figures fig1 fig2 fig3 fig4 starts modes rules
+.PHONY: setup demo test test-unit test-sim test-mpi test-reliability test-openmpi bench clean figures fig1 fig2 fig3 fig4 starts modes rules
 
 setup: $(VENV)/.setup-done
 
@@ -30,6 +30,12 @@ test: setup
 # (real mpiexec jobs), reliability (faults, bad input, bad messages, load, soak).
 test-unit test-sim test-mpi test-reliability: setup
 	$(BIN)/python -m pytest -q tests/$(@:test-%=%)
+
+# CI's second MPI: the real-mpiexec tests of the mpi tier and the fault tests (a dead
+# client under abort and continue) under Open MPI, from its own venv.
+test-openmpi:
+	$(MAKE) setup MPI=openmpi
+	.venv-openmpi/bin/python -m pytest -q -m mpi tests/mpi tests/reliability/test_faults.py
 
 # Performance against MPI, memcpy, torch DDP and an RPC parameter server (under about 12
 # minutes on 2 cores): prints its tables, writes results/bench.json and, once every section is
