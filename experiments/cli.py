@@ -173,7 +173,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
             from experiments.supervise import supervise
             launcher = Launcher.of(mpiexec)
             command = launcher.command(clients + servers, [*argv, "--clients", str(clients), "--out", out])
-            return supervise(command, launcher.environment(), out, lock.fd)
+            return supervise(command, launcher.environment(), out, lock.fd, forwarded=launcher.kind == "openmpi")
         return launch.run_mpi(cfg, out)
     except KeyboardInterrupt:  # the simulator's, or a rank's (which recorded it: see serverrun)
         print(f"asgd: run {out} interrupted{_resume_hint(out)}", file=sys.stderr)
