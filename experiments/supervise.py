@@ -44,8 +44,7 @@ def supervise(command: list[str], env: dict[str, str], out: str, lock_fd: int, f
     # them through MPICH's launcher): MPICH's launcher kills every rank that writes through
     # it after one rank died, which would end a run meant to go on without that rank.
     # Their stderr passes through us (`Tee`), so the summary can name the rank that failed;
-    # so does a forwarding launcher's (not hydra's: measured, more of its runs lost every
-    # rank after a death with its stderr on our pipe, 8 of 10 against 1 of 5).
+    # so does a forwarding launcher's (not hydra's, whose ranks write to us directly).
     tee = Tee()
     stdio = os.dup(1), tee.fd
     env = {**env, STDIO_FDS: ",".join(map(_identity, stdio)), LOCKED_RUN: str(Path(out).resolve())}
