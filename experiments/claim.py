@@ -1,9 +1,9 @@
 """Who may write a run directory, and what must hold before anyone does.
 
 A job writes its run directory while holding the run's lock (`FolderLock`): `asgd
-train` takes it before it launches and hands the descriptor to the MPI launcher, so
-every process of the job on this host holds it and it is free only when the last of
-them is gone; rank 0 of a job the user launched with mpiexec takes it itself; the
+train` takes it before it launches and keeps it until the last process of the job on
+this host is gone (the ranks hold it too under MPICH; under Open MPI `asgd train` waits
+for them: experiments/supervise.py); rank 0 of a job the user launched with mpiexec takes it itself; the
 simulator takes it in its one process. A second writer (a resume beside a running job,
 two sweeps at one point) is refused with one line naming the holder. Once the lock is
 held: a fresh run needs an empty directory, a resumed one logs that hold whole every

@@ -146,6 +146,7 @@ def _help(key) -> str:
 
 def _train(args: argparse.Namespace, argv: list[str]) -> int:
     from experiments import launch
+    from experiments.launcher import MPIEXEC, Launcher, find_mpiexec
 
     flags = {f.name: getattr(args, f.name) for f in fields(RunConfig)}
     asked = absolute_paths(config_values(args.config, flags))
@@ -158,9 +159,10 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     out = cfg.out or _default_out(cfg)
     if cfg.backend == "mpi" and launch.launcher_rank() is None:
         launch.refuse_torchrun()
-    mpiexec = launch.find_mpiexec() if cfg.backend == "mpi" and launch.launcher_rank() is None else ""
+    mpiexec = find_mpiexec() if cfg.backend == "mpi" and launch.launcher_rank() is None else ""
     if mpiexec is None:
-        raise InputError("backend: no mpiexec found; run 'make setup' or install an MPI library")
+        raise InputError(f"backend: no mpiexec found (${MPIEXEC}, beside python, on PATH); "
+                         "run 'make setup' or install an MPI library")
     from experiments.claim import claim
     lock = claim(cfg, out)
     try:
@@ -171,9 +173,9 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
             clients = cfg.clients or DEFAULT_CLIENTS
             servers = cfg.servers if cfg.mode == "async" else 0
             from experiments.supervise import supervise
-            command, env = launch.mpiexec_command(mpiexec, clients + servers,
-                                                  [*argv, "--clients", str(clients), "--out", out])
-            return supervise(command, env, out, lock.fd)
+            launcher = Launcher.of(mpiexec)
+            command = launcher.command(clients + servers, [*argv, "--clients", str(clients), "--out", out])
+            return supervise(command, launcher.environment(), out, lock.fd, forwarded=launcher.kind == "openmpi")
         return launch.run_mpi(cfg, out)
     except KeyboardInterrupt:  # the simulator's, or a rank's (which recorded it: see serverrun)
         print(f"asgd: run {out} interrupted{_resume_hint(out)}", file=sys.stderr)

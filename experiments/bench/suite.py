@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from experiments.bench.trials import SPREAD, interleave, ratio_cell
-from experiments.launch import find_mpiexec
+from experiments.launcher import find_mpiexec
 from paramserver.rundir import RunDir
 from paramserver.runlog import read_jsonl, write_json_atomic, write_text_atomic
 

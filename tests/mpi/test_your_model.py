@@ -7,14 +7,14 @@ import sys
 
 import pytest
 
-from tests.conftest import BIN, ROOT, run_command
+from tests.conftest import BIN, MPIEXEC, ROOT, run_command
 
 pytestmark = pytest.mark.mpi
 
 
 def test_mpiexec_runs_a_users_script_with_rank_0_serving(tmp_path):
     out = tmp_path / "run"
-    result = run_command(["env", "EXAMPLE_DATA=generated", "EXAMPLE_LIMIT=256", str(BIN / "mpiexec"), "-n", "3",
+    result = run_command(["env", "EXAMPLE_DATA=generated", "EXAMPLE_LIMIT=256", MPIEXEC, "-n", "3",
                           sys.executable, str(ROOT / "examples" / "fashion_resnet.py"), "--steps", "4",
                           "--batch-size", "16", "--eval-samples", "64", "--eval-every", "100", "--threads", "1",
                           "--quiet", "--out", str(out)], timeout=180)

@@ -1,7 +1,8 @@
 """Faults under real mpiexec: a rank stopped, killed or failing, and what the job does.
 
 Each test starts a job in its own session, waits until it is well under way, hurts one
-rank (found by its PMI_RANK), and checks the outcome against what the run recorded and
+rank (found by its launcher's rank variable: PMI_RANK, OMPI_COMM_WORLD_RANK or
+PMIX_RANK), and checks the outcome against what the run recorded and
 the line naming the rank: never against how long it took. Every wait has a generous
 deadline (a hang guard only) and the job's process tree is always killed at the end.
 """
@@ -18,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from paramserver.runlog import load_arrays
+from experiments.launch import launcher_rank
 from experiments.supervise import descendants, kill_tree
-from tests.conftest import BIN, assert_logged_once, mpi_train, run_command
+from tests.conftest import BIN, LAUNCHER, MPIEXEC, assert_logged_once, mpi_train, run_command
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -47,8 +49,13 @@ def rank_pid(job: subprocess.Popen, rank: int, run: Path, pushes: int) -> int:
     while not (run / "server.jsonl").exists() or (run / "server.jsonl").read_bytes().count(b"\n") < pushes:
         assert job.poll() is None and time.monotonic() < deadline, "the job ended before it could be hurt"
         time.sleep(0.02)
-    return next(pid for pid in descendants(job.pid)
-                if f"PMI_RANK={rank}\x00".encode() in Path(f"/proc/{pid}/environ").read_bytes())
+    return next(pid for pid in descendants(job.pid) if _rank_of(pid) == rank)
+
+
+def _rank_of(pid: int) -> int | None:
+    """The rank a launcher gave process `pid` (None: not a rank)."""
+    entries = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    return launcher_rank(dict(entry.partition("=")[::2] for entry in entries))
 
 
 def hurt(job: subprocess.Popen, pid: int, how: signal.Signals) -> str:
@@ -114,8 +121,12 @@ def test_a_killed_server_ends_the_job_and_the_run_resumes_with_every_push_once(t
     assert_logged_once(run, clients=2, steps=200, versions=400)
 
 
-@pytest.mark.xfail(strict=False, reason="known defect: in 1 to 3 tries of 6, MPICH's launcher SIGKILLs every "
-                   "rank when the client is killed (job exit 9; no rank says anything, no lost row)")
+@pytest.mark.xfail(LAUNCHER.kind == "hydra", strict=False,
+                   reason="known defect of hydra 5.0.2 (MPICH): its proxy SIGKILLs every surviving rank as soon as "
+                   "it reaps a rank that died of a signal, -disable-auto-cleanup notwithstanding; mid-run when the "
+                   "dead rank is already a zombie as the proxy handles its closed sockets (strace; a race of about "
+                   "a millisecond), so in some tries the job ends with exit 9, no rank says anything, no lost row. "
+                   "MPICH's own fault tolerance (MPIR_CVAR_ENABLE_FT=1) fails in MPI_Init with this wheel")
 def test_with_continue_a_killed_client_is_recorded_and_the_run_completes(tmp_path, tiny_npz):
     run, job, err = hurt_a_job(tmp_path, ["--clients", "3", "--on-client-failure", "continue",
                                           *flags(tiny_npz, "--steps", "150")], 2, 60, signal.SIGKILL)
@@ -133,7 +144,7 @@ def test_a_whole_job_killed_mid_run_resumes_with_every_minibatch_once(tmp_path, 
     (each client's pulled weights, the mean square) the resumed server must take from
     the checkpoint."""
     run = tmp_path / "run"
-    job = start([str(BIN / "mpiexec"), "-n", "4", str(BIN / "asgd"), "train", *flags(tiny_npz, "--lr", "0.01",
+    job = start([MPIEXEC, "-n", "4", str(BIN / "asgd"), "train", *flags(tiny_npz, "--lr", "0.01",
                  "--steps", "400", "--eval-every", "100", "--rule", "dcasgd"), "--out", str(run)])
     rank_pid(job, 0, run, 450)
     kill_tree(job.pid)

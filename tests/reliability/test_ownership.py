@@ -7,6 +7,7 @@ own; every wait is a hang guard, never a speed claim.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from experiments.supervise import descendants, kill_tree
 from paramserver.rundir import FolderLock
 from paramserver.runlog import load_arrays
 from tests.conftest import BIN, run_command
@@ -173,6 +175,28 @@ def test_sigkill_of_the_command_takes_its_job_down(tmp_path, tiny_npz):
     job.wait()
     wait_for(lambda: not job_processes(str(run)), "every process of the job gone after SIGKILL of asgd")
     FolderLock(run).acquire().release()  # and the run is free to resume
+
+
+def test_the_lock_is_held_until_the_last_process_of_the_job_is_gone(tmp_path, tiny_npz):
+    """The launcher SIGKILLed alone: its ranks (Open MPI's cannot hold the lock's descriptor,
+    and outlive their launcher by a second or so) are gone before asgd lets the lock go."""
+    run = tmp_path / "run"
+    job = subprocess.Popen([str(BIN / "asgd"), "train", "--clients", "2", "--steps", "100000", "--data",
+                            str(tiny_npz), "--batch-size", "32", "--eval-samples", "50", "--quiet", "--out",
+                            str(run)], stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: (run / "clients.jsonl").exists(), "the job training")
+        [launcher] = [pid for pid in descendants(job.pid) if _parent(pid) == job.pid]
+        os.kill(launcher, signal.SIGKILL)
+        job.wait(timeout=60)
+        assert job_processes(str(run)) == []
+        FolderLock(run).acquire().release()
+    finally:
+        kill_tree(job.pid)
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def test_an_interrupted_sweep_ends_its_point_and_goes_on_when_rerun(tmp_path, tiny_npz):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from experiments.cli import main
-from tests.conftest import BIN, run_command
+from tests.conftest import BIN, MPIEXEC, run_command
 
 
 def refused(capsys, *argv: str) -> str:
@@ -66,7 +66,7 @@ def test_a_damaged_summary_is_one_line_in_the_report(capsys, tmp_path):
 
 @pytest.mark.mpi
 def test_too_few_ranks_say_how_many_are_needed(tiny_npz, tmp_path):
-    result = run_command([str(BIN / "mpiexec"), "-n", "1", str(BIN / "asgd"), "train", "--data", str(tiny_npz),
+    result = run_command([MPIEXEC, "-n", "1", str(BIN / "asgd"), "train", "--data", str(tiny_npz),
                           "--batch-size", "32", "--steps", "2", "--out", str(tmp_path / "run")], 120)
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
         "asgd: error: clients: at least 1 client in async mode need at least 2 MPI ranks (1 server(s) and the "

@@ -1,0 +1,84 @@
+"""The parent's side of an MPI launch: which `mpiexec`, and what it needs to start a job.
+
+`asgd train` typed without mpiexec (and each point of an MPI sweep) starts one here;
+the tests start theirs the same way. The launcher is `$ASGD_MPIEXEC` when set (to test
+or run under another MPI), else the one beside this Python (the venv's MPI wheel), else
+the first on PATH. mpi4py must be built for (or, from PyPI, find at run time) the same
+MPI library: one MPI a venv.
+
+What each launcher is told:
+- MPICH's (hydra): `-disable-auto-cleanup`, so a dead rank does not take every rank
+  with it at once: the survivors name it, record it and end the job themselves, or go
+  on without it (`--on-client-failure continue`).
+- Open MPI's (prterun): as root it starts nothing without OMPI_ALLOW_RUN_AS_ROOT (and
+  _CONFIRM), and no more ranks than cores without oversubscription (PRTE's mapping
+  policy, Open MPI 5; the rmaps variable, Open MPI 4); and `--with-ft ulfm` (Open MPI
+  5: MPI's own fault tolerance). Without it the launcher ends the whole job the moment a
+  rank dies, SIGTERM to every rank, so nothing can go on without a lost client and the
+  summary would say `interrupted` without naming the dead rank; with it MPI itself tells
+  the survivors which rank failed (paramserver/transport.py), as under MPICH, and they
+  go on or end the job (MPI_Abort) as `on_client_failure` says.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+MPIEXEC = "ASGD_MPIEXEC"
+OPEN_MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+                "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+
+
+def find_mpiexec() -> str | None:
+    """$ASGD_MPIEXEC, else the mpiexec beside this Python, else PATH's (None: there is none)."""
+    if os.environ.get(MPIEXEC):
+        return shutil.which(os.environ[MPIEXEC])
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """An `mpiexec`: `kind` is "hydra" (MPICH), "openmpi" or "other"; `ulfm`: it can keep
+    a job going after a rank died (Open MPI 5's `--with-ft ulfm`)."""
+
+    path: str
+    kind: str
+    ulfm: bool = False
+
+    @classmethod
+    def of(cls, path: str) -> "Launcher":
+        """What `path --version` says it is."""
+        try:
+            said = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            said = ""
+        if "HYDRA" in said:
+            return cls(path, "hydra")
+        version = re.search(r"\(Open(?: MPI|RTE)\) (\d+)", said)
+        if version:
+            return cls(path, "openmpi", ulfm=int(version[1]) >= 5)
+        return cls(path, "other")
+
+    def environment(self) -> dict[str, str]:
+        """The variables it needs, with the caller's own settings kept."""
+        needs = OPEN_MPI_ENV if self.kind == "openmpi" else {}
+        return {**needs, **os.environ}
+
+    def flags(self) -> list[str]:
+        """What keeps a job alive past a dead rank, so the survivors can name it."""
+        if self.kind == "hydra":
+            return ["-disable-auto-cleanup"]
+        if self.kind == "openmpi" and self.ulfm:
+            return ["--with-ft", "ulfm"]
+        return []
+
+    def command(self, ranks: int, argv: list[str]) -> list[str]:
+        """The command that runs `asgd train argv` on `ranks` ranks."""
+        return [self.path, *self.flags(), "-n", str(ranks), sys.executable, "-m", "experiments.cli", *argv]

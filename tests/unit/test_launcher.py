@@ -1,0 +1,59 @@
+"""The parent's side of a launch, without MPI: which launcher a `mpiexec` is, what each
+is told, and the ranks' check that an inherited descriptor is still the one handed on."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from experiments import supervise
+from experiments.launcher import Launcher
+
+VERSIONS = {"hydra": "HYDRA build details:\n    Version:  5.0.2\n",
+            "openmpi": "mpiexec (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/community/help/\n",
+            "openmpi4": "mpiexec (OpenRTE) 4.1.6\n",
+            "other": "Intel(R) MPI Library for Linux* OS, Version 2021.10\n"}
+
+
+def fake_mpiexec(tmp_path: Path, says: str) -> str:
+    path = tmp_path / "mpiexec"
+    path.write_text(f"#!/bin/sh\ncat <<'END'\n{says}END\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.mark.parametrize("which, kind, flags", [
+    ("hydra", "hydra", ["-disable-auto-cleanup"]),
+    ("openmpi", "openmpi", ["--with-ft", "ulfm"]),
+    ("openmpi4", "openmpi", []),  # no ULFM before Open MPI 5
+    ("other", "other", []),
+])
+def test_each_launcher_is_told_what_keeps_a_job_past_a_dead_rank(tmp_path, which, kind, flags):
+    launcher = Launcher.of(fake_mpiexec(tmp_path, VERSIONS[which]))
+    assert launcher.kind == kind and launcher.flags() == flags
+    command = launcher.command(3, ["train", "--clients", "2"])
+    assert command[:len(flags) + 3] == [launcher.path, *flags, "-n", "3"]
+    assert command[-3:] == ["train", "--clients", "2"]
+
+
+def test_open_mpi_gets_its_root_and_oversubscription_variables_and_the_users_win(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRTE_MCA_rmaps_default_mapping_policy", "core")
+    env = Launcher.of(fake_mpiexec(tmp_path, VERSIONS["openmpi"])).environment()
+    assert env["OMPI_ALLOW_RUN_AS_ROOT"] == "1" and env["PRTE_MCA_rmaps_default_mapping_policy"] == "core"
+    assert Launcher.of(fake_mpiexec(tmp_path, VERSIONS["hydra"])).environment() == dict(os.environ)
+
+
+def test_a_rank_takes_only_the_descriptors_the_supervisor_handed_on(tmp_path):
+    read, write = os.pipe()
+    other = os.open(tmp_path / "other", os.O_WRONLY | os.O_CREAT)
+    spec = supervise._identity(write)
+    assert supervise._inherited(spec) == write
+    os.close(write)
+    assert supervise._inherited(spec) is None  # closed (Open MPI's launcher closes them)
+    os.dup2(other, write)  # the number reused for something else (Open MPI's runtime does)
+    try:
+        assert supervise._inherited(spec) is None
+    finally:
+        for fd in (other, write, read):
+            os.close(fd)
