@@ -41,7 +41,7 @@ class StubClient:
         self.sent = np.zeros(SIZE)           # float64 sum of what it pushed
         self.pushed: list[int] = []          # the step of each push
 
-    def take_weights(self, weights: np.ndarray) -> None:
+    def take_weights(self, weights: np.ndarray, samples: int | None = None) -> None:
         assert weights.shape == (SIZE,)
 
     def advance(self) -> tuple[Outgoing, bool]:
