@@ -209,7 +209,8 @@ def fig_scaling(sweep: Sweep, rows: list[dict] | None = None) -> Figure:
             ax.set_ylim(0.2, max(ks) * 1.2 if ks else 2)
             ax.set_xticks(ks, [str(k) for k in ks])
             ax.grid(alpha=0.3)
-            ax.set_title(f"{speed} speeds, target {target:.0%} test error", fontsize=9)
+            ax.set_title(f"{'equal speeds' if speed == 'equal' else 'stragglers'}, target {target:.0%} test error",
+                         fontsize=9)
             ax.set_xlabel("clients K")
             if j == 0:
                 ax.set_ylabel("speedup vs tuned 1 client")
