@@ -34,14 +34,15 @@ def test_each_window_trains_at_the_lr_of_the_progress_its_weights_came_with(tmp_
 def test_a_slow_client_really_takes_slow_factor_times_as_long(tmp_path, tiny_npz):
     """One window of 12 minibatches each (nothing but compute between rows): client 1
     sleeps four times what each of its steps computed. The ratio of the two clients'
-    median step gaps is 5 up to how the two shared the cores (on a loaded 2-core machine
-    one client may compute twice as fast as the other); bounds well outside that."""
+    median step gaps is 5 up to how the two shared the cores (the slow client computes its
+    last steps alone, and on a 2-core machine loaded by other jobs one client computed up
+    to 3x faster than the other); bounds well outside that."""
     run = tmp_path / "run"
     result = mpi_train(3, "--data", str(tiny_npz), "--out", str(run), "--clients", "2", "--steps", "12",
                        "--n-sync", "12", "--slow-clients", "1", "--slow-factor", "5", *TINY)
     assert result.returncode == 0, result.stderr
     gaps = {c: np.median(np.diff([r["time"] for r in rows(run) if r["client"] == c])) for c in (0, 1)}
-    assert 2 < gaps[1] / gaps[0] < 15
+    assert 1.5 < gaps[1] / gaps[0] < 20
 
 
 def test_backup_workers_over_mpi_drop_one_gradient_a_step_on_every_rank_alike(tmp_path, tiny_npz):
