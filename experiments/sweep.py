@@ -70,7 +70,7 @@ from experiments.lifeline import lifeline
 from experiments.progress import Progress
 from experiments.resume import CHANGEABLE
 from experiments.supervise import STOP_GRACE_S, kill_tree
-from paramserver.config import ConfigError, RunConfig, load_config
+from paramserver.config import ConfigError, RunConfig, field_types, load_config
 from paramserver.rundir import RunDir, finished
 from paramserver.runlog import write_json_atomic
 
@@ -128,7 +128,7 @@ def load_spec(path: str) -> Spec:
     if not all(isinstance(table, dict) for table in grids):
         raise ConfigError(f"sweep {path}: grid must be a table, or tables ([[grid]])")
     axes = {k for g in grids for k in g} - set(GRID_KEYS)
-    unknown = sorted(set(raw) - SPEC_KEYS.keys()) + sorted(axes - (field_names() - OWN_KEYS))
+    unknown = sorted(set(raw) - SPEC_KEYS.keys()) + sorted(axes - (field_types().keys() - OWN_KEYS))
     clashing = sorted(set(raw.get("base", {})) & OWN_KEYS)
     if "samples" in raw and "steps" in raw.get("base", {}):
         raise ConfigError(f"sweep {path}: samples sets the points' steps; [base] may not set steps "
@@ -154,10 +154,6 @@ def load_spec(path: str) -> Spec:
     meta = {k: raw[k] for k in ("study", "targets", "samples", "evaluations") if k in raw}
     return Spec(raw.get("name", Path(path).stem), raw.get("scale", "proxy"), backend,
                 float(raw.get("timeout", 3600)), int(raw.get("window", 400)), list(points.values()), meta)
-
-
-def field_names() -> set[str]:
-    return set(RunConfig.__dataclass_fields__)
 
 
 def _check_spec_values(raw: dict[str, Any], path: str) -> None:
