@@ -24,7 +24,6 @@ from experiments.inputs import fingerprint
 from experiments.progress import Progress
 from paramserver.config import RunConfig
 from paramserver.rundir import RunDir
-from paramserver.rules import rule_class
 
 
 @dataclass(frozen=True)
@@ -45,11 +44,6 @@ class RunSetup:
 def eval_every(cfg: RunConfig, events: int) -> int:
     """About 20 evaluations over `events` versions (or steps) unless the config sets it."""
     return cfg.eval_every or max(1, events // 20)
-
-
-def async_versions(cfg: RunConfig, clients: int) -> int:
-    """The versions an async run makes: one a push, or as its rule gathers them."""
-    return rule_class(cfg.rule).versions(cfg, clients * math.ceil(cfg.steps / cfg.push_every), clients)
 
 
 def record_dir(setup: RunSetup) -> RunDir:

@@ -16,7 +16,7 @@ import numpy as np
 from clients.driver import ServerLink
 from clients.loop import Outgoing
 from experiments.progress import Progress
-from experiments.runrecord import RunSetup, record_dir, async_versions, eval_every, finish_run, open_run, record_failure
+from experiments.runrecord import RunSetup, record_dir, eval_every, finish_run, open_run, record_failure
 from experiments.resume import cut_back
 from paramserver.arrays import ServerArrays
 from paramserver.checkpoint import Checkpoint
@@ -24,9 +24,10 @@ from paramserver.compress import make_codec
 from paramserver.config import RunConfig
 from paramserver.handler import ServerState, ServerTally
 from paramserver.noise import summarise
+from paramserver.pace import Pace
 from paramserver.protocol import Link, Pull, Tag, shard_bounds
 from paramserver.recorder import Recorder
-from paramserver.rules import make_rule, state_bytes
+from paramserver.rules import async_versions, make_rule, state_bytes
 from paramserver.schedule import Schedule
 from paramserver.server import ServerLoop
 from paramserver.store import Store
@@ -57,9 +58,9 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
     cfg, clients = setup.cfg, setup.clients
     every = eval_every(cfg, async_versions(cfg, clients))
     bounds = shard_bounds(setup.weights.size, cfg.servers)
-    state = ServerState(make_store(cfg, setup.weights[slice(*bounds[0])], clients), client_ranks(cfg, clients),
-                        every, make_codec(cfg.compress), apply_cost=apply_cost,
-                        schedule=server_schedule(cfg, clients))
+    store = make_store(cfg, setup.weights[slice(*bounds[0])], clients)
+    state = ServerState(store, client_ranks(cfg, clients), every, make_codec(cfg.compress), apply_cost=apply_cost,
+                        schedule=server_schedule(cfg, clients), pace=Pace(clock) if store.rule.paced else None)
     lines = (0, 0)
     if cfg.resume:
         run = record_dir(setup)

@@ -72,6 +72,7 @@ from experiments.resume import CHANGEABLE
 from experiments.supervise import STOP_GRACE_S, kill_tree
 from paramserver.config import ConfigError, RunConfig, field_types, load_config
 from paramserver.rundir import RunDir, finished
+from paramserver.rules import async_versions
 from paramserver.runlog import write_json_atomic
 
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")
@@ -236,14 +237,15 @@ def _in_samples(config: RunConfig, raw: dict[str, Any], base_batch: int, own_ste
     """Steps from the budget in samples (K clients run budget / (K x batch) minibatches
     each; unless the grid set the point's steps, `own_steps`) and, with `evaluations`, about that many test evaluations a run, so that they
     are as far apart in samples for every point of a client count (eval_every counts
-    the server's versions: a push of n_push minibatches, or a step of every client)."""
+    the server's versions: a push of n_push minibatches, a step the rule gathers, or a
+    step of every client)."""
     k, batch = config.clients or 1, config.batch_size
     total = config.steps * k * batch if own_steps else budget(raw["samples"], k, batch, base_batch)
-    changes = {"steps": max(1, math.ceil(total / (k * batch)))}
-    if "evaluations" in raw:
-        per_version = batch * (config.push_every if config.mode == "async" else k)
-        changes["eval_every"] = max(1, round(total / raw["evaluations"] / per_version))
-    return _config_with(config, changes)
+    config = _config_with(config, {"steps": max(1, math.ceil(total / (k * batch)))})
+    if "evaluations" not in raw:
+        return config
+    versions = async_versions(config, k) if config.mode == "async" else config.steps
+    return _config_with(config, {"eval_every": max(1, round(versions / raw["evaluations"]))})
 
 
 class SweepRunner:

@@ -20,10 +20,10 @@ from paramserver.rules import RULES, rule_class
 BACKENDS = ("mpi", "sim")
 MODES = ("async", "sync", "local-sgd")
 FAILURE_POLICIES = ("abort", "continue")
-FRESH_REPLIES = ("wait", "again")
+FRESH_REPLIES = ("wait", "again", "auto")
 AUTO_KEYS = ("momentum", "fresh_batch")  # keys that also take the word "auto"
 LR_SCHEDULES = ("constant", "cosine", "step")
-LR_SCALINGS = ("none", "linear")
+LR_SCALINGS = ("none", "linear", "sqrt")
 SIM_PROFILES = ("measured", "paper")  # their values: experiments/simulator.py
 # user code named in a config (clients/usercode.py imports it): a module or a .py file, a name in it
 USER_CODE = re.compile(r"(?:[A-Za-z_][\w.]*|[^:]+\.py):[A-Za-z_][\w.]*")
@@ -65,21 +65,26 @@ class RunConfig:
     lr_floor: float = _key(0.0, "cosine: the last lr, as a fraction of the peak")
     lr_milestones: str = _key("", "step: comma-separated sample counts at which the lr is multiplied")
     lr_step_factor: float = _key(0.1, "step: what the lr is multiplied by at each milestone")
-    lr_scaling: str = _key("none", "none, or linear: the lr times the client minibatches one update averages "
-                                   "(K in sync mode, K - backup_workers with backup workers, 1 otherwise)")
+    lr_scaling: str = _key("none", "none, linear (the lr times the client minibatches n one update averages: "
+                                   "K in sync mode, K - backup_workers with backup workers, fresh's gathered "
+                                   "minibatches, 1 otherwise) or sqrt (the lr times sqrt(n))")
+    lr_scale_warmup: int = _key(0, "samples over which lr_scaling's multiplier ramps linearly in from 1 (one "
+                                   "minibatch's lr; Goyal et al.'s gradual warmup) to its value (0: at once)")
     momentum: float = _key(0.9, "client SGD momentum (the buffer stays on the client), or auto: lowered "
                                 "with the number of clients to offset the momentum asynchrony adds")
     weight_decay: float = _key(5e-4, "client L2 weight decay")
     rule: str = _key("easgd", "server update rule: " + ", ".join(RULES) + " (docs/rules.md)")
     server_lr: Optional[float] = _key(None, "learning rate of the sgd and adagrad rules (default: lr)")
-    server_momentum: float = _key(0.0, "momentum of the sgd rule")
+    server_momentum: Optional[float] = _key(None, "momentum of the server's SGD step, sgd and fresh rules "
+                                                  "(default: the clients' momentum; 0.9 with momentum auto)")
     dc_lambda: float = _key(2.0, "dcasgd: lambda0 of the adaptive delay compensation (0: the add rule)")
     easgd_beta: float = _key(0.9, "easgd: the elastic coefficient is beta / clients")
     fresh_batch: int = _key(0, "fresh: minibatches of fresh gradients a step gathers (0: clients; auto: from the "
                                "gradient noise scale, in [1, 4 x clients])")
     max_staleness: int = _key(0, "fresh: versions a gathered gradient may be behind; staler pushes are dropped")
     fresh_reply: str = _key("wait", "fresh: a client whose push joins a step being gathered waits for the step "
-                                    "(wait) or computes again at the same weights (again)")
+                                    "(wait), computes again at the same weights (again), or either, whichever "
+                                    "its measured pace says comes first (auto; one server)")
     nesterov_every: int = _key(0, "nesterov: pushes between the server's momentum updates (0: clients)")
     nesterov_momentum: float = _key(0.9, "nesterov: the server's momentum beta (0: w += d / nesterov_every)")
     seed: int = _key(0, "seed of the initial weights, shards and data order")
@@ -160,6 +165,14 @@ class RunConfig:
     @property
     def effective_server_lr(self) -> float:
         return self.lr if self.server_lr is None else self.server_lr
+
+    @property
+    def effective_server_momentum(self) -> float:
+        """The server's SGD momentum: as set, or the clients' (so one client of `sgd` or
+        `fresh` is torch.optim.SGD with the run's momentum)."""
+        if self.server_momentum is not None:
+            return self.server_momentum
+        return AUTO_BASE_MOMENTUM if self.momentum == "auto" else self.momentum
 
     @property
     def fault(self) -> tuple[int, int] | None:
@@ -248,7 +261,8 @@ def _check_values(cfg: RunConfig) -> None:
     _require(cfg.server_lr is None or cfg.server_lr > 0, "server_lr", f"must be positive, got {cfg.server_lr}")
     for name in ("momentum", "server_momentum"):
         value = getattr(cfg, name)
-        _require(value == "auto" and name == "momentum" or 0 <= value < 1, name, f"must be in [0, 1), got {value}")
+        _require(value is None or value == "auto" and name == "momentum" or 0 <= value < 1, name,
+                 f"must be in [0, 1), got {value}")
     _require(cfg.dc_lambda >= 0, "dc_lambda", f"must be non-negative, got {cfg.dc_lambda}")
     _require(0 < cfg.easgd_beta < 1, "easgd_beta", f"must be in (0, 1), got {cfg.easgd_beta}")
     _require(cfg.rule != "easgd" or cfg.push_every == cfg.fetch_every, "rule",
@@ -308,7 +322,8 @@ def _check_rule_keys(cfg: RunConfig) -> None:
 
 
 def _check_schedule(cfg: RunConfig) -> None:
-    _require(cfg.lr_warmup >= 0, "lr_warmup", f"must be non-negative (samples), got {cfg.lr_warmup}")
+    for name in ("lr_warmup", "lr_scale_warmup"):
+        _require(getattr(cfg, name) >= 0, name, f"must be non-negative (samples), got {getattr(cfg, name)}")
     _require(cfg.lr_schedule in LR_SCHEDULES, "lr_schedule",
              f"unknown schedule {cfg.lr_schedule!r} (choose from {', '.join(LR_SCHEDULES)})")
     _require(0 <= cfg.lr_floor <= 1, "lr_floor", f"must be in [0, 1] (a fraction of the peak lr), got {cfg.lr_floor}")

@@ -108,12 +108,12 @@ def _fresh(rule: FreshRule, client: int, staleness: int) -> Update:
     covered = rule.covered + rule.minibatches
     if covered < rule.step_batch:
         return Update(FRESH_GATHER, {}, {"total": rule.total}, after=rule.gathered)
-    factor = rule.gather_factor if rule.covered else rule.lr_factor
+    factor, ramp = (rule.gather_factor, rule.gather_ramp) if rule.covered else (rule.lr_factor, rule.scale_ramp)
 
     def after() -> None:
         rule.gathered()
         rule.covered = 0
-    scalars = {"lr": rule.step_lr(covered, factor), "inv_count": 1.0 / covered, "weight_decay": rule.weight_decay}
+    scalars = {"lr": rule.step_lr(covered, factor, ramp), "inv_count": 1.0 / covered, "weight_decay": rule.weight_decay}
     if not rule.momentum:
         return Update(FRESH_STEP_PLAIN, scalars, {"total": rule.total}, after=after)
     return Update(FRESH_STEP, {**scalars, "momentum": rule.momentum},

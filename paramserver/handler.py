@@ -12,8 +12,9 @@ reply's payload may be the live weights: the driver sends it before the next pus
 handled (the apply would change it under the transfer).
 
 A rule that gathers pushes into one step and defers replies (`fresh` with
-`fresh_reply = "wait"`) leaves a gathered push unanswered until the step: its sender
-is `deferred`, and the push that completes the step is answered together with every
+`fresh_reply = "wait"`, or with "auto" where `paramserver/pace.py` says the step comes
+before the sender could push again) leaves a gathered push unanswered until the step:
+its sender is `deferred`, and the push that completes the step is answered together with every
 deferred one, so `handle()` may return replies to earlier pushers. When every client
 still running waits so, no push can complete the step: it is taken with what was
 gathered (`release`, also the driver's after it loses a client).
@@ -30,6 +31,7 @@ from paramserver.checkpoint import Checkpoint
 from paramserver.compress import Codec
 from paramserver import frame
 from paramserver.frame import Garbled
+from paramserver.pace import Pace
 from paramserver.protocol import FROM_CLIENTS, Message, Push, Reply, Stop, Tag, Weights, well_formed
 from paramserver.schedule import Schedule
 from paramserver.store import ApplyResult, Store
@@ -136,7 +138,9 @@ class ServerState:
     (a PULL from them is answered with the raw slice). `apply_cost`: seconds an apply is
     logged as taking (the simulator's virtual cost); None: measured. `schedule`: the
     run's lr schedule (paramserver/schedule.py), whose progress the replies carry and
-    whose multiplier the rule applies with; None: a constant lr.
+    whose multiplier the rule applies with; None: a constant lr. `pace`: the clients'
+    measured pace, by which `fresh_reply = "auto"` decides who waits; None: the rule's
+    `defers` decides.
     """
 
     store: Store
@@ -149,6 +153,7 @@ class ServerState:
     wire_bytes: list[int] = field(default_factory=lambda: [0, 0])  # payload bytes (pushed, pulled)
     schedule: Schedule | None = None
     deferred: list[int] = field(default_factory=list)  # client ranks whose replies wait for a step
+    pace: Pace | None = None
 
     def __post_init__(self) -> None:
         self.tally = self.tally or ServerTally(len(self.client_ranks))
@@ -193,9 +198,11 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
     if msg.tag == Tag.PULL:
         return [_weights_for(state, msg.source)], []
     version = state.store.version
+    if state.pace is not None:
+        state.pace.pushed(msg.source)
     result, events = _push(state, msg)
     replies = []
-    if msg.header.fetch and result.gathered and state.store.rule.defers:
+    if msg.header.fetch and result.gathered and _waits(state, msg.source):
         state.deferred.append(msg.source)
     elif msg.header.fetch:
         replies.append(_weights_for(state, msg.source))
@@ -203,6 +210,17 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
         replies += _answer_deferred(state)
     more, flushed = release(state)
     return replies + more, events + flushed
+
+
+def _waits(state: ServerState, rank: int) -> bool:
+    """Whether the sender of a gathered push waits for the step: as the rule says, or by
+    the clients' pace (the other clients still computing at weights the step would take)."""
+    rule, store = state.store.rule, state.store
+    if state.pace is None:
+        return rule.defers
+    computing = [r for r in state.waiting if r != rank and r not in state.deferred
+                 and not rule.drops(store.version - store.pulled.get(state.client(r), 0))]
+    return state.pace.waits(rank, -(-rule.remaining // rule.minibatches), computing)
 
 
 def release_due(state: ServerState) -> bool:
@@ -250,6 +268,8 @@ def _message_problem(state: ServerState, msg: Message) -> str:
 
 def _weights_for(state: ServerState, rank: int) -> Reply:
     weights, version = state.store.pull(state.client(rank))
+    if state.pace is not None:
+        state.pace.replied(rank)
     data = state.codec.encode(weights)
     state.wire_bytes[1] += data.nbytes
     return Reply(rank, Weights(version, weights.size, state.progress), data)
@@ -262,6 +282,7 @@ def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, list[Event]]:
     pulled, version = store.pulled.get(client, 0), store.version
     if state.schedule is not None:  # the lr at the progress before this push
         store.rule.lr_factor = state.schedule.factor(state.progress)
+        store.rule.scale_ramp = state.schedule.ramp(state.progress)
     # from the steps in the headers, which every server of a sharded run gets
     minibatches = max(1, header.step - int(state.tally.client_steps[client]))
     start = time.perf_counter()

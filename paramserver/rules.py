@@ -27,6 +27,7 @@ Where clients push gradients, the server also measures the gradient noise scale
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Protocol
 
 from paramserver.noise import NoiseScale
@@ -34,17 +35,20 @@ from paramserver.noise import NoiseScale
 if TYPE_CHECKING:  # torch loads with the server's weights, not with the config that names a rule
     from torch import Tensor
 
+    from paramserver.config import RunConfig
+
 
 class RuleSettings(Protocol):
     """The run config's keys a rule reads (paramserver.config.RunConfig has them)."""
 
     effective_server_lr: float
+    effective_server_momentum: float
     lr: float
-    server_momentum: float
     weight_decay: float
     dc_lambda: float
     easgd_beta: float
     batch_size: int
+    push_every: int
     lr_scaling: str
     fresh_batch: int | str
     max_staleness: int
@@ -59,6 +63,7 @@ class Rule:
 
     pushes = "delta"   # what a client sends: its weight change ("delta"), "gradient" sums or "weights"
     defers = False     # whether a reply may wait for a step being gathered (fresh's "wait")
+    paced = False      # whether the clients' pace decides that (fresh's "auto", paramserver/pace.py)
     step_batch: int | None = None  # the minibatches a step gathers, for rules that gather (fresh)
 
     def __init__(self, settings: RuleSettings, clients: int):
@@ -68,6 +73,8 @@ class Rule:
         # (paramserver/schedule.py): rules with an lr of their own follow the same curve
         # as the clients.
         self.lr_factor = 1.0
+        # How far the batch-size scaling has ramped in (`lr_scale_warmup`), set with it.
+        self.scale_ramp = 1.0
         # The minibatches the push being applied covers (the Store sets it from the push
         # header's step, which every server of a sharded run gets).
         self.minibatches = 1
@@ -148,7 +155,7 @@ class SGDRule(Rule):
 
     def __init__(self, settings: RuleSettings, clients: int):
         super().__init__(settings, clients)
-        self.momentum = settings.server_momentum
+        self.momentum = settings.effective_server_momentum
         self.weight_decay = settings.weight_decay
         self.buffer: Tensor | None = None  # torch starts it at the first gradient
 
@@ -271,12 +278,13 @@ class FreshRule(SGDRule):
     Pushed gradient sums computed at most R = `max_staleness` versions ago are summed
     until they cover S = `fresh_batch` minibatches; then one SGD step (server momentum,
     weight decay) on their mean, at the lr for that many minibatches (times their count
-    with `lr_scaling = "linear"`) and at the schedule's factor of the gather's first push,
-    the progress its gradients were computed at. Staler pushes are dropped. The version
+    with `lr_scaling = "linear"`, its root with "sqrt") and at the schedule's factor of
+    the gather's first push, the progress its gradients were computed at. Staler pushes are dropped. The version
     moves only at a step, so staleness counts steps. With `fresh_reply = "wait"` a client
     whose push was gathered gets its reply at the step (S = K, R = 0 at equal speeds is
     then synchronous SGD); with "again" it gets the weights at once and computes there
-    again, as a fast Rennala worker does. `fresh_batch = "auto"`: S = B_simple / b from
+    again, as a fast Rennala worker does; with "auto" it waits when the step is due
+    before it could push again, else computes again (paramserver/pace.py). `fresh_batch = "auto"`: S = B_simple / b from
     the gradient noise scale, in [1, 4K] (K until it is measured)."""
 
     def __init__(self, settings: RuleSettings, clients: int):
@@ -284,22 +292,26 @@ class FreshRule(SGDRule):
         self.max_staleness = settings.max_staleness
         self.auto = settings.fresh_batch == "auto"
         self.fixed = fixed_batch(settings, clients)
-        self.linear = settings.lr_scaling == "linear"
+        self.scaling = settings.lr_scaling
         self.defers = settings.fresh_reply == "wait"
+        self.paced = settings.fresh_reply == "auto"
         self.batch_size = settings.batch_size
         self.total: Tensor | None = None  # the gathered pushes, summed
         self.covered = 0                  # the minibatches they cover
         self.gather_factor = 1.0          # the lr factor at the gather's first push
+        self.gather_ramp = 1.0            # and the scaling's ramp there
 
     @classmethod
     def check(cls, settings: RuleSettings) -> str:
         if settings.fresh_batch == "auto" and settings.servers > 1:
             return "fresh_batch: auto needs servers = 1 (each server sees only its slice's gradient norms)"
+        if settings.fresh_reply == "auto" and settings.servers > 1:
+            return "fresh_reply: auto needs servers = 1 (each server would time the clients apart and could answer differently)"
         return ""
 
     @classmethod
     def versions(cls, settings: RuleSettings, pushes: int, clients: int) -> int:
-        return max(1, pushes // fixed_batch(settings, clients))
+        return max(1, pushes * settings.push_every // fixed_batch(settings, clients))  # a push covers n_push
 
     @property
     def step_batch(self) -> int:
@@ -314,11 +326,16 @@ class FreshRule(SGDRule):
     def pending(self) -> bool:
         return self.covered > 0
 
+    @property
+    def remaining(self) -> int:
+        """The minibatches the step being gathered still needs."""
+        return max(1, self.step_batch - self.covered)
+
     def drops(self, staleness: int) -> str:
         return f"staleness {staleness} > max_staleness {self.max_staleness}" if staleness > self.max_staleness else ""
 
-    def step_lr(self, covered: int, factor: float) -> float:
-        return self.base_lr * factor * (covered if self.linear else 1)
+    def step_lr(self, covered: int, factor: float, ramp: float) -> float:
+        return self.base_lr * factor * ramped_scale(self.scaling, covered, ramp)
 
     def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
         if self.total is None:
@@ -331,11 +348,11 @@ class FreshRule(SGDRule):
     def gathered(self) -> None:
         """Count the push just summed; the gather's first push fixes its lr factor."""
         if not self.covered:
-            self.gather_factor = self.lr_factor
+            self.gather_factor, self.gather_ramp = self.lr_factor, self.scale_ramp
         self.covered += self.minibatches
 
     def step(self, w: Tensor) -> None:
-        self.sgd_step(w, self.total.div_(self.covered), self.step_lr(self.covered, self.gather_factor))
+        self.sgd_step(w, self.total.div_(self.covered), self.step_lr(self.covered, self.gather_factor, self.gather_ramp))
         self.total.zero_()
         self.covered = 0
 
@@ -347,11 +364,28 @@ class FreshRule(SGDRule):
         self.total = state.get("total")
 
     def scalars(self) -> dict[str, float]:
-        return {"covered": self.covered, "gather_factor": self.gather_factor}
+        return {"covered": self.covered, "gather_factor": self.gather_factor, "gather_ramp": self.gather_ramp}
 
     def load_scalars(self, values: dict[str, float]) -> None:
         self.covered = int(values.get("covered", 0))
         self.gather_factor = float(values.get("gather_factor", 1.0))
+        self.gather_ramp = float(values.get("gather_ramp", 1.0))
+
+
+def batch_scale(scaling: str, minibatches: int) -> float:
+    """The lr multiplier for an update that averages `minibatches` client minibatches:
+    `linear` (Goyal et al. 2017, arXiv 1706.02677), `sqrt` (Krizhevsky 2014, arXiv
+    1404.5997; Hoffer et al. 2017, arXiv 1705.08741: keeps the update's noise as at one
+    minibatch) or `none`. The one home of the rule for the schedule and for `fresh`."""
+    if scaling == "linear":
+        return float(minibatches)
+    return math.sqrt(minibatches) if scaling == "sqrt" else 1.0
+
+
+def ramped_scale(scaling: str, minibatches: int, ramp: float) -> float:
+    """`batch_scale` ramped in from 1 (one minibatch's lr) at ramp 0 to its whole value at
+    1: Goyal et al.'s gradual warmup, which leaves one client's lr as it is."""
+    return 1.0 + (batch_scale(scaling, minibatches) - 1.0) * ramp
 
 
 def fixed_batch(settings: RuleSettings, clients: int) -> int:
@@ -431,6 +465,11 @@ def make_rule(name: str, settings: RuleSettings | None = None, clients: int = 1)
 
         settings = RunConfig()
     return rule_class(name)(settings, clients)
+
+
+def async_versions(cfg: "RunConfig", clients: int) -> int:
+    """The versions an async run makes: one a push, or as its rule gathers them."""
+    return rule_class(cfg.rule).versions(cfg, clients * math.ceil(cfg.steps / cfg.push_every), clients)
 
 
 def state_bytes(rule: Rule) -> int:

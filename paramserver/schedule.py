@@ -9,15 +9,19 @@ batch_size` before step `step`. With one client either is `(t - 1) x batch_size`
 before step t, so `factor(e * batch_size)` is torch's `LambdaLR` multiplier after e
 steps (tested against it).
 
-    lr(s) = lr x scale x warmup(s) x decay(s)
+    lr(s) = lr x scale(s) x warmup(s) x decay(s)
     warmup(s) = min(1, (s + batch_size) / lr_warmup)         (1 without warmup)
+    scale(s) = 1 + (batch_scale - 1) x ramp(s),  ramp(s) = min(1, (s + batch_size) / lr_scale_warmup)
     cosine:  decay(s) = floor + (1 - floor) (1 + cos(pi p)) / 2,
              p = min(1, (s - lr_warmup) / (planned - lr_warmup)) after the warmup, else 0
     step:    decay(s) = lr_step_factor ** (milestones <= s)
 
-`scale` is the linear scaling rule (Goyal et al. 2017): with `lr_scaling = "linear"`,
-the client minibatches one update averages (K in sync mode, K - backup_workers with
-backup workers, 1 otherwise); the warmup it needs is the user's `lr_warmup`.
+`batch_scale` is the batch-size scaling rule (`rules.batch_scale`): with `lr_scaling =
+"linear"` the client minibatches n one update averages (K in sync mode, K -
+backup_workers with backup workers, 1 otherwise; `fresh` applies it to the minibatches
+each step gathers), with "sqrt" its root. `lr_scale_warmup` ramps it in from one
+minibatch's lr (Goyal et al. 2017's gradual warmup), so one client's lr is untouched;
+`lr_warmup` ramps the whole lr up from 0.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import math
 from dataclasses import dataclass
 
 from paramserver.config import RunConfig, parse_milestones
+from paramserver.rules import ramped_scale
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,9 @@ class Schedule:
     floor: float = 0.0
     milestones: tuple[int, ...] = ()
     step_factor: float = 0.1
-    scale: float = 1.0
+    scaling: str = "none"
+    averaged: int = 1             # the client minibatches one update averages (the scaling's n)
+    scale_warmup: int = 0
 
     @classmethod
     def for_run(cls, cfg: RunConfig, clients: int, lr: float | None = None) -> "Schedule":
@@ -45,16 +52,16 @@ class Schedule:
         averaged = clients - cfg.backup_workers if cfg.mode == "sync" else 1
         return cls(cfg.lr if lr is None else lr, cfg.batch_size, clients * cfg.steps * cfg.batch_size,
                    cfg.lr_warmup, cfg.lr_schedule, cfg.lr_floor, parse_milestones(cfg.lr_milestones),
-                   cfg.lr_step_factor, averaged if cfg.lr_scaling == "linear" else 1.0)
-
-    @property
-    def constant(self) -> bool:
-        return self.kind == "constant" and not self.warmup
+                   cfg.lr_step_factor, cfg.lr_scaling, averaged, cfg.lr_scale_warmup)
 
     def factor(self, samples: int) -> float:
         """lr(samples) / lr: every multiplier at once."""
         warm = min(1.0, (samples + self.batch_size) / self.warmup) if self.warmup else 1.0
-        return self.scale * warm * self._decay(samples)
+        return ramped_scale(self.scaling, self.averaged, self.ramp(samples)) * warm * self._decay(samples)
+
+    def ramp(self, samples: int) -> float:
+        """How far the batch-size scaling has ramped in, 0 to 1."""
+        return min(1.0, (samples + self.batch_size) / self.scale_warmup) if self.scale_warmup else 1.0
 
     def at(self, samples: int) -> float:
         """The lr after `samples` of progress."""

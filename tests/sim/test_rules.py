@@ -19,12 +19,15 @@ def summary(run) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
-def test_fresh_with_s_k_and_r_0_at_equal_speeds_is_sync(tmp_path, tiny_npz):
+@pytest.mark.parametrize("reply", ["wait", "auto"])
+def test_fresh_with_s_k_and_r_0_at_equal_speeds_is_sync(tmp_path, tiny_npz, reply):
     """Every loss of every client, and the final weights, as --mode sync at the same lr,
-    with the linear lr rule and a warmup (the step's lr is the one of the progress its
-    gradients were computed at)."""
-    flags = ["--clients", "3", "--steps", "8", "--lr-scaling", "linear", "--lr-warmup", "300"]
-    fresh = sim(tmp_path / "fresh", tiny_npz, "--rule", "fresh", "--server-momentum", "0.9", *flags)
+    with the linear lr rule, a warmup and the rule's own ramped in (the step's lr is the
+    one of the progress its gradients were computed at). By its pace (auto) every client waits, as with wait."""
+    flags = ["--clients", "3", "--steps", "8", "--lr-scaling", "linear", "--lr-warmup", "300",
+             "--lr-scale-warmup", "400"]
+    fresh = sim(tmp_path / "fresh", tiny_npz, "--rule", "fresh", "--server-momentum", "0.9",
+                "--fresh-reply", reply, *flags)
     sync = sim(tmp_path / "sync", tiny_npz, "--mode", "sync", *flags)
 
     def losses(run):
@@ -57,6 +60,21 @@ def test_fresh_drops_are_logged_and_counted_not_rejected(tmp_path, tiny_npz, rep
     assert len(marked) == len(dropped) and all(r["staleness"] >= 1 for r in marked)
     assert sorted((r["client"], r["step"]) for r in rows(run, "clients")) == \
         [(c, n) for c in range(3) for n in range(1, 11)]
+
+
+def test_by_their_pace_fast_clients_compute_again_while_a_straggler_keeps_the_step_open(tmp_path, tiny_npz):
+    """One client of 4 is 4x slow: with wait every step waits for it (sync); by the pace
+    (auto) the fast clients' second gradients complete the steps, the straggler's then
+    late ones are dropped, and the run takes its steps sooner."""
+    flags = ["--rule", "fresh", "--clients", "4", "--steps", "12", "--slow-clients", "1", "--slow-factor", "4"]
+    runs = {reply: sim(tmp_path / reply, tiny_npz, *flags, "--fresh-reply", reply) for reply in ("wait", "auto")}
+    s = {reply: summary(run) for reply, run in runs.items()}
+    assert s["wait"]["pushes_dropped"] == 0
+    assert s["auto"]["pushes_dropped"] > 0 and set(s["auto"]["dropped_per_client"]) == {"3"}
+
+    def reached(run, version):
+        return next(r["time"] for r in rows(run, "server") if r.get("version") == version)
+    assert reached(runs["auto"], 6) < 0.7 * reached(runs["wait"], 6)  # 0.14 against 0.24 s
 
 
 def test_noise_scale_rows_summary_and_auto_fresh_batch(tmp_path, tiny_npz):

@@ -6,6 +6,8 @@ the tolerance is float32's.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -169,16 +171,19 @@ def fresh_reference(settings: RunConfig) -> tuple[np.ndarray, list[tuple[int, bo
             if covered == settings.fresh_batch:
                 g = total / covered + settings.weight_decay * w
                 buffer = g if buffer is None else settings.server_momentum * buffer + g
-                w = w - settings.lr * covered * buffer
+                scale = {"linear": covered, "sqrt": covered ** 0.5, "none": 1}[settings.lr_scaling]
+                w = w - settings.lr * scale * buffer
                 version, total, covered = version + 1, 0.0, 0
         if c == 0:
             pulled[0] = version
     return w, seen
 
 
-def test_fresh_gathers_fresh_gradients_and_drops_stale_ones():
-    weights, seen, store = play_fresh(FRESH)
-    expected, expected_seen = fresh_reference(FRESH)
+@pytest.mark.parametrize("scaling", ["linear", "sqrt"])
+def test_fresh_gathers_fresh_gradients_and_drops_stale_ones(scaling):
+    settings = dataclasses.replace(FRESH, lr_scaling=scaling)
+    weights, seen, store = play_fresh(settings)
+    expected, expected_seen = fresh_reference(settings)
     assert seen == expected_seen and sum(d for _, d in seen) == 3 and any(t == 1 and not d for t, d in seen)
     np.testing.assert_allclose(weights, expected, atol=1e-6)
     assert store.version == 2 and store.dropped == {1: 1, 2: 2} and sum(store.applied.values()) == 5

@@ -34,17 +34,24 @@ def test_linear_scaling_multiplies_by_the_minibatches_an_update_averages():
     sync = Schedule.for_run(RunConfig(mode="sync", lr=0.01, lr_scaling="linear", backup_workers=2, clients=8), 8)
     assert sync.at(0) == pytest.approx(0.06)                       # K - b = 6 gradients a step
     assert Schedule.for_run(RunConfig(lr=0.01, lr_scaling="linear"), 8).at(0) == pytest.approx(0.01)  # async
+
+
+def test_sqrt_scaling_multiplies_by_the_root_of_the_minibatches_averaged():
+    sync = Schedule.for_run(RunConfig(mode="sync", lr=0.01, lr_scaling="sqrt", backup_workers=4, clients=20), 20)
+    assert sync.at(0) == pytest.approx(0.04)  # 0.01 x sqrt(20 - 4)
+    assert Schedule.for_run(RunConfig(lr=0.01, lr_scaling="sqrt"), 8).at(0) == pytest.approx(0.01)  # async: 1
     assert Schedule.for_run(RunConfig(steps=10, batch_size=4, lr_schedule="cosine"), 3).planned == 120
 
 
 @pytest.mark.parametrize("key,value,says", [
     ("lr_warmup", -1, "lr_warmup: must be non-negative"),
+    ("lr_scale_warmup", -1, "lr_scale_warmup: must be non-negative"),
     ("lr_schedule", "linear", "lr_schedule: unknown schedule"),
     ("lr_floor", 1.5, "lr_floor: must be in [0, 1]"),
     ("lr_milestones", "300,100", "lr_milestones: expected increasing"),
     ("lr_milestones", "a", "lr_milestones: expected increasing"),
     ("lr_step_factor", 0.0, "lr_step_factor: must be in (0, 1]"),
-    ("lr_scaling", "sqrt", "lr_scaling: unknown scaling"),
+    ("lr_scaling", "cubic", "lr_scaling: unknown scaling"),
     ("step_sigma", -0.1, "step_sigma: must be non-negative"),
     ("slow_factor", 0.5, "slow_factor: must be in [1, 100]"),
     ("pause_prob", 1.0, "pause_prob: must be in [0, 1)"),
@@ -90,3 +97,12 @@ def test_backup_workers_drop_the_slowest():
     assert keep_fastest([3.0, 1.0, 2.0, 5.0], 2) == [False, True, True, False]
     assert keep_fastest([1.0, 1.0, 1.0], 1) == [True, True, False]   # ties: the higher index drops
     assert keep_fastest([1.0, 2.0], 0) == [True, True]
+
+
+def test_the_scale_warmup_ramps_the_scaling_in_from_one_minibatchs_lr():
+    """Goyal et al.'s gradual warmup: lr x (1 + (sqrt(16) - 1) x ramp); one client untouched."""
+    sync = Schedule.for_run(RunConfig(mode="sync", lr=0.01, lr_scaling="sqrt", lr_scale_warmup=1000,
+                                      batch_size=100, clients=16), 16)
+    assert [sync.at(s) for s in (0, 400, 900, 5000)] == pytest.approx([0.013, 0.025, 0.04, 0.04])
+    one = Schedule.for_run(RunConfig(mode="sync", lr=0.01, lr_scaling="sqrt", lr_scale_warmup=1000, clients=1), 1)
+    assert one.at(0) == one.at(10**6) == 0.01

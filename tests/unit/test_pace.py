@@ -1,0 +1,62 @@
+"""fresh_reply = "auto": who waits for the step, from the clients' pace, by hand."""
+from __future__ import annotations
+
+import pytest
+
+from paramserver.pace import SMOOTHING, Pace
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def timed(compute: dict[int, float]) -> tuple[Pace, Clock]:
+    """Every client sent weights at 0 and pushed after its compute time, then sent
+    weights again at 10: each client's pace is its compute time."""
+    clock = Clock()
+    pace = Pace(clock)
+    for rank in compute:
+        pace.replied(rank)
+    for rank, took in sorted(compute.items(), key=lambda kv: kv[1]):
+        clock.now = took
+        pace.pushed(rank)
+    clock.now = 10.0
+    for rank in compute:
+        pace.replied(rank)
+    return pace, clock
+
+
+def test_the_pace_is_a_moving_mean_of_weights_to_push():
+    pace, clock = timed({1: 1.0})
+    clock.now = 13.0
+    pace.pushed(1)
+    assert pace.compute[1] == pytest.approx((1 - SMOOTHING) * 1.0 + SMOOTHING * 3.0)
+
+
+def test_equal_speeds_wait_as_sync_does():
+    pace, clock = timed({1: 1.0, 2: 1.0, 3: 1.0})
+    clock.now = 11.0  # client 1 pushed; 2 and 3 are due now, long before its next push at 12
+    assert pace.waits(1, 2, [2, 3])
+
+
+def test_a_straggler_keeps_the_step_open_so_a_fast_client_computes_again():
+    pace, clock = timed({1: 1.0, 2: 1.0, 3: 4.0})
+    clock.now = 11.0  # 2 is due at 11, the straggler 3 at 14: client 1 would push again at 12
+    assert not pace.waits(1, 2, [2, 3])
+    assert pace.waits(1, 1, [2, 3])  # one more push completes it: 2's, due now
+
+
+def test_an_overdue_client_counts_as_due_now():
+    pace, clock = timed({1: 1.0, 2: 0.5})
+    clock.now = 11.0  # client 2 was due at 10.5
+    assert pace.waits(1, 1, [2])
+
+
+def test_unknown_pace_waits_and_too_few_computing_compute_again():
+    pace, clock = timed({1: 1.0, 2: 1.0})
+    assert pace.waits(1, 1, [2, 5])  # client 5 has not been timed yet: the first round is sync
+    assert not pace.waits(1, 2, [2])  # one other client cannot bring two pushes in time

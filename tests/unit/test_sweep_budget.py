@@ -1,0 +1,17 @@
+"""A scaling spec's `evaluations`: about that many test evaluations a run, whatever a
+version is (a push, a step the rule gathers, a step of every client)."""
+from __future__ import annotations
+
+from experiments.sweep import load_spec
+
+
+def test_evaluations_count_the_versions_each_rule_makes(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text('name = "s"\nbackend = "sim"\nevaluations = 10\nsamples = 64000\n[base]\nbatch_size = 64\n'
+                    '[[grid]]\nclients = [8]\nrule = ["add", "fresh"]\nn_sync = [1, 2]\n'
+                    '[[grid]]\nclients = [8]\nmode = ["sync"]\n')
+    every = {(p.config.mode, p.config.rule, p.config.n_sync): p.config.eval_every for p in load_spec(str(path)).points}
+    # 1,000 minibatches: 1,000 pushes of add, 500 of n_sync 2; fresh steps once per 8 minibatches
+    # (126 steps of 2-minibatch pushes: 63 pushes a client); sync 125 steps
+    assert every == {("async", "add", 1): 100, ("async", "add", 2): 50, ("async", "fresh", 1): 12,
+                     ("async", "fresh", 2): 13, ("sync", "easgd", 1): 12}
