@@ -24,7 +24,6 @@ from paramserver.compress import make_codec
 from paramserver.config import RunConfig
 from paramserver.handler import ServerState, ServerTally
 from paramserver.noise import summarise
-from paramserver.pace import Pace
 from paramserver.protocol import Link, Pull, Tag, shard_bounds
 from paramserver.recorder import Recorder
 from paramserver.rules import async_versions, make_rule, state_bytes
@@ -58,9 +57,9 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
     cfg, clients = setup.cfg, setup.clients
     every = eval_every(cfg, async_versions(cfg, clients))
     bounds = shard_bounds(setup.weights.size, cfg.servers)
-    store = make_store(cfg, setup.weights[slice(*bounds[0])], clients)
-    state = ServerState(store, client_ranks(cfg, clients), every, make_codec(cfg.compress), apply_cost=apply_cost,
-                        schedule=server_schedule(cfg, clients), pace=Pace(clock) if store.rule.paced else None)
+    state = ServerState(make_store(cfg, setup.weights[slice(*bounds[0])], clients), client_ranks(cfg, clients),
+                        every, make_codec(cfg.compress), apply_cost=apply_cost,
+                        schedule=server_schedule(cfg, clients), clock=clock)
     lines = (0, 0)
     if cfg.resume:
         run = record_dir(setup)

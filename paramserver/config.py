@@ -65,15 +65,16 @@ class RunConfig:
     lr_floor: float = _key(0.0, "cosine: the last lr, as a fraction of the peak")
     lr_milestones: str = _key("", "step: comma-separated sample counts at which the lr is multiplied")
     lr_step_factor: float = _key(0.1, "step: what the lr is multiplied by at each milestone")
-    lr_scaling: str = _key("none", "none, linear (the lr times the client minibatches n one update averages: "
+    lr_scaling: str = _key("sqrt", "none, linear (the lr times the client minibatches n one update averages: "
                                    "K in sync mode, K - backup_workers with backup workers, fresh's gathered "
                                    "minibatches, 1 otherwise) or sqrt (the lr times sqrt(n))")
-    lr_scale_warmup: int = _key(0, "samples over which lr_scaling's multiplier ramps linearly in from 1 (one "
-                                   "minibatch's lr; Goyal et al.'s gradual warmup) to its value (0: at once)")
+    lr_scale_warmup: int = _key(80, "updates (steps of the server, or of sync) over which lr_scaling's "
+                                    "multiplier ramps linearly in from 1 (one minibatch's lr; Goyal et al.'s "
+                                    "gradual warmup) to its value (0: at once)")
     momentum: float = _key(0.9, "client SGD momentum (the buffer stays on the client), or auto: lowered "
                                 "with the number of clients to offset the momentum asynchrony adds")
     weight_decay: float = _key(5e-4, "client L2 weight decay")
-    rule: str = _key("easgd", "server update rule: " + ", ".join(RULES) + " (docs/rules.md)")
+    rule: str = _key("fresh", "server update rule: " + ", ".join(RULES) + " (docs/rules.md)")
     server_lr: Optional[float] = _key(None, "learning rate of the sgd and adagrad rules (default: lr)")
     server_momentum: Optional[float] = _key(None, "momentum of the server's SGD step, sgd and fresh rules "
                                                   "(default: the clients' momentum; 0.9 with momentum auto)")
@@ -82,9 +83,9 @@ class RunConfig:
     fresh_batch: int = _key(0, "fresh: minibatches of fresh gradients a step gathers (0: clients; auto: from the "
                                "gradient noise scale, in [1, 4 x clients])")
     max_staleness: int = _key(0, "fresh: versions a gathered gradient may be behind; staler pushes are dropped")
-    fresh_reply: str = _key("wait", "fresh: a client whose push joins a step being gathered waits for the step "
+    fresh_reply: str = _key("auto", "fresh: a client whose push joins a step being gathered waits for the step "
                                     "(wait), computes again at the same weights (again), or either, whichever "
-                                    "its measured pace says comes first (auto; one server)")
+                                    "its measured pace says comes first (auto; wait with several servers)")
     nesterov_every: int = _key(0, "nesterov: pushes between the server's momentum updates (0: clients)")
     nesterov_momentum: float = _key(0.9, "nesterov: the server's momentum beta (0: w += d / nesterov_every)")
     seed: int = _key(0, "seed of the initial weights, shards and data order")
@@ -323,7 +324,7 @@ def _check_rule_keys(cfg: RunConfig) -> None:
 
 def _check_schedule(cfg: RunConfig) -> None:
     for name in ("lr_warmup", "lr_scale_warmup"):
-        _require(getattr(cfg, name) >= 0, name, f"must be non-negative (samples), got {getattr(cfg, name)}")
+        _require(getattr(cfg, name) >= 0, name, f"must be non-negative, got {getattr(cfg, name)}")
     _require(cfg.lr_schedule in LR_SCHEDULES, "lr_schedule",
              f"unknown schedule {cfg.lr_schedule!r} (choose from {', '.join(LR_SCHEDULES)})")
     _require(0 <= cfg.lr_floor <= 1, "lr_floor", f"must be in [0, 1] (a fraction of the peak lr), got {cfg.lr_floor}")

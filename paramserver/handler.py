@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -138,9 +138,9 @@ class ServerState:
     (a PULL from them is answered with the raw slice). `apply_cost`: seconds an apply is
     logged as taking (the simulator's virtual cost); None: measured. `schedule`: the
     run's lr schedule (paramserver/schedule.py), whose progress the replies carry and
-    whose multiplier the rule applies with; None: a constant lr. `pace`: the clients'
-    measured pace, by which `fresh_reply = "auto"` decides who waits; None: the rule's
-    `defers` decides.
+    whose multiplier the rule applies with; None: a constant lr. `clock`: the run's
+    (virtual in the simulator), by which a paced rule (`fresh_reply = "auto"`) times the
+    clients to decide who waits (`pace`; otherwise the rule's `defers` decides).
     """
 
     store: Store
@@ -153,13 +153,14 @@ class ServerState:
     wire_bytes: list[int] = field(default_factory=lambda: [0, 0])  # payload bytes (pushed, pulled)
     schedule: Schedule | None = None
     deferred: list[int] = field(default_factory=list)  # client ranks whose replies wait for a step
-    pace: Pace | None = None
+    clock: Callable[[], float] = time.monotonic  # the run's clock, which `pace` times the clients by
 
     def __post_init__(self) -> None:
         self.tally = self.tally or ServerTally(len(self.client_ranks))
         self.buffer = frame.empty(self.store.size, np.float32)  # pushes, as float32
         compressed = self.codec.wire_dtype != np.float32
         self.landing = frame.empty(self.store.size, self.codec.wire_dtype) if compressed else self.buffer  # as they come
+        self.pace = Pace(self.clock) if self.store.rule.paced else None
 
     def client(self, rank: int) -> int:
         return self.client_ranks.index(rank)
@@ -282,7 +283,7 @@ def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, list[Event]]:
     pulled, version = store.pulled.get(client, 0), store.version
     if state.schedule is not None:  # the lr at the progress before this push
         store.rule.lr_factor = state.schedule.factor(state.progress)
-        store.rule.scale_ramp = state.schedule.ramp(state.progress)
+        store.rule.scale_ramp = state.schedule.ramp(state.progress, store.rule.step_batch)
     # from the steps in the headers, which every server of a sharded run gets
     minibatches = max(1, header.step - int(state.tally.client_steps[client]))
     start = time.perf_counter()

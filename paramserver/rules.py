@@ -284,7 +284,8 @@ class FreshRule(SGDRule):
     whose push was gathered gets its reply at the step (S = K, R = 0 at equal speeds is
     then synchronous SGD); with "again" it gets the weights at once and computes there
     again, as a fast Rennala worker does; with "auto" it waits when the step is due
-    before it could push again, else computes again (paramserver/pace.py). `fresh_batch = "auto"`: S = B_simple / b from
+    before it could push again, else computes again (paramserver/pace.py; with sharded
+    servers, which would time the clients apart, it waits). `fresh_batch = "auto"`: S = B_simple / b from
     the gradient noise scale, in [1, 4K] (K until it is measured)."""
 
     def __init__(self, settings: RuleSettings, clients: int):
@@ -293,8 +294,10 @@ class FreshRule(SGDRule):
         self.auto = settings.fresh_batch == "auto"
         self.fixed = fixed_batch(settings, clients)
         self.scaling = settings.lr_scaling
-        self.defers = settings.fresh_reply == "wait"
-        self.paced = settings.fresh_reply == "auto"
+        # auto times the clients; sharded servers would each time them apart and could
+        # answer one client differently, so there it waits
+        self.paced = settings.fresh_reply == "auto" and settings.servers == 1
+        self.defers = settings.fresh_reply == "wait" or settings.fresh_reply == "auto" and not self.paced
         self.batch_size = settings.batch_size
         self.total: Tensor | None = None  # the gathered pushes, summed
         self.covered = 0                  # the minibatches they cover
@@ -305,8 +308,6 @@ class FreshRule(SGDRule):
     def check(cls, settings: RuleSettings) -> str:
         if settings.fresh_batch == "auto" and settings.servers > 1:
             return "fresh_batch: auto needs servers = 1 (each server sees only its slice's gradient norms)"
-        if settings.fresh_reply == "auto" and settings.servers > 1:
-            return "fresh_reply: auto needs servers = 1 (each server would time the clients apart and could answer differently)"
         return ""
 
     @classmethod

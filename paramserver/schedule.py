@@ -11,7 +11,8 @@ steps (tested against it).
 
     lr(s) = lr x scale(s) x warmup(s) x decay(s)
     warmup(s) = min(1, (s + batch_size) / lr_warmup)         (1 without warmup)
-    scale(s) = 1 + (batch_scale - 1) x ramp(s),  ramp(s) = min(1, (s + batch_size) / lr_scale_warmup)
+    scale(s) = 1 + (batch_scale - 1) x ramp(s),  ramp(s) = min(1, (s + u) / (lr_scale_warmup x u))
+               (u = n x batch_size, the samples of one update)
     cosine:  decay(s) = floor + (1 - floor) (1 + cos(pi p)) / 2,
              p = min(1, (s - lr_warmup) / (planned - lr_warmup)) after the warmup, else 0
     step:    decay(s) = lr_step_factor ** (milestones <= s)
@@ -20,8 +21,8 @@ steps (tested against it).
 "linear"` the client minibatches n one update averages (K in sync mode, K -
 backup_workers with backup workers, 1 otherwise; `fresh` applies it to the minibatches
 each step gathers), with "sqrt" its root. `lr_scale_warmup` ramps it in from one
-minibatch's lr (Goyal et al. 2017's gradual warmup), so one client's lr is untouched;
-`lr_warmup` ramps the whole lr up from 0.
+minibatch's lr over that many updates (Goyal et al. 2017's gradual warmup), so one
+client's lr is untouched; `lr_warmup` ramps the whole lr up from 0 over samples.
 """
 from __future__ import annotations
 
@@ -59,9 +60,12 @@ class Schedule:
         warm = min(1.0, (samples + self.batch_size) / self.warmup) if self.warmup else 1.0
         return ramped_scale(self.scaling, self.averaged, self.ramp(samples)) * warm * self._decay(samples)
 
-    def ramp(self, samples: int) -> float:
-        """How far the batch-size scaling has ramped in, 0 to 1."""
-        return min(1.0, (samples + self.batch_size) / self.scale_warmup) if self.scale_warmup else 1.0
+    def ramp(self, samples: int, minibatches: int | None = None) -> float:
+        """How far the batch-size scaling has ramped in, 0 to 1, for updates of
+        `minibatches` client minibatches (default: the schedule's own): its warmup counts
+        updates, so it lasts as many steps at every K."""
+        update = (self.averaged if minibatches is None else minibatches) * self.batch_size
+        return min(1.0, (samples + update) / (self.scale_warmup * update)) if self.scale_warmup else 1.0
 
     def at(self, samples: int) -> float:
         """The lr after `samples` of progress."""

@@ -25,7 +25,7 @@ def test_fresh_with_s_k_and_r_0_at_equal_speeds_is_sync(tmp_path, tiny_npz, repl
     with the linear lr rule, a warmup and the rule's own ramped in (the step's lr is the
     one of the progress its gradients were computed at). By its pace (auto) every client waits, as with wait."""
     flags = ["--clients", "3", "--steps", "8", "--lr-scaling", "linear", "--lr-warmup", "300",
-             "--lr-scale-warmup", "400"]
+             "--lr-scale-warmup", "4"]
     fresh = sim(tmp_path / "fresh", tiny_npz, "--rule", "fresh", "--server-momentum", "0.9",
                 "--fresh-reply", reply, *flags)
     sync = sim(tmp_path / "sync", tiny_npz, "--mode", "sync", *flags)

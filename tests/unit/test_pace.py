@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from paramserver.pace import SMOOTHING, Pace
+from paramserver.pace import LEAN, SMOOTHING, Pace
 
 
 class Clock:
@@ -60,3 +60,11 @@ def test_unknown_pace_waits_and_too_few_computing_compute_again():
     pace, clock = timed({1: 1.0, 2: 1.0})
     assert pace.waits(1, 1, [2, 5])  # client 5 has not been timed yet: the first round is sync
     assert not pace.waits(1, 2, [2])  # one other client cannot bring two pushes in time
+
+
+def test_it_leans_towards_computing_again():
+    """The step is due 0.8 after the push and the client takes 1.0: at LEAN x 1.0 = 0.7 it
+    counts as in time, and computes again."""
+    pace, clock = timed({1: 1.0, 2: 1.8})
+    clock.now = 11.0
+    assert LEAN < 0.8 and not pace.waits(1, 1, [2])

@@ -31,13 +31,15 @@ def test_step_multiplies_at_each_milestone():
 
 
 def test_linear_scaling_multiplies_by_the_minibatches_an_update_averages():
-    sync = Schedule.for_run(RunConfig(mode="sync", lr=0.01, lr_scaling="linear", backup_workers=2, clients=8), 8)
+    sync = Schedule.for_run(RunConfig(mode="sync", lr=0.01, lr_scaling="linear", backup_workers=2, clients=8,
+                                      lr_scale_warmup=0), 8)
     assert sync.at(0) == pytest.approx(0.06)                       # K - b = 6 gradients a step
     assert Schedule.for_run(RunConfig(lr=0.01, lr_scaling="linear"), 8).at(0) == pytest.approx(0.01)  # async
 
 
 def test_sqrt_scaling_multiplies_by_the_root_of_the_minibatches_averaged():
-    sync = Schedule.for_run(RunConfig(mode="sync", lr=0.01, lr_scaling="sqrt", backup_workers=4, clients=20), 20)
+    sync = Schedule.for_run(RunConfig(mode="sync", lr=0.01, lr_scaling="sqrt", backup_workers=4, clients=20,
+                                      lr_scale_warmup=0), 20)
     assert sync.at(0) == pytest.approx(0.04)  # 0.01 x sqrt(20 - 4)
     assert Schedule.for_run(RunConfig(lr=0.01, lr_scaling="sqrt"), 8).at(0) == pytest.approx(0.01)  # async: 1
     assert Schedule.for_run(RunConfig(steps=10, batch_size=4, lr_schedule="cosine"), 3).planned == 120
@@ -99,10 +101,12 @@ def test_backup_workers_drop_the_slowest():
     assert keep_fastest([1.0, 2.0], 0) == [True, True]
 
 
-def test_the_scale_warmup_ramps_the_scaling_in_from_one_minibatchs_lr():
-    """Goyal et al.'s gradual warmup: lr x (1 + (sqrt(16) - 1) x ramp); one client untouched."""
-    sync = Schedule.for_run(RunConfig(mode="sync", lr=0.01, lr_scaling="sqrt", lr_scale_warmup=1000,
-                                      batch_size=100, clients=16), 16)
-    assert [sync.at(s) for s in (0, 400, 900, 5000)] == pytest.approx([0.013, 0.025, 0.04, 0.04])
-    one = Schedule.for_run(RunConfig(mode="sync", lr=0.01, lr_scaling="sqrt", lr_scale_warmup=1000, clients=1), 1)
+def test_the_scale_warmup_ramps_the_scaling_in_from_one_minibatchs_lr_over_updates():
+    """Goyal et al.'s gradual warmup over 10 updates of 16 x 10 samples: lr x (1 + (sqrt(16)
+    - 1) x ramp); an update of 4 minibatches ramps over 10 of its own; one client untouched."""
+    sync = Schedule.for_run(RunConfig(mode="sync", lr=0.01, lr_scaling="sqrt", lr_scale_warmup=10,
+                                      batch_size=10, clients=16), 16)
+    assert [sync.at(s) for s in (0, 640, 1440, 10**4)] == pytest.approx([0.013, 0.025, 0.04, 0.04])
+    assert [sync.ramp(s, 4) for s in (0, 160, 360)] == pytest.approx([0.1, 0.5, 1.0])
+    one = Schedule.for_run(RunConfig(mode="sync", lr=0.01, lr_scaling="sqrt", clients=1), 1)
     assert one.at(0) == one.at(10**6) == 0.01

@@ -69,7 +69,7 @@ def fresh_state(clients: int, **settings):
     from paramserver.rules import make_rule
     from paramserver.store import Store
 
-    rule = make_rule("fresh", RunConfig(lr=0.5, **settings), clients)
+    rule = make_rule("fresh", RunConfig(**{"lr": 0.5, "lr_scaling": "none", **settings}), clients)
     return ServerState(Store(np.zeros(4, np.float32), rule), list(range(1, clients + 1)))
 
 
@@ -86,7 +86,7 @@ def test_fresh_wait_answers_a_gathered_push_at_the_step_with_the_others():
     from paramserver.handler import handle
     from paramserver.protocol import Message, Pull
 
-    state = fresh_state(3)
+    state = fresh_state(3, fresh_reply="wait")
     for rank in (1, 2, 3):
         handle(state, Message(rank, Tag.PULL, Pull()))
     assert gradient(state, 2, 1)[0] == [] and gradient(state, 1, 1)[0] == []  # gathered: no reply yet
@@ -102,7 +102,7 @@ def test_fresh_wait_takes_the_step_when_every_running_client_waits():
     from paramserver.handler import SnapshotDue, handle
     from paramserver.protocol import Message, Pull, Stop
 
-    state = fresh_state(3, fresh_batch=3)
+    state = fresh_state(3, fresh_batch=3, fresh_reply="wait")
     state.eval_every = 1
     for rank in (1, 2, 3):
         handle(state, Message(rank, Tag.PULL, Pull()))
@@ -127,3 +127,12 @@ def test_fresh_again_answers_at_once_with_the_same_weights():
     assert reply.header.version == 1
     _, events = gradient(state, 2, 1)  # client 2's, computed at version 0: dropped
     assert state.store.dropped == {1: 1} and type(events[0]).__name__ == "Dropped"
+
+
+def test_fresh_auto_times_the_clients_with_one_server_and_waits_with_several():
+    from paramserver.config import RunConfig
+    from paramserver.rules import make_rule
+
+    assert fresh_state(2, fresh_reply="auto").pace is not None and fresh_state(2, fresh_reply="wait").pace is None
+    sharded = make_rule("fresh", RunConfig(fresh_reply="auto", servers=2), 2)
+    assert not sharded.paced and sharded.defers

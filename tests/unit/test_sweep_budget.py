@@ -14,4 +14,4 @@ def test_evaluations_count_the_versions_each_rule_makes(tmp_path):
     # 1,000 minibatches: 1,000 pushes of add, 500 of n_sync 2; fresh steps once per 8 minibatches
     # (126 steps of 2-minibatch pushes: 63 pushes a client); sync 125 steps
     assert every == {("async", "add", 1): 100, ("async", "add", 2): 50, ("async", "fresh", 1): 12,
-                     ("async", "fresh", 2): 13, ("sync", "easgd", 1): 12}
+                     ("async", "fresh", 2): 13, ("sync", "fresh", 1): 12}
