@@ -10,7 +10,7 @@ import pytest
 from tests.sim.test_sim import rows, sim
 
 
-FLAGS = ["--clients", "2", "--steps", "60", "--n-sync", "2"]
+FLAGS = ["--rule", "easgd", "--clients", "2", "--steps", "60", "--n-sync", "2"]
 
 
 @pytest.fixture(scope="module")

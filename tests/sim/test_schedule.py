@@ -45,7 +45,8 @@ def test_one_client_with_warmup_and_cosine_is_torch_lambdalr(tmp_path, tiny_npz,
 
 def test_sync_with_linear_scaling_and_steps_is_the_large_batch_loop(tmp_path, tiny_npz):
     run = sim(tmp_path / "run", tiny_npz, "--mode", "sync", "--clients", "3", "--steps", "10", "--lr-scaling", "linear",
-              "--lr-schedule", "step", "--lr-milestones", str(4 * 3 * BATCH), "--lr-step-factor", "0.5")
+              "--lr-scale-warmup", "0", "--lr-schedule", "step", "--lr-milestones", str(4 * 3 * BATCH),
+              "--lr-step-factor", "0.5")
     expected = plain_sgd(load_dataset(str(tiny_npz)), 10, batch_size=BATCH, lr=0.03, clients=3,
                          lr_lambda=lambda e: 0.5 if e >= 4 else 1.0)
     np.testing.assert_allclose(checkpoint_weights(run), expected, atol=1e-6, rtol=0)
@@ -59,8 +60,8 @@ def test_a_resumed_run_continues_the_schedule_exactly(tmp_path, tiny_npz, mode):
     clients' momentum is not checkpointed); an async one cannot (the clients pull afresh), but
     every row's lr is still the schedule's at the progress of the version it pulled
     (n_sync 1: version x batch), not one restarted from zero."""
-    flags = ["--mode", mode, "--clients", "2", "--steps", "12", "--eval-every", "4", "--lr-warmup", "400",
-             "--lr-schedule", "cosine", "--step-sigma", "0.5"]
+    flags = ["--mode", mode, "--rule", "easgd", "--clients", "2", "--steps", "12", "--eval-every", "4",
+             "--lr-warmup", "400", "--lr-schedule", "cosine", "--step-sigma", "0.5"]
     whole = sim(tmp_path / "whole", tiny_npz, *flags)
     broken = tmp_path / "broken"
     fault = "0:14" if mode == "async" else "1:7"

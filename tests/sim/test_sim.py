@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from experiments.cli import main
@@ -32,7 +33,7 @@ def test_same_seed_same_config_gives_byte_identical_logs(tmp_path, tiny_npz):
 
 @pytest.mark.parametrize("clients,n_sync", [(4, 1), (8, 3)])
 def test_equal_speeds_give_staleness_k_minus_1_after_the_first_round(tmp_path, tiny_npz, clients, n_sync):
-    run = sim(tmp_path / "run", tiny_npz, "--clients", str(clients), "--steps", str(4 * n_sync),
+    run = sim(tmp_path / "run", tiny_npz, "--rule", "easgd", "--clients", str(clients), "--steps", str(4 * n_sync),
               "--n-sync", str(n_sync))
     pushes = rows(run, "server")
     assert len(pushes) == clients * 4
@@ -89,22 +90,36 @@ def checkpoint_weights(run: Path):
     return load_arrays(run / "checkpoint" / "latest.npz")["weights"]
 
 
-def test_sync_mode_equals_one_process_with_k_times_the_batch(tmp_path, tiny_npz):
-    import numpy as np
+def test_the_default_run_of_one_client_is_plain_pytorch_sgd(tmp_path, tiny_npz):
+    """No rule, lr or momentum flag: the defaults (fresh at S = K = 1, the sqrt rule of one
+    minibatch, the server's momentum at the clients') are torch.optim.SGD at the default
+    lr, momentum and weight decay (DESIGN.md's promise)."""
+    from clients.data import load_dataset
+    from paramserver.config import RunConfig
+    from tests.reference import plain_sgd
 
+    run = tmp_path / "run"
+    assert main(["train", "--backend", "sim", "--data", str(tiny_npz), "--out", str(run), "--clients", "1",
+                 "--steps", "12", "--batch-size", "32", "--quiet"]) == 0
+    defaults = RunConfig()
+    expected = plain_sgd(load_dataset(str(tiny_npz)), 12, batch_size=32, lr=defaults.lr,
+                         momentum=defaults.momentum, weight_decay=defaults.weight_decay)
+    np.testing.assert_allclose(checkpoint_weights(run), expected, atol=1e-6, rtol=0)
+    assert json.loads((run / "config.json").read_text())["rule"] == "fresh"
+
+
+def test_sync_mode_equals_one_process_with_k_times_the_batch(tmp_path, tiny_npz):
     from clients.data import load_dataset
     from tests.reference import plain_sgd
 
-    run = sim(tmp_path / "run", tiny_npz, "--mode", "sync", "--clients", "3", "--steps", "10")
+    run = sim(tmp_path / "run", tiny_npz, "--mode", "sync", "--clients", "3", "--steps", "10", "--lr-scaling", "none")
     expected = plain_sgd(load_dataset(str(tiny_npz)), 10, batch_size=32, lr=0.01, clients=3)
     np.testing.assert_allclose(checkpoint_weights(run), expected, atol=1e-6, rtol=0)
     assert len(rows(run, "clients")) == 30 and rows(run, "server") == []
 
 
 def test_local_sgd_averaging_every_step_without_momentum_is_sync(tmp_path, tiny_npz):
-    import numpy as np
-
-    flags = ["--clients", "3", "--steps", "8", "--momentum", "0", "--n-sync", "1"]
+    flags = ["--clients", "3", "--steps", "8", "--momentum", "0", "--lr-scaling", "none", "--n-sync", "1"]
     local = sim(tmp_path / "local", tiny_npz, "--mode", "local-sgd", *flags)
     sync = sim(tmp_path / "sync", tiny_npz, "--mode", "sync", *flags)
     np.testing.assert_allclose(checkpoint_weights(local), checkpoint_weights(sync), atol=1e-6, rtol=0)
@@ -125,8 +140,6 @@ def test_warm_start_then_init_from_its_checkpoint(tmp_path, tiny_npz):
 
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path, tiny_npz, capsys):
-    import numpy as np
-
     np.savez(tmp_path / "small.npz", weights=np.zeros(10, np.float32))
     assert main(["train", "--backend", "sim", "--data", str(tiny_npz), "--init", str(tmp_path / "small.npz")]) == 2
     err = capsys.readouterr().err
@@ -134,7 +147,7 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path, tiny_npz, capsys):
 
 
 def test_replay_reruns_a_recorded_arrival_order(tmp_path, tiny_npz):
-    flags = ["--clients", "3", "--steps", "6", "--n-sync", "2"]
+    flags = ["--rule", "easgd", "--clients", "3", "--steps", "6", "--n-sync", "2"]
     jittery = sim(tmp_path / "jittery", tiny_npz, *flags, "--speed-jitter", "0.6", "--seed", "3")
     recorded = [(r["client"], r["staleness"]) for r in rows(jittery, "server")]
     assert len({s for _, s in recorded}) > 1  # jitter gave a pattern worth replaying
