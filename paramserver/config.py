@@ -57,7 +57,8 @@ class RunConfig:
     n_fetch: Optional[int] = _key(None, "fetch every N minibatches (default: n_sync)")
     steps: int = _key(500, "minibatches per client")
     batch_size: int = _key(64, "samples per minibatch")
-    lr: float = _key(0.01, "client learning rate")
+    lr: float = _key(0.03, "learning rate of one minibatch (the clients', and the server's where it steps; "
+                           "lr_scaling scales it for updates that average more)")
     lr_warmup: int = _key(0, "samples over which the lr ramps linearly up to its value (0: none); samples the "
                              "server has applied (async) or steps x clients x batch_size (sync modes)")
     lr_schedule: str = _key("constant", "constant, cosine (to lr_floor over the run's planned samples) or step "
@@ -80,8 +81,8 @@ class RunConfig:
                                                   "(default: the clients' momentum; 0.9 with momentum auto)")
     dc_lambda: float = _key(2.0, "dcasgd: lambda0 of the adaptive delay compensation (0: the add rule)")
     easgd_beta: float = _key(0.9, "easgd: the elastic coefficient is beta / clients")
-    fresh_batch: int = _key(0, "fresh: minibatches of fresh gradients a step gathers (0: clients; auto: from the "
-                               "gradient noise scale, in [1, 4 x clients])")
+    fresh_batch: int = _key(0, "fresh: minibatches of fresh gradients a step gathers (0: a push of every client, "
+                               "clients x n_push; auto: from the gradient noise scale, in [1, 4 x clients])")
     max_staleness: int = _key(0, "fresh: versions a gathered gradient may be behind; staler pushes are dropped")
     fresh_reply: str = _key("auto", "fresh: a client whose push joins a step being gathered waits for the step "
                                     "(wait), computes again at the same weights (again), or either, whichever "

@@ -286,7 +286,7 @@ class FreshRule(SGDRule):
     again, as a fast Rennala worker does; with "auto" it waits when the step is due
     before it could push again, else computes again (paramserver/pace.py; with sharded
     servers, which would time the clients apart, it waits). `fresh_batch = "auto"`: S = B_simple / b from
-    the gradient noise scale, in [1, 4K] (K until it is measured)."""
+    the gradient noise scale, in [1, 4K] (K x n_push until it is measured)."""
 
     def __init__(self, settings: RuleSettings, clients: int):
         super().__init__(settings, clients)
@@ -390,8 +390,12 @@ def ramped_scale(scaling: str, minibatches: int, ramp: float) -> float:
 
 
 def fixed_batch(settings: RuleSettings, clients: int) -> int:
-    """fresh's S as set: `fresh_batch`, or K (0, and `auto` until the noise is measured)."""
-    return clients if settings.fresh_batch in (0, "auto") else int(settings.fresh_batch)
+    """fresh's S as set: `fresh_batch`, or a push of every client, K x n_push minibatches
+    (0, and `auto` until the noise is measured): the step of synchronous SGD at equal
+    speeds whatever n_sync."""
+    if settings.fresh_batch in (0, "auto"):
+        return clients * settings.push_every
+    return int(settings.fresh_batch)
 
 
 class NesterovRule(Rule):

@@ -68,7 +68,9 @@ def method(point: SweepRun) -> str:
         return f"{name}, {backups} backup" if backups else name
     if point.mode == "local-sgd":
         return f"local-sgd n{point.n_sync}"
-    return f"async {point.rule}" + (f" n{point.n_sync}" if point.n_sync > 1 else "")
+    lr = point.get("lr")  # named where it departs from [base]'s, as the point's id names it
+    own_lr = f"-lr{lr}-" in f"{point.id}-"
+    return f"async {point.rule}" + (f" n{point.n_sync}" if point.n_sync > 1 else "") + (f", lr {lr}" if own_lr else "")
 
 
 def _base_batch(sweep: Sweep) -> int:

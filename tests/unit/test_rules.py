@@ -189,6 +189,11 @@ def test_fresh_gathers_fresh_gradients_and_drops_stale_ones(scaling):
     assert store.version == 2 and store.dropped == {1: 1, 2: 2} and sum(store.applied.values()) == 5
 
 
+def test_fresh_gathers_a_push_of_every_client_by_default_whatever_n_sync():
+    assert make_rule("fresh", RunConfig(n_sync=4), 8).step_batch == 32
+    assert make_rule("fresh", RunConfig(n_sync=4, fresh_batch=5), 8).step_batch == 5
+
+
 def test_fresh_with_one_client_and_s_1_is_the_sgd_rule():
     settings = RunConfig(lr=0.05, server_momentum=0.9, weight_decay=1e-3)
     stores = {name: Store(vectors(5, 1, 1.0)[0], make_rule(name, settings, 1)) for name in ("sgd", "fresh")}

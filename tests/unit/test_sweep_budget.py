@@ -11,7 +11,7 @@ def test_evaluations_count_the_versions_each_rule_makes(tmp_path):
                     '[[grid]]\nclients = [8]\nrule = ["add", "fresh"]\nn_sync = [1, 2]\n'
                     '[[grid]]\nclients = [8]\nmode = ["sync"]\n')
     every = {(p.config.mode, p.config.rule, p.config.n_sync): p.config.eval_every for p in load_spec(str(path)).points}
-    # 1,000 minibatches: 1,000 pushes of add, 500 of n_sync 2; fresh steps once per 8 minibatches
-    # (126 steps of 2-minibatch pushes: 63 pushes a client); sync 125 steps
+    # 1,000 minibatches: 1,000 pushes of add, 500 of n_sync 2; fresh steps once per push of
+    # every client (8 minibatches; at n_sync 2, 16: 63 steps of 63 pushes a client); sync 125 steps
     assert every == {("async", "add", 1): 100, ("async", "add", 2): 50, ("async", "fresh", 1): 12,
-                     ("async", "fresh", 2): 13, ("sync", "fresh", 1): 12}
+                     ("async", "fresh", 2): 6, ("sync", "fresh", 1): 12}
