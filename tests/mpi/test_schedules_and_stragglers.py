@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import mpi_train
 
 pytestmark = pytest.mark.mpi
-TINY = ["--batch-size", "32", "--lr", "0.01", "--eval-samples", "50"]
+TINY = ["--batch-size", "32", "--lr", "0.01", "--eval-samples", "50", "--rule", "easgd", "--lr-scale-warmup", "0"]
 
 
 def rows(run: Path) -> list[dict]:

@@ -35,7 +35,8 @@ def summary(run: Path) -> dict:
 
 
 def flags(tiny_npz: Path, *more: str) -> list[str]:
-    return ["--quiet", "--data", str(tiny_npz), "--batch-size", "32", "--eval-samples", "50", *more]
+    # the rule these tests were written for (a version a push)
+    return ["--quiet", "--data", str(tiny_npz), "--batch-size", "32", "--eval-samples", "50", "--rule", "easgd", *more]
 
 
 def start(command: list[str]) -> subprocess.Popen:

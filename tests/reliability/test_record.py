@@ -23,8 +23,8 @@ from tests.sim.test_sim import TIMED
 
 def sim_run(run: Path, data: Path, *flags: str) -> int:
     """A 2-client simulated run into `run` (in process)."""
-    return main(["train", "--backend", "sim", *TIMED, "--data", str(data), "--out", str(run), "--clients", "2",
-                 *flags])
+    return main(["train", "--backend", "sim", *TIMED, "--rule", "easgd", "--data", str(data), "--out", str(run),
+                 "--clients", "2", *flags])
 
 
 def failed_run(tmp_path: Path, data: Path, capsys) -> Path:
@@ -78,8 +78,8 @@ def test_a_relative_data_path_is_resumed_from_another_folder_on_the_runs_own_fil
     make_tiny_npz(other / "d.npz", n=512, seed=1)  # another d.npz where the resume is typed
     run = tmp_path / "run"
     asgd = [str(BIN / "asgd"), "train"]
-    failed = run_command([*asgd, "--backend", "sim", *TIMED, "--data", "d.npz", "--out", str(run), "--clients", "2",
-                          "--steps", "12", "--eval-every", "4", "--inject-fault", "0:10"], 120, cwd=first)
+    failed = run_command([*asgd, "--backend", "sim", *TIMED, "--rule", "easgd", "--data", "d.npz", "--out", str(run),
+                          "--clients", "2", "--steps", "12", "--eval-every", "4", "--inject-fault", "0:10"], 120, cwd=first)
     assert failed.returncode == 1, failed.stderr
     assert json.loads((run / "config.json").read_text())["data"] == str((first / "d.npz").resolve())
     resumed = run_command([*asgd, "--resume", str(run)], 120, cwd=other)
@@ -146,7 +146,7 @@ def test_index_json_says_which_points_are_running(tmp_path, tiny_npz):
 @pytest.mark.slow
 def test_ctrl_c_before_the_first_periodic_checkpoint_resumes_every_step_once(tmp_path, tiny_npz):
     run = tmp_path / "run"
-    returncode, _ = interrupt(["train", "--clients", "2", "--steps", "300", "--data", str(tiny_npz),
+    returncode, _ = interrupt(["train", "--rule", "easgd", "--clients", "2", "--steps", "300", "--data", str(tiny_npz),
                                "--batch-size", "32", "--eval-samples", "50", "--eval-every", "100000", "--quiet",
                                "--out", str(run)],
                               lambda: (run / "clients.jsonl").exists() and (run / "clients.jsonl").stat().st_size,
