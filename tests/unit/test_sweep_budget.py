@@ -1,5 +1,6 @@
-"""A scaling spec's `evaluations`: about that many test evaluations a run, whatever a
-version is (a push, a step the rule gathers, a step of every client)."""
+"""Sweep specs as loaded: a scaling spec's `evaluations` (about that many test
+evaluations a run, whatever a version is: a push, a step the rule gathers, a step of
+every client), and every spec the project ships."""
 from __future__ import annotations
 
 from experiments.sweep import load_spec
@@ -15,3 +16,14 @@ def test_evaluations_count_the_versions_each_rule_makes(tmp_path):
     # every client (8 minibatches; at n_sync 2, 16: 63 steps of 63 pushes a client); sync 125 steps
     assert every == {("async", "add", 1): 100, ("async", "add", 2): 50, ("async", "fresh", 1): 12,
                      ("async", "fresh", 2): 6, ("sync", "fresh", 1): 12}
+
+
+def test_every_shipped_spec_loads():
+    """Each spec under experiments/configs expands into points whose configs pass their
+    checks (a typo or a refused value fails here, not after an hour of a study)."""
+    from pathlib import Path
+
+    specs = sorted(Path(__file__).resolve().parents[2].glob("experiments/configs/*/*.toml"))
+    assert len(specs) >= 10
+    for spec in specs:
+        assert load_spec(str(spec)).points, spec
