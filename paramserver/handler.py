@@ -14,8 +14,8 @@ handled (the apply would change it under the transfer).
 A rule that gathers pushes into one step and defers replies (`fresh` with
 `fresh_reply = "wait"`, or with "auto" where `paramserver/pace.py` says the step comes
 before the sender could push again) leaves a gathered push unanswered until the step:
-its sender is `deferred`, and the push that completes the step is answered together with every
-deferred one, so `handle()` may return replies to earlier pushers. When every client
+its sender is `deferred`, and the push that completes the step is answered together
+with every deferred one, so `handle()` may return replies to earlier pushers. When every client
 still running waits so, no push can complete the step: it is taken with what was
 gathered (`release`, also the driver's after it loses a client).
 """

@@ -14,8 +14,8 @@ that asked, so a gathered client has two choices, and each is right in one case:
 from the weights sent to its next push, as the server sees it: compute and both
 transfers) and when each still-computing client with fresh weights is expected, the
 time the gather would complete without this client; the client computes again if it
-would push before that (leaning towards computing: `LEAN`), else it waits. Until every client has been timed once, it waits
-(so the first round is synchronous). The estimates are the server's own observations,
+would push before that (leaning towards computing: `LEAN`), else it waits. Until every
+client has been timed once, it waits (so the first round is synchronous). The estimates are the server's own observations,
 on the run's clock (wall time over MPI, virtual time in the simulator); they are not
 checkpointed: a resumed run waits for one round, then decides as before.
 """

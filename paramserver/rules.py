@@ -279,14 +279,15 @@ class FreshRule(SGDRule):
     until they cover S = `fresh_batch` minibatches; then one SGD step (server momentum,
     weight decay) on their mean, at the lr for that many minibatches (times their count
     with `lr_scaling = "linear"`, its root with "sqrt") and at the schedule's factor of
-    the gather's first push, the progress its gradients were computed at. Staler pushes are dropped. The version
-    moves only at a step, so staleness counts steps. With `fresh_reply = "wait"` a client
+    the gather's first push, the progress its gradients were computed at. Staler pushes
+    are dropped. The version moves only at a step, so staleness counts steps. With `fresh_reply = "wait"` a client
     whose push was gathered gets its reply at the step (S = K, R = 0 at equal speeds is
     then synchronous SGD); with "again" it gets the weights at once and computes there
     again, as a fast Rennala worker does; with "auto" it waits when the step is due
     before it could push again, else computes again (paramserver/pace.py; with sharded
-    servers, which would time the clients apart, it waits). `fresh_batch = "auto"`: S = B_simple / b from
-    the gradient noise scale, in [1, 4K] (K x n_push until it is measured)."""
+    servers, which would time the clients apart, it waits). `fresh_batch = "auto"`: S =
+    B_simple / b from the gradient noise scale, in [1, 4K] (K x n_push until it is
+    measured)."""
 
     def __init__(self, settings: RuleSettings, clients: int):
         super().__init__(settings, clients)
@@ -297,7 +298,7 @@ class FreshRule(SGDRule):
         # auto times the clients; sharded servers would each time them apart and could
         # answer one client differently, so there it waits
         self.paced = settings.fresh_reply == "auto" and settings.servers == 1
-        self.defers = settings.fresh_reply == "wait" or settings.fresh_reply == "auto" and not self.paced
+        self.defers = settings.fresh_reply != "again" and not self.paced
         self.batch_size = settings.batch_size
         self.total: Tensor | None = None  # the gathered pushes, summed
         self.covered = 0                  # the minibatches they cover
@@ -353,7 +354,8 @@ class FreshRule(SGDRule):
         self.covered += self.minibatches
 
     def step(self, w: Tensor) -> None:
-        self.sgd_step(w, self.total.div_(self.covered), self.step_lr(self.covered, self.gather_factor, self.gather_ramp))
+        lr = self.step_lr(self.covered, self.gather_factor, self.gather_ramp)
+        self.sgd_step(w, self.total.div_(self.covered), lr)
         self.total.zero_()
         self.covered = 0
 

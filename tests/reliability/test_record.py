@@ -79,7 +79,8 @@ def test_a_relative_data_path_is_resumed_from_another_folder_on_the_runs_own_fil
     run = tmp_path / "run"
     asgd = [str(BIN / "asgd"), "train"]
     failed = run_command([*asgd, "--backend", "sim", *TIMED, "--rule", "easgd", "--data", "d.npz", "--out", str(run),
-                          "--clients", "2", "--steps", "12", "--eval-every", "4", "--inject-fault", "0:10"], 120, cwd=first)
+                          "--clients", "2", "--steps", "12", "--eval-every", "4", "--inject-fault", "0:10"],
+                         120, cwd=first)
     assert failed.returncode == 1, failed.stderr
     assert json.loads((run / "config.json").read_text())["data"] == str((first / "d.npz").resolve())
     resumed = run_command([*asgd, "--resume", str(run)], 120, cwd=other)

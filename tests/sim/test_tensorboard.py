@@ -11,7 +11,8 @@ from experiments.cli import main
 pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-QUICK = ["--backend", "sim", "--rule", "easgd", "--lr", "0.01", "--sim-step-time", "0.01", "--sim-apply-time", "0.001", "--batch-size", "32",
+QUICK = ["--backend", "sim", "--rule", "easgd", "--lr", "0.01",
+         "--sim-step-time", "0.01", "--sim-apply-time", "0.001", "--batch-size", "32",
          "--eval-samples", "100", "--quiet", "--threads", "1"]
 TAGS = {"train/loss", "train/error", "train/lr", "test/error", "test/loss", "server/staleness", "server/pushes_per_s",
         "server/busy"}

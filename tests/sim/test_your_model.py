@@ -12,7 +12,8 @@ from experiments.api import train
 from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "examples" / "fashion_resnet.py"
-QUICK = ["--backend", "sim", "--rule", "easgd", "--clients", "2", "--batch-size", "16", "--threads", "1", "--sim-step-time", "0.01",
+QUICK = ["--backend", "sim", "--rule", "easgd",
+         "--clients", "2", "--batch-size", "16", "--threads", "1", "--sim-step-time", "0.01",
          "--sim-apply-time", "0.0001", "--eval-samples", "64", "--quiet"]
 
 
