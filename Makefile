@@ -19,7 +19,7 @@ $(VENV)/.setup-done: setup.cfg scripts/setup.sh
 	touch $@
 
 # asgd starts `mpiexec -n 5` itself, with what that launcher needs (Open MPI as root: see
-# experiments/launcher.py), so `make demo MPI=openmpi` runs as this does.
+# experiments/parent/mpiexec.py), so `make demo MPI=openmpi` runs as this does.
 demo: setup
 	rm -rf $(DEMO_OUT)
 	$(BIN)/asgd train --clients 4 --out $(DEMO_OUT)

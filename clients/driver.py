@@ -2,7 +2,7 @@
 
 The loop itself (clients/loop.py) knows nothing of the wire; `ServerLink` is the
 client's end of it, also used by server 0 to read the other servers' slices. Typed
-against `paramserver.protocol.Link`, so importing this starts no MPI.
+against `paramserver.wire.protocol.Link`, so importing this starts no MPI.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 
 from clients.client import Client
 from clients.loop import ClientLoop, ClientPlan, Outgoing
-from paramserver.protocol import Link, Pull, Push, Tag, shard_bounds
+from paramserver.wire.protocol import Link, Pull, Push, Tag, shard_bounds
 
 
 def run_client(transport: Link, client: Client, plan: ClientPlan,

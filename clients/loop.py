@@ -19,9 +19,9 @@ import numpy as np
 
 from clients.client import Client
 from clients.stragglers import Stragglers
-from paramserver.compress import ErrorFeedback, make_codec
+from paramserver.wire.compress import ErrorFeedback, make_codec
 from paramserver.config import InjectedFault
-from paramserver.protocol import Pull, Push, Stop, Tag
+from paramserver.wire.protocol import Pull, Push, Stop, Tag
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class ClientPlan:
     timeout: float         # longest wait for the server's reply
     servers: tuple[int, ...] = (0,)  # server ranks, in the order of their slices
     fault_step: int | None = None
-    compress: str = "none"  # pushes and pulls on the wire (paramserver/compress.py)
+    compress: str = "none"  # pushes and pulls on the wire (paramserver/wire/compress.py)
     stragglers: Stragglers | None = None  # slept after each minibatch (MPI); the simulator's clock has them
 
 

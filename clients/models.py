@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from paramserver import frame
+from paramserver.wire import frame
 
 
 def small_cnn(shape: tuple[int, int, int], num_classes: int) -> nn.Module:

@@ -19,7 +19,7 @@ from torch import nn
 from clients.client import Client
 from clients.data import Dataset, load_dataset
 from clients.models import build_model, flat_weights
-from experiments.resume import ResumePoint, resume_point
+from paramserver.rundir.resume import ResumePoint, resume_point
 from experiments.runrecord import RunSetup
 from experiments.start import make_client, make_replica, start_client, starting_weights
 from paramserver.config import RunConfig

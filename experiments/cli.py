@@ -22,8 +22,9 @@ from dataclasses import fields
 from pathlib import Path
 
 from experiments.inputs import absolute_paths
+from experiments.parent.mpiexec import launcher_rank
 from paramserver.config import ConfigError, RunConfig, config_values, field_types, flag_type
-from paramserver.rundir import RunDir, RunDirError
+from paramserver.rundir.layout import RunDir, RunDirError
 
 DEFAULT_CLIENTS = 2  # when asgd starts mpiexec itself and --clients is not given
 
@@ -145,25 +146,24 @@ def _help(key) -> str:
 
 
 def _train(args: argparse.Namespace, argv: list[str]) -> int:
-    from experiments import launch
-    from experiments.launcher import MPIEXEC, Launcher, find_mpiexec
+    from experiments.parent.mpiexec import MPIEXEC, Launcher, find_mpiexec, refuse_torchrun
 
     flags = {f.name: getattr(args, f.name) for f in fields(RunConfig)}
     asked = absolute_paths(config_values(args.config, flags))
     if isinstance(asked.get("resume"), str) and asked["resume"]:  # by flag or config file: one door
-        from experiments.resume import resumed_config
+        from paramserver.rundir.resume import resumed_config
         cfg = resumed_config(asked)
     else:
         cfg = RunConfig(**asked)
     _check_inputs(cfg)
     out = cfg.out or _default_out(cfg)
-    if cfg.backend == "mpi" and launch.launcher_rank() is None:
-        launch.refuse_torchrun()
-    mpiexec = find_mpiexec() if cfg.backend == "mpi" and launch.launcher_rank() is None else ""
+    if cfg.backend == "mpi" and launcher_rank() is None:
+        refuse_torchrun()
+    mpiexec = find_mpiexec() if cfg.backend == "mpi" and launcher_rank() is None else ""
     if mpiexec is None:
         raise InputError(f"backend: no mpiexec found (${MPIEXEC}, beside python, on PATH); "
                          "run 'make setup' or install an MPI library")
-    from experiments.claim import claim
+    from experiments.parent.claim import claim
     lock = claim(cfg, out)
     try:
         if cfg.backend == "sim":
@@ -172,11 +172,12 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
         if mpiexec:
             clients = cfg.clients or DEFAULT_CLIENTS
             servers = cfg.servers if cfg.mode == "async" else 0
-            from experiments.supervise import supervise
+            from experiments.parent.supervise import supervise
             launcher = Launcher.of(mpiexec)
             command = launcher.command(clients + servers, [*argv, "--clients", str(clients), "--out", out])
             return supervise(command, launcher.environment(), out, lock.fd, forwarded=launcher.kind == "openmpi")
-        return launch.run_mpi(cfg, out)
+        from experiments.rank.entry import run_mpi
+        return run_mpi(cfg, out)
     except KeyboardInterrupt:  # the simulator's, or a rank's (which recorded it: see serverrun)
         print(f"asgd: run {out} interrupted{_resume_hint(out)}", file=sys.stderr)
         return 130
@@ -200,7 +201,6 @@ def _check_inputs(cfg: RunConfig) -> None:
     from clients.data import DataError, load_dataset
     from clients.models import MODELS
     from clients.usercode import check_user_code
-    from experiments.launch import launcher_rank
     from paramserver.config import is_user_code
 
     if cfg.model not in MODELS and not is_user_code(cfg.model):
@@ -273,8 +273,6 @@ def _default_out(cfg: RunConfig) -> str:
 
 def _error(message: str) -> int:
     """One line, printed once per job (by rank 0 when mpiexec started every rank)."""
-    from experiments.launch import launcher_rank
-
     if launcher_rank() in (None, 0):
         print(f"asgd: error: {_one_line(message)}", file=sys.stderr)
     return 2

@@ -23,13 +23,13 @@ from clients.client import Client
 from clients.collective import Average, Straggle, collective_step
 from clients.models import host_copy
 from experiments.progress import Progress
-from experiments.resume import ResumePoint, cut_back
+from paramserver.rundir.resume import ResumePoint, cut_back
 from experiments.runrecord import RunSetup, record_dir, eval_every, finish_run, open_run, record_failure
-from paramserver.checkpoint import Checkpoint
+from paramserver.rundir.checkpoint import Checkpoint
 from paramserver.config import InjectedFault
 from paramserver.recorder import Background
-from paramserver.rundir import RunDir
-from paramserver.runlog import read_jsonl
+from paramserver.rundir.layout import RunDir
+from paramserver.rundir.durable import read_jsonl
 
 
 def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], average: Average,

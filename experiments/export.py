@@ -21,8 +21,8 @@ from clients.data import DataError, load_dataset
 from clients.evaluate import has_running_stats, recalibrate
 from clients.models import build_model, load_flat
 from paramserver.config import ConfigError, RunConfig
-from paramserver.rundir import RunDir
-from paramserver.runlog import load_arrays
+from paramserver.rundir.layout import RunDir
+from paramserver.rundir.durable import load_arrays
 
 
 def export(run_path: str, out: str | None = None) -> int:

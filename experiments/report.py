@@ -21,8 +21,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from paramserver.rundir import RunDirError
-from paramserver.runlog import write_json_atomic, write_text_atomic
+from paramserver.rundir.layout import RunDirError
+from paramserver.rundir.durable import write_json_atomic, write_text_atomic
 from experiments.sweepfolder import refuse_mixed
 from experiments.tensorboard import smoothing_window
 from plots.curves import plot_run

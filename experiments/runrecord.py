@@ -23,7 +23,7 @@ from clients.usercode import loss_function
 from experiments.inputs import fingerprint
 from experiments.progress import Progress
 from paramserver.config import RunConfig
-from paramserver.rundir import RunDir
+from paramserver.rundir.layout import RunDir
 
 
 @dataclass(frozen=True)

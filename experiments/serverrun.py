@@ -17,14 +17,14 @@ from clients.driver import ServerLink
 from clients.loop import Outgoing
 from experiments.progress import Progress
 from experiments.runrecord import RunSetup, record_dir, eval_every, finish_run, open_run, record_failure
-from experiments.resume import cut_back
+from paramserver.rundir.resume import cut_back
 from paramserver.arrays import ServerArrays
-from paramserver.checkpoint import Checkpoint
-from paramserver.compress import make_codec
+from paramserver.rundir.checkpoint import Checkpoint
+from paramserver.wire.compress import make_codec
 from paramserver.config import RunConfig
 from paramserver.handler import ServerState, ServerTally
 from paramserver.noise import summarise
-from paramserver.protocol import Link, Pull, Tag, shard_bounds
+from paramserver.wire.protocol import Link, Pull, Tag, shard_bounds
 from paramserver.recorder import Recorder
 from paramserver.rules import async_versions, make_rule, state_bytes
 from paramserver.schedule import Schedule

@@ -45,15 +45,15 @@ from clients.loop import ClientLoop, ClientPlan, Outgoing
 from clients.stragglers import Stragglers
 from experiments.assemble import build, start
 from experiments.collectiverun import collective_run
-from experiments.launch import pick_device
+from experiments.rank.entry import pick_device
 from experiments.provenance import provenance
 from experiments.serverrun import make_store, serve_run
 from paramserver.config import ConfigError, RunConfig
 from paramserver.handler import ServerState
 from paramserver.inprocess import InProcess
-from paramserver.protocol import Pull, Push, Tag
-from paramserver.rundir import RunDir
-from paramserver.runlog import read_jsonl
+from paramserver.wire.protocol import Pull, Push, Tag
+from paramserver.rundir.layout import RunDir
+from paramserver.rundir.durable import read_jsonl
 from paramserver.recorder import Recorder
 
 

@@ -18,11 +18,11 @@ from clients.client import Client, Replica
 from clients.data import Dataset, ShardSampler, shard_indices
 from clients.models import build_model, flat_weights, host_copy
 from clients.usercode import loss_function
-from experiments.resume import ResumePoint
+from paramserver.rundir.resume import ResumePoint
 from paramserver.config import RunConfig
 from paramserver.rules import easgd_alpha, rule_class
-from paramserver.rundir import RunDir
-from paramserver.runlog import load_arrays
+from paramserver.rundir.layout import RunDir
+from paramserver.rundir.durable import load_arrays
 from paramserver.schedule import Schedule
 
 WARM_STREAM = 1_000_003  # the ShardSampler "client" number of the warm-start order

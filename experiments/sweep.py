@@ -66,14 +66,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.lifeline import lifeline
+from experiments.parent.lifeline import lifeline
 from experiments.progress import Progress
-from experiments.resume import CHANGEABLE
-from experiments.supervise import STOP_GRACE_S, kill_tree
+from paramserver.rundir.resume import CHANGEABLE
+from experiments.parent.supervise import STOP_GRACE_S, kill_tree
 from paramserver.config import ConfigError, RunConfig, field_types, load_config
-from paramserver.rundir import RunDir, finished
+from paramserver.rundir.layout import RunDir, finished
 from paramserver.rules import async_versions
-from paramserver.runlog import write_json_atomic
+from paramserver.rundir.durable import write_json_atomic
 
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")
 # Grid keys that are config keys as such: these five always in the index, with their

@@ -20,12 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from experiments.resume import CHANGEABLE, RECORD_ONLY
+from paramserver.rundir.resume import CHANGEABLE, RECORD_ONLY
 from experiments.sweep import (GRID_KEYS, VARIANT_KEYS, PlannedPoint, Spec, SweepRunner, load_spec, read_spec,
                                run_settings)
 from paramserver.config import ConfigError
-from paramserver.rundir import FolderLock, RunDir, RunDirError
-from paramserver.runlog import write_text_atomic
+from paramserver.rundir.layout import FolderLock, RunDir, RunDirError
+from paramserver.rundir.durable import write_text_atomic
 
 FIRST = "spec.toml"
 # config keys a sweep's points may differ in: the grid's, what follows from them (the

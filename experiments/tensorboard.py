@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from paramserver.config import ConfigError
-from paramserver.rundir import RunDir
+from paramserver.rundir.layout import RunDir
 
 RATE_PUSHES = 50
 MAX_WINDOW = 400

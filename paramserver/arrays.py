@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from paramserver import frame
+from paramserver.wire import frame
 
 
 class ServerArrays:
@@ -31,7 +31,7 @@ class ServerArrays:
 
     def adopt(self, host: np.ndarray) -> torch.Tensor:
         """A private float32 copy of `host`, to update in place (on the host with room for
-        a message header around it: the weights go out as they are, paramserver/frame.py)."""
+        a message header around it: the weights go out as they are, paramserver/wire/frame.py)."""
         if self.on_host:
             vector = frame.empty(host.size)
             vector[:] = np.asarray(host, np.float32).reshape(-1)

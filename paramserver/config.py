@@ -14,7 +14,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional, get_type_hints
 
-from paramserver.compress import CODECS
+from paramserver.wire.compress import CODECS
 from paramserver.rules import RULES, rule_class
 
 BACKENDS = ("mpi", "sim")

@@ -27,12 +27,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from paramserver.checkpoint import Checkpoint
-from paramserver.compress import Codec
-from paramserver import frame
-from paramserver.frame import Garbled
+from paramserver.rundir.checkpoint import Checkpoint
+from paramserver.wire.compress import Codec
+from paramserver.wire import frame
+from paramserver.wire.frame import Garbled
 from paramserver.pace import Pace
-from paramserver.protocol import FROM_CLIENTS, Message, Push, Reply, Stop, Tag, Weights, well_formed
+from paramserver.wire.protocol import FROM_CLIENTS, Message, Push, Reply, Stop, Tag, Weights, well_formed
 from paramserver.schedule import Schedule
 from paramserver.store import ApplyResult, Store
 

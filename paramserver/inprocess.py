@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from paramserver.handler import ServerState, handle
-from paramserver.protocol import Message, Reply, Tag, carries_payload, payload_target
+from paramserver.wire.protocol import Message, Reply, Tag, carries_payload, payload_target
 from paramserver.recorder import Recorder
 
 

@@ -15,10 +15,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from paramserver.checkpoint import Checkpoint
+from paramserver.rundir.checkpoint import Checkpoint
 from paramserver.config import InjectedFault
 from paramserver.handler import Applied, ClientRows, Dropped, Event, NoiseMeasured, Rejected, ServerState, SnapshotDue
-from paramserver.rundir import RunDir
+from paramserver.rundir.layout import RunDir
 
 
 FLUSH_EVERY = 0.1  # seconds a log row may wait in memory

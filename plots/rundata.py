@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from paramserver.rundir import RunDir
+from paramserver.rundir.layout import RunDir
 
 
 def load_log(run_dir: str | Path, log: str) -> list[dict]:

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.launcher import Launcher, find_mpiexec
-from experiments.supervise import kill_tree
-from paramserver.protocol import Push, Tag
+from experiments.parent.mpiexec import Launcher, find_mpiexec
+from experiments.parent.supervise import kill_tree
+from paramserver.wire.protocol import Push, Tag
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -118,7 +118,7 @@ def make_server(path: Path, weights: np.ndarray, clients: int, clock=lambda: 0.0
     from paramserver.inprocess import InProcess
     from paramserver.recorder import Recorder
     from paramserver.rules import make_rule
-    from paramserver.rundir import RunDir
+    from paramserver.rundir.layout import RunDir
     from paramserver.store import Store
 
     run = RunDir(path)

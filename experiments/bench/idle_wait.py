@@ -18,8 +18,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from paramserver.protocol import Tag
-from paramserver.transport import Transport
+from paramserver.wire.protocol import Tag
+from paramserver.wire.transport import Transport
 
 
 def cpu_seconds() -> float:

@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from experiments.bench.trials import SPREAD, interleave, ratio_cell
-from experiments.launcher import find_mpiexec
-from paramserver.rundir import RunDir
-from paramserver.runlog import read_jsonl, write_json_atomic, write_text_atomic
+from experiments.parent.mpiexec import find_mpiexec
+from paramserver.rundir.layout import RunDir
+from paramserver.rundir.durable import read_jsonl, write_json_atomic, write_text_atomic
 
 PYTHON = [sys.executable, "-m"]
 WARMUP = 5

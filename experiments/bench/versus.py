@@ -31,7 +31,7 @@ import time
 
 from experiments.bench.peers import RpcLoadGroup
 from experiments.bench.trials import interleave
-from experiments.launcher import find_mpiexec
+from experiments.parent.mpiexec import find_mpiexec
 
 RPC_WARMUP_S = 0.1  # before each RPC window: its processes and connections are up already
 SLEEP_S = 1e-3  # how long an idle MPI rank sleeps between tests of the barrier

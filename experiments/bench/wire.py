@@ -34,14 +34,14 @@ import torch
 from clients.driver import ServerLink
 from clients.loop import Outgoing
 from clients.models import host_empty
-from paramserver.protocol import Pull, Push, Stop, Tag, shard_bounds
+from paramserver.wire.protocol import Pull, Push, Stop, Tag, shard_bounds
 from paramserver.rules import make_rule
-from paramserver.rundir import RunDir
+from paramserver.rundir.layout import RunDir
 from paramserver.handler import ServerState
 from paramserver.recorder import Recorder
 from paramserver.server import ServerLoop
 from paramserver.store import Store
-from paramserver.transport import Transport
+from paramserver.wire.transport import Transport
 
 from experiments.bench.trials import interleave
 

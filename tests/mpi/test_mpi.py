@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from clients.data import load_dataset
-from paramserver.runlog import load_arrays
+from paramserver.rundir.durable import load_arrays
 from tests.conftest import BIN, mpi_train, run_command
 from tests.reference import plain_sgd
 

@@ -14,10 +14,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 
-from paramserver.frame import Garbled
+from paramserver.wire.frame import Garbled
 from paramserver.inprocess import InProcess, land
-from paramserver.protocol import Fail, Message, Pull, Push, Stop, Tag, Weights, carries_payload
-from paramserver.runlog import read_jsonl
+from paramserver.wire.protocol import Fail, Message, Pull, Push, Stop, Tag, Weights, carries_payload
+from paramserver.rundir.durable import read_jsonl
 from paramserver.server import ServerLoop
 from tests.conftest import make_server, push
 
@@ -173,7 +173,7 @@ class Loopback:
     def __init__(self):
         from mpi4py import MPI
 
-        from paramserver.transport import Transport
+        from paramserver.wire.transport import Transport
 
         self.MPI, self.comm = MPI, MPI.COMM_SELF
         self.transport = Transport(self.comm)
@@ -190,14 +190,14 @@ class Loopback:
 
     def done(self, requests: list) -> None:
         """Wait for sends (5 s at most: a test must fail, not hang)."""
-        from paramserver.transport import Posted
+        from paramserver.wire.transport import Posted
 
         self.transport.complete(Posted(requests), [0], 0, 5)
 
 
 @pytest.mark.parametrize("framed", [True, False], ids=["in place", "through a datatype"])
 def test_a_push_is_one_message_that_lands_in_the_servers_buffer(framed):
-    from paramserver import frame
+    from paramserver.wire import frame
 
     wire = Loopback()
     payload, into = (frame.empty(4), frame.empty(4)) if framed else (np.empty(4, np.float32), np.empty(4, np.float32))
@@ -224,7 +224,7 @@ def test_a_pickled_object_on_the_push_tag_is_rejected_unread_and_the_next_messag
 
 
 def frame_bytes(header: Push, payload: np.ndarray, rank: int = 0) -> bytearray:
-    from paramserver import frame
+    from paramserver.wire import frame
 
     head = np.zeros(frame.HEADER_BYTES, np.uint8)
     rows = frame.rows_bytes(header)
@@ -263,7 +263,7 @@ def test_a_payload_of_the_wrong_size_lands_as_bytes_that_are_rejected():
 
 
 def test_a_bad_weights_reply_is_an_error_not_weights():
-    from paramserver.transport import ProtocolError
+    from paramserver.wire.transport import ProtocolError
 
     wire = Loopback()
     into = np.zeros(4, np.float32)
@@ -276,7 +276,7 @@ def test_a_bad_weights_reply_is_an_error_not_weights():
 def test_a_second_reply_from_weights_still_being_sent_does_not_rewrite_the_first_ones_header():
     """Two replies from one vector before the first is taken (the server answering several
     clients' PULLs): the second goes through a copy, and each arrives as it was sent."""
-    from paramserver import frame
+    from paramserver.wire import frame
 
     wire = Loopback()
     weights = frame.empty(4)

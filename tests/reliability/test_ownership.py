@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.supervise import descendants, kill_tree
-from paramserver.rundir import FolderLock
-from paramserver.runlog import load_arrays
+from experiments.parent.supervise import descendants, kill_tree
+from paramserver.rundir.layout import FolderLock
+from paramserver.rundir.durable import load_arrays
 from tests.conftest import BIN, run_command
 from tests.sim.test_sim import TIMED
 

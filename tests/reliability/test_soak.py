@@ -17,8 +17,8 @@ import pytest
 from clients.loop import Outgoing
 from experiments.simulator import Simulation, SimTiming, StepClock
 from paramserver.inprocess import InProcess
-from paramserver.protocol import Pull, Push, Stop, Tag
-from paramserver.runlog import read_jsonl
+from paramserver.wire.protocol import Pull, Push, Stop, Tag
+from paramserver.rundir.durable import read_jsonl
 from tests.conftest import make_server
 
 CLIENTS, PUSHES_EACH, SIZE, SEED = 32, 3125, 1000, 7  # 10^5 pushes of 1,000 floats

@@ -17,7 +17,7 @@ from paramserver.handler import ServerState
 from paramserver.inprocess import InProcess
 from paramserver.recorder import Recorder
 from paramserver.rules import make_rule, rule_class
-from paramserver.rundir import RunDir
+from paramserver.rundir.layout import RunDir
 from paramserver.store import Store
 from tests.reference import plain_sgd
 

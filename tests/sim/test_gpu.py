@@ -24,7 +24,7 @@ from paramserver.arrays import ServerArrays
 from paramserver.config import ConfigError, RunConfig
 from paramserver.gpu import cuda_aware_mpi
 from paramserver.rules import RULES, make_rule
-from paramserver.runlog import load_arrays, save_arrays
+from paramserver.rundir.durable import load_arrays, save_arrays
 from paramserver.store import Store
 from tests.conftest import assert_same_store
 

@@ -86,7 +86,7 @@ def test_the_servers_push_cost_is_the_real_handlers(tmp_path, tiny_npz):
 
 
 def checkpoint_weights(run: Path):
-    from paramserver.runlog import load_arrays
+    from paramserver.rundir.durable import load_arrays
     return load_arrays(run / "checkpoint" / "latest.npz")["weights"]
 
 

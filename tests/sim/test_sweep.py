@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main
-from experiments.supervise import kill_tree
-from paramserver.rundir import finished
+from experiments.parent.supervise import kill_tree
+from paramserver.rundir.layout import finished
 from tests.conftest import BIN
 
 

@@ -5,7 +5,7 @@ collected, so a unit test that pulls MPI in, directly or through a module it imp
 fails instead of passing by accident. Only this tier's tests run so: tests of other
 tiers in the same pytest process import mpi4py in-process (tests/reliability/
 test_messages.py, tests/sim/test_gpu.py). A module of ours that imported mpi4py
-earlier in the process (paramserver.transport, say) is hidden from the unit tests too,
+earlier in the process (paramserver.wire.transport, say) is hidden from the unit tests too,
 so that importing it again fails here as it would in a fresh process.
 """
 from __future__ import annotations

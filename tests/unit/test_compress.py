@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from paramserver.compress import BFloat16, ErrorFeedback, Float16, make_codec
+from paramserver.wire.compress import BFloat16, ErrorFeedback, Float16, make_codec
 
 SPECIAL = np.array([np.nan, np.inf, -np.inf, 3.3e38, -3.3e38, -0.0, 1e-40, 65504, 70000], np.float32)
 
@@ -38,7 +38,7 @@ def test_error_feedback_delivers_the_whole_update_late_by_one_push_at_most(name)
 
 
 def test_a_nan_survives_bf16_and_the_server_rejects_it(served):
-    from paramserver.protocol import Push, Tag
+    from paramserver.wire.protocol import Push, Tag
 
     codec = BFloat16()
     s = served.state

@@ -1,4 +1,4 @@
-"""The hot path's wire format (paramserver/frame.py): what a header says comes back, and
+"""The hot path's wire format (paramserver/wire/frame.py): what a header says comes back, and
 anything else is `Garbled`, never an exception and never a header it did not say."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from paramserver import frame
-from paramserver.frame import HEADER_BYTES, Garbled
-from paramserver.protocol import Push, Tag, Weights
+from paramserver.wire import frame
+from paramserver.wire.frame import HEADER_BYTES, Garbled
+from paramserver.wire.protocol import Push, Tag, Weights
 
 PUSH = Push(12, 4, True, "bfloat16", rows=({"client": 3, "step": 12, "loss": 0.25, "tag": "x", "ok": None},))
 

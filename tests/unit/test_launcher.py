@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import supervise
-from experiments.launcher import Launcher
+from experiments.parent import supervise
+from experiments.parent.mpiexec import Launcher
 
 VERSIONS = {"hydra": "HYDRA build details:\n    Version:  5.0.2\n",
             "openmpi": "mpiexec (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/community/help/\n",

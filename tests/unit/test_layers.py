@@ -16,14 +16,14 @@ import pytest
 from tests.conftest import ROOT
 
 BLOCK_MPI = "import sys; sys.modules['mpi4py'] = None\n"
-CORE = ["paramserver.config", "paramserver.protocol", "paramserver.store", "paramserver.rules",
+CORE = ["paramserver.config", "paramserver.wire.protocol", "paramserver.store", "paramserver.rules",
         "paramserver.handler", "paramserver.recorder", "paramserver.server", "paramserver.inprocess",
-        "clients.loop", "clients.driver", "experiments.simulator", "experiments.launch", "experiments.cli",
-        "experiments.sweep", "experiments.claim", "experiments.assemble",
+        "clients.loop", "clients.driver", "experiments.simulator", "experiments.rank.entry", "experiments.cli",
+        "experiments.sweep", "experiments.parent.claim", "experiments.assemble",
         "plots.analysis", "plots.scaling", "paramserver.schedule", "clients.stragglers"]
 
 
-@pytest.mark.parametrize("module", ["mpi4py", "mpi4py.MPI", "paramserver.transport"])
+@pytest.mark.parametrize("module", ["mpi4py", "mpi4py.MPI", "paramserver.wire.transport"])
 def test_mpi_cannot_be_imported_in_the_unit_tier(module):
     """Even when another tier's test imported it earlier in this process."""
     with pytest.raises(ImportError, match="mpi4py"):
@@ -52,7 +52,7 @@ def test_a_simulated_run_and_a_refusal_need_no_mpi(tmp_path, tiny_npz, capsys):
 
 
 def test_every_atomic_writer_makes_its_folder(tmp_path):
-    from paramserver.runlog import write_json_atomic
+    from paramserver.rundir.durable import write_json_atomic
 
     path = tmp_path / "results" / "deeper" / "bench.json"
     write_json_atomic(path, {"wire": [1, 2]})

@@ -13,7 +13,7 @@ import pytest
 
 from paramserver.config import RunConfig
 from paramserver.rules import RULES, make_rule
-from paramserver.runlog import load_arrays, save_arrays
+from paramserver.rundir.durable import load_arrays, save_arrays
 from paramserver.store import Store
 
 N, K = 7, 3

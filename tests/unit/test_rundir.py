@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from paramserver.rundir import RunDir, RunDirError
+from paramserver.rundir.layout import RunDir, RunDirError
 
 
 def test_records_status_and_rows(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from paramserver.protocol import Fail, Tag
+from paramserver.wire.protocol import Fail, Tag
 from paramserver.handler import ClientFailed
 
 
@@ -18,7 +18,7 @@ def test_handle_returns_replies_and_events_and_touches_no_disk():
     import numpy as np
 
     from paramserver.handler import Applied, ClientRows, ServerState, SnapshotDue, handle
-    from paramserver.protocol import Message, Pull, Push
+    from paramserver.wire.protocol import Message, Pull, Push
     from paramserver.rules import make_rule
     from paramserver.store import Store
 
@@ -41,8 +41,8 @@ def test_recorder_writes_what_was_true_when_the_snapshot_was_due(tmp_path, monke
     import numpy as np
 
     import paramserver.recorder
-    from paramserver.checkpoint import Checkpoint
-    from paramserver.runlog import load_arrays
+    from paramserver.rundir.checkpoint import Checkpoint
+    from paramserver.rundir.durable import load_arrays
     from tests.conftest import make_server, push
 
     changed, write = threading.Event(), paramserver.recorder._write
@@ -77,14 +77,14 @@ def gradient(state, rank: int, step: int, fetch: bool = True):
     import numpy as np
 
     from paramserver.handler import handle
-    from paramserver.protocol import Message, Push
+    from paramserver.wire.protocol import Message, Push
 
     return handle(state, Message(rank, Tag.PUSH, Push(step, 4, fetch), np.full(4, float(rank), np.float32)))
 
 
 def test_fresh_wait_answers_a_gathered_push_at_the_step_with_the_others():
     from paramserver.handler import handle
-    from paramserver.protocol import Message, Pull
+    from paramserver.wire.protocol import Message, Pull
 
     state = fresh_state(3, fresh_reply="wait")
     for rank in (1, 2, 3):
@@ -100,7 +100,7 @@ def test_fresh_wait_takes_the_step_when_every_running_client_waits():
     """Client 2 stopped; client 1's push cannot be joined by another: a STOP releases it
     (the step with what was gathered, and the reply)."""
     from paramserver.handler import SnapshotDue, handle
-    from paramserver.protocol import Message, Pull, Stop
+    from paramserver.wire.protocol import Message, Pull, Stop
 
     state = fresh_state(3, fresh_batch=3, fresh_reply="wait")
     state.eval_every = 1
@@ -116,7 +116,7 @@ def test_fresh_wait_takes_the_step_when_every_running_client_waits():
 
 def test_fresh_again_answers_at_once_with_the_same_weights():
     from paramserver.handler import handle
-    from paramserver.protocol import Message, Pull
+    from paramserver.wire.protocol import Message, Pull
 
     state = fresh_state(2, fresh_reply="again")
     for rank in (1, 2):

@@ -16,7 +16,7 @@ from clients.models import build_model
 from clients.usercode import check_user_code, resolve, spec_of
 from experiments.api import settings_flags
 from experiments.cli import main
-from experiments.launch import refuse_torchrun
+from experiments.parent.mpiexec import refuse_torchrun
 from paramserver.config import ConfigError, RunConfig
 
 USER = '''

@@ -1,7 +1,7 @@
 """Run an MPI job as a child and say afterwards what became of it.
 
 `asgd train` typed without mpiexec lands here. The ranks name a dead peer themselves
-(see paramserver/liveness.py); what is left for the supervisor:
+(see paramserver/wire/liveness.py); what is left for the supervisor:
 - the job's life is ours: the launcher runs in a session of its own (a terminal's
   Ctrl-C reaches us alone) and dies with us (`lifeline`); Ctrl-C or SIGTERM is passed
   on as one SIGTERM, which the launcher forwards to every rank, and a job still there
@@ -28,8 +28,8 @@ import threading
 import time
 from pathlib import Path
 
-from experiments.lifeline import lifeline
-from paramserver.rundir import RunDir, finished
+from experiments.parent.lifeline import lifeline
+from paramserver.rundir.layout import RunDir, finished
 
 STDIO_FDS = "ASGD_STDIO_FDS"
 LOCKED_RUN = "ASGD_LOCKED_RUN"  # the run directory whose lock the job's supervisor holds

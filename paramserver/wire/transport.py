@@ -21,10 +21,10 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from paramserver.liveness import PeerDied, PeerWatch
-from paramserver import frame
-from paramserver.frame import FRAMED, HEADER_BYTES, rows_bytes
-from paramserver.protocol import Message, PeerFailed, PeerTimeout, Push, Tag, Weights, payload_target
+from paramserver.wire.liveness import PeerDied, PeerWatch
+from paramserver.wire import frame
+from paramserver.wire.frame import FRAMED, HEADER_BYTES, rows_bytes
+from paramserver.wire.protocol import Message, PeerFailed, PeerTimeout, Push, Tag, Weights, payload_target
 
 ANY = MPI.ANY_SOURCE
 _FIRST_SLEEP, _MAX_SLEEP = 50e-6, 1e-3
@@ -60,7 +60,7 @@ class Transport:
 
     def send(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None,
              timeout: float = 600.0) -> None:
-        """One message (a push or weights: header and payload in one, paramserver/frame.py;
+        """One message (a push or weights: header and payload in one, paramserver/wire/frame.py;
         anything else pickled); returns when it is out. Even a small MPI send blocks while
         the receiver does not take it (a stopped process fills MPICH's shared-memory
         queue), so a send waits like a receive: polled, and no longer than `timeout`."""

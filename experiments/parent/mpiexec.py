@@ -16,7 +16,7 @@ What each launcher is told:
   5: MPI's own fault tolerance). Without it the launcher ends the whole job the moment a
   rank dies, SIGTERM to every rank, so nothing can go on without a lost client and the
   summary would say `interrupted` without naming the dead rank; with it MPI itself tells
-  the survivors which rank failed (paramserver/transport.py), as under MPICH, and they
+  the survivors which rank failed (paramserver/wire/transport.py), as under MPICH, and they
   go on or end the job (MPI_Abort) as `on_client_failure` says.
 """
 from __future__ import annotations
@@ -28,6 +28,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from paramserver.config import ConfigError
 
 MPIEXEC = "ASGD_MPIEXEC"
 OPEN_MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
@@ -82,3 +84,26 @@ class Launcher:
     def command(self, ranks: int, argv: list[str]) -> list[str]:
         """The command that runs `asgd train argv` on `ranks` ranks."""
         return [self.path, *self.flags(), "-n", str(ranks), sys.executable, "-m", "experiments.cli", *argv]
+
+
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+def launcher_rank(environ: dict[str, str] | None = None) -> int | None:
+    """This process's rank (or, given its `environ`, another's) if an MPI launcher started
+    it (MPICH, Open MPI, PMIx), else None."""
+    env = os.environ if environ is None else environ
+    for name in RANK_VARIABLES:
+        if name in env:
+            return int(env[name])
+    return None
+
+
+def refuse_torchrun(environ: dict | None = None) -> None:
+    """torchrun (or torch.distributed.launch) sets RANK and LOCAL_RANK for each process it
+    starts; each would start an mpiexec of its own. Say how to launch instead."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "LOCAL_RANK" in env:
+        raise ConfigError("launch: started by torchrun (RANK and LOCAL_RANK set, no MPI launcher); asgd runs on "
+                          "MPI: use 'mpiexec -n K+1 asgd train ...' or 'mpiexec -n K+1 python train.py' "
+                          "(Slurm: srun --mpi=pmi2), or --backend sim")

@@ -12,7 +12,7 @@ The vectors that travel (the server's weights and landing buffer, a CPU client's
 and incoming weights) are allocated by `empty()`, with room for the header before them
 and for rows after: the message is then one contiguous block, sent and received in
 place, with no copy. Any other vector (compressed, GPU-staged, a shard's slice after the
-first) is copied into a block first, or out of one after (paramserver/transport.py).
+first) is copied into a block first, or out of one after (paramserver/wire/transport.py).
 Not a derived MPI datatype over the parts: MPICH packs those in pieces that move only
 while both sides poll (measured: 8 MB pushes to sharded servers crawled at 2 a second).
 Rare messages (PULL, STOP, FAIL, BYE) stay pickled dataclasses: they cost a message each,
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paramserver.protocol import Push, Tag, Weights
+from paramserver.wire.protocol import Push, Tag, Weights
 
 MAGIC, FORMAT = b"ASGD", 1
 HEADER_BYTES = 64

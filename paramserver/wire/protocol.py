@@ -2,7 +2,7 @@
 
 A message is a header (a frozen dataclass) and, for a push or weights, a payload. On the
 wire a push and its weights reply are each ONE MPI message, a fixed binary header in
-front of the payload's bytes (paramserver/frame.py: no pickle on the hot path); the
+front of the payload's bytes (paramserver/wire/frame.py: no pickle on the hot path); the
 rare messages (PULL, STOP, FAIL, BYE) are pickled dataclasses.
 
 Message sequence (one client; the server serves all clients in arrival order):
@@ -118,7 +118,7 @@ class PeerFailed(RuntimeError):
 
 class Link(Protocol):
     """The moving of messages, as the server loop and a client's `ServerLink` use it:
-    `paramserver/transport.py` over MPI, `paramserver/inprocess.py` in one process. The
+    `paramserver/wire/transport.py` over MPI, `paramserver/inprocess.py` in one process. The
     cores are typed against this, so none of them imports MPI."""
 
     def recv(self, timeout: float, source: int = ..., tag: int = ..., busy: float = ...,

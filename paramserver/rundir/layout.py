@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from paramserver.runlog import JsonlWriter, read_jsonl, save_arrays, write_json_atomic
+from paramserver.rundir.durable import JsonlWriter, read_jsonl, save_arrays, write_json_atomic
 
 
 LOCK = "lock"
@@ -132,7 +132,7 @@ class RunDir:
 
     @property
     def checkpoint_path(self) -> Path:
-        """Where the run's checkpoint lives (paramserver/checkpoint.py owns its format)."""
+        """Where the run's checkpoint lives (paramserver/rundir/checkpoint.py owns its format)."""
         return self.path / "checkpoint" / "latest.npz"
 
     def record(self, name: str) -> dict[str, Any]:

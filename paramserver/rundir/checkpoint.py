@@ -1,7 +1,7 @@
 """The checkpoint: what a run goes on from after a crash, and the one owner of its format.
 
 `checkpoint/latest.npz` in the run directory holds flat arrays only, so it loads without
-pickle, with the SHA-256 of every array checked on load (paramserver/runlog.py): the
+pickle, with the SHA-256 of every array checked on load (paramserver/rundir/durable.py): the
 weights and their version, the run's clock, the rows of the two logs it accounts for,
 the tallies, and in an async run the Store's own arrays (each client's pulled version,
 the counters, the rule's state). Every mode writes this one type; resume reads it.
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from paramserver.rundir import RunDir
-from paramserver.runlog import CorruptFile, load_arrays, save_arrays
+from paramserver.rundir.layout import RunDir
+from paramserver.rundir.durable import CorruptFile, load_arrays, save_arrays
 
 OWN = ("weights", "version", "time", "lines", "tally.counts", "tally.client_steps", "tally.client_pushes")
 

@@ -1,6 +1,6 @@
 """Start a training job on MPI: each rank's role is decided here, once.
 
-`asgd train` run by hand re-executes itself under `mpiexec -n K+1` (experiments/launcher.py,
+`asgd train` run by hand re-executes itself under `mpiexec -n K+1` (experiments/parent/mpiexec.py,
 the parent's side); run by `mpiexec` (or srun) it lands in `run_mpi`, where rank 0 becomes the server and ranks 1..K the
 clients. mpi4py is imported only inside `run_mpi`, after the config was validated,
 so bad input never starts MPI. An exception on any rank ends the whole job within
@@ -29,39 +29,16 @@ from experiments.collectiverun import collective_run
 from experiments.provenance import provenance
 from experiments.runrecord import log_traceback
 from experiments.serverrun import serve_mpi, serve_slice
-from experiments.resume import ResumePoint
-from experiments.supervise import LOCKED_RUN, direct_stdio
+from paramserver.rundir.resume import ResumePoint
+from experiments.parent.supervise import LOCKED_RUN, direct_stdio
 from paramserver.config import RunConfig
-from paramserver.liveness import PeerDied, PeerWatch
-from paramserver.protocol import Bye, Fail, Tag
+from paramserver.wire.liveness import PeerDied, PeerWatch
+from paramserver.wire.protocol import Bye, Fail, Tag
 
 if TYPE_CHECKING:  # the transport imports mpi4py, which starts MPI: only run_mpi loads it
-    from paramserver.transport import Transport
+    from paramserver.wire.transport import Transport
 
-RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 FAIL_GRACE_S = 5.0  # a failed client waits this long for the server to record why
-
-
-def launcher_rank(environ: dict[str, str] | None = None) -> int | None:
-    """This process's rank (or, given its `environ`, another's) if an MPI launcher started
-    it (MPICH, Open MPI, PMIx), else None."""
-    env = os.environ if environ is None else environ
-    for name in RANK_VARIABLES:
-        if name in env:
-            return int(env[name])
-    return None
-
-
-def refuse_torchrun(environ: dict | None = None) -> None:
-    """torchrun (or torch.distributed.launch) sets RANK and LOCAL_RANK for each process it
-    starts; each would start an mpiexec of its own. Say how to launch instead."""
-    from paramserver.config import ConfigError
-
-    env = os.environ if environ is None else environ
-    if "RANK" in env and "LOCAL_RANK" in env:
-        raise ConfigError("launch: started by torchrun (RANK and LOCAL_RANK set, no MPI launcher); asgd runs on "
-                          "MPI: use 'mpiexec -n K+1 asgd train ...' or 'mpiexec -n K+1 python train.py' "
-                          "(Slurm: srun --mpi=pmi2), or --backend sim")
 
 
 def run_mpi(cfg: RunConfig, out: str) -> int:
@@ -72,7 +49,7 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
     """
     from mpi4py import MPI
 
-    from paramserver.transport import Transport
+    from paramserver.wire.transport import Transport
 
     direct_stdio()
     comm = MPI.COMM_WORLD

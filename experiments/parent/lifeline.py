@@ -1,6 +1,6 @@
 """Run a command that dies with the process that started it.
 
-    python -m experiments.lifeline PARENT_PID COMMAND [ARGS...]
+    python -m experiments.parent.lifeline PARENT_PID COMMAND [ARGS...]
 
 Linux's parent-death signal (`prctl(PR_SET_PDEATHSIG)`) survives `exec`: the command
 gets SIGTERM when its parent ends, even by SIGKILL. `asgd train` starts the MPI
@@ -20,7 +20,7 @@ PR_SET_PDEATHSIG = 1
 
 def lifeline(command: list[str]) -> list[str]:
     """`command`, made to end when this process (this thread) ends."""
-    return [sys.executable, "-m", "experiments.lifeline", str(os.getpid()), *command]
+    return [sys.executable, "-m", "experiments.parent.lifeline", str(os.getpid()), *command]
 
 
 def main(argv: list[str]) -> None:

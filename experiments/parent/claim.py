@@ -3,7 +3,7 @@
 A job writes its run directory while holding the run's lock (`FolderLock`): `asgd
 train` takes it before it launches and keeps it until the last process of the job on
 this host is gone (the ranks hold it too under MPICH; under Open MPI `asgd train` waits
-for them: experiments/supervise.py); rank 0 of a job the user launched with mpiexec takes it itself; the
+for them: experiments/parent/supervise.py); rank 0 of a job the user launched with mpiexec takes it itself; the
 simulator takes it in its one process. A second writer (a resume beside a running job,
 two sweeps at one point) is refused with one line naming the holder. Once the lock is
 held: a fresh run needs an empty directory, a resumed one logs that hold whole every
@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from experiments.launch import launcher_rank
-from experiments.resume import verify_logs
-from experiments.supervise import LOCKED_RUN
+from experiments.parent.mpiexec import launcher_rank
+from paramserver.rundir.resume import verify_logs
+from experiments.parent.supervise import LOCKED_RUN
 from paramserver.config import ConfigError, RunConfig
-from paramserver.rundir import FolderLock, RunDir
+from paramserver.rundir.layout import FolderLock, RunDir
 
 
 def claim(cfg: RunConfig, out: str) -> FolderLock | None:

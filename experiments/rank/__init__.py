@@ -1,0 +1,1 @@
+"""Each MPI rank's process: its role chosen once from the rank, the MPI glue of the run."""
