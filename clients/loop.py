@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from clients.client import Client
 from clients.stragglers import Stragglers
 from paramserver.wire.compress import ErrorFeedback, make_codec
 from paramserver.config import InjectedFault
-from paramserver.wire.protocol import Pull, Push, Stop, Tag
+from paramserver.wire.protocol import Outgoing, Pull, Push, Stop, Tag
 
 
 @dataclass(frozen=True)
@@ -35,13 +35,6 @@ class ClientPlan:
     fault_step: int | None = None
     compress: str = "none"  # pushes and pulls on the wire (paramserver/wire/compress.py)
     stragglers: Stragglers | None = None  # slept after each minibatch (MPI); the simulator's clock has them
-
-
-@dataclass(frozen=True)
-class Outgoing:
-    tag: Tag
-    header: Any
-    payload: np.ndarray | None = None
 
 
 @dataclass

@@ -13,8 +13,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from clients.driver import ServerLink
-from clients.loop import Outgoing
 from experiments.progress import Progress
 from experiments.runrecord import RunSetup, record_dir, eval_every, finish_run, open_run, record_failure
 from paramserver.rundir.resume import cut_back
@@ -24,7 +22,8 @@ from paramserver.wire.compress import make_codec
 from paramserver.config import RunConfig
 from paramserver.handler import ServerState, ServerTally
 from paramserver.noise import summarise
-from paramserver.wire.protocol import Link, Pull, Tag, shard_bounds
+from paramserver.wire.fanout import ServerLink
+from paramserver.wire.protocol import Link, Outgoing, Pull, Tag, shard_bounds
 from paramserver.recorder import Recorder
 from paramserver.rules import async_versions, make_rule, state_bytes
 from paramserver.schedule import Schedule

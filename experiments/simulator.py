@@ -41,7 +41,7 @@ import torch
 from clients.client import Client, Replica, StepResult
 from clients.collective import keep_fastest, mean_in_place
 from clients.data import Dataset, ShardSampler
-from clients.loop import ClientLoop, ClientPlan, Outgoing
+from clients.loop import ClientLoop, ClientPlan
 from clients.stragglers import Stragglers
 from experiments.assemble import build, start
 from experiments.collectiverun import collective_run
@@ -51,7 +51,7 @@ from experiments.serverrun import make_store, serve_run
 from paramserver.config import ConfigError, RunConfig
 from paramserver.handler import ServerState
 from paramserver.inprocess import InProcess
-from paramserver.wire.protocol import Pull, Push, Tag
+from paramserver.wire.protocol import Outgoing, Pull, Push, Tag
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.durable import read_jsonl
 from paramserver.recorder import Recorder

@@ -31,10 +31,9 @@ from mpi4py import MPI
 
 import torch
 
-from clients.driver import ServerLink
-from clients.loop import Outgoing
+from paramserver.wire.fanout import ServerLink
 from clients.models import host_empty
-from paramserver.wire.protocol import Pull, Push, Stop, Tag, shard_bounds
+from paramserver.wire.protocol import Outgoing, Pull, Push, Stop, Tag, shard_bounds
 from paramserver.rules import make_rule
 from paramserver.rundir.layout import RunDir
 from paramserver.handler import ServerState

@@ -1,14 +1,14 @@
 """Start a training job on MPI: each rank's role is decided here, once.
 
-`asgd train` run by hand re-executes itself under `mpiexec -n K+1` (experiments/parent/mpiexec.py,
-the parent's side); run by `mpiexec` (or srun) it lands in `run_mpi`, where rank 0 becomes the server and ranks 1..K the
-clients. mpi4py is imported only inside `run_mpi`, after the config was validated,
-so bad input never starts MPI. An exception on any rank ends the whole job within
+`asgd train` run by hand re-executes itself under `mpiexec -n K+1` (experiments/parent/,
+the parent's side); run by `mpiexec` (or srun) it lands in `run_mpi`, where rank 0
+becomes the server and ranks 1..K the clients. The MPI is the wire's
+(paramserver/wire/transport.py), imported only inside `run_mpi`, after the config was
+validated, so bad input never starts MPI. An exception on any rank ends the whole job within
 seconds (MPI_Abort), after the server wrote a `failed` summary when it could.
 """
 from __future__ import annotations
 
-import math
 import os
 import socket
 import sys
@@ -33,13 +33,10 @@ from paramserver.rundir.resume import ResumePoint
 from experiments.parent.supervise import LOCKED_RUN, direct_stdio
 from paramserver.config import RunConfig
 from paramserver.wire.liveness import PeerDied, PeerWatch
-from paramserver.wire.protocol import Bye, Fail, Tag
+from paramserver.wire.farewell import say_bye, tell_recorders, wait_for_bye
 
 if TYPE_CHECKING:  # the transport imports mpi4py, which starts MPI: only run_mpi loads it
     from paramserver.wire.transport import Transport
-
-FAIL_GRACE_S = 5.0  # a failed client waits this long for the server to record why
-
 
 def run_mpi(cfg: RunConfig, out: str) -> int:
     """The body of every rank. Returns the exit status; failures abort the job instead.
@@ -47,13 +44,10 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
     async: rank 0 is the server, ranks 1..K the clients. sync, local-sgd: no server;
     every rank is a client and rank 0 also records the run.
     """
-    from mpi4py import MPI
-
-    from paramserver.wire.transport import Transport
+    from paramserver.wire.transport import Transport, library_version
 
     direct_stdio()
-    comm = MPI.COMM_WORLD
-    transport = Transport(comm, timeout=cfg.stall_timeout)
+    transport = Transport.world(timeout=cfg.stall_timeout)
     servers = cfg.servers if cfg.mode == "async" else 0
     clients = cfg.clients or transport.size - servers
     if clients < 1 or transport.size != clients + servers:
@@ -64,17 +58,17 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
                   f"({servers} server(s) and the clients), but the job has {transport.size}; "
                   f"use mpiexec -n {clients + servers if clients >= 1 else servers + 1}", file=sys.stderr)
         return 2
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     index = transport.rank - servers  # this rank's client number; negative on a server
     try:
-        _set_threads(local, is_client=index >= 0, threads=cfg.threads)
-        device = pick_device(cfg.device, local.Get_rank())
+        local_rank, local_ranks, local_clients = transport.this_node(is_client=index >= 0)
+        _set_threads(index >= 0, cfg.threads, local_ranks, local_clients)
+        device = pick_device(cfg.device, local_rank)
         info = {"rank": transport.rank, "role": "client" if index >= 0 else "server",
                 "host": socket.gethostname(), "pid": os.getpid(), "device": device_name(device)}
         ranks = transport.bcast(transport.gather(info))
         transport.watch = PeerWatch(ranks, info["host"])
         parts = build(cfg, device, clients, [index] if index >= 0 else [])  # the barrier in `start` waits for it
-        prov = provenance(MPI.Get_library_version().splitlines()[0].strip(), ranks) if transport.rank == 0 else {}
+        prov = provenance(library_version(), ranks) if transport.rank == 0 else {}
         started = start(parts, out, records=transport.rank == 0, provenance=prov, share=_mpi_share(transport))
         start_s, offset = time.perf_counter(), started.point.time if started.point else 0.0
         return _run_role(transport, started, parts.local[0] if parts.local else None, index, servers,
@@ -102,14 +96,16 @@ def _run_role(transport: Transport, started: Started, client: Client | None, ind
                                                      cfg.backup_workers), point=point)
     if transport.rank > 0 and client is None:
         if serve_slice(setup, transport, clock, transport.rank):
-            _exit(0)  # clients were lost: see _say_bye
+            _exit(0)  # clients were lost: see paramserver/wire/farewell.py
         return 0
     if client is None:
-        _say_bye(transport, servers, setup.clients, serve_mpi(setup, transport, clock)["lost_clients"])
+        if say_bye(transport, servers + setup.clients, serve_mpi(setup, transport, clock)["lost_clients"]):
+            _exit(0)  # with clients lost, leave at once: MPI_Finalize would wait for them forever
         return 0
     run_client(transport, client, _plan(index, servers, cfg, setup.clients), clock,
                start=(started.steps[0], point.client_pushes[index] if point else 0))
-    _wait_for_bye(transport)
+    if wait_for_bye(transport):
+        _exit(0)  # as server 0 did: see paramserver/wire/farewell.py
     return 0
 
 
@@ -180,40 +176,11 @@ def _fail(transport: Transport, error: Exception, index: int, servers: int, keep
     print(f"asgd: rank {transport.rank} ({role}) failed: {reason} ({where})", file=sys.stderr, flush=True)
     server_gone = isinstance(error, PeerDied) and any(rank < servers for rank in error.ranks)
     if index >= 0 and not server_gone:
-        _tell_servers(transport, servers, reason, wait=not keep_going)
+        tell_recorders(transport, transport.rank, servers, reason, wait=not keep_going)
         if keep_going:
             _exit(1)
     transport.abort(1)
     raise SystemExit(1)  # not reached: Abort ends the process
-
-
-def _tell_servers(transport: Transport, servers: int, reason: str, wait: bool) -> None:
-    """Send FAIL so the servers (in sync modes: rank 0) record the reason; give them a moment to abort the job
-    (or, when they go on without us, just until the message is out)."""
-    recorders = [rank for rank in (range(servers) if servers else [0]) if rank != transport.rank]  # sync: rank 0
-    requests = [transport.comm.isend(Fail(reason), dest=rank, tag=int(Tag.FAIL)) for rank in recorders]
-    deadline = time.monotonic() + FAIL_GRACE_S
-    while time.monotonic() < deadline and (not all(r.Test() for r in requests) or wait):
-        time.sleep(0.05)
-
-
-def _say_bye(transport: Transport, servers: int, clients: int, lost: list[dict]) -> None:
-    """Tell the clients (and the other servers) the run is recorded, so they may exit;
-    with clients lost, leave at once: MPI_Finalize would wait for them forever."""
-    gone = {entry["rank"] for entry in lost}
-    for rank in range(1, servers + clients):
-        if rank not in gone:
-            transport.send(rank, Tag.BYE, Bye(len(gone)), timeout=10)
-    if gone:
-        _exit(0)
-
-
-def _wait_for_bye(transport: Transport) -> None:
-    """A client stays until the server has recorded the run (an evaluation may take
-    minutes): if it ended first while a client was lost, MPICH's launcher would end every
-    rank, the server included. After a run with lost clients, it leaves the same way."""
-    if transport.recv(math.inf, source=0, tag=Tag.BYE).header.lost:
-        _exit(0)
 
 
 def _exit(status: int) -> NoReturn:
@@ -224,14 +191,13 @@ def _exit(status: int) -> NoReturn:
     os._exit(status)
 
 
-def _set_threads(local, is_client: bool, threads: int) -> None:
+def _set_threads(is_client: bool, threads: int, local_ranks: int, local_clients: int) -> None:
     """Share this node's cores among its client ranks (the server needs little CPU)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    local_clients = max(1, local.allreduce(int(is_client)))
     if is_client:
-        torch.set_num_threads(threads or max(1, cores // local_clients))
+        torch.set_num_threads(threads or max(1, cores // max(1, local_clients)))
     else:
-        torch.set_num_threads(max(1, cores // local.Get_size()))
+        torch.set_num_threads(max(1, cores // local_ranks))
 
 
 def pick_device(requested: str, local_rank: int) -> str:

@@ -83,6 +83,14 @@ class Weights:
 
 
 @dataclass(frozen=True)
+class Outgoing:
+    """A message a client (or server 0, reading the other slices) is about to send."""
+    tag: Tag
+    header: Any
+    payload: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
 class Message:
     """A header as received, with the rank it came from and, for a push, its payload
     (`carries_payload`) as it landed: in the receiver's buffer when the byte count was
@@ -130,6 +138,8 @@ class Link(Protocol):
     def send_many(self, messages: list[tuple[int, Tag, Any, np.ndarray | None]], timeout: float = ...) -> None: ...
 
     def post(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None) -> list: ...
+
+    def done(self, requests: list) -> bool: ...
 
     def expect_weights(self, sources: list[int], intos: list[np.ndarray]) -> list: ...
 

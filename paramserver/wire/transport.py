@@ -58,6 +58,20 @@ class Transport:
         self._staging: dict[tuple[str, int], np.ndarray] = {}  # see _staged
         self._in_place: dict[int, Posted] = {}  # block address -> the send from it still under way
 
+    @classmethod
+    def world(cls, timeout: float) -> Transport:
+        """Every rank of the job."""
+        return cls(MPI.COMM_WORLD, timeout=timeout)
+
+    def this_node(self, is_client: bool) -> tuple[int, int, int]:
+        """This rank's number among the ranks on its node, how many they are, and how
+        many of them are clients (`is_client` on each): to share the node's cores and GPUs."""
+        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        try:
+            return local.Get_rank(), local.Get_size(), local.allreduce(int(is_client))
+        finally:
+            local.Free()
+
     def send(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None,
              timeout: float = 600.0) -> None:
         """One message (a push or weights: header and payload in one, paramserver/wire/frame.py;
@@ -175,6 +189,10 @@ class Transport:
                 headers.append(header)
             return headers
         return Posted(requests, keep=blocks, verify=finish)
+
+    def done(self, requests: Posted) -> bool:
+        """Whether what `post` started is out (no wait)."""
+        return MPI.Request.Testall(requests)
 
     def complete(self, requests: Posted, peers: list[int], nbytes: int, timeout: float) -> list[Weights]:
         """Wait for what `expect_weights` or `post` started; the replies' headers (none for a post)."""
@@ -328,3 +346,8 @@ def _as_bytes(array: np.ndarray) -> np.ndarray:
     if array.ndim == 1 and array.flags.c_contiguous:  # the hot path's vectors: a view, no more
         return array.view(np.uint8)
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
+def library_version() -> str:
+    """The MPI library's first line of its version (for the run's provenance)."""
+    return MPI.Get_library_version().splitlines()[0].strip()

@@ -14,10 +14,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from clients.loop import Outgoing
 from experiments.simulator import Simulation, SimTiming, StepClock
 from paramserver.inprocess import InProcess
-from paramserver.wire.protocol import Pull, Push, Stop, Tag
+from paramserver.wire.protocol import Outgoing, Pull, Push, Stop, Tag
 from paramserver.rundir.durable import read_jsonl
 from tests.conftest import make_server
 

@@ -1,0 +1,49 @@
+"""The shard fan-out: one message to every server, each its own slice; weights back as slices into one vector.
+
+The client's end of the wire, and server 0's way to read the other servers' slices.
+Typed against `Link`, so importing this starts no MPI.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from paramserver.wire.protocol import Link, Outgoing, Push
+
+
+class ServerLink:
+    """The client's end of the wire: each message goes to every server, a push carrying
+    each server its own slice (and its rows to server 0 only); weights come back as
+    slices into one vector. (Server 0 reads the other servers' slices through one too.)
+
+    The receives for the weights are posted before the message goes out, so a server's
+    reply completes even while this client still waits on another server: with sharded
+    servers, a server blocked on its reply to us while we wait for a server that waits
+    for it would be a deadlock."""
+
+    def __init__(self, transport: Link, servers: tuple[int, ...], bounds: list[tuple[int, int]],
+                 timeout: float):
+        self.transport, self.servers, self.bounds, self.timeout = transport, servers, bounds, timeout
+
+    def exchange(self, message: Outgoing, into: np.ndarray | None) -> int | None:
+        """Send `message`; with `into`, the servers' weights come back into it, and the
+        progress server 0 sent with them (the lr schedule's) is returned."""
+        slices = [] if into is None else [into[lo:hi] for lo, hi in self.bounds]
+        replies = self.transport.expect_weights(list(self.servers), slices)
+        self.transport.send_many([(server, message.tag, _sliced(message.header, i, lo, hi),
+                                   None if message.payload is None else message.payload[lo:hi])
+                                  for i, (server, (lo, hi)) in enumerate(zip(self.servers, self.bounds))],
+                                 self.timeout)
+        if into is None:
+            return None
+        return self.transport.complete(replies, list(self.servers), into.nbytes, self.timeout)[0].samples
+
+
+def _sliced(header: Any, server: int, lo: int, hi: int) -> Any:
+    """The header server number `server` gets: a push's says its slice's size, and only
+    server 0 (which writes the run's logs) gets the rows."""
+    if not isinstance(header, Push):
+        return header
+    return replace(header, size=hi - lo, rows=header.rows if server == 0 else ())
