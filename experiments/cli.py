@@ -24,7 +24,8 @@ from pathlib import Path
 from experiments.inputs import absolute_paths
 from experiments.parent.mpiexec import launcher_rank
 from paramserver.config import ConfigError, RunConfig, config_values, field_types, flag_type
-from paramserver.rundir.layout import RunDir, RunDirError
+from paramserver.rundir.layout import RunDir
+from paramserver.rundir.lock import RunDirError
 
 DEFAULT_CLIENTS = 2  # when asgd starts mpiexec itself and --clients is not given
 
@@ -184,7 +185,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     except (ConfigError, InputError, RunDirError):
         raise
     except Exception as error:  # noqa: BLE001 - the simulator's run failed: one line, the trace kept
-        from experiments.runrecord import log_traceback
+        from paramserver.rundir.summary import log_traceback
         where = log_traceback(out, error, "simulator")
         if cfg.debug:
             traceback.print_exception(error)

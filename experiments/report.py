@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from paramserver.rundir.layout import RunDirError
+from paramserver.rundir.lock import RunDirError
 from paramserver.rundir.durable import write_json_atomic, write_text_atomic
 from experiments.sweepfolder import refuse_mixed
 from experiments.tensorboard import smoothing_window

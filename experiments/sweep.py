@@ -71,7 +71,8 @@ from experiments.progress import Progress
 from paramserver.rundir.resume import CHANGEABLE
 from experiments.parent.supervise import STOP_GRACE_S, kill_tree
 from paramserver.config import ConfigError, RunConfig, field_types, load_config
-from paramserver.rundir.layout import RunDir, finished
+from paramserver.rundir.layout import RunDir
+from paramserver.rundir.status import FAILED, INTERRUPTED, LOCKED, PENDING, RUNNING, failed, finished, was_interrupted, word
 from paramserver.rules import async_versions
 from paramserver.rundir.durable import write_json_atomic
 
@@ -271,7 +272,7 @@ class SweepRunner:
             raise ConfigError(f"sweep: cannot read {path} ({type(error).__name__}: {error}); "
                               "remove it to rebuild the index from the runs") from None
         points = [{"id": p.id, **p.settings, "config": run_settings(p.config), "run": f"runs/{p.id}",
-                   "status": status.get(p.id, "pending")} for p in self.spec.points]
+                   "status": status.get(p.id, PENDING)} for p in self.spec.points]
         meta = {k: v for k, v in old.items() if k != "points"}
         return {**meta, "name": self.spec.name, "scale": self.spec.scale, "backend": self.spec.backend,
                 "window": self.spec.window, **self.spec.meta, "points": points}
@@ -305,7 +306,7 @@ class SweepRunner:
         if run.finished():
             entry["status"] = run.status()
             return False
-        return not entry["status"].startswith("failed") or self.retry_failed
+        return word(entry["status"]) != FAILED or self.retry_failed
 
     def _fix_sim_timings(self) -> None:
         """One step and push time for every point of the measured cost profile, measured
@@ -341,7 +342,7 @@ class SweepRunner:
 
     def _run_point(self, point: PlannedPoint) -> str:
         if self.stopping:
-            return "pending"
+            return PENDING
         run = self.out / "runs" / point.id
         if RunDir(run).checkpoint_path.exists():
             # this sweep's thread share, not the one it was started with: more torch
@@ -368,18 +369,18 @@ class SweepRunner:
         run of the sweep), or failed with the reason."""
         with self.lock:
             if self.stopping:
-                return "pending"
+                return PENDING
             proc = subprocess.Popen(lifeline(argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                     start_new_session=True)
             self.running[point] = proc
-            self._entry(point)["status"] = "running"  # the index is true while the sweep runs
+            self._entry(point)["status"] = RUNNING  # the index is true while the sweep runs
             self._save()
         try:
             _, err = proc.communicate(timeout=self.spec.timeout)
         except subprocess.TimeoutExpired:
             kill_tree(proc.pid)  # mpiexec's ranks end with it
             proc.communicate()
-            return f"failed: timeout after {self.spec.timeout:g} s"
+            return failed(f"timeout after {self.spec.timeout:g} s")
         finally:
             with self.lock:
                 self.running.pop(point, None)
@@ -388,11 +389,11 @@ class SweepRunner:
             return record.status()
         lines = [line for line in err.splitlines() if line.strip()]
         last = lines[-1].strip() if lines else "no message"
-        if proc.returncode == 130 or self.stopping or (record.status() or "").startswith("failed: interrupted"):
-            return "interrupted"
-        if "is being written by" in last:
-            return f"locked: {last}"
-        return f"failed: exit {proc.returncode}: {last}"
+        if proc.returncode == 130 or self.stopping or was_interrupted(record.status()):
+            return INTERRUPTED
+        if (holder := record.lock().holder()) is not None:
+            return f"{LOCKED}: {holder}"
+        return failed(f"exit {proc.returncode}: {last}")
 
     def _entry(self, point: str) -> dict[str, Any]:
         return next(e for e in self.index["points"] if e["id"] == point)

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.rundir.layout import RunDirError, finished
+from paramserver.rundir.lock import RunDirError
+from paramserver.rundir.status import finished
 from plots.rundata import load_json, load_log, smoothed_error
 
 ROOT = Path(__file__).resolve().parents[1]  # relative sweep paths in notebooks start here

@@ -18,7 +18,8 @@ from experiments.parent.mpiexec import launcher_rank
 from paramserver.rundir.resume import verify_logs
 from experiments.parent.supervise import LOCKED_RUN
 from paramserver.config import ConfigError, RunConfig
-from paramserver.rundir.layout import FolderLock, RunDir
+from paramserver.rundir.layout import RunDir
+from paramserver.rundir.lock import FolderLock
 
 
 def claim(cfg: RunConfig, out: str) -> FolderLock | None:

@@ -29,7 +29,9 @@ import time
 from pathlib import Path
 
 from experiments.parent.lifeline import lifeline
-from paramserver.rundir.layout import RunDir, finished
+from paramserver.rundir.layout import RunDir
+from paramserver.rundir.status import finished, word
+from paramserver.rundir.summary import mark_failed
 
 STDIO_FDS = "ASGD_STDIO_FDS"
 LOCKED_RUN = "ASGD_LOCKED_RUN"  # the run directory whose lock the job's supervisor holds
@@ -133,27 +135,18 @@ def _outcome(run: RunDir, returncode: int, interrupted: bool, failure: str | Non
     status = run.status()
     if finished(status):
         if returncode != 0:
-            print(f"asgd: run {run.path} ended {status.split(':')[0]} (the launcher's exit status {returncode} "
+            print(f"asgd: run {run.path} ended {word(status)} (the launcher's exit status {returncode} "
                   "is from a lost client)", file=sys.stderr)
         return 0
     if interrupted or returncode != 0:
         if (run.path / "config.json").exists():
-            reason = "interrupted" if interrupted else \
-                failure or f"the MPI job ended with exit status {returncode}, no rank said why"
-            recorded = status if status and not interrupted else f"failed: {reason}"
-            run.write_summary({**_summary(run), "status": recorded})
+            mark_failed(run, None if interrupted else
+                        failure or f"the MPI job ended with exit status {returncode}, no rank said why")
         what = "interrupted" if interrupted else "failed"
         hint = f"; resume with: asgd train --resume {run.path}" if run.checkpoint_path.exists() else ""
         print(f"asgd: run {run.path} {what}{hint}", file=sys.stderr)
         return 130 if interrupted else returncode
     return returncode
-
-
-def _summary(run: RunDir) -> dict:
-    try:
-        return run.summary()
-    except ValueError:  # a damaged one is replaced
-        return {"final_test_error": None}
 
 
 def descendants(pid: int) -> list[int]:

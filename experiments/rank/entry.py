@@ -27,11 +27,11 @@ from clients.stragglers import Stragglers
 from experiments.assemble import Share, Started, build, start
 from experiments.collectiverun import collective_run
 from experiments.provenance import provenance
-from experiments.runrecord import log_traceback
 from experiments.serverrun import serve_mpi, serve_slice
 from paramserver.rundir.resume import ResumePoint
 from experiments.parent.supervise import LOCKED_RUN, direct_stdio
 from paramserver.config import RunConfig
+from paramserver.rundir.summary import log_traceback
 from paramserver.wire.liveness import PeerDied, PeerWatch
 from paramserver.wire.farewell import say_bye, tell_recorders, wait_for_bye
 

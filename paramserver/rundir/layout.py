@@ -18,76 +18,15 @@ the OS releases when the holder dies, so a second writer is refused in one line.
 """
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import socket
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from paramserver.rundir.durable import JsonlWriter, read_jsonl, save_arrays, write_json_atomic
-
-
-LOCK = "lock"
-FINISHED = ("complete", "diverged", "untrained")  # a run that ran to its end (see runrecord.run_status)
-
-
-def finished(status: str | None) -> bool:
-    """Whether a run with this status ran to its end: nothing to resume or retry."""
-    return status is not None and status.split(":")[0] in FINISHED
-
-
-class RunDirError(ValueError):
-    """The run directory cannot be used (one line, for the command line)."""
-
-
-class FolderLock:
-    """An exclusive `flock` on `folder/lock`, naming its holder in the file. Child processes
-    given the descriptor (the MPI launcher, and through it the ranks on this host) hold
-    it too, so it is free only once every process of the job is gone."""
-
-    def __init__(self, folder: str | Path):
-        self.path = Path(folder) / LOCK
-        self.fd: int | None = None
-
-    def acquire(self) -> "FolderLock":
-        self.created = not self.path.parent.exists()  # then a job that wrote nothing leaves nothing
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as error:
-            raise RunDirError(f"out: cannot create {self.path.parent} ({error.strerror})") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise RunDirError(f"{self.path.parent} is being written by {holder}; "
-                              "wait for that job to end, or stop it") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%F %T')}\n".encode(), 0)
-        self.fd = fd
-        return self
-
-    def release(self) -> None:
-        """Unlock; a folder this lock made and nobody wrote into goes again (bad input found
-        after the lock was taken leaves no run directory behind)."""
-        if self.fd is None:
-            return
-        if self.created and [p.name for p in self.path.parent.iterdir()] == [LOCK]:
-            self.path.unlink()
-            self.path.parent.rmdir()
-        os.close(self.fd)
-        self.fd = None
-
-    def __enter__(self) -> "FolderLock":
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+from paramserver.rundir.lock import LOCK, FolderLock, RunDirError
+from paramserver.rundir.status import finished
 
 
 class RunDir:
@@ -126,9 +65,6 @@ class RunDir:
 
     def write_config(self, config: dict[str, Any]) -> None:
         write_json_atomic(self.path / "config.json", config)
-
-    def write_summary(self, summary: dict[str, Any]) -> None:
-        write_json_atomic(self.path / "summary.json", summary)
 
     @property
     def checkpoint_path(self) -> Path:

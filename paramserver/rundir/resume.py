@@ -23,7 +23,10 @@ from typing import Any
 
 from paramserver.rundir.checkpoint import Checkpoint
 from paramserver.config import ConfigError, RunConfig, load_config
-from paramserver.rundir.layout import RunDir, RunDirError
+from paramserver.rundir.layout import RunDir
+from paramserver.rundir.lock import RunDirError
+from paramserver.rundir.status import COMPLETE
+from paramserver.rundir.summary import SUMMARY, discard
 from paramserver.rundir.durable import CorruptFile, read_jsonl, truncate_jsonl, write_json_atomic
 
 # The one list of settings a resume may change: how the run is handled, never what it
@@ -64,8 +67,8 @@ def resumed_config(asked: dict[str, Any]) -> RunConfig:
     except CorruptFile as error:
         raise ConfigError(f"resume: {error}") from None
     cfg = load_config(None, {**stored, **asked, "out": run_dir, "resume": run_dir})
-    summary = Path(run_dir) / "summary.json"
-    if summary.exists() and _read_record(summary).get("status") == "complete" \
+    summary = Path(run_dir) / SUMMARY
+    if summary.exists() and _read_record(summary).get("status") == COMPLETE \
             and cfg.steps <= stored.get("steps", RunConfig.steps):
         raise ConfigError(f"resume: {run_dir} is complete; pass a larger --steps to train on")
     return cfg
@@ -158,7 +161,7 @@ def cut_back(run: RunDir, checkpoint: Checkpoint, steps: int, record: dict[str, 
     if evals.exists():
         kept = sum(1 for row in read_jsonl(evals) if row["version"] <= version)
         truncate_jsonl(evals, kept)
-    (run.path / "summary.json").unlink(missing_ok=True)  # the run is not complete until it is
+    discard(run)
     config = run.record("config")
     config["resumed"] = [*config.get("resumed", []), {**record, "before": before}]
     config["steps"] = steps  # a resume may extend the run

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from experiments.parent.supervise import descendants, kill_tree
-from paramserver.rundir.layout import FolderLock
+from paramserver.rundir.lock import FolderLock
 from paramserver.rundir.durable import load_arrays
 from tests.conftest import BIN, run_command
 from tests.sim.test_sim import TIMED

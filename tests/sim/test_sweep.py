@@ -11,7 +11,7 @@ import pytest
 
 from experiments.cli import main
 from experiments.parent.supervise import kill_tree
-from paramserver.rundir.layout import finished
+from paramserver.rundir.status import finished
 from tests.conftest import BIN
 
 

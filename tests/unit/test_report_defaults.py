@@ -16,7 +16,7 @@ def test_a_notebook_reads_a_sweep_as_the_report_does(tmp_path, monkeypatch):
 
     import pytest
 
-    from paramserver.rundir.layout import RunDirError
+    from paramserver.rundir.lock import RunDirError
     from plots import analysis
 
     (tmp_path / "sw").mkdir()

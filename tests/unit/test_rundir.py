@@ -3,14 +3,16 @@ from __future__ import annotations
 
 import pytest
 
-from paramserver.rundir.layout import RunDir, RunDirError
+from paramserver.rundir.layout import RunDir
+from paramserver.rundir.lock import RunDirError
+from paramserver.rundir.summary import write_result
 
 
 def test_records_status_and_rows(tmp_path):
     run = RunDir(tmp_path / "run")
     run.create()
     assert run.summary() == {} and run.status() is None and run.rows("clients") == []
-    run.write_summary({"status": "complete", "final_test_error": 0.1})
+    write_result(run, "complete", {"test_error": 0.1}, 1.0, {})
     with run.writer("clients") as log:
         log.write_many([{"client": 0, "step": 1}, {"client": 0, "step": 2}])
     assert run.status() == "complete" and [r["step"] for r in run.rows("clients")] == [1, 2]

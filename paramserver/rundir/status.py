@@ -1,0 +1,34 @@
+"""The words a run's summary (and a sweep's index) use for how a run ended, in one place.
+
+A status is one of these words, with the reason after a colon where there is one
+(`diverged: ...`, `failed: ...`). Code that asks how a run ended asks here, never by
+matching a message's text.
+"""
+from __future__ import annotations
+
+COMPLETE = "complete"
+DIVERGED = "diverged"      # most pushes refused, or no finite loss at the end
+UNTRAINED = "untrained"    # the final test error cannot be told from chance
+FAILED = "failed"
+INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM: `failed: interrupted` in a run's summary
+FINISHED = (COMPLETE, DIVERGED, UNTRAINED)  # ran to its end: nothing to resume or retry
+# a sweep's points, besides a run's own status:
+PENDING, RUNNING, LOCKED = "pending", "running", "locked"
+
+
+def finished(status: str | None) -> bool:
+    """Whether a run with this status ran to its end: nothing to resume or retry."""
+    return status is not None and word(status) in FINISHED
+
+
+def word(status: str) -> str:
+    """The status without its reason."""
+    return status.split(":")[0]
+
+
+def failed(reason: str) -> str:
+    return f"{FAILED}: {reason}"
+
+
+def was_interrupted(status: str | None) -> bool:
+    return (status or "").startswith(failed(INTERRUPTED))
