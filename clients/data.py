@@ -99,7 +99,7 @@ def load_dataset(spec: str, data_dir: str | None = None) -> Dataset:
 
     if is_user_code(spec):  # the user's factory of torch Datasets
         from clients.usercode import load_user_data
-        return load_user_data(spec)
+        return Dataset(spec, *load_user_data(spec))
     if spec == "fashion-mnist":
         return _load_fashion_mnist(data_dir)
     if data_dir:

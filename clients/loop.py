@@ -20,7 +20,7 @@ import numpy as np
 from clients.client import Client
 from clients.stragglers import Stragglers
 from paramserver.wire.compress import ErrorFeedback, make_codec
-from paramserver.config import InjectedFault
+from paramserver.config import Fault
 from paramserver.wire.protocol import Outgoing, Pull, Push, Stop, Tag
 
 
@@ -32,7 +32,7 @@ class ClientPlan:
     n_fetch: int
     timeout: float         # longest wait for the server's reply
     servers: tuple[int, ...] = (0,)  # server ranks, in the order of their slices
-    fault_step: int | None = None
+    fault: Fault | None = None
     compress: str = "none"  # pushes and pulls on the wire (paramserver/wire/compress.py)
     stragglers: Stragglers | None = None  # slept after each minibatch (MPI); the simulator's clock has them
 
@@ -73,8 +73,8 @@ class ClientLoop:
             if plan.stragglers is not None:
                 plan.stragglers.sleep_after(plan.index, self.step, time.perf_counter() - start)
             self.rows.append(result.row(plan.index, self.step, self.clock()))
-            if self.step == plan.fault_step:
-                raise InjectedFault(f"injected fault on client {plan.index} at step {self.step}")
+            if plan.fault is not None:
+                plan.fault.strike(self.step)
             last = self.step == plan.steps
             fetch = self.step % plan.n_fetch == 0 and not last
             if self.step % plan.n_push == 0 or last:

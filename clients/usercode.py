@@ -9,7 +9,7 @@ arguments, else as `factory()`, after `torch.manual_seed(seed)`, so every rank b
 same initial weights. A data factory is called with no arguments; each client reads a
 disjoint seeded shard of its train Dataset (`TorchSplit` puts any map-style Dataset behind
 the `Split.batch(idx)` protocol, so `ShardSampler` orders and resumes it as any other).
-`check_user_code` imports the three, checks what they return and runs one sample forward
+`clients/check.py` imports the three, checks what they return and runs one sample forward
 and through the loss, so a mistake is one `ConfigError` line before any MPI process starts.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset as TorchDataset, IterableDataset, default_collate
 
-from paramserver.config import ConfigError, RunConfig
+from paramserver.config import ConfigError
 
 _FILE_MODULES = "_asgd_user."          # sys.modules keys of files imported by path
 _REGISTERED: dict[str, Callable] = {}  # spec -> callable, for the Python API (no re-import in this process)
@@ -138,10 +138,9 @@ class TorchSplit:
 
 
 @functools.lru_cache(maxsize=4)
-def load_user_data(spec: str) -> Any:
-    """The data factory's two Datasets as a `clients.data.Dataset` (made once per process)."""
-    from clients.data import Dataset
-
+def load_user_data(spec: str) -> tuple[TorchSplit, TorchSplit, tuple[int, ...], int | None]:
+    """The data factory's two Datasets, as splits, with the shape of an input and the
+    number of classes (made once per process; clients/data.py makes them a Dataset)."""
     factory = resolve(spec, "data")
     try:
         made = factory()
@@ -158,7 +157,7 @@ def load_user_data(spec: str) -> Any:
     sample = _sample(train, spec)
     classes = getattr(train, "classes", None)
     num_classes = len(classes) if classes is not None else getattr(train, "num_classes", None)
-    return Dataset(spec, TorchSplit(train), TorchSplit(test), tuple(sample[0].shape), num_classes)
+    return TorchSplit(train), TorchSplit(test), tuple(sample[0].shape), num_classes
 
 
 def _sample(split: TorchDataset, spec: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,37 +176,5 @@ def loss_function(spec: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Ten
     return nn.functional.cross_entropy if not spec else resolve(spec, "loss")
 
 
-def check_user_code(cfg: RunConfig, dataset: Any) -> None:
-    """Build the model (user's or not) and run one training sample forward and through the
-    loss; whatever does not fit is a one-line ConfigError."""
-    from clients.models import build_model
-
-    model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
-    params = list(model.parameters())
-    if not params:
-        raise ConfigError(f"model: {cfg.model} has no parameters to train")
-    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
-    if frozen:
-        raise ConfigError(f"model: parameter {frozen[0]} has requires_grad=False; the flat weight vector holds "
-                          "every parameter (register a frozen tensor as a buffer instead)")
-    odd = [n for n, p in model.named_parameters() if p.dtype != torch.float32]
-    if odd:
-        raise ConfigError(f"model: parameter {odd[0]} is not float32; the server keeps float32 weights")
-    x, y = dataset.train.batch(np.arange(min(2, len(dataset.train))))
-    try:
-        model.train()
-        out = model(x)
-    except Exception as error:  # noqa: BLE001
-        raise ConfigError(f"model: a forward pass on data of shape {tuple(x.shape)} failed: "
-                          f"{type(error).__name__}: {_first_line(error)}") from None
-    try:
-        loss = loss_function(cfg.loss)(out, y)
-    except Exception as error:  # noqa: BLE001
-        raise ConfigError(f"loss: {cfg.loss or 'cross-entropy'} on outputs {tuple(out.shape)} and targets "
-                          f"{tuple(y.shape)} failed: {type(error).__name__}: {_first_line(error)}") from None
-    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        raise ConfigError(f"loss: {cfg.loss or 'cross-entropy'} must return a scalar tensor, got {loss!r}")
-
-
-def _first_line(error: Exception) -> str:
+def first_line(error: Exception) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else ""

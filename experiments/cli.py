@@ -201,7 +201,7 @@ def _check_inputs(cfg: RunConfig) -> None:
     """What the config alone cannot know: the data, the model, the run directory."""
     from clients.data import DataError, load_dataset
     from clients.models import MODELS
-    from clients.usercode import check_user_code
+    from clients.check import check_user_code
     from paramserver.config import is_user_code
 
     if cfg.model not in MODELS and not is_user_code(cfg.model):

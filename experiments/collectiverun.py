@@ -26,7 +26,6 @@ from experiments.progress import Progress
 from paramserver.rundir.resume import ResumePoint, cut_back
 from experiments.runrecord import RunSetup, record_dir, eval_every, finish_run, open_run, record_failure
 from paramserver.rundir.checkpoint import Checkpoint
-from paramserver.config import InjectedFault
 from paramserver.recorder import Background
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.durable import read_jsonl
@@ -44,6 +43,7 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
     run, counts, lines = _open(setup, every, point) if recorder else (None, {}, 0)
     progress = Progress(setup.clients * cfg.steps, quiet=cfg.quiet or not recorder)
     first = point.client_steps[0] + 1 if point else 1
+    faults = [f for i in indices if (f := cfg.fault_for(i, f"client {i}")) is not None]
     files = Background() if recorder else None
     wall = time.perf_counter()
     try:
@@ -55,7 +55,8 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
                                                 (k, cfg.backup_workers))
                 now = clock()
                 rows = [_row(r, i, step, now, keep) for i, r, keep in zip(indices, results, kept)]
-                _maybe_fault(cfg.fault, indices, step)
+                for fault in faults:
+                    fault.strike(step)
                 everyone = gather(rows)
                 if recorder:
                     log.write_many(everyone)
@@ -117,9 +118,3 @@ def _write_files(run: RunDir, setup: RunSetup, weights: np.ndarray, step: int, n
         k = setup.clients
         Checkpoint(weights, step, now, (0, lines), (counts["minibatches"], counts["samples"], 0),
                    np.full(k, step), np.zeros(k, np.int64)).save(run)
-
-
-def _maybe_fault(fault: tuple[int, int] | None, indices: list[int], step: int) -> None:
-    if fault and fault[0] in indices and fault[1] == step:
-        raise InjectedFault(f"injected fault on client {fault[0]} at step {step}")
-

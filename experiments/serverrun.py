@@ -25,7 +25,7 @@ from paramserver.noise import summarise
 from paramserver.wire.fanout import ServerLink
 from paramserver.wire.protocol import Link, Outgoing, Pull, Tag, shard_bounds
 from paramserver.recorder import Recorder
-from paramserver.rules import async_versions, make_rule, state_bytes
+from paramserver.rules import make_rule, state_bytes
 from paramserver.schedule import Schedule
 from paramserver.server import ServerLoop
 from paramserver.store import Store
@@ -54,7 +54,7 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
     sim. `link`: server 0's way to the other servers' slices, with sharded servers.
     """
     cfg, clients = setup.cfg, setup.clients
-    every = eval_every(cfg, async_versions(cfg, clients))
+    every = eval_every(cfg, cfg.async_versions(clients))
     bounds = shard_bounds(setup.weights.size, cfg.servers)
     state = ServerState(make_store(cfg, setup.weights[slice(*bounds[0])], clients), client_ranks(cfg, clients),
                         every, make_codec(cfg.compress), apply_cost=apply_cost,
@@ -69,9 +69,8 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
     else:
         run = open_run(setup, every)
     progress = Progress(clients * cfg.steps, quiet=cfg.quiet)
-    fault = cfg.fault
     recorder = Recorder(run, state, clock, lines, progress.update, _gatherer(link, bounds, cfg.stall_timeout),
-                        fault_version=fault[1] if fault and fault[0] == 0 else None)
+                        fault=cfg.fault_for(0, "the server", "version"))
     try:
         if not cfg.resume:
             recorder.start()

@@ -41,11 +41,11 @@ import torch
 from clients.client import Client, Replica, StepResult
 from clients.collective import keep_fastest, mean_in_place
 from clients.data import Dataset, ShardSampler
+from clients.devices import pick_device
 from clients.loop import ClientLoop, ClientPlan
 from clients.stragglers import Stragglers
 from experiments.assemble import build, start
 from experiments.collectiverun import collective_run
-from experiments.rank.entry import pick_device
 from experiments.provenance import provenance
 from experiments.serverrun import make_store, serve_run
 from paramserver.config import ConfigError, RunConfig

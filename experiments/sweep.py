@@ -73,7 +73,6 @@ from experiments.parent.supervise import STOP_GRACE_S, kill_tree
 from paramserver.config import ConfigError, RunConfig, field_types, load_config
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.status import FAILED, INTERRUPTED, LOCKED, PENDING, RUNNING, failed, finished, was_interrupted, word
-from paramserver.rules import async_versions
 from paramserver.rundir.durable import write_json_atomic
 
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")
@@ -245,7 +244,7 @@ def _in_samples(config: RunConfig, raw: dict[str, Any], base_batch: int, own_ste
     config = _config_with(config, {"steps": max(1, math.ceil(total / (k * batch)))})
     if "evaluations" not in raw:
         return config
-    versions = async_versions(config, k) if config.mode == "async" else config.steps
+    versions = config.async_versions(k) if config.mode == "async" else config.steps
     return _config_with(config, {"eval_every": max(1, round(versions / raw["evaluations"]))})
 
 

@@ -37,6 +37,21 @@ class InjectedFault(RuntimeError):
     """Raised on purpose where `inject_fault` says, so tests can watch a job fail cleanly."""
 
 
+@dataclass(frozen=True)
+class Fault:
+    """Where `inject_fault = RANK:AT` makes one rank fail on purpose: once its count (a
+    client's minibatch step, the server's version) reaches `at`. The one way a test fails
+    a run, for a client, a collective rank and the server alike."""
+
+    at: int
+    who: str   # "client 3", "the server"
+    unit: str  # "step", "version"
+
+    def strike(self, count: int) -> None:
+        if count >= self.at:
+            raise InjectedFault(f"injected fault on {self.who} at {self.unit} {count}")
+
+
 def _key(default: Any, help: str) -> Any:
     """A config key: its default and the help line its command-line flag shows."""
     return field(default=default, metadata={"help": help})
@@ -176,13 +191,16 @@ class RunConfig:
             return self.server_momentum
         return AUTO_BASE_MOMENTUM if self.momentum == "auto" else self.momentum
 
-    @property
-    def fault(self) -> tuple[int, int] | None:
-        """(rank, step) at which a test wants an exception raised, or None."""
+    def fault_for(self, rank: int, who: str, unit: str = "step") -> Fault | None:
+        """The fault `inject_fault` puts on `rank`, if any."""
         if not self.inject_fault:
             return None
-        rank, step = self.inject_fault.split(":")
-        return int(rank), int(step)
+        target, at = map(int, self.inject_fault.split(":"))
+        return Fault(at, who, unit) if target == rank else None
+
+    def async_versions(self, clients: int) -> int:
+        """The versions an async run of `clients` makes: one a push, or as its rule gathers them."""
+        return rule_class(self.rule).versions(self, clients * math.ceil(self.steps / self.push_every), clients)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from paramserver.rundir.checkpoint import Checkpoint
-from paramserver.config import InjectedFault
+from paramserver.config import Fault
 from paramserver.handler import Applied, ClientRows, Dropped, Event, NoiseMeasured, Rejected, ServerState, SnapshotDue
 from paramserver.rundir.layout import RunDir
 
@@ -54,15 +54,15 @@ class Recorder:
 
     `log_lines`: the rows already in the (server, clients) logs (a resumed run's logs,
     cut back to its checkpoint). `gather`: with sharded servers, server 0's way to the
-    whole weight vector from its own slice. `fault_version`: fail on purpose once that
+    whole weight vector from its own slice. `fault`: fail on purpose once its
     version is recorded (the fault-injection tests).
     """
 
     def __init__(self, run: RunDir, state: ServerState, clock: Callable[[], float],
                  log_lines: tuple[int, int] = (0, 0), progress: Callable[[int], None] = lambda minibatches: None,
-                 gather: Callable[[np.ndarray], np.ndarray] | None = None, fault_version: int | None = None):
+                 gather: Callable[[np.ndarray], np.ndarray] | None = None, fault: Fault | None = None):
         self.run, self.state, self.clock, self.progress = run, state, clock, progress
-        self.gather, self.fault_version = gather, fault_version
+        self.gather, self.fault = gather, fault
         self.server_log = run.writer("server", log_lines[0], FLUSH_EVERY)
         self.client_log = run.writer("clients", log_lines[1], FLUSH_EVERY)
         self.files = Background()
@@ -91,8 +91,8 @@ class Recorder:
             elif isinstance(event, SnapshotDue):
                 self.snapshot()
         version = self.state.store.version
-        if self.fault_version is not None and version >= self.fault_version:
-            raise InjectedFault(f"injected fault on the server at version {version}")
+        if self.fault is not None:
+            self.fault.strike(version)
 
     def lost(self, row: dict[str, Any]) -> None:
         """A server.jsonl row naming a client the run lost (on disk at once)."""

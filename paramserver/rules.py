@@ -35,8 +35,6 @@ from paramserver.noise import NoiseScale
 if TYPE_CHECKING:  # torch loads with the server's weights, not with the config that names a rule
     from torch import Tensor
 
-    from paramserver.config import RunConfig
-
 
 class RuleSettings(Protocol):
     """The run config's keys a rule reads (paramserver.config.RunConfig has them)."""
@@ -464,19 +462,9 @@ def rule_class(name: str) -> type[Rule]:
         raise ValueError(f"rule: unknown rule {name!r} (choose from {', '.join(RULES)})") from None
 
 
-def make_rule(name: str, settings: RuleSettings | None = None, clients: int = 1) -> Rule:
-    """The rule called `name` for a run of `clients` clients; `settings` default to a run
-    config's defaults."""
-    if settings is None:
-        from paramserver.config import RunConfig  # it imports this module: not at the top
-
-        settings = RunConfig()
+def make_rule(name: str, settings: RuleSettings, clients: int = 1) -> Rule:
+    """The rule called `name` for a run of `clients` clients (`settings`: a RunConfig)."""
     return rule_class(name)(settings, clients)
-
-
-def async_versions(cfg: "RunConfig", clients: int) -> int:
-    """The versions an async run makes: one a push, or as its rule gathers them."""
-    return rule_class(cfg.rule).versions(cfg, clients * math.ceil(cfg.steps / cfg.push_every), clients)
 
 
 def state_bytes(rule: Rule) -> int:

@@ -173,13 +173,12 @@ def simulator(quick: bool) -> list[dict]:
 
 
 def sim_train(out: Path, clients: int, steps: int) -> dict:
-    """One `asgd train --backend sim` run in this process; its summary."""
-    from experiments.cli import main
+    """One simulated run (`asgd train --backend sim`'s) in this process; its summary."""
+    from experiments.simulator import run_sim
+    from paramserver.config import RunConfig
 
-    code = main(["train", "--quiet", "--backend", "sim", "--clients", str(clients), "--steps", str(steps),
-                 "--eval-samples", "100", "--threads", "1", "--out", str(out)])
-    if code:
-        raise RuntimeError(f"asgd train --backend sim ended with exit status {code}")
+    cfg = RunConfig(quiet=True, backend="sim", clients=clients, steps=steps, eval_samples=100, threads=1, out=str(out))
+    run_sim(cfg, str(out), clients)
     return RunDir(out).summary()
 
 

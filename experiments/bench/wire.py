@@ -34,6 +34,7 @@ import torch
 from paramserver.wire.fanout import ServerLink
 from clients.models import host_empty
 from paramserver.wire.protocol import Outgoing, Pull, Push, Stop, Tag, shard_bounds
+from paramserver.config import RunConfig
 from paramserver.rules import make_rule
 from paramserver.rundir.layout import RunDir
 from paramserver.handler import ServerState
@@ -80,7 +81,7 @@ def serve_clients(transport: Transport, size: int, clients: int, servers: int = 
     """A server rank: the real server loop, recording into a scratch run directory, on its
     slice of a `size`-float model, until every client stops."""
     lo, hi = shard_bounds(size, servers)[transport.rank]
-    state = ServerState(Store(np.zeros(hi - lo, np.float32), make_rule("add")),
+    state = ServerState(Store(np.zeros(hi - lo, np.float32), make_rule("add", RunConfig())),
                         list(range(servers, servers + clients)))
     with tempfile.TemporaryDirectory() as folder:
         run = RunDir(folder)
@@ -147,7 +148,7 @@ def wire(comm: MPI.Comm, sizes: list[int], repeats: int, trials: int) -> list[di
     transport = Transport(comm)
     rows = []
     for size in sizes:
-        store = Store(np.zeros(size, np.float32), make_rule("add"))
+        store = Store(np.zeros(size, np.float32), make_rule("add", RunConfig()))
         push, target = np.full(size, 1e-6, np.float32), np.empty(size, np.float32)
         raw, applies = [], []  # seconds per trial (rank 1's raw round trip; rank 0's apply)
 

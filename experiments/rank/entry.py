@@ -14,13 +14,13 @@ import socket
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn
 
 import numpy as np
 import torch
 
 from clients.client import Client
+from clients.devices import device_name, pick_device
 from clients.collective import Straggle, keep_fastest
 from clients.driver import ClientPlan, run_client
 from clients.stragglers import Stragglers
@@ -153,12 +153,11 @@ def _flatten(gathered: list[list[dict]] | None) -> list[dict] | None:
 
 
 def _plan(index: int, servers: int, cfg: RunConfig, clients: int) -> ClientPlan:
-    fault = cfg.fault
     return ClientPlan(index=index, steps=cfg.steps, n_push=cfg.push_every, n_fetch=cfg.fetch_every,
                       # Twice the server's: when one client stalls, the server (which names
                       # it) must give up before the others blame the busy server.
                       timeout=2 * cfg.stall_timeout, servers=tuple(range(servers)),
-                      fault_step=fault[1] if fault and fault[0] == index + servers else None, compress=cfg.compress,
+                      fault=cfg.fault_for(index + servers, f"client {index}"), compress=cfg.compress,
                       stragglers=stragglers if (stragglers := Stragglers.for_run(cfg, clients)).active else None)
 
 
@@ -198,16 +197,3 @@ def _set_threads(is_client: bool, threads: int, local_ranks: int, local_clients:
         torch.set_num_threads(threads or max(1, cores // max(1, local_clients)))
     else:
         torch.set_num_threads(max(1, cores // local_ranks))
-
-
-def pick_device(requested: str, local_rank: int) -> str:
-    if requested != "auto":
-        return requested
-    if torch.cuda.is_available():
-        return f"cuda:{local_rank % torch.cuda.device_count()}"
-    return "cpu"
-
-
-def device_name(device: str) -> str:
-    return torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
-

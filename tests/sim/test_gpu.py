@@ -100,13 +100,13 @@ def test_fused_kernel_equals_the_torch_rule_on_the_gpu(rule, settings):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
 def test_store_rejects_a_bad_push_before_it_reaches_the_weights(device):
-    store = Store(np.arange(4, dtype=np.float32), make_rule("add"), backend=ServerArrays(device))
+    store = Store(np.arange(4, dtype=np.float32), make_rule("add", RunConfig()), backend=ServerArrays(device))
     assert not store.apply(0, np.array([1, np.nan, 1, 1], np.float32)).accepted
     np.testing.assert_array_equal(store.weights, np.arange(4))
 
 
 def test_cpu_server_shares_its_weights_with_the_wire():
-    store = Store(np.arange(4, dtype=np.float32), make_rule("add"))
+    store = Store(np.arange(4, dtype=np.float32), make_rule("add", RunConfig()))
     assert np.shares_memory(store.weights, store.array.numpy())  # no copy on the CPU path
     push = np.ones(4, np.float32)
     store.apply(0, push)
@@ -169,7 +169,7 @@ def test_cuda_client_stages_through_pinned_buffers(tiny_npz):
     push = client.take_push()
     assert pinned(push) and pinned(client.base) and pinned(client.incoming)
     np.testing.assert_array_equal(client.base, client.weights.cpu().numpy())
-    store = Store(client.base, make_rule("add"), backend=ServerArrays("cuda"))
+    store = Store(client.base, make_rule("add", RunConfig()), backend=ServerArrays("cuda"))
     assert pinned(store.weights)
 
 

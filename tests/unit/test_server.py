@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from paramserver.config import RunConfig
 from paramserver.wire.protocol import Fail, Tag
 from paramserver.handler import ClientFailed
 
@@ -22,7 +23,7 @@ def test_handle_returns_replies_and_events_and_touches_no_disk():
     from paramserver.rules import make_rule
     from paramserver.store import Store
 
-    state = ServerState(Store(np.zeros(4, np.float32), make_rule("add")), [1], eval_every=1, apply_cost=0.5)
+    state = ServerState(Store(np.zeros(4, np.float32), make_rule("add", RunConfig())), [1], eval_every=1, apply_cost=0.5)
     [reply], events = handle(state, Message(1, Tag.PULL, Pull()))
     assert (reply.dest, reply.header.version, events) == (1, 0, [])
     row = {"client": 0, "step": 1, "loss": 1.0, "samples": 8}

@@ -12,7 +12,7 @@ from paramserver.store import Store
 
 
 def test_add_rule_adds_delta_and_bumps_version():
-    store = Store(np.arange(4, dtype=np.float32), make_rule("add"))
+    store = Store(np.arange(4, dtype=np.float32), make_rule("add", RunConfig()))
     store.pull(0)
     result = store.apply(0, np.full(4, 0.5, np.float32))
     assert result.accepted and result.version == 1 and store.version == 1
@@ -35,7 +35,7 @@ def test_sgd_rule_matches_torch_sgd(momentum, weight_decay):
 
 
 def test_staleness_counts_pushes_since_the_clients_pull():
-    store = Store(np.zeros(3, np.float32), make_rule("add"))
+    store = Store(np.zeros(3, np.float32), make_rule("add", RunConfig()))
     for client in range(3):
         store.pull(client)  # everyone holds version 0
     delta = np.ones(3, np.float32)
@@ -56,7 +56,7 @@ def test_staleness_counts_pushes_since_the_clients_pull():
     (np.array([-np.inf, 1, 1, 1], np.float32), "Inf"),
 ])
 def test_bad_pushes_are_rejected_and_never_touch_the_weights(push, reason):
-    store = Store(np.arange(4, dtype=np.float32), make_rule("add"))
+    store = Store(np.arange(4, dtype=np.float32), make_rule("add", RunConfig()))
     store.pull(0)
     result = store.apply(0, push)
     assert not result.accepted and reason in result.reason
@@ -65,7 +65,7 @@ def test_bad_pushes_are_rejected_and_never_touch_the_weights(push, reason):
 
 
 def test_large_finite_values_are_not_mistaken_for_inf():
-    store = Store(np.zeros(4, np.float32), make_rule("add"))
+    store = Store(np.zeros(4, np.float32), make_rule("add", RunConfig()))
     assert store.apply(0, np.full(4, 3e38, np.float32)).accepted  # their float32 sum would overflow
 
 
@@ -79,7 +79,7 @@ def test_checkpoint_round_trip_without_pickle(tmp_path):
     np.testing.assert_array_equal(restored.weights, store.weights)
     np.testing.assert_array_equal(restored.rule.buffer.numpy(), store.rule.buffer.numpy())
     with pytest.raises(ValueError, match="holds 6 weights, the model has 3"):
-        Store(np.zeros(3, np.float32), make_rule("add")).load_state(load_arrays(tmp_path / "ck.npz"))
+        Store(np.zeros(3, np.float32), make_rule("add", RunConfig())).load_state(load_arrays(tmp_path / "ck.npz"))
 
 
 @pytest.mark.parametrize("where", [0.5, 0.9])

@@ -13,7 +13,8 @@ from clients.client import wrong
 from clients.data import ShardSampler, load_dataset, shard_indices
 from clients.evaluate import recalibrate
 from clients.models import build_model
-from clients.usercode import check_user_code, resolve, spec_of
+from clients.check import check_user_code
+from clients.usercode import resolve, spec_of
 from experiments.api import settings_flags
 from experiments.cli import main
 from experiments.parent.mpiexec import refuse_torchrun
