@@ -15,6 +15,7 @@ class Progress:
         self.start = time.monotonic()
         self._last_draw = 0.0
         self.done = 0
+        self.closed = False
 
     def update(self, done: int) -> None:
         self.done = done
@@ -32,7 +33,9 @@ class Progress:
                 f"  {elapsed:5.0f} s  ETA {eta} ")
 
     def close(self, note: str = "") -> None:
-        if not self.quiet:
+        """The bar's last line; a second close draws nothing."""
+        if not self.quiet and not self.closed:
+            self.closed = True
             self.update(self.done)
             self.stream.write(f"\n{note}\n" if note else "\n")
             self.stream.flush()

@@ -6,29 +6,25 @@ slice (`serve_slice`) and record nothing.
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import time
 from typing import Any, Callable
 
 import numpy as np
 
-from experiments.progress import Progress
-from experiments.runrecord import RunSetup, record_dir, eval_every, finish_run, open_run, record_failure
-from paramserver.rundir.resume import cut_back
+from experiments.runlife import RunLife
+from experiments.runrecord import RunSetup, eval_every
 from paramserver.arrays import ServerArrays
-from paramserver.rundir.checkpoint import Checkpoint
-from paramserver.wire.compress import make_codec
 from paramserver.config import RunConfig
 from paramserver.handler import ServerState, ServerTally
 from paramserver.noise import summarise
-from paramserver.wire.fanout import ServerLink
-from paramserver.wire.protocol import Link, Outgoing, Pull, Tag, shard_bounds
 from paramserver.recorder import Recorder
 from paramserver.rules import make_rule, state_bytes
 from paramserver.schedule import Schedule
 from paramserver.server import ServerLoop
 from paramserver.store import Store
+from paramserver.wire.compress import make_codec
+from paramserver.wire.fanout import ServerLink
+from paramserver.wire.protocol import Link, Outgoing, Pull, Tag, shard_bounds
 
 Drive = Callable[[ServerState, Recorder], float]  # runs the message loop; returns the seconds it was busy
 
@@ -59,36 +55,23 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
     state = ServerState(make_store(cfg, setup.weights[slice(*bounds[0])], clients), client_ranks(cfg, clients),
                         every, make_codec(cfg.compress), apply_cost=apply_cost,
                         schedule=server_schedule(cfg, clients), clock=clock)
-    lines = (0, 0)
-    if cfg.resume:
-        run = record_dir(setup)
-        checkpoint = Checkpoint.load(run)
-        state.store.load_state(checkpoint.store_state)
-        cut_back(run, checkpoint, cfg.steps, setup.provenance)
-        state.tally, lines = ServerTally.from_checkpoint(checkpoint), checkpoint.lines
-    else:
-        run = open_run(setup, every)
-    progress = Progress(clients * cfg.steps, quiet=cfg.quiet)
-    recorder = Recorder(run, state, clock, lines, progress.update, _gatherer(link, bounds, cfg.stall_timeout),
-                        fault=cfg.fault_for(0, "the server", "version"))
-    try:
-        if not cfg.resume:
+    with RunLife(setup, every, clock, lambda: _counts(state)) as life:
+        lines = (0, 0)
+        if life.checkpoint is not None:
+            state.store.load_state(life.checkpoint.store_state)
+            state.tally, lines = ServerTally.from_checkpoint(life.checkpoint), life.checkpoint.lines
+        recorder = Recorder(life.run, state, clock, lines, life.progress.update,
+                            _gatherer(link, bounds, cfg.stall_timeout), fault=cfg.fault_for(0, "the server", "version"))
+        life.land_files = recorder.close
+        if life.checkpoint is None:
             recorder.start()
-        wall = time.perf_counter()
+        life.started()
         busy_s = drive(state, recorder)
-        train_wall_s = time.perf_counter() - wall
-        progress.close()
+        life.progress.close()
         recorder.finish()
-        noise = {"noise_scale": summarise(run.rows("server"))} if state.store.rule.noise is not None else {}
-        return finish_run(run, setup, clock(), train_wall_s, {
-            **_counts(state), **noise, "server_busy_s": busy_s,
-            "wire_bytes_pushed": state.wire_bytes[0], "wire_bytes_pulled": state.wire_bytes[1]})
-    except BaseException as error:
-        progress.close()
-        with contextlib.suppress(Exception):  # the failure under way is the one to record
-            recorder.close()  # the files under way land before the failure is recorded
-        record_failure(run, clock(), _counts(state), error)
-        raise
+        noise = {"noise_scale": summarise(life.run.rows("server"))} if state.store.rule.noise is not None else {}
+        return life.finish({**_counts(state), **noise, "server_busy_s": busy_s,
+                            "wire_bytes_pushed": state.wire_bytes[0], "wire_bytes_pulled": state.wire_bytes[1]})
 
 
 def serve_slice(setup: RunSetup, link: Link, clock: Callable[[], float], shard: int) -> int:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from paramserver.rundir.checkpoint import Checkpoint
+from paramserver.rundir.checkpoint import Checkpoint, save_point
 from paramserver.config import Fault
 from paramserver.handler import Applied, ClientRows, Dropped, Event, NoiseMeasured, Rejected, ServerState, SnapshotDue
 from paramserver.rundir.layout import RunDir
@@ -115,7 +115,7 @@ class Recorder:
                            (tally.minibatches, tally.samples, tally.rejected), tally.client_steps.copy(),
                            tally.client_pushes.copy(),
                            {k: np.array(v, copy=True) for k, v in store.state().items() if k != "weights"})
-        self.files.submit(_write, self.run, weights, store.version, now, tally.minibatches, point)
+        self.files.submit(save_point, self.run, point)
 
     def start(self) -> None:
         """The starting state (version 0) as snapshot and checkpoint, on disk before any
@@ -137,9 +137,3 @@ class Recorder:
         finally:
             self.server_log.close()
             self.client_log.close()
-
-
-def _write(run: RunDir, weights: np.ndarray, version: int, now: float, minibatches: int,
-           checkpoint: Checkpoint) -> None:
-    run.save_snapshot(weights, version, now, minibatches)
-    checkpoint.save(run)

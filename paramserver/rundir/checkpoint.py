@@ -59,3 +59,11 @@ class Checkpoint:
     def store_state(self) -> dict[str, np.ndarray]:
         """What `Store.load_state` takes."""
         return {**self.store, "weights": self.weights, "version": np.array(self.version)}
+
+
+def save_point(run: RunDir, point: Checkpoint, resumable: bool = True) -> None:
+    """The point's weights as a snapshot (for the test error, at its version and time)
+    and, where the run could go on from it, as the checkpoint: every mode records so."""
+    run.save_snapshot(point.weights, point.version, point.time, point.counts[0])
+    if resumable:
+        point.save(run)

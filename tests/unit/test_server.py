@@ -46,8 +46,8 @@ def test_recorder_writes_what_was_true_when_the_snapshot_was_due(tmp_path, monke
     from paramserver.rundir.durable import load_arrays
     from tests.conftest import make_server, push
 
-    changed, write = threading.Event(), paramserver.recorder._write
-    monkeypatch.setattr(paramserver.recorder, "_write", lambda *args: (changed.wait(10), write(*args)))
+    changed, write = threading.Event(), paramserver.recorder.save_point
+    monkeypatch.setattr(paramserver.recorder, "save_point", lambda *args: (changed.wait(10), write(*args)))
     server = make_server(tmp_path / "run", np.zeros(4, np.float32), clients=1)
     server.state.eval_every = 1
     server.deliver(1, *push(1, np.ones(4, np.float32)))  # version 1: a snapshot and a checkpoint

@@ -1,0 +1,70 @@
+"""A run's life on the rank that records it, written once for every mode and both backends.
+
+    open (a fresh run directory, or a resumed one cut back to its checkpoint)
+      -> progress bar -> training and its last files (the caller's)
+      -> evaluate the snapshots, write the summary          (`finish`)
+      or, on any exception: the files under way land, the failure is the summary
+
+The async server (experiments/serverrun.py) and the collective modes
+(experiments/collectiverun.py) differ only in what they train and count; the ranks that
+record nothing (other servers, collective ranks but 0) get a life without a directory.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable
+
+from experiments.progress import Progress
+from experiments.runrecord import RunSetup, finish_run, open_run, record_dir, record_failure
+from paramserver.rundir.checkpoint import Checkpoint
+from paramserver.rundir.layout import RunDir
+from paramserver.rundir.resume import cut_back
+
+
+class RunLife:
+    """`with RunLife(...) as life:` train, then `life.finish(counts)`. `counts()`: what
+    the run has counted so far, for a failure's summary; `land_files`: should training
+    fail, lands the files it was writing in the background (set once they exist)."""
+
+    def __init__(self, setup: RunSetup, every: int, clock: Callable[[], float], counts: Callable[[], dict[str, Any]],
+                 records: bool = True):
+        cfg = setup.cfg
+        self.setup, self.clock, self.counts = setup, clock, counts
+        self.checkpoint: Checkpoint | None = None  # where a resumed run goes on from
+        self.run: RunDir | None = None
+        if records and cfg.resume:
+            self.run = record_dir(setup)
+            self.checkpoint = Checkpoint.load(self.run)
+            cut_back(self.run, self.checkpoint, cfg.steps, setup.provenance)
+        elif records:
+            self.run = open_run(setup, every)
+        self.progress = Progress(setup.clients * cfg.steps, quiet=cfg.quiet or not records)
+        self.land_files: Callable[[], None] = lambda: None
+        self.wall = time.perf_counter()
+
+    def __enter__(self) -> RunLife:
+        return self
+
+    def started(self) -> None:
+        """Training starts now (its wall time is counted from here)."""
+        self.wall = time.perf_counter()
+
+    def finish(self, counts: dict[str, Any]) -> dict[str, Any] | None:
+        """Training is over and its files are out: the snapshots are evaluated, the summary
+        is written; returns it (None on a rank that records nothing)."""
+        wall = time.perf_counter() - self.wall
+        self.progress.close()
+        if self.run is None:
+            return None
+        return finish_run(self.run, self.setup, self.clock(), wall, counts)
+
+    def __exit__(self, kind: type | None, error: BaseException | None, trace: Any) -> bool:
+        if error is None:
+            return False
+        self.progress.close()
+        with contextlib.suppress(Exception):  # the failure under way is the one to record
+            self.land_files()  # the files under way land before the failure is recorded
+        if self.run is not None:
+            record_failure(self.run, self.clock(), self.counts(), error)
+        return False
