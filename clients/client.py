@@ -33,6 +33,7 @@ from torch import nn
 
 from clients.data import ShardSampler, Split
 from clients.models import host_copy, host_empty
+from paramserver.rules import EASGDRule
 from paramserver.schedule import Schedule
 
 
@@ -178,9 +179,6 @@ class Client:
         np.copyto(self.base, weights)
 
     def _elastic_step(self, center: np.ndarray) -> None:
-        """x -= alpha (x - center_before): the server moved the center by that much towards
-        x, so center_after = center_before + alpha (x - center_before), which gives
-        x - center_before = (x - center_after) / (1 - alpha)."""
-        center = torch.from_numpy(center).to(self.weights.device)
-        self.weights.sub_(self.weights - center, alpha=self.elastic / (1 - self.elastic))
+        """The rule's step back towards the center that answered the push (EASGD's)."""
+        EASGDRule.follow(self.weights, torch.from_numpy(center).to(self.weights.device), self.elastic)
         self.answer_due = False

@@ -20,7 +20,7 @@ from clients.models import build_model, flat_weights, host_copy
 from clients.usercode import loss_function
 from paramserver.rundir.resume import ResumePoint
 from paramserver.config import RunConfig
-from paramserver.rules import easgd_alpha, rule_class
+from paramserver.rules import rule_class
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.durable import load_arrays
 from paramserver.schedule import Schedule
@@ -43,8 +43,8 @@ def make_client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int
     """Client `index` of `clients`, on its shard of the training set, stepping on `replica`,
     pushing what the server's rule takes."""
     shard = shard_indices(len(dataset.train), clients, index, cfg.seed)
-    pushes = rule_class(cfg.rule).pushes if cfg.mode == "async" else "delta"
-    elastic = easgd_alpha(cfg.easgd_beta, clients) if pushes == "weights" else 0.0
+    rule = rule_class(cfg.rule if cfg.mode == "async" else "add")  # the collective modes push no rule's way
+    pushes, elastic = rule.pushes, rule.client_elastic(cfg, clients)
     return Client(replica, dataset.train, ShardSampler(shard, cfg.batch_size, cfg.seed, index),
                   pushes=pushes, elastic=elastic, schedule=Schedule.for_run(cfg, clients))
 

@@ -20,7 +20,6 @@ from paramserver.rules import RULES, rule_class
 BACKENDS = ("mpi", "sim")
 MODES = ("async", "sync", "local-sgd")
 FAILURE_POLICIES = ("abort", "continue")
-FRESH_REPLIES = ("wait", "again", "auto")
 AUTO_KEYS = ("momentum", "fresh_batch")  # keys that also take the word "auto"
 LR_SCHEDULES = ("constant", "cosine", "step")
 LR_SCALINGS = ("none", "linear", "sqrt")
@@ -283,10 +282,6 @@ def _check_values(cfg: RunConfig) -> None:
         value = getattr(cfg, name)
         _require(value is None or value == "auto" and name == "momentum" or 0 <= value < 1, name,
                  f"must be in [0, 1), got {value}")
-    _require(cfg.dc_lambda >= 0, "dc_lambda", f"must be non-negative, got {cfg.dc_lambda}")
-    _require(0 < cfg.easgd_beta < 1, "easgd_beta", f"must be in (0, 1), got {cfg.easgd_beta}")
-    _require(cfg.rule != "easgd" or cfg.push_every == cfg.fetch_every, "rule",
-             "easgd needs n_push == n_fetch (each push is answered by the center it moved)")
     _check_rule_keys(cfg)
     _require(cfg.weight_decay >= 0, "weight_decay", f"must be non-negative, got {cfg.weight_decay}")
     _require(cfg.seed >= 0, "seed", f"must be non-negative, got {cfg.seed}")
@@ -329,16 +324,11 @@ def _check_values(cfg: RunConfig) -> None:
 
 
 def _check_rule_keys(cfg: RunConfig) -> None:
-    _require(cfg.fresh_batch == "auto" or cfg.fresh_batch >= 0, "fresh_batch",
-             f"must be a positive number of minibatches, 0 (clients) or auto, got {cfg.fresh_batch!r}")
-    _require(cfg.max_staleness >= 0, "max_staleness", f"must be non-negative, got {cfg.max_staleness}")
-    _require(cfg.fresh_reply in FRESH_REPLIES, "fresh_reply",
-             f"expected {' or '.join(FRESH_REPLIES)}, got {cfg.fresh_reply!r}")
-    _require(cfg.nesterov_every >= 0, "nesterov_every", f"must be non-negative (0: clients), got {cfg.nesterov_every}")
-    _require(0 <= cfg.nesterov_momentum < 1, "nesterov_momentum", f"must be in [0, 1), got {cfg.nesterov_momentum}")
-    problem = rule_class(cfg.rule).check(cfg)  # the rule's own refusals, "field: reason"
-    if problem:
-        raise ConfigError(problem)
+    """Each rule's own keys (whichever runs, as every key is checked), then the chosen
+    rule's refusals: "field: reason" lines the rules write (paramserver/rules.py)."""
+    for problem in [rule.check_keys(cfg) for rule in RULES.values()] + [rule_class(cfg.rule).check(cfg)]:
+        if problem:
+            raise ConfigError(problem)
 
 
 def _check_schedule(cfg: RunConfig) -> None:

@@ -28,7 +28,8 @@ Where clients push gradients, the server also measures the gradient noise scale
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from paramserver.noise import NoiseScale
 
@@ -56,8 +57,32 @@ class RuleSettings(Protocol):
     servers: int
 
 
+@dataclass(frozen=True)
+class Update:
+    """One push's update as a fused kernel runs it (paramserver/fused.py): `code`, a few
+    `name = expr;` statements in the common ground of C and Python (names, + - * /,
+    brackets and sqrt), over w, d, `state` (None: a vector not made yet, read as zeros),
+    `reads` and float32 `scalars`, writing w_out and NAME_out for each state vector
+    (other names are float temporaries); `after`: the rule's own counting, once the push
+    is known to be finite (fresh's and nesterov's)."""
+
+    code: str
+    scalars: dict[str, float] = field(default_factory=dict)
+    state: dict[str, Tensor | None] = field(default_factory=dict)
+    reads: dict[str, Tensor] = field(default_factory=dict)
+    after: Callable[[], object] | None = None
+
+
+def _refusals(*checks: tuple[bool, str]) -> str:
+    """The first failed check's "field: reason", or ""."""
+    return next((reason for ok, reason in checks if not ok), "")
+
+
 class Rule:
     """w += d: the paper's rule, and the base of the others. Stateless."""
+
+    ADD = "w_out = w + d;"
+    FORMULAS: tuple[str, ...] = (ADD,)  # every fused formula the rule's updates use
 
     pushes = "delta"   # what a client sends: its weight change ("delta"), "gradient" sums or "weights"
     defers = False     # whether a reply may wait for a step being gathered (fresh's "wait")
@@ -80,9 +105,20 @@ class Rule:
         self.noise = NoiseScale(settings.batch_size, clients) if self.pushes == "gradient" else None
 
     @classmethod
+    def check_keys(cls, settings: RuleSettings) -> str:
+        """Why the rule's own keys are out of range (a ConfigError line), or "": checked
+        whichever rule runs, as every key of the config is."""
+        return ""
+
+    @classmethod
     def check(cls, settings: RuleSettings) -> str:
         """Why these settings cannot run this rule (a ConfigError line), or ""."""
         return ""
+
+    @classmethod
+    def client_elastic(cls, settings: RuleSettings, clients: int) -> float:
+        """The elastic step a client takes back towards the server's answer (EASGD's), or 0."""
+        return 0.0
 
     @classmethod
     def versions(cls, settings: RuleSettings, pushes: int, clients: int) -> int:
@@ -104,6 +140,18 @@ class Rule:
 
     def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
         w.add_(d)
+
+    def fused(self, client: int, staleness: int) -> Update:
+        """`apply` as one fused kernel's update."""
+        return Update(self.ADD)
+
+    @classmethod
+    def fusable(cls) -> bool:
+        """Whether `fused` is this rule's own arithmetic: a rule that overrides `apply`
+        but not `fused` runs its torch arithmetic on a GPU too."""
+        def owner(name: str) -> type:
+            return next(k for k in cls.__mro__ if name in vars(k))
+        return issubclass(owner("fused"), owner("apply"))
 
     def step(self, w: Tensor) -> None:
         """Apply what is pending now (the Store's `flush`: no more pushes can come for it)."""
@@ -128,16 +176,27 @@ class Rule:
 class ScaledRule(Rule):
     """w += d / K: every push moves the weights 1/K of a client's step."""
 
+    STEP = "w_out = w + alpha * d;"
+    FORMULAS = (STEP,)
+
     def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
         w.add_(d, alpha=1.0 / self.clients)
+
+    def fused(self, client: int, staleness: int) -> Update:
+        return Update(self.STEP, {"alpha": 1.0 / self.clients})
 
 
 class StalenessRule(Rule):
     """The delay-adaptive step of Mishchenko et al. (2022) on a 1/K base: a straggler's
     stale push moves the weights less (`staleness_factor`)."""
 
+    FORMULAS = (ScaledRule.STEP,)
+
     def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
         w.add_(d, alpha=staleness_factor(staleness, self.clients))
+
+    def fused(self, client: int, staleness: int) -> Update:
+        return Update(ScaledRule.STEP, {"alpha": staleness_factor(staleness, self.clients)})
 
 
 def staleness_factor(staleness: int, clients: int) -> float:
@@ -150,6 +209,13 @@ class SGDRule(Rule):
     """torch.optim.SGD's update, applied by the server to a pushed gradient sum."""
 
     pushes = "gradient"
+    PLAIN = "w_out = w - lr * (d + weight_decay * w);"  # torch's SGD without momentum
+    # torch's fused SGD (dampening 0, no nesterov). Its first step sets the buffer to g:
+    # the buffer starts at zeros here, and momentum * 0 + g is exactly g.
+    MOMENTUM = """g = d + weight_decay * w;
+momentum_buffer_out = momentum * momentum_buffer + g;
+w_out = w - lr * momentum_buffer_out;"""
+    FORMULAS = (PLAIN, MOMENTUM)
 
     def __init__(self, settings: RuleSettings, clients: int):
         super().__init__(settings, clients)
@@ -159,6 +225,12 @@ class SGDRule(Rule):
 
     def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
         self.sgd_step(w, d, self.lr)
+
+    def fused(self, client: int, staleness: int) -> Update:
+        scalars = {"lr": self.lr, "weight_decay": self.weight_decay}
+        if not self.momentum:  # torch keeps no buffer then, and neither does the checkpoint
+            return Update(self.PLAIN, scalars)
+        return Update(self.MOMENTUM, {**scalars, "momentum": self.momentum}, {"momentum_buffer": self.buffer})
 
     def sgd_step(self, w: Tensor, g: Tensor, lr: float) -> None:
         from torch.optim.sgd import sgd as torch_sgd  # torch.optim.SGD's own arithmetic, fused
@@ -184,6 +256,10 @@ class AdagradRule(Rule):
 
     pushes = "gradient"
     EPS = 1e-10  # torch.optim.Adagrad's
+    FORMULA = """g = d + weight_decay * w;
+sum_out = sum + g * g;
+w_out = w - lr * (g / (sqrt(sum_out) + eps));"""
+    FORMULAS = (FORMULA,)
 
     def __init__(self, settings: RuleSettings, clients: int):
         super().__init__(settings, clients)
@@ -196,6 +272,10 @@ class AdagradRule(Rule):
             self.sum = w.new_zeros(w.shape)
         self.sum.addcmul_(g, g)
         w.addcdiv_(g, self.sum.sqrt().add_(self.EPS), value=-self.lr)
+
+    def fused(self, client: int, staleness: int) -> Update:
+        return Update(self.FORMULA, {"lr": self.lr, "weight_decay": self.weight_decay, "eps": self.EPS},
+                      {"sum": self.sum})
 
     def state(self) -> dict[str, Tensor]:
         return {} if self.sum is None else {"sum": self.sum}
@@ -214,6 +294,15 @@ class DCASGDRule(Rule):
     m = 0.95). lam0 = 0 is `add`."""
 
     MOMENTUM, EPS = 0.95, 1e-7
+    # keep = 0, take = 1 on the first step: the mean square starts at g^2 exactly
+    FORMULA = """g2 = (d / lr) * (d / lr);
+meansquare_out = keep * meansquare + take * g2;
+w_out = (w + d) - lr_lam * (g2 * (w - pulled) / (sqrt(meansquare_out) + eps));"""
+    FORMULAS = (Rule.ADD, FORMULA)
+
+    @classmethod
+    def check_keys(cls, settings: RuleSettings) -> str:
+        return _refusals((settings.dc_lambda >= 0, f"dc_lambda: must be non-negative, got {settings.dc_lambda}"))
 
     def __init__(self, settings: RuleSettings, clients: int):
         super().__init__(settings, clients)
@@ -240,6 +329,13 @@ class DCASGDRule(Rule):
         g2.mul_(w - self.backups[client]).div_(self.meansquare.sqrt().add_(self.EPS))
         w.add_(d).sub_(g2, alpha=self.lr * self.lam0)
 
+    def fused(self, client: int, staleness: int) -> Update:
+        if not self.lam0 or client not in self.backups:
+            return Update(self.ADD)
+        keep = 0.0 if self.meansquare is None else self.MOMENTUM
+        scalars = {"lr": self.lr, "lr_lam": self.lr * self.lam0, "eps": self.EPS, "keep": keep, "take": 1 - keep}
+        return Update(self.FORMULA, scalars, {"meansquare": self.meansquare}, {"pulled": self.backups[client]})
+
     def state(self) -> dict[str, Tensor]:
         arrays = {f"backup.{c}": b for c, b in self.backups.items()}
         return arrays if self.meansquare is None else {**arrays, "meansquare": self.meansquare}
@@ -252,16 +348,42 @@ class DCASGDRule(Rule):
 class EASGDRule(Rule):
     """Elastic averaging (asynchronous EASGD, Zhang, Choromanska and LeCun 2015): the
     client pushes its own weights x_i; the center moves alpha of the way towards them,
-    alpha = beta / K, and the client (clients/client.py) moves the same amount back."""
+    alpha = beta / K, and the client moves the same amount back (`follow`, which
+    clients/client.py calls with the answer to its push)."""
 
     pushes = "weights"
+    FORMULA = "w_out = w + alpha * (d - w);"  # torch's lerp
+    FORMULAS = (FORMULA,)
 
     def __init__(self, settings: RuleSettings, clients: int):
         super().__init__(settings, clients)
         self.alpha = easgd_alpha(settings.easgd_beta, clients)
 
+    @classmethod
+    def check_keys(cls, settings: RuleSettings) -> str:
+        return _refusals((0 < settings.easgd_beta < 1, f"easgd_beta: must be in (0, 1), got {settings.easgd_beta}"))
+
+    @classmethod
+    def check(cls, settings: RuleSettings) -> str:
+        return _refusals((settings.push_every == settings.fetch_every,
+                          "rule: easgd needs n_push == n_fetch (each push is answered by the center it moved)"))
+
+    @classmethod
+    def client_elastic(cls, settings: RuleSettings, clients: int) -> float:
+        return easgd_alpha(settings.easgd_beta, clients)
+
+    @staticmethod
+    def follow(x: Tensor, center: Tensor, alpha: float) -> None:
+        """The client's side: x -= alpha (x - center_before). The server moved the center
+        by that much towards x, so center_after = center_before + alpha (x - center_before),
+        which gives x - center_before = (x - center_after) / (1 - alpha)."""
+        x.sub_(x - center, alpha=alpha / (1 - alpha))
+
     def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
         w.lerp_(d, self.alpha)
+
+    def fused(self, client: int, staleness: int) -> Update:
+        return Update(self.FORMULA, {"alpha": self.alpha})
 
 
 def easgd_alpha(beta: float, clients: int) -> float:
@@ -287,6 +409,20 @@ class FreshRule(SGDRule):
     B_simple / b from the gradient noise scale, in [1, 4K] (K x n_push until it is
     measured)."""
 
+    REPLIES = ("wait", "again", "auto")
+    # a push gathered (the weights copied through), or the one that completes the step:
+    # the SGD step on the mean of the gathered pushes and this one
+    GATHER = """total_out = total + d;
+w_out = w;"""
+    STEP_PLAIN = """g = (total + d) * inv_count + weight_decay * w;
+total_out = 0;
+w_out = w - lr * g;"""
+    STEP = """g = (total + d) * inv_count + weight_decay * w;
+momentum_buffer_out = momentum * momentum_buffer + g;
+total_out = 0;
+w_out = w - lr * momentum_buffer_out;"""
+    FORMULAS = (GATHER, STEP_PLAIN, STEP)
+
     def __init__(self, settings: RuleSettings, clients: int):
         super().__init__(settings, clients)
         self.max_staleness = settings.max_staleness
@@ -304,10 +440,19 @@ class FreshRule(SGDRule):
         self.gather_ramp = 1.0            # and the scaling's ramp there
 
     @classmethod
+    def check_keys(cls, settings: RuleSettings) -> str:
+        batch = settings.fresh_batch
+        return _refusals(
+            (batch == "auto" or batch >= 0,
+             f"fresh_batch: must be a positive number of minibatches, 0 (clients) or auto, got {batch!r}"),
+            (settings.max_staleness >= 0, f"max_staleness: must be non-negative, got {settings.max_staleness}"),
+            (settings.fresh_reply in cls.REPLIES,
+             f"fresh_reply: expected {' or '.join(cls.REPLIES)}, got {settings.fresh_reply!r}"))
+
+    @classmethod
     def check(cls, settings: RuleSettings) -> str:
-        if settings.fresh_batch == "auto" and settings.servers > 1:
-            return "fresh_batch: auto needs servers = 1 (each server sees only its slice's gradient norms)"
-        return ""
+        return _refusals((settings.fresh_batch != "auto" or settings.servers == 1,
+                          "fresh_batch: auto needs servers = 1 (each server sees only its slice's gradient norms)"))
 
     @classmethod
     def versions(cls, settings: RuleSettings, pushes: int, clients: int) -> int:
@@ -344,6 +489,22 @@ class FreshRule(SGDRule):
         self.gathered()
         if self.covered >= self.step_batch:
             self.step(w)
+
+    def fused(self, client: int, staleness: int) -> Update:
+        covered = self.covered + self.minibatches
+        if covered < self.step_batch:
+            return Update(self.GATHER, {}, {"total": self.total}, after=self.gathered)
+        factor, ramp = (self.gather_factor, self.gather_ramp) if self.covered else (self.lr_factor, self.scale_ramp)
+
+        def after() -> None:
+            self.gathered()
+            self.covered = 0
+        scalars = {"lr": self.step_lr(covered, factor, ramp), "inv_count": 1.0 / covered,
+                   "weight_decay": self.weight_decay}
+        if not self.momentum:
+            return Update(self.STEP_PLAIN, scalars, {"total": self.total}, after=after)
+        return Update(self.STEP, {**scalars, "momentum": self.momentum},
+                      {"total": self.total, "momentum_buffer": self.buffer}, after=after)
 
     def gathered(self) -> None:
         """Count the push just summed; the gather's first push fixes its lr factor."""
@@ -408,6 +569,21 @@ class NesterovRule(Rule):
     averaged client change (synchronous local SGD with a Nesterov server step); with one
     client, N = 1 and beta = 0 it is `add`."""
 
+    # a plain step of d / N, and at every N-th push the momentum's look-ahead
+    PLAIN = """total_out = total + d;
+w_out = w + inv_n * d;"""
+    LOOK_AHEAD = """momentum_out = beta * momentum + inv_n * (total + d);
+total_out = 0;
+w_out = (w + inv_n * d) + beta * momentum_out;"""
+    FORMULAS = (PLAIN, LOOK_AHEAD)
+
+    @classmethod
+    def check_keys(cls, settings: RuleSettings) -> str:
+        return _refusals(
+            (settings.nesterov_every >= 0, f"nesterov_every: must be non-negative (0: clients), got {settings.nesterov_every}"),
+            (0 <= settings.nesterov_momentum < 1,
+             f"nesterov_momentum: must be in [0, 1), got {settings.nesterov_momentum}"))
+
     def __init__(self, settings: RuleSettings, clients: int):
         super().__init__(settings, clients)
         self.every = settings.nesterov_every or clients
@@ -427,6 +603,13 @@ class NesterovRule(Rule):
             self.momentum.mul_(self.beta).add_(self.total, alpha=1.0 / self.every)
             w.add_(self.momentum, alpha=self.beta)
             self.total.zero_()
+
+    def fused(self, client: int, staleness: int) -> Update:
+        scalars = {"inv_n": 1.0 / self.every}
+        if not self.due():
+            return Update(self.PLAIN, scalars, {"total": self.total}, after=self.counted)
+        return Update(self.LOOK_AHEAD, {**scalars, "beta": self.beta}, {"total": self.total, "momentum": self.momentum},
+                      after=self.counted)
 
     def due(self) -> bool:
         """Whether the push being applied is the N-th, which updates the momentum."""

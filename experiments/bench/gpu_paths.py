@@ -31,7 +31,7 @@ import torch
 from clients.models import host_copy, host_empty
 from paramserver.arrays import ServerArrays
 from paramserver.config import RunConfig
-from paramserver.fused import UPDATES, CupyKernel, Fused, numpy_kernel
+from paramserver.fused import CupyKernel, Fused, numpy_kernel
 from paramserver.rules import RULES, make_rule
 from paramserver.store import Store
 
@@ -93,7 +93,7 @@ def kernel_row(size: int, device: torch.device, rule: str, repeats: int) -> dict
     row = {"floats": size, "rule": rule,
            "fused_ms": median_ms(fused_step, repeats),
            "torch_ms": median_ms(lambda: (torch_rule.apply(w_torch, d, 0, 1), sync()), repeats)}
-    update = UPDATES[type(fused_rule)](fused_rule, 0, 1)
+    update = fused_rule.fused(0, 1)
     row["vectors_moved"] = 2 + len(update.reads) + 2 * (1 + len(update.state))  # w, d, reads in; w, state in and out
     source = torch.empty(size * row["vectors_moved"] // 2, device=device)  # a copy reads and writes it: the same bytes
     target = torch.empty_like(source)
