@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from clients.data import ShardSampler, Split
-from clients.models import host_copy, host_empty
+from clients.buffers import host_copy, host_empty
 from paramserver.rules import EASGDRule
 from paramserver.schedule import Schedule
 

@@ -11,11 +11,13 @@ estimates them afresh (`clients.evaluate.recalibrate`); docs/your-model.md says 
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 from torch import nn
 
-from paramserver.wire import frame
+from clients.buffers import host_copy
 
 
 def small_cnn(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
@@ -57,10 +59,16 @@ def build_model(name: str, shape: tuple[int, ...], num_classes: int | None, seed
         from clients.usercode import call_model_factory
         torch.manual_seed(seed)
         return call_model_factory(name, shape, num_classes)
+    factory = model_factory(name)
+    torch.manual_seed(seed)
+    return factory(shape, num_classes)
+
+
+def model_factory(name: str) -> Callable[..., nn.Module]:
+    """One of our models by name; ValueError (one line) for any other name."""
     if name not in MODELS:
         raise ValueError(f"model: unknown model {name!r} (choose from {', '.join(MODELS)})")
-    torch.manual_seed(seed)
-    return MODELS[name](shape, num_classes)
+    return MODELS[name]
 
 
 def flat_weights(model: nn.Module) -> np.ndarray:
@@ -71,27 +79,3 @@ def flat_weights(model: nn.Module) -> np.ndarray:
 def load_flat(model: nn.Module, weights: np.ndarray) -> None:
     device = next(model.parameters()).device
     torch.nn.utils.vector_to_parameters(torch.from_numpy(weights).to(device), model.parameters())
-
-
-def host_copy(tensor: torch.Tensor) -> np.ndarray:
-    """`tensor`'s values in host memory of their own. From a GPU they land in page-locked
-    memory: one DMA at full speed, into a buffer torch's caching host allocator recycles."""
-    tensor = tensor.detach()
-    if tensor.device.type == "cpu":  # with room for a message header: a push goes out in place
-        host = frame.empty(tensor.numel(), tensor.numpy().dtype).reshape(tensor.shape)
-        np.copyto(host, tensor.numpy())
-        return host
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-    host.copy_(tensor, non_blocking=True)
-    # non_blocking only queues the copy on the stream: wait for it before anything reads
-    # the buffer, MPI above all, which knows nothing of CUDA streams.
-    torch.cuda.current_stream(tensor.device).synchronize()
-    return host.numpy()
-
-
-def host_empty(size: int, device: torch.device) -> np.ndarray:
-    """An empty float32 host vector for data on its way to or from `device`: page-locked
-    for a GPU (copies to and from it are DMAs at full speed), plain numpy on a CPU."""
-    if device.type == "cpu":
-        return frame.empty(size, np.float32)  # with room for a message header: sent in place
-    return torch.empty(size, dtype=torch.float32, pin_memory=True).numpy()

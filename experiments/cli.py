@@ -26,6 +26,7 @@ from experiments.parent.mpiexec import launcher_rank
 from paramserver.config import ConfigError, RunConfig, config_values, field_types, flag_type
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.lock import RunDirError
+from paramserver.rundir.smoothing import WINDOW
 
 DEFAULT_CLIENTS = 2  # when asgd starts mpiexec itself and --clients is not given
 
@@ -117,8 +118,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="measure nothing: how far two runs' ratios are apart (does it repeat?)")
     report = commands.add_parser("report", help="summarise a run or a sweep: tables, findings, figures")
     report.add_argument("path", help="a run directory or a sweep folder")
-    report.add_argument("--window", type=int, help="smoothing window, in minibatches (default: the sweep "
-                                                     "spec's; for a run, a twentieth of its minibatches, at most 400)")
+    report.add_argument("--window", type=int, help="smoothing window, in minibatches (default: the sweep spec's; "
+                                                     f"for a run, a twentieth of its minibatches, at most {WINDOW})")
     report.add_argument("--figures", help="where a sweep's tables and figures go (default: SWEEP/figures)")
     report.add_argument("--target", type=float, help="target training error for speedups "
                                                        "(default: the 1-client run's final error + 5%%)")
@@ -200,12 +201,15 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
 def _check_inputs(cfg: RunConfig) -> None:
     """What the config alone cannot know: the data, the model, the run directory."""
     from clients.data import DataError, load_dataset
-    from clients.models import MODELS
     from clients.check import check_user_code
+    from clients.models import model_factory
     from paramserver.config import is_user_code
 
-    if cfg.model not in MODELS and not is_user_code(cfg.model):
-        raise InputError(f"model: unknown model {cfg.model!r} (choose from {', '.join(MODELS)})")
+    if not is_user_code(cfg.model):
+        try:
+            model_factory(cfg.model)
+        except ValueError as error:
+            raise InputError(str(error)) from None
     try:
         dataset = load_dataset(cfg.data, cfg.data_dir or None)
     except DataError as error:

@@ -20,7 +20,7 @@ import numpy as np
 
 from clients.client import Client
 from clients.collective import Average, Straggle, collective_step
-from clients.models import host_copy
+from clients.buffers import host_copy
 from experiments.runlife import RunLife
 from experiments.runrecord import RunSetup, eval_every
 from paramserver.recorder import Background

@@ -22,9 +22,9 @@ import sys
 from pathlib import Path
 
 from paramserver.rundir.lock import RunDirError
+from paramserver.rundir.smoothing import window_for
 from paramserver.rundir.durable import write_json_atomic, write_text_atomic
 from experiments.sweepfolder import refuse_mixed
-from experiments.tensorboard import smoothing_window
 from plots.curves import plot_run
 from plots.rundata import load_json
 
@@ -48,7 +48,7 @@ def report(path: str, window: int | None = None, figures: str | None = None, tar
     if not isinstance(summary.get("status"), str):
         raise RunDirError(f"{Path(path) / 'summary.json'} is not a run's summary (it has no status)")
     minibatches, time_s, error = (_number(summary, key) for key in ("minibatches", "time_s", "final_test_error"))
-    window = window or smoothing_window(1, int(minibatches or 1))  # fits the run, as TensorBoard's
+    window = window or window_for(1, int(minibatches or 1))  # fits the run, as TensorBoard's
     png = plot_run(path, Path(path) / "training_error.png", window)
     print(f"{path}: {summary['status']}; test error {error if error is None else f'{error:.4f}'}"
           + ("" if minibatches is None or time_s is None else f"; {minibatches} minibatches in {time_s:.1f} s"))

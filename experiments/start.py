@@ -16,7 +16,8 @@ from torch import nn
 
 from clients.client import Client, Replica
 from clients.data import Dataset, ShardSampler, shard_indices
-from clients.models import build_model, flat_weights, host_copy
+from clients.buffers import host_copy
+from clients.models import build_model, flat_weights
 from clients.usercode import loss_function
 from paramserver.rundir.resume import ResumePoint
 from paramserver.config import RunConfig

@@ -72,6 +72,7 @@ from paramserver.rundir.resume import CHANGEABLE
 from experiments.parent.supervise import STOP_GRACE_S, kill_tree
 from paramserver.config import ConfigError, RunConfig, field_types, load_config
 from paramserver.rundir.layout import RunDir
+from paramserver.rundir.smoothing import WINDOW
 from paramserver.rundir.status import FAILED, INTERRUPTED, LOCKED, PENDING, RUNNING, failed, finished, was_interrupted, word
 from paramserver.rundir.durable import write_json_atomic
 
@@ -154,7 +155,7 @@ def load_spec(path: str) -> Spec:
             points.setdefault(point.id, point)  # sync modes ignore n_sync: one point, not several
     meta = {k: raw[k] for k in ("study", "targets", "samples", "evaluations") if k in raw}
     return Spec(raw.get("name", Path(path).stem), raw.get("scale", "proxy"), backend,
-                float(raw.get("timeout", 3600)), int(raw.get("window", 400)), list(points.values()), meta)
+                float(raw.get("timeout", 3600)), int(raw.get("window", WINDOW)), list(points.values()), meta)
 
 
 def _check_spec_values(raw: dict[str, Any], path: str) -> None:

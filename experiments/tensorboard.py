@@ -29,13 +29,9 @@ from typing import Any
 
 from paramserver.config import ConfigError
 from paramserver.rundir.layout import RunDir
+from paramserver.rundir.smoothing import TrailingMean, window_for
 
 RATE_PUSHES = 50
-MAX_WINDOW = 400
-
-
-def smoothing_window(clients: int, steps: int) -> int:
-    return max(1, min(MAX_WINDOW, clients * steps // 20))
 
 
 def summary_writer(folder: Path) -> Any:
@@ -52,13 +48,13 @@ class Scalars:
 
     def __init__(self, folder: Path, window: int) -> None:
         self.folder, self.writer = folder, None  # made at the first scalar: after the run directory
-        self.losses, self.errors = deque(maxlen=window), deque(maxlen=window)
+        self.losses, self.errors = TrailingMean(window), TrailingMean(window)
         self.pushes: deque[tuple[float, float]] = deque(maxlen=RATE_PUSHES)
         self.minibatches = 0
 
     @classmethod
     def for_run(cls, run: str | Path, config: dict[str, Any]) -> "Scalars":
-        window = smoothing_window(config.get("clients") or 1, config.get("steps", 1))
+        window = window_for(config.get("clients") or 1, config.get("steps", 1))
         return cls(Path(run) / "tensorboard", window)
 
     def __call__(self, log: str, rows: list[dict[str, Any]]) -> None:
@@ -76,10 +72,8 @@ class Scalars:
 
     def _minibatch(self, row: dict[str, Any]) -> None:
         self.minibatches += 1
-        self.losses.append(row["loss"])
-        self.errors.append(row["error"])
-        self._add("train/loss", sum(self.losses) / len(self.losses), self.minibatches, row["time"])
-        self._add("train/error", sum(self.errors) / len(self.errors), self.minibatches, row["time"])
+        self._add("train/loss", self.losses.add(row["loss"]), self.minibatches, row["time"])
+        self._add("train/error", self.errors.add(row["error"]), self.minibatches, row["time"])
         if "lr" in row:  # rows of runs recorded before schedules have none
             self._add("train/lr", row["lr"], self.minibatches, row["time"])
 
@@ -108,7 +102,7 @@ def write_run(run: Path, folder: Path) -> None:
     if not config:
         raise ConfigError(f"tensorboard: {run} is not a run directory (no config.json)")
     shutil.rmtree(folder, ignore_errors=True)
-    scalars = Scalars(folder, smoothing_window(config.get("clients") or 1, config.get("steps", 1)))
+    scalars = Scalars(folder, window_for(config.get("clients") or 1, config.get("steps", 1)))
     try:
         for log in ("clients", "server", "eval"):
             scalars(log, record.rows(log))

@@ -271,7 +271,6 @@ def _require(ok: bool, field: str, reason: str) -> None:
 def _check_values(cfg: RunConfig) -> None:
     _require(cfg.backend in BACKENDS, "backend", f"unknown backend {cfg.backend!r} (choose from {', '.join(BACKENDS)})")
     _require(cfg.mode in MODES, "mode", f"unknown mode {cfg.mode!r} (choose from {', '.join(MODES)})")
-    _require(cfg.rule in RULES, "rule", f"unknown rule {cfg.rule!r} (choose from {', '.join(RULES)})")
     _require(cfg.clients is None or cfg.clients >= 1, "clients", f"must be at least 1, got {cfg.clients}")
     for name in ("n_sync", "n_push", "n_fetch", "steps", "batch_size"):
         value = getattr(cfg, name)
@@ -326,7 +325,11 @@ def _check_values(cfg: RunConfig) -> None:
 def _check_rule_keys(cfg: RunConfig) -> None:
     """Each rule's own keys (whichever runs, as every key is checked), then the chosen
     rule's refusals: "field: reason" lines the rules write (paramserver/rules.py)."""
-    for problem in [rule.check_keys(cfg) for rule in RULES.values()] + [rule_class(cfg.rule).check(cfg)]:
+    try:
+        chosen = rule_class(cfg.rule)
+    except ValueError as error:  # an unknown name: the rules' own line
+        raise ConfigError(str(error)) from None
+    for problem in [rule.check_keys(cfg) for rule in RULES.values()] + [chosen.check(cfg)]:
         if problem:
             raise ConfigError(problem)
 

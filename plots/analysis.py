@@ -18,6 +18,7 @@ import numpy as np
 
 from paramserver.rundir.lock import RunDirError
 from paramserver.rundir.status import finished
+from paramserver.rundir.smoothing import WINDOW
 from plots.rundata import load_json, load_log, smoothed_error
 
 ROOT = Path(__file__).resolve().parents[1]  # relative sweep paths in notebooks start here
@@ -59,7 +60,7 @@ class Sweep:
     @property
     def window(self) -> int:
         """The smoothing window the spec set (minibatches), as `asgd report` uses it."""
-        return int(self.meta.get("window", 400))
+        return int(self.meta.get("window", WINDOW))
 
     def select(self, **criteria: Any) -> list[SweepRun]:
         names = {f.name for f in fields(SweepRun)} - {"settings"}
@@ -111,7 +112,7 @@ def notebook_sweep(default: str) -> tuple[Sweep, int]:
     return sweep, int(os.environ.get("ASGD_WINDOW") or sweep.window)
 
 
-def curve(point: SweepRun, window: int = 400) -> Curve:
+def curve(point: SweepRun, window: int = WINDOW) -> Curve:
     """The cache key includes the log's size and mtime, so a resumed run is read again."""
     log = point.run / "clients.jsonl"
     stamp = (log.stat().st_mtime_ns, log.stat().st_size) if log.exists() else (0, 0)
@@ -149,7 +150,7 @@ def _single_client(sweep: Sweep, start: str) -> SweepRun:
     return min(points, key=lambda p: (p.n_sync, p.seed))
 
 
-def default_target(sweep: Sweep, window: int = 400, start: str = "cold") -> float:
+def default_target(sweep: Sweep, window: int = WINDOW, start: str = "cold") -> float:
     """The 1-client run's final smoothed training error times 1.05.
 
     The 1-client async run (smallest n_sync, lowest seed, the given start) is the
@@ -165,7 +166,7 @@ def default_start(sweep: Sweep) -> str:
     return "warm" if sweep.select(mode="async", clients=1, start="warm") else "cold"
 
 
-def speedups(sweep: Sweep, target: float | None = None, start: str = "cold", window: int = 400) -> list[dict]:
+def speedups(sweep: Sweep, target: float | None = None, start: str = "cold", window: int = WINDOW) -> list[dict]:
     """One row per (mode, n_sync, clients), seeds averaged.
 
     With one client the weights do not depend on n_sync (every push is the client's own
@@ -346,6 +347,6 @@ CLAIMS = {
 }
 
 
-def findings(sweep: Sweep, window: int = 400) -> dict[str, dict]:
+def findings(sweep: Sweep, window: int = WINDOW) -> dict[str, dict]:
     """Each of the paper's qualitative claims checked on this sweep; `holds` is None when it cannot be."""
     return {key: {"claim": claim, **check(sweep, window)} for key, (claim, check) in CLAIMS.items()}

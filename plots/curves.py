@@ -3,12 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only; no display needed
-import matplotlib.pyplot as plt  # noqa: E402
-
-from plots.rundata import load_json, load_log, smoothed_error  # noqa: E402
+from paramserver.rundir.smoothing import WINDOW
+from plots.backend import plt
+from plots.rundata import load_json, load_log, smoothed_error
 
 
 def time_label(config: dict) -> str:
@@ -16,7 +13,7 @@ def time_label(config: dict) -> str:
     return "virtual time (s, simulated)" if config.get("backend") == "sim" else "wall time (s)"
 
 
-def plot_run(run_dir: str | Path, png: str | Path, window: int = 400) -> Path:
+def plot_run(run_dir: str | Path, png: str | Path, window: int = WINDOW) -> Path:
     config = load_json(run_dir, "config")
     time, _, error = smoothed_error(load_log(run_dir, "clients"), window)
     evals = load_log(run_dir, "eval")

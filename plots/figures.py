@@ -9,17 +9,15 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # files only; no display needed
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from plots.analysis import (SweepRun, Sweep, curve, default_start, speedups,  # noqa: E402
+from paramserver.rundir.smoothing import WINDOW
+from plots.analysis import (SweepRun, Sweep, curve, default_start, speedups,
                             staleness_table)
-from plots.rundata import load_json, load_log  # noqa: E402
+from plots.backend import plt
+from plots.rundata import load_json, load_log
 
 LINESTYLES = ["-", "--", ":", "-."]
 PAPER_SPEEDUP = (8, 3.2)  # Paine et al. 2013: 3.2x at 8 GPUs
@@ -98,7 +96,7 @@ def _plot_seeds(ax: Axes, points: list[SweepRun], window: int, label: str, x: st
                 lw=1.2, **style)
 
 
-def fig1_single_client(sweep: Sweep, window: int = 400, ax: Axes | None = None) -> Figure:
+def fig1_single_client(sweep: Sweep, window: int = WINDOW, ax: Axes | None = None) -> Figure:
     ones = _need(sweep.select(mode="async", clients=1, start="cold"), "cold 1-client async point")
     point = min(ones, key=lambda p: (p.n_sync, p.seed))
     fig, (ax,), owned = _axes(ax, 1)
@@ -115,7 +113,7 @@ def fig1_single_client(sweep: Sweep, window: int = 400, ax: Axes | None = None) 
     return _finish(fig, owned, sweep, [point], window)
 
 
-def fig_start(sweep: Sweep, start: str = "cold", window: int = 400, axes: Sequence[Axes] | None = None,
+def fig_start(sweep: Sweep, start: str = "cold", window: int = WINDOW, axes: Sequence[Axes] | None = None,
               x: str = "time") -> Figure:
     """Against time (the paper's axes: what more clients buy) or, with x="minibatches",
     against the minibatches of all clients (what staleness costs per unit of work)."""
@@ -137,7 +135,7 @@ def fig_start(sweep: Sweep, start: str = "cold", window: int = 400, axes: Sequen
 
 
 def fig4_speedup(sweep: Sweep, target: float | None = None, start: str | None = None,
-                 ax: Axes | None = None, window: int = 400) -> Figure:
+                 ax: Axes | None = None, window: int = WINDOW) -> Figure:
     """Speedup in time to a common target error; the star is the paper's number for comparison."""
     start = start or default_start(sweep)
     points = _need(sweep.select(mode="async", start=start), f"async points with start {start}")
@@ -184,7 +182,7 @@ def fig_staleness(sweep: Sweep, axes: Sequence[Axes] | None = None) -> Figure:
                    title=f"Staleness of pushes, async, n_sync {n_syncs[0]}")
 
 
-def fig_modes(sweep: Sweep, window: int = 400, axes: Sequence[Axes] | None = None) -> Figure:
+def fig_modes(sweep: Sweep, window: int = WINDOW, axes: Sequence[Axes] | None = None) -> Figure:
     """Panels only at client counts where some non-async mode ran, so every panel compares modes."""
     others = _need([p for p in sweep.points if p.mode != "async"], "points of modes other than async")
     counts = sorted({p.clients for p in others})

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from paramserver.rundir.layout import RunDir
+from paramserver.rundir.smoothing import WINDOW, smoothed
 
 
 def load_log(run_dir: str | Path, log: str) -> list[dict]:
@@ -16,13 +17,10 @@ def load_json(run_dir: str | Path, name: str) -> dict:
     return RunDir(run_dir).record(name)
 
 
-def smoothed_error(rows: list[dict], window: int = 400) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(time, minibatches, error): the trailing mean over the last `window` minibatches
-    of all clients merged in time order, as the paper smoothed its training curves."""
+def smoothed_error(rows: list[dict], window: int = WINDOW) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(time, minibatches, error): the paper's smoothed training curve
+    (paramserver/rundir/smoothing.py) of all clients' rows merged in time order."""
     rows = sorted(rows, key=lambda r: r["time"])
     time = np.array([r["time"] for r in rows], dtype=np.float64)
     error = np.array([r["error"] for r in rows], dtype=np.float64)
-    sums = np.concatenate([[0.0], np.cumsum(error)])
-    count = np.arange(1, len(error) + 1)
-    lo = np.maximum(count - window, 0)
-    return time, count, (sums[count] - sums[lo]) / (count - lo)
+    return time, np.arange(1, len(error) + 1), smoothed(error, window)

@@ -22,15 +22,12 @@ Never a method's own final error: every number is time to a target fixed in adva
 """
 from __future__ import annotations
 
-import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # files only
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from plots.analysis import Sweep, SweepRun  # noqa: E402
-from plots.rundata import load_json, load_log  # noqa: E402
+from plots.analysis import Sweep, SweepRun
+from plots.backend import plt
+from plots.rundata import load_json, load_log
 
 SMOOTH = 3           # evaluations averaged before a target counts as reached
 DIVERGED = 0.5       # a final test error above this (chance: 90%) counts as diverged

@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from clients.models import host_copy, host_empty
+from clients.buffers import host_copy, host_empty
 from paramserver.arrays import ServerArrays
 from paramserver.config import RunConfig
 from paramserver.fused import CupyKernel, Fused, numpy_kernel

@@ -32,7 +32,7 @@ from mpi4py import MPI
 import torch
 
 from paramserver.wire.fanout import ServerLink
-from clients.models import host_empty
+from clients.buffers import host_empty
 from paramserver.wire.protocol import Outgoing, Pull, Push, Stop, Tag, shard_bounds
 from paramserver.config import RunConfig
 from paramserver.rules import make_rule

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 
 def test_a_simulated_runs_curve_is_labelled_virtual_time():
-    from experiments.tensorboard import smoothing_window
+    from paramserver.rundir.smoothing import window_for
     from plots.curves import time_label
 
     assert time_label({"backend": "sim"}).startswith("virtual time")
     assert time_label({"backend": "mpi"}) == "wall time (s)"
-    assert smoothing_window(1, 160) == 8 and smoothing_window(8, 10_000) == 400  # fits the run
+    assert window_for(1, 160) == 8 and window_for(8, 10_000) == 400  # fits the run
 
 
 def test_a_notebook_reads_a_sweep_as_the_report_does(tmp_path, monkeypatch):
