@@ -12,7 +12,6 @@ safetensors instead (where the package is installed).
 """
 from __future__ import annotations
 
-from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -20,20 +19,19 @@ import torch
 from clients.data import DataError, load_dataset
 from clients.evaluate import has_running_stats, recalibrate
 from clients.models import build_model, load_flat
-from paramserver.config import ConfigError, RunConfig
-from paramserver.rundir.layout import RunDir
+from paramserver.config import ConfigError, load_config
 from paramserver.rundir.durable import load_arrays
+from paramserver.rundir.layout import RunDir
+from paramserver.rundir.resume import recorded_config
 
 
 def export(run_path: str, out: str | None = None) -> int:
     run = RunDir(run_path)
-    stored = run.record("config")
-    if not stored:
+    if not run.record("config"):
         raise ConfigError(f"export: {run_path} is not a run directory (no config.json)")
     if not run.checkpoint_path.exists():
         raise ConfigError(f"export: {run_path} has no checkpoint/latest.npz to export")
-    keys = {f.name for f in fields(RunConfig)}
-    cfg = RunConfig(**{k: v for k, v in stored.items() if k in keys})
+    cfg = load_config(None, recorded_config(run_path))
     try:
         dataset = load_dataset(cfg.data, cfg.data_dir or None)
     except DataError as error:
