@@ -4,9 +4,15 @@ A rule sees the pushed vector, the pushing client, the push's staleness (pushes 
 since that client last pulled) and the number of clients K; it may keep per-client
 state, which the checkpoint saves (`state`/`load_state`). Its arithmetic is written once
 on torch tensors, so the very code runs on a CPU server (tensors sharing the host
-buffers) and on a GPU one. `pushes` tells the clients what to send.
+buffers) and on a GPU one. A rule owns all it means: its torch arithmetic (`apply`), the
+same update as a fused kernel's formula (`FORMULAS`, `fused`: paramserver/fused.py only
+runs them), the checks of its config keys (`check_keys`, whichever rule runs; `check`,
+when it does), what its clients push (`pushes`) and their step back (`client_elastic`,
+EASGD's `follow`), and the versions its pushes make (`versions`).
 
-Adding a rule is one class here and one `RULES` entry. The formulas and their papers are
+Adding a rule is one class here and one `RULES` entry, its test and its row in
+docs/rules.md (and a config key in paramserver/config.py if it has a setting of its
+own). The formulas and their papers are
 in docs/rules.md. `w` is the server's weights, `d` the push, `tau` its
 staleness, `K` the clients:
 - `add`       w += d                                    (the paper's; Downpour's)
