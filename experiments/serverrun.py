@@ -52,9 +52,8 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
     cfg, clients = setup.cfg, setup.clients
     every = eval_every(cfg, cfg.async_versions(clients))
     bounds = shard_bounds(setup.weights.size, cfg.servers)
-    state = ServerState(make_store(cfg, setup.weights[slice(*bounds[0])], clients), client_ranks(cfg, clients),
-                        every, make_codec(cfg.compress), apply_cost=apply_cost,
-                        schedule=server_schedule(cfg, clients), clock=clock)
+    state = server_state(cfg, setup.weights[slice(*bounds[0])], clients, eval_every=every, apply_cost=apply_cost,
+                         clock=clock)
     with RunLife(setup, every, clock, lambda: _counts(state)) as life:
         lines = (0, 0)
         if life.checkpoint is not None:
@@ -80,14 +79,20 @@ def serve_slice(setup: RunSetup, link: Link, clock: Callable[[], float], shard: 
     nothing: server 0 records the run."""
     cfg = setup.cfg
     lo, hi = shard_bounds(setup.weights.size, cfg.servers)[shard]
-    state = ServerState(make_store(cfg, setup.weights[lo:hi], setup.clients), client_ranks(cfg, setup.clients),
-                        codec=make_codec(cfg.compress), peers=(0,), schedule=server_schedule(cfg, setup.clients))
+    state = server_state(cfg, setup.weights[lo:hi], setup.clients, peers=(0,))
     loop = ServerLoop(link, state, None, clock, cfg.stall_timeout, cfg.on_client_failure)
     loop.serve()
     while (msg := link.recv(math.inf, source=0)).tag == Tag.PULL:
         loop.answer(msg)
     loop.finish_replies()
     return msg.header.lost
+
+
+def server_state(cfg: RunConfig, weights: np.ndarray, clients: int, **options: Any) -> ServerState:
+    """A server's state for its slice `weights` of a run of `clients` clients: its store,
+    the clients' ranks, the wire's codec, the lr schedule (`options`: ServerState's)."""
+    return ServerState(make_store(cfg, weights, clients), client_ranks(cfg, clients), codec=make_codec(cfg.compress),
+                       schedule=server_schedule(cfg, clients), **options)
 
 
 def client_ranks(cfg: RunConfig, clients: int) -> list[int]:
