@@ -6,8 +6,9 @@
       or, on any exception: the files under way land, the failure is the summary
 
 The async server (experiments/serverrun.py) and the collective modes
-(experiments/collectiverun.py) differ only in what they train and count; the ranks that
-record nothing (other servers, collective ranks but 0) get a life without a directory.
+(experiments/collectiverun.py) differ only in what they train and count; the collective
+ranks that record nothing (all but rank 0) get a life without a directory (the other
+servers of a sharded run record nothing and have no life: experiments/serverrun.py).
 """
 from __future__ import annotations
 

@@ -96,7 +96,7 @@ def _carrying(marker: bytes) -> list[int]:
 
 class Tee:
     """A pipe whose lines go on to our stderr; keeps the first line in which a rank says
-    it failed (`launch._fail`)."""
+    it failed (experiments/rank/entry.py's `_fail`)."""
 
     FAILED = re.compile(r"^asgd: (rank \d+ \(.*\) failed: .*)$")
 

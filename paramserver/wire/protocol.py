@@ -126,8 +126,8 @@ class PeerFailed(RuntimeError):
 
 class Link(Protocol):
     """The moving of messages, as the server loop and a client's `ServerLink` use it:
-    `paramserver/wire/transport.py` over MPI, `paramserver/inprocess.py` in one process. The
-    cores are typed against this, so none of them imports MPI."""
+    `paramserver/wire/transport.py` over MPI (the simulator moves them through its event
+    queue instead). The cores are typed against this, so none of them imports MPI."""
 
     def recv(self, timeout: float, source: int = ..., tag: int = ..., busy: float = ...,
              into: np.ndarray | None = ...) -> Message: ...
