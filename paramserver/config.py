@@ -7,6 +7,7 @@ command-line flags share names (`n_sync` is `--n-sync`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import sys
@@ -218,6 +219,13 @@ def auto_momentum(clients: int) -> float:
 
 def field_types() -> dict[str, type]:
     """The base type of each field (Optional[int] -> int)."""
+    return dict(_field_types())
+
+
+@functools.cache
+def _field_types() -> dict[str, type]:
+    """Worked out once a process: `get_type_hints` evaluates every annotation anew (about
+    1 ms), and the command's parser and every RunConfig's checks ask for them."""
     hints = get_type_hints(RunConfig)
     base = {}
     for f in fields(RunConfig):
