@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -82,13 +83,21 @@ def checkpointed(run: Path) -> bool:
         return False
 
 
-@pytest.fixture
-def interrupted_run(tmp_path, tiny_npz) -> Path:
-    """A 2-client run failed at version 10 with a checkpoint at version 8."""
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def failed_once(tmp_path_factory, tiny_npz) -> Path:
+    """One 2-client run failed at version 10 with a checkpoint at version 8 (one process
+    start for the module; each test takes a copy of it)."""
+    run = tmp_path_factory.mktemp("interrupted") / "run"
     failed = asgd(*sim(run, tiny_npz, "--steps", "12", "--inject-fault", "0:10"))
     assert failed.returncode == 1 and failed.stderr.count("\n") == 1 and "error.log" in failed.stderr
     return run
+
+
+@pytest.fixture
+def interrupted_run(failed_once, tmp_path) -> Path:
+    """A copy of the failed run, this test's own (a copy resumes as its own folder:
+    tests/reliability/test_record.py)."""
+    return Path(shutil.copytree(failed_once, tmp_path / "run"))
 
 
 def test_a_second_writer_is_refused_naming_the_holder(interrupted_run, tiny_npz, tmp_path):
