@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from clients.data import ShardSampler, Split
 from clients.buffers import host_copy, host_empty
+from clients.data import ShardSampler, Split
 from paramserver.rules import EASGDRule
 from paramserver.schedule import Schedule
 

@@ -24,8 +24,8 @@ from torch import nn
 from clients.client import wrong
 from clients.data import Split
 from clients.models import load_flat
-from paramserver.rundir.layout import RunDir
 from paramserver.rundir.durable import load_arrays
+from paramserver.rundir.layout import RunDir
 
 CURVE_SAMPLES = 2000  # test samples per point of the curve unless eval_samples says
 _CURVE_STREAM = 0xC0  # the seeded choice of them

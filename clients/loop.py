@@ -19,8 +19,8 @@ import numpy as np
 
 from clients.client import Client
 from clients.stragglers import Stragglers
-from paramserver.wire.compress import ErrorFeedback, make_codec
 from paramserver.config import Fault
+from paramserver.wire.compress import ErrorFeedback, make_codec
 from paramserver.wire.protocol import Outgoing, Pull, Push, Stop, Tag
 
 

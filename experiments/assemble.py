@@ -19,10 +19,10 @@ from torch import nn
 from clients.client import Client
 from clients.data import Dataset, load_dataset
 from clients.models import build_model, flat_weights
-from paramserver.rundir.resume import ResumePoint, resume_point
 from experiments.runrecord import RunSetup
 from experiments.start import make_client, make_replica, start_client, starting_weights
 from paramserver.config import RunConfig
+from paramserver.rundir.resume import ResumePoint, resume_point
 
 # How rank 0's start weights and resume point reach every process (identity in one process).
 Share = Callable[[np.ndarray, ResumePoint | None], tuple[np.ndarray, ResumePoint | None]]

@@ -200,8 +200,8 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _check_inputs(cfg: RunConfig) -> None:
     """What the config alone cannot know: the data, the model, the run directory."""
-    from clients.data import DataError, load_dataset
     from clients.check import check_user_code
+    from clients.data import DataError, load_dataset
     from clients.models import model_factory
     from paramserver.config import is_user_code
 

@@ -18,9 +18,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from clients.buffers import host_copy
 from clients.client import Client
 from clients.collective import Average, Straggle, collective_step
-from clients.buffers import host_copy
 from experiments.runlife import RunLife
 from experiments.runrecord import RunSetup, eval_every
 from paramserver.recorder import Background

@@ -21,10 +21,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from experiments.sweepfolder import refuse_mixed
+from paramserver.rundir.durable import write_json_atomic, write_text_atomic
 from paramserver.rundir.lock import RunDirError
 from paramserver.rundir.smoothing import window_for
-from paramserver.rundir.durable import write_json_atomic, write_text_atomic
-from experiments.sweepfolder import refuse_mixed
 from plots.curves import plot_run
 from plots.rundata import load_json
 

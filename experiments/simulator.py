@@ -51,10 +51,10 @@ from experiments.serverrun import make_store, serve_run
 from paramserver.config import ConfigError, RunConfig
 from paramserver.handler import ServerState
 from paramserver.inprocess import InProcess
-from paramserver.wire.protocol import Outgoing, Pull, Push, Tag
-from paramserver.rundir.layout import RunDir
-from paramserver.rundir.durable import read_jsonl
 from paramserver.recorder import Recorder
+from paramserver.rundir.durable import read_jsonl
+from paramserver.rundir.layout import RunDir
+from paramserver.wire.protocol import Outgoing, Pull, Push, Tag
 
 
 @dataclass(frozen=True)

@@ -14,16 +14,16 @@ import numpy as np
 import torch
 from torch import nn
 
+from clients.buffers import host_copy
 from clients.client import Client, Replica
 from clients.data import Dataset, ShardSampler, shard_indices
-from clients.buffers import host_copy
 from clients.models import build_model, flat_weights
 from clients.usercode import loss_function
-from paramserver.rundir.resume import ResumePoint
 from paramserver.config import RunConfig
 from paramserver.rules import rule_class
-from paramserver.rundir.layout import RunDir
 from paramserver.rundir.durable import load_arrays
+from paramserver.rundir.layout import RunDir
+from paramserver.rundir.resume import ResumePoint
 from paramserver.schedule import Schedule
 
 WARM_STREAM = 1_000_003  # the ShardSampler "client" number of the warm-start order

@@ -67,14 +67,14 @@ from pathlib import Path
 from typing import Any
 
 from experiments.parent.lifeline import lifeline
-from experiments.progress import Progress
-from paramserver.rundir.resume import CHANGEABLE
 from experiments.parent.supervise import STOP_GRACE_S, kill_tree
+from experiments.progress import Progress
 from paramserver.config import ConfigError, RunConfig, field_types, load_config
+from paramserver.rundir.durable import write_json_atomic
 from paramserver.rundir.layout import RunDir
+from paramserver.rundir.resume import CHANGEABLE
 from paramserver.rundir.smoothing import WINDOW
 from paramserver.rundir.status import FAILED, INTERRUPTED, LOCKED, PENDING, RUNNING, failed, finished, was_interrupted, word
-from paramserver.rundir.durable import write_json_atomic
 
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")
 # Grid keys that are config keys as such: these five always in the index, with their

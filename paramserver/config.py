@@ -15,8 +15,8 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional, get_type_hints
 
-from paramserver.wire.compress import CODECS
 from paramserver.rules import RULES, rule_class
+from paramserver.wire.compress import CODECS
 
 BACKENDS = ("mpi", "sim")
 MODES = ("async", "sync", "local-sgd")

@@ -27,14 +27,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from paramserver.rundir.checkpoint import Checkpoint
-from paramserver.wire.compress import Codec
-from paramserver.wire import frame
-from paramserver.wire.frame import Garbled
 from paramserver.pace import Pace
-from paramserver.wire.protocol import FROM_CLIENTS, Message, Push, Reply, Stop, Tag, Weights, well_formed
+from paramserver.rundir.checkpoint import Checkpoint
 from paramserver.schedule import Schedule
 from paramserver.store import ApplyResult, Store
+from paramserver.wire import frame
+from paramserver.wire.compress import Codec
+from paramserver.wire.frame import Garbled
+from paramserver.wire.protocol import FROM_CLIENTS, Message, Push, Reply, Stop, Tag, Weights, well_formed
 
 
 class ClientLost(RuntimeError):

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from paramserver.handler import ServerState, handle
-from paramserver.wire.protocol import Message, Reply, Tag, carries_payload, payload_target
 from paramserver.recorder import Recorder
+from paramserver.wire.protocol import Message, Reply, Tag, carries_payload, payload_target
 
 
 class InProcess:

@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from paramserver.rundir.checkpoint import Checkpoint, save_point
 from paramserver.config import Fault
 from paramserver.handler import Applied, ClientRows, Dropped, Event, NoiseMeasured, Rejected, ServerState, SnapshotDue
+from paramserver.rundir.checkpoint import Checkpoint, save_point
 from paramserver.rundir.layout import RunDir
 
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from paramserver.handler import ClientLost, ServerState, ServerTally, handle, release, release_due, tag_name
+from paramserver.recorder import Recorder
 from paramserver.wire.liveness import PeerDied
 from paramserver.wire.protocol import Link, Message, PeerTimeout, Reply, Tag
-from paramserver.recorder import Recorder
 
 
 class ClientStalled(ClientLost):

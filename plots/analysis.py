@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from paramserver.rundir.lock import RunDirError
-from paramserver.rundir.status import finished
 from paramserver.rundir.smoothing import WINDOW
+from paramserver.rundir.status import finished
 from plots.rundata import load_json, load_log, smoothed_error
 
 ROOT = Path(__file__).resolve().parents[1]  # relative sweep paths in notebooks start here

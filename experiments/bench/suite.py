@@ -39,8 +39,8 @@ from typing import Any, Callable
 
 from experiments.bench.trials import SPREAD, interleave, ratio_cell
 from experiments.parent.mpiexec import find_mpiexec
-from paramserver.rundir.layout import RunDir
 from paramserver.rundir.durable import read_jsonl, write_json_atomic, write_text_atomic
+from paramserver.rundir.layout import RunDir
 
 PYTHON = [sys.executable, "-m"]
 WARMUP = 5

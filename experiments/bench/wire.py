@@ -31,16 +31,16 @@ from mpi4py import MPI
 
 import torch
 
-from paramserver.wire.fanout import ServerLink
 from clients.buffers import host_empty
-from paramserver.wire.protocol import Outgoing, Pull, Push, Stop, Tag, shard_bounds
 from paramserver.config import RunConfig
-from paramserver.rules import make_rule
-from paramserver.rundir.layout import RunDir
 from paramserver.handler import ServerState
 from paramserver.recorder import Recorder
+from paramserver.rules import make_rule
+from paramserver.rundir.layout import RunDir
 from paramserver.server import ServerLoop
 from paramserver.store import Store
+from paramserver.wire.fanout import ServerLink
+from paramserver.wire.protocol import Outgoing, Pull, Push, Stop, Tag, shard_bounds
 from paramserver.wire.transport import Transport
 
 from experiments.bench.trials import interleave

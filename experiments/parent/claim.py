@@ -15,11 +15,11 @@ import os
 from pathlib import Path
 
 from experiments.parent.mpiexec import launcher_rank
-from paramserver.rundir.resume import verify_logs
 from experiments.parent.supervise import LOCKED_RUN
 from paramserver.config import ConfigError, RunConfig
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.lock import FolderLock
+from paramserver.rundir.resume import verify_logs
 
 
 def claim(cfg: RunConfig, out: str) -> FolderLock | None:

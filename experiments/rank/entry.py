@@ -4,8 +4,8 @@
 the parent's side); run by `mpiexec` (or srun) it lands in `run_mpi`, where rank 0
 becomes the server and ranks 1..K the clients. The MPI is the wire's
 (paramserver/wire/transport.py), imported only inside `run_mpi`, after the config was
-validated, so bad input never starts MPI. An exception on any rank ends the whole job within
-seconds (MPI_Abort), after the server wrote a `failed` summary when it could.
+validated, so bad input never starts MPI. An exception on any rank ends the whole job
+within seconds (MPI_Abort), after the server wrote a `failed` summary when it could.
 """
 from __future__ import annotations
 
@@ -20,23 +20,24 @@ import numpy as np
 import torch
 
 from clients.client import Client
-from clients.devices import device_name, pick_device
 from clients.collective import Straggle, keep_fastest
+from clients.devices import device_name, pick_device
 from clients.driver import ClientPlan, run_client
 from clients.stragglers import Stragglers
 from experiments.assemble import Share, Started, build, start
 from experiments.collectiverun import collective_run
+from experiments.parent.supervise import LOCKED_RUN, direct_stdio
 from experiments.provenance import provenance
 from experiments.serverrun import serve_mpi, serve_slice
-from paramserver.rundir.resume import ResumePoint
-from experiments.parent.supervise import LOCKED_RUN, direct_stdio
 from paramserver.config import RunConfig
+from paramserver.rundir.resume import ResumePoint
 from paramserver.rundir.summary import log_traceback
-from paramserver.wire.liveness import PeerDied, PeerWatch
 from paramserver.wire.farewell import say_bye, tell_recorders, wait_for_bye
+from paramserver.wire.liveness import PeerDied, PeerWatch
 
 if TYPE_CHECKING:  # the transport imports mpi4py, which starts MPI: only run_mpi loads it
     from paramserver.wire.transport import Transport
+
 
 def run_mpi(cfg: RunConfig, out: str) -> int:
     """The body of every rank. Returns the exit status; failures abort the job instead.

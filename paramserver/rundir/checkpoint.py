@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from paramserver.rundir.layout import RunDir
 from paramserver.rundir.durable import CorruptFile, load_arrays, save_arrays
+from paramserver.rundir.layout import RunDir
 
 OWN = ("weights", "version", "time", "lines", "tally.counts", "tally.client_steps", "tally.client_pushes")
 

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from paramserver.rundir.checkpoint import Checkpoint
 from paramserver.config import ConfigError, RunConfig, load_config
+from paramserver.rundir.checkpoint import Checkpoint
+from paramserver.rundir.durable import CorruptFile, read_jsonl, truncate_jsonl, write_json_atomic
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.lock import RunDirError
 from paramserver.rundir.status import COMPLETE
 from paramserver.rundir.summary import SUMMARY, discard
-from paramserver.rundir.durable import CorruptFile, read_jsonl, truncate_jsonl, write_json_atomic
 
 # The one list of settings a resume may change: how the run is handled, never what it
 # trains (every other config key, whoever adds it, must keep the run's recorded value).

@@ -21,9 +21,9 @@ from typing import Any, Callable
 import numpy as np
 from mpi4py import MPI
 
-from paramserver.wire.liveness import PeerDied, PeerWatch
 from paramserver.wire import frame
 from paramserver.wire.frame import FRAMED, HEADER_BYTES, rows_bytes
+from paramserver.wire.liveness import PeerDied, PeerWatch
 from paramserver.wire.protocol import Message, PeerFailed, PeerTimeout, Push, Tag, Weights, payload_target
 
 ANY = MPI.ANY_SOURCE

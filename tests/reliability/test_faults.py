@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from paramserver.rundir.durable import load_arrays
 from experiments.parent.mpiexec import launcher_rank
 from experiments.parent.supervise import descendants, kill_tree
+from paramserver.rundir.durable import load_arrays
 from tests.conftest import BIN, LAUNCHER, MPIEXEC, assert_logged_once, mpi_train, run_command
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]

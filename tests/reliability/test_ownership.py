@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from experiments.parent.supervise import descendants, kill_tree
-from paramserver.rundir.lock import FolderLock
 from paramserver.rundir.durable import load_arrays
+from paramserver.rundir.lock import FolderLock
 from tests.conftest import BIN, run_command
 from tests.sim.test_sim import TIMED
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from paramserver.config import RunConfig
-from paramserver.wire.protocol import Fail, Tag
 from paramserver.handler import ClientFailed
+from paramserver.wire.protocol import Fail, Tag
 
 
 def test_fail_from_a_client_ends_the_job(served):
@@ -19,9 +19,9 @@ def test_handle_returns_replies_and_events_and_touches_no_disk():
     import numpy as np
 
     from paramserver.handler import Applied, ClientRows, ServerState, SnapshotDue, handle
-    from paramserver.wire.protocol import Message, Pull, Push
     from paramserver.rules import make_rule
     from paramserver.store import Store
+    from paramserver.wire.protocol import Message, Pull, Push
 
     state = ServerState(Store(np.zeros(4, np.float32), make_rule("add", RunConfig())), [1], eval_every=1, apply_cost=0.5)
     [reply], events = handle(state, Message(1, Tag.PULL, Pull()))

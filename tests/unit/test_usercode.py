@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
+from clients.check import check_user_code
 from clients.client import wrong
 from clients.data import ShardSampler, load_dataset, shard_indices
 from clients.evaluate import recalibrate
 from clients.models import build_model
-from clients.check import check_user_code
 from clients.usercode import resolve, spec_of
 from experiments.api import settings_flags
 from experiments.cli import main
