@@ -54,6 +54,7 @@ class RuleSettings(Protocol):
     easgd_beta: float
     batch_size: int
     push_every: int
+    fetch_every: int
     lr_scaling: str
     fresh_batch: int | str
     max_staleness: int

@@ -41,10 +41,9 @@ class FolderLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            refusal = self._refusal(fd)
             os.close(fd)
-            raise LockHeld(f"{self.path.parent} is being written by {holder}; "
-                              "wait for that job to end, or stop it") from None
+            raise LockHeld(refusal) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%F %T')}\n".encode(), 0)
         self.fd = fd
@@ -68,9 +67,20 @@ class FolderLock:
         self.release()
 
     def holder(self) -> str | None:
-        """Who holds the lock now, without taking it: None when it is free."""
+        """Who holds the lock now (the refusal's line), without taking it or writing
+        anything: None when it is free or was never taken."""
         try:
-            with self:
-                return None
-        except LockHeld as held:
-            return str(held)
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # let go again by the close
+            return None
+        except BlockingIOError:
+            return self._refusal(fd)
+        finally:
+            os.close(fd)
+
+    def _refusal(self, fd: int) -> str:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        return f"{self.path.parent} is being written by {holder}; wait for that job to end, or stop it"
