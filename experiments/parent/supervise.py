@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from experiments.parent.lifeline import lifeline
+from experiments.parent.mpiexec import launcher_rank
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.status import finished, word
 from paramserver.rundir.summary import mark_failed
@@ -57,7 +58,7 @@ def supervise(command: list[str], env: dict[str, str], out: str, lock_fd: int, f
         for fd in stdio:
             os.close(fd)  # the job holds them now: the tee ends when the job's last process does
         try:
-            returncode = job.wait()
+            returncode = _wait(job)
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.Interrupted)
             interrupted = True
             returncode = stop(job)
@@ -65,6 +66,37 @@ def supervise(command: list[str], env: dict[str, str], out: str, lock_fd: int, f
         _end_stragglers(env[LOCKED_RUN])
         tee.close()
     return _outcome(RunDir(out), returncode, interrupted, tee.failure)
+
+
+def _wait(job: subprocess.Popen) -> int:
+    """The launcher's exit status. A launcher that had ranks on this host and has had none
+    for `STOP_GRACE_S` is killed: it has nothing left here to wait for (a job's rank 0,
+    its server or recorder, runs on the launcher's host), and one that waits anyway
+    would hold the run's lock forever (Open MPI under ULFM may, after a rank was killed)."""
+    had_ranks, alone_since = False, None
+    while True:
+        try:
+            return job.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        if any(rank_of(pid) is not None for pid in descendants(job.pid)):
+            had_ranks, alone_since = True, None
+        elif had_ranks and alone_since is None:
+            alone_since = time.monotonic()
+        elif alone_since is not None and time.monotonic() - alone_since > STOP_GRACE_S:
+            print(f"asgd: the launcher outlived every rank of its job by {STOP_GRACE_S:.0f} s; killed it",
+                  file=sys.stderr, flush=True)
+            kill_tree(job.pid)
+            return job.wait()
+
+
+def rank_of(pid: int) -> int | None:
+    """The rank a launcher gave process `pid` (None: not a rank, or gone)."""
+    try:
+        entries = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    return launcher_rank(dict(entry.partition("=")[::2] for entry in entries))
 
 
 def _end_stragglers(run: str) -> None:

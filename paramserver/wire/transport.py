@@ -12,6 +12,7 @@ for has died.
 """
 from __future__ import annotations
 
+import faulthandler
 import math
 import os
 import pickle
@@ -29,6 +30,7 @@ from paramserver.wire.protocol import Message, PeerFailed, PeerTimeout, Push, Ta
 ANY = MPI.ANY_SOURCE
 _FIRST_SLEEP, _MAX_SLEEP = 50e-6, 1e-3
 _BUSY = 1e-3  # a message the peer sends right after its last one comes within this
+ABORT_GRACE_S = 10.0
 _PROC_FAILED = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING)  # ULFM: a rank of the communicator died
 
 
@@ -338,7 +340,14 @@ class Transport:
         return array
 
     def abort(self, code: int) -> None:
-        """End every rank of the job: one rank's failure must not leave others waiting."""
+        """End every rank of the job: one rank's failure must not leave others waiting.
+
+        The launcher ends the others. Should it never answer (seen once in CI: Open MPI
+        5.0.11 under ULFM, the server SIGKILLed, a client inside MPI_Abort for 180 s),
+        this rank leaves alone after `ABORT_GRACE_S`, its stack on stderr, exit status 1
+        (faulthandler's watchdog is a thread of C: a call that holds the interpreter
+        cannot stop it), and the others, which see it gone, follow."""
+        faulthandler.dump_traceback_later(ABORT_GRACE_S, exit=True)
         self.comm.Abort(code)
 
 

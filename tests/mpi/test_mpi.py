@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +123,27 @@ def test_an_exception_on_any_rank_ends_the_job_nonzero(tmp_path, tiny_npz, rank)
     role = "server" if rank == 0 else f"client {rank - 1}"
     assert f"rank {rank} ({role}) failed: InjectedFault" in result.stderr, result.stderr
     assert summary(run)["status"].startswith("failed:") and "InjectedFault" in summary(run)["status"]
+
+
+STUCK_ABORT = """
+import mpi4py
+mpi4py.rc.initialize = False  # no MPI: a communicator whose Abort never returns
+import time
+from paramserver.wire import transport
+transport.ABORT_GRACE_S = 0.5
+class Stuck:
+    def Get_rank(self): return 1
+    def Get_size(self): return 3
+    def Abort(self, code): time.sleep(3600)
+transport.Transport(Stuck()).abort(1)
+"""
+
+
+def test_a_rank_whose_abort_never_returns_leaves_alone():
+    # as Open MPI's MPI_Abort once did under ULFM with the server dead (CI, 180 s)
+    result = run_command([sys.executable, "-c", STUCK_ABORT], timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert "Timeout" in result.stderr and "in abort" in result.stderr, result.stderr
 
 
 def test_too_few_ranks_is_a_clear_error_not_a_hang(tiny_npz):

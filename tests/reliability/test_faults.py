@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.parent.mpiexec import launcher_rank
-from experiments.parent.supervise import descendants, kill_tree
+from experiments.parent.supervise import descendants, kill_tree, rank_of
 from paramserver.rundir.durable import load_arrays
 from tests.conftest import BIN, LAUNCHER, MPIEXEC, assert_logged_once, mpi_train, run_command
 
@@ -50,13 +49,7 @@ def rank_pid(job: subprocess.Popen, rank: int, run: Path, pushes: int) -> int:
     while not (run / "server.jsonl").exists() or (run / "server.jsonl").read_bytes().count(b"\n") < pushes:
         assert job.poll() is None and time.monotonic() < deadline, "the job ended before it could be hurt"
         time.sleep(0.02)
-    return next(pid for pid in descendants(job.pid) if _rank_of(pid) == rank)
-
-
-def _rank_of(pid: int) -> int | None:
-    """The rank a launcher gave process `pid` (None: not a rank)."""
-    entries = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
-    return launcher_rank(dict(entry.partition("=")[::2] for entry in entries))
+    return next(pid for pid in descendants(job.pid) if rank_of(pid) == rank)
 
 
 def hurt(job: subprocess.Popen, pid: int, how: signal.Signals) -> str:

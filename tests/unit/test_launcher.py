@@ -3,6 +3,8 @@ is told, and the ranks' check that an inherited descriptor is still the one hand
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -57,3 +59,15 @@ def test_a_rank_takes_only_the_descriptors_the_supervisor_handed_on(tmp_path):
     finally:
         for fd in (other, write, read):
             os.close(fd)
+
+
+def test_a_launcher_left_without_ranks_is_killed_and_one_that_ends_keeps_its_status(monkeypatch):
+    monkeypatch.setattr(supervise, "STOP_GRACE_S", 0.5)
+    # a "launcher" whose one rank (PMI_RANK set) ends while it waits on forever
+    stuck = subprocess.Popen(["sh", "-c", "PMI_RANK=0 sleep 1.5 & exec sleep 3600"])
+    try:
+        assert supervise._wait(stuck) == -signal.SIGKILL
+    finally:
+        stuck.kill()
+    ends = subprocess.Popen(["sh", "-c", "PMI_RANK=0 sleep 1.2 & wait; exit 3"])
+    assert supervise._wait(ends) == 3
