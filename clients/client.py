@@ -1,8 +1,9 @@
 """One model replica's training state: local SGD steps between syncs, and what it pushes.
 
 A `Client` owns flat vectors (weights, gradient, momentum) and binds them into a shared
-`Replica` (model + optimizer) to step: every parameter becomes a view into the client's
-vectors, so binding costs a few pointer swaps and a push or pull copies one buffer. In
+`Replica` (the model) to compute: every parameter and its grad becomes a view into the
+client's vectors, so binding costs a few pointer swaps, a push or pull copies one
+buffer, and the SGD step is one call over the whole vector (`paramserver.rules.sgd`). In
 an MPI run each process has one client on its own replica; the simulator steps K
 clients on one replica. No MPI inside.
 
@@ -14,7 +15,7 @@ themselves. A fetch replaces the weights with the server's plus any work not pus
 yet, so with n_push == n_fetch (the paper's setting) the client simply takes the
 server's weights; under EASGD the answer to a push is the center that push moved, and
 the client moves towards it by the same elastic step (its weights stay its own).
-Momentum and weight decay stay in the client's own optimizer state.
+Momentum (the client's momentum vector) and weight decay stay on the client.
 
 On a GPU the host vectors that meet the wire (`base`, `incoming`, each push) are
 page-locked, so the copies between them and the device are DMAs at full speed, and
@@ -33,7 +34,7 @@ from torch import nn
 
 from clients.buffers import host_copy, host_empty
 from clients.data import ShardSampler, Split
-from paramserver.rules import EASGDRule
+from paramserver.rules import EASGDRule, sgd
 from paramserver.schedule import Schedule
 
 
@@ -59,7 +60,7 @@ def wrong(outputs: torch.Tensor, targets: torch.Tensor) -> float:
 
 
 class Replica:
-    """A model and its SGD optimizer, stepping whichever client is bound to it."""
+    """A model and its clients' SGD settings, computing for whichever client is bound to it."""
 
     def __init__(self, model: nn.Module, *, lr: float, momentum: float, weight_decay: float,
                  device: str = "cpu", loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
@@ -67,15 +68,14 @@ class Replica:
         self.loss = loss or nn.functional.cross_entropy
         self.model = model.to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.SGD(self.params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-        self.momentum = momentum
+        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.bound: Client | None = None
 
     def initial_weights(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1) for p in self.params]).float()
 
     def bind(self, client: "Client") -> None:
-        """Make the model's parameters, grads and momentum buffers views of `client`'s vectors."""
+        """Make the model's parameters and grads views of `client`'s vectors."""
         if self.bound is client:
             return
         offset = 0
@@ -83,11 +83,8 @@ class Replica:
             view = slice(offset, offset + p.numel())
             p.data = client.weights[view].view_as(p)
             # Autograd accumulates into an existing .grad in place, so grads stay views
-            # as long as the optimizer zeroes them instead of setting them to None.
+            # as long as they are zeroed instead of set to None.
             p.grad = client.grad[view].view_as(p)
-            if self.momentum:
-                # A zero buffer gives torch's first step exactly (0 * mu + g == g).
-                self.optimizer.state[p]["momentum_buffer"] = client.momentum[view].view_as(p)
             offset += p.numel()
         self.bound = client
 
@@ -102,7 +99,7 @@ class Client:
                  elastic: float = 0.0, schedule: Schedule | None = None):
         self.replica, self.train, self.sampler = replica, train, sampler
         self.schedule = schedule
-        self.lr = schedule.at(0) if schedule else replica.optimizer.param_groups[0]["lr"]
+        self.lr = schedule.at(0) if schedule else replica.lr
         self.weights = replica.initial_weights()
         self.grad = torch.zeros_like(self.weights)
         self.momentum = torch.zeros_like(self.weights)
@@ -131,20 +128,21 @@ class Client:
         x, y = self.train.batch(self.sampler.next())
         x, y = x.to(replica.device, non_blocking=True), y.to(replica.device, non_blocking=True)
         replica.model.train()
-        replica.optimizer.zero_grad(set_to_none=False)  # keep grads as views of self.grad
+        self.grad.zero_()  # every parameter's grad is a view of it
         logits = replica.model(x)
         loss = replica.loss(logits, y)
         loss.backward()
         return StepResult(loss.item(), wrong(logits, y) / len(y), len(y), self.lr)
 
     def optimizer_step(self) -> None:
-        """The optimizer step with the gradient in `self.grad` (possibly averaged meanwhile)."""
-        self.replica.bind(self)
+        """The SGD step with the gradient in `self.grad` (possibly averaged meanwhile), on
+        the flat vectors at once. The momentum buffer starts at zeros, which gives torch's
+        first step exactly (momentum * 0 + g == g)."""
         if self.grad_sum is not None:
             self.grad_sum += self.grad
-        for group in self.replica.optimizer.param_groups:  # clients share a replica in the simulator
-            group["lr"] = self.lr
-        self.replica.optimizer.step()
+        replica = self.replica
+        sgd(self.weights, self.grad, self.momentum if replica.momentum else None, lr=self.lr,
+            momentum=replica.momentum, weight_decay=replica.weight_decay)
         self.unpushed_steps += 1
 
     def take_push(self) -> np.ndarray:

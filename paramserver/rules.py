@@ -212,6 +212,21 @@ def staleness_factor(staleness: int, clients: int) -> float:
     return min(1.0, clients / (staleness + 1)) / clients
 
 
+def sgd(w: Tensor, g: Tensor, buffer: Tensor | None, *, lr: float, momentum: float,
+        weight_decay: float) -> Tensor | None:
+    """torch.optim.SGD's own arithmetic (its fused kernel; dampening 0, no nesterov) on one
+    flat vector, in place; returns the momentum buffer (torch starts one at the first
+    gradient when given None; None without momentum). The server's sgd rule and every
+    client step with it: called directly, it skips torch.optim.Optimizer, whose first
+    step imports torch._dynamo (about a second of CPU in every process that trains)."""
+    from torch.optim.sgd import sgd as torch_sgd
+
+    buffers = [buffer]
+    torch_sgd([w], [g], buffers, fused=True, lr=lr, momentum=momentum, weight_decay=weight_decay,
+              dampening=0.0, nesterov=False, maximize=False)
+    return buffers[0]
+
+
 class SGDRule(Rule):
     """torch.optim.SGD's update, applied by the server to a pushed gradient sum."""
 
@@ -240,12 +255,7 @@ w_out = w - lr * momentum_buffer_out;"""
         return Update(self.MOMENTUM, {**scalars, "momentum": self.momentum}, {"momentum_buffer": self.buffer})
 
     def sgd_step(self, w: Tensor, g: Tensor, lr: float) -> None:
-        from torch.optim.sgd import sgd as torch_sgd  # torch.optim.SGD's own arithmetic, fused
-
-        buffers = [self.buffer]
-        torch_sgd([w], [g], buffers, fused=True, lr=lr, momentum=self.momentum,
-                  weight_decay=self.weight_decay, dampening=0.0, nesterov=False, maximize=False)
-        self.buffer = buffers[0]
+        self.buffer = sgd(w, g, self.buffer, lr=lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
     def state(self) -> dict[str, Tensor]:
         return {} if self.buffer is None else {"momentum_buffer": self.buffer}
