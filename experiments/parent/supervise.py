@@ -170,14 +170,17 @@ def _outcome(run: RunDir, returncode: int, interrupted: bool, failure: str | Non
             print(f"asgd: run {run.path} ended {word(status)} (the launcher's exit status {returncode} "
                   "is from a lost client)", file=sys.stderr)
         return 0
-    if interrupted or returncode != 0:
-        if (run.path / "config.json").exists():
+    started = (run.path / "config.json").exists()
+    if interrupted or returncode != 0 or started:
+        # A started run that did not finish failed, whatever the launcher says: Open MPI
+        # under ULFM has ended 0 after its clients aborted at a killed server (CI).
+        if started:
             mark_failed(run, None if interrupted else
                         failure or f"the MPI job ended with exit status {returncode}, no rank said why")
         what = "interrupted" if interrupted else "failed"
         hint = f"; resume with: asgd train --resume {run.path}" if run.checkpoint_path.exists() else ""
         print(f"asgd: run {run.path} {what}{hint}", file=sys.stderr)
-        return 130 if interrupted else returncode
+        return 130 if interrupted else returncode or 1
     return returncode
 
 

@@ -2,6 +2,7 @@
 is told, and the ranks' check that an inherited descriptor is still the one handed on."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import pytest
 
 from experiments.parent import supervise
 from experiments.parent.mpiexec import Launcher
+from paramserver.rundir.layout import RunDir
 
 VERSIONS = {"hydra": "HYDRA build details:\n    Version:  5.0.2\n",
             "openmpi": "mpiexec (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/community/help/\n",
@@ -71,3 +73,11 @@ def test_a_launcher_left_without_ranks_is_killed_and_one_that_ends_keeps_its_sta
         stuck.kill()
     ends = subprocess.Popen(["sh", "-c", "PMI_RANK=0 sleep 1.2 & wait; exit 3"])
     assert supervise._wait(ends) == 3
+
+
+def test_a_started_run_that_did_not_finish_failed_whatever_the_launchers_status(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    said = "rank 1 (client 0) failed: PeerDied: rank 0 (server, host vm, pid 9) died"
+    assert supervise._outcome(RunDir(tmp_path), 0, False, said) == 1  # Open MPI under ULFM ended 0
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == f"failed: {said}"
+    assert supervise._outcome(RunDir(tmp_path / "never started"), 0, False, None) == 0
