@@ -1,4 +1,5 @@
-"""Before launch: the model (the user's or ours), one training sample through it and the loss.
+"""Before launch: the model (the user's or ours), one training sample through it and the
+loss, the user's optimizer factory.
 
 Whatever does not fit is one ConfigError line before any MPI process starts.
 """
@@ -10,7 +11,8 @@ import numpy as np
 import torch
 
 from clients.models import build_model
-from clients.usercode import first_line, loss_function
+from clients.optimizers import user_optimizer
+from clients.usercode import first_line, loss_function, optimizer_factory
 from paramserver.config import ConfigError, RunConfig
 
 
@@ -28,6 +30,9 @@ def check_user_code(cfg: RunConfig, dataset: Any) -> None:
     odd = [n for n, p in model.named_parameters() if p.dtype != torch.float32]
     if odd:
         raise ConfigError(f"model: parameter {odd[0]} is not float32; the server keeps float32 weights")
+    if factory := optimizer_factory(cfg.optimizer):  # the user's, built once on the model here
+        user_optimizer(factory, params, cfg.optimizer, lr=cfg.lr, momentum=cfg.client_momentum(cfg.clients or 1),
+                       weight_decay=cfg.weight_decay)
     x, y = dataset.train.batch(np.arange(min(2, len(dataset.train))))
     try:
         model.train()

@@ -1,11 +1,11 @@
-"""One model replica's training state: local SGD steps between syncs, and what it pushes.
+"""One model replica's training state: local optimizer steps between syncs, and what it pushes.
 
-A `Client` owns flat vectors (weights, gradient, momentum) and binds them into a shared
-`Replica` (the model) to compute: every parameter and its grad becomes a view into the
-client's vectors, so binding costs a few pointer swaps, a push or pull copies one
-buffer, and the SGD step is one call over the whole vector (`paramserver.rules.sgd`). In
-an MPI run each process has one client on its own replica; the simulator steps K
-clients on one replica. No MPI inside.
+A `Client` owns flat vectors (weights, gradient) and its optimizer, and binds the vectors
+into a shared `Replica` (the model) to compute: every parameter and its grad becomes a
+view into the client's vectors, so binding costs a few pointer swaps, a push or pull
+copies one buffer, and the default SGD step is one call over the whole vector
+(clients/optimizers.py has the others). In an MPI run each process has one client on
+its own replica; the simulator steps K clients on one replica. No MPI inside.
 
 The client keeps `base`, the weights as they would be without its unpushed work.
 A push hands over what the server's rule asks for (`pushes`): the work done since the
@@ -15,7 +15,7 @@ themselves. A fetch replaces the weights with the server's plus any work not pus
 yet, so with n_push == n_fetch (the paper's setting) the client simply takes the
 server's weights; under EASGD the answer to a push is the center that push moved, and
 the client moves towards it by the same elastic step (its weights stay its own).
-Momentum (the client's momentum vector) and weight decay stay on the client.
+The optimizer's state (SGD's momentum, Adam's moments) and weight decay stay on the client.
 
 On a GPU the host vectors that meet the wire (`base`, `incoming`, each push) are
 page-locked, so the copies between them and the device are DMAs at full speed, and
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -34,7 +34,8 @@ from torch import nn
 
 from clients.buffers import host_copy, host_empty
 from clients.data import ShardSampler, Split
-from paramserver.rules import EASGDRule, sgd
+from clients.optimizers import OptimizerSettings
+from paramserver.rules import EASGDRule
 from paramserver.schedule import Schedule
 
 
@@ -60,15 +61,17 @@ def wrong(outputs: torch.Tensor, targets: torch.Tensor) -> float:
 
 
 class Replica:
-    """A model and its clients' SGD settings, computing for whichever client is bound to it."""
+    """A model and its clients' optimizer settings, computing for whichever client is bound to it."""
 
     def __init__(self, model: nn.Module, *, lr: float, momentum: float, weight_decay: float,
-                 device: str = "cpu", loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
+                 device: str = "cpu", loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 **optimizer: Any):
         self.device = torch.device(device)
         self.loss = loss or nn.functional.cross_entropy
         self.model = model.to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
+        # `optimizer`: OptimizerSettings' other keys (name, clip_grad_norm, precision, factory)
+        self.optimizer = OptimizerSettings(lr=lr, momentum=momentum, weight_decay=weight_decay, **optimizer)
         self.bound: Client | None = None
 
     def initial_weights(self) -> torch.Tensor:
@@ -99,10 +102,10 @@ class Client:
                  elastic: float = 0.0, schedule: Schedule | None = None):
         self.replica, self.train, self.sampler = replica, train, sampler
         self.schedule = schedule
-        self.lr = schedule.at(0) if schedule else replica.lr
+        self.lr = schedule.at(0) if schedule else replica.optimizer.lr
         self.weights = replica.initial_weights()
         self.grad = torch.zeros_like(self.weights)
-        self.momentum = torch.zeros_like(self.weights)
+        self.optimizer = replica.optimizer.build(self.weights, lambda: replica.params)
         self.pushes = pushes
         self.grad_sum = torch.zeros_like(self.weights) if pushes == "gradient" else None
         self.elastic = elastic
@@ -129,20 +132,18 @@ class Client:
         x, y = x.to(replica.device, non_blocking=True), y.to(replica.device, non_blocking=True)
         replica.model.train()
         self.grad.zero_()  # every parameter's grad is a view of it
-        logits = replica.model(x)
-        loss = replica.loss(logits, y)
-        loss.backward()
+        autocast = replica.optimizer.autocast
+        with torch.autocast(replica.device.type, dtype=autocast, enabled=autocast is not None):
+            logits = replica.model(x)
+            loss = replica.loss(logits, y)
+        self.optimizer.scale(loss).backward()
         return StepResult(loss.item(), wrong(logits, y) / len(y), len(y), self.lr)
 
     def optimizer_step(self) -> None:
-        """The SGD step with the gradient in `self.grad` (possibly averaged meanwhile), on
-        the flat vectors at once. The momentum buffer starts at zeros, which gives torch's
-        first step exactly (momentum * 0 + g == g)."""
-        if self.grad_sum is not None:
-            self.grad_sum += self.grad
-        replica = self.replica
-        sgd(self.weights, self.grad, self.momentum if replica.momentum else None, lr=self.lr,
-            momentum=replica.momentum, weight_decay=replica.weight_decay)
+        """The optimizer's step with the gradient in `self.grad` (possibly averaged
+        meanwhile); a gradient push sums what it stepped with (clients/optimizers.py)."""
+        self.replica.bind(self)  # a torch.optim optimizer steps the bound parameters
+        self.optimizer.step(self.grad, self.lr, self.grad_sum)
         self.unpushed_steps += 1
 
     def take_push(self) -> np.ndarray:

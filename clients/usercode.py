@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset as TorchDataset, IterableDataset, default_collate
 
-from paramserver.config import ConfigError
+from paramserver.config import ConfigError, is_user_code
 
 _FILE_MODULES = "_asgd_user."          # sys.modules keys of files imported by path
 _REGISTERED: dict[str, Callable] = {}  # spec -> callable, for the Python API (no re-import in this process)
@@ -174,6 +174,11 @@ def _sample(split: TorchDataset, spec: str) -> tuple[torch.Tensor, torch.Tensor]
 def loss_function(spec: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The run's loss: cross-entropy, or the user's."""
     return nn.functional.cross_entropy if not spec else resolve(spec, "loss")
+
+
+def optimizer_factory(spec: str) -> Callable | None:
+    """The user's optimizer factory a spec names; None for one of ours (a name)."""
+    return resolve(spec, "optimizer") if is_user_code(spec) else None
 
 
 def first_line(error: Exception) -> str:

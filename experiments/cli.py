@@ -235,6 +235,18 @@ def _check_inputs(cfg: RunConfig) -> None:
     if cfg.resume:
         from experiments.inputs import check_fingerprint
         check_fingerprint(RunDir(cfg.resume).record("config").get("data_fingerprint"), dataset)
+    _warn_of_a_gradient_rule(cfg)
+
+
+def _warn_of_a_gradient_rule(cfg: RunConfig) -> None:
+    """A gradient rule steps the server's weights itself: the clients' optimizer then
+    shapes only their local steps before the next pull (none at n_fetch 1)."""
+    from paramserver.rules import rule_class
+
+    if cfg.optimizer != "sgd" and cfg.mode == "async" and rule_class(cfg.rule).pushes == "gradient":
+        print(f"asgd: warning: optimizer: the {cfg.rule} rule steps the server's weights with the clients' "
+              f"gradients, so {cfg.optimizer} shapes only their steps between pulls (n_fetch {cfg.fetch_every}); "
+              "a delta rule (add, scaled, staleness, nesterov) applies the clients' own steps", file=sys.stderr)
 
 
 def _resume_hint(out: str) -> str:

@@ -18,7 +18,7 @@ from clients.buffers import host_copy
 from clients.client import Client, Replica
 from clients.data import Dataset, ShardSampler, shard_indices
 from clients.models import build_model, flat_weights
-from clients.usercode import loss_function
+from clients.usercode import loss_function, optimizer_factory
 from paramserver.config import RunConfig
 from paramserver.rules import rule_class
 from paramserver.rundir.durable import load_arrays
@@ -37,7 +37,8 @@ def make_replica(cfg: RunConfig, model: nn.Module, device: str, clients: int) ->
     """The model with the run's client optimizer, for one of `clients` clients (the
     momentum `auto` gives them)."""
     return Replica(model, lr=cfg.lr, momentum=cfg.client_momentum(clients), weight_decay=cfg.weight_decay,
-                   device=device, loss=loss_function(cfg.loss))
+                   device=device, loss=loss_function(cfg.loss), name=cfg.optimizer,
+                   clip_grad_norm=cfg.clip_grad_norm, precision=cfg.precision, factory=optimizer_factory(cfg.optimizer))
 
 
 def make_client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int, index: int) -> Client:

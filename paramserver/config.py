@@ -19,6 +19,8 @@ from paramserver.rules import RULES, rule_class
 from paramserver.wire.compress import CODECS
 
 BACKENDS = ("mpi", "sim")
+OPTIMIZERS = ("sgd", "adam", "adamw")  # the clients' (clients/optimizers.py); or a factory of the user's
+PRECISIONS = ("fp32", "bf16", "fp16")
 MODES = ("async", "sync", "local-sgd")
 FAILURE_POLICIES = ("abort", "continue")
 AUTO_KEYS = ("momentum", "fresh_batch")  # keys that also take the word "auto"
@@ -89,7 +91,15 @@ class RunConfig:
                                     "gradual warmup) to its value (0: at once)")
     momentum: float = _key(0.9, "client SGD momentum (the buffer stays on the client), or auto: lowered "
                                 "with the number of clients to offset the momentum asynchrony adds")
-    weight_decay: float = _key(5e-4, "client L2 weight decay")
+    weight_decay: float = _key(5e-4, "client weight decay (L2 in sgd and adam, decoupled in adamw)")
+    optimizer: str = _key("sgd", "the clients' optimizer: sgd, adam, adamw (torch's, at lr and weight_decay; "
+                                 "momentum is sgd's), or package.module:factory (or file.py:factory) called "
+                                 "as factory(params, lr=, momentum=, weight_decay=) with the keywords it takes, "
+                                 "returning a torch.optim.Optimizer")
+    clip_grad_norm: float = _key(0.0, "clip each minibatch's gradient to this total L2 norm before the client's "
+                                      "step, as torch.nn.utils.clip_grad_norm_ (0: no clipping)")
+    precision: str = _key("fp32", "the clients' forward and loss: fp32, bf16 (torch.autocast, CPU or GPU) or "
+                                  "fp16 (torch.autocast with torch's GradScaler; for GPUs)")
     rule: str = _key("fresh", "server update rule: " + ", ".join(RULES) + " (docs/rules.md)")
     server_lr: Optional[float] = _key(None, "learning rate of the sgd and adagrad rules (default: lr)")
     server_momentum: Optional[float] = _key(None, "momentum of the server's SGD step, sgd and fresh rules "
@@ -291,6 +301,10 @@ def _check_values(cfg: RunConfig) -> None:
                  f"must be in [0, 1), got {value}")
     _check_rule_keys(cfg)
     _require(cfg.weight_decay >= 0, "weight_decay", f"must be non-negative, got {cfg.weight_decay}")
+    _require(cfg.optimizer in OPTIMIZERS or is_user_code(cfg.optimizer), "optimizer",
+             f"expected {', '.join(OPTIMIZERS)} or package.module:factory, got {cfg.optimizer!r}")
+    _require(cfg.clip_grad_norm >= 0, "clip_grad_norm", f"must be non-negative (0: none), got {cfg.clip_grad_norm}")
+    _require(cfg.precision in PRECISIONS, "precision", f"expected {', '.join(PRECISIONS)}, got {cfg.precision!r}")
     _require(cfg.seed >= 0, "seed", f"must be non-negative, got {cfg.seed}")
     _require(cfg.warm_start >= 0, "warm_start", f"must be non-negative, got {cfg.warm_start}")
     for name in ("eval_every", "eval_samples", "threads"):
@@ -323,7 +337,7 @@ def _check_values(cfg: RunConfig) -> None:
              f"expected cpu or cuda[:N], got {cfg.server_device!r}")
     _require(cfg.server_device == "cpu" or cfg.mode == "async", "server_device",
              "needs --mode async (only async runs have a server)")
-    for name in ("loss",) + tuple(n for n in ("model", "data") if is_user_code(getattr(cfg, n))):
+    for name in ("loss",) + tuple(n for n in ("model", "data", "optimizer") if is_user_code(getattr(cfg, n))):
         value = getattr(cfg, name)
         _require(not value or USER_CODE.fullmatch(value) is not None, name,
                  f"expected package.module:name or path/file.py:name, got {value!r}")

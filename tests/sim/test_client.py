@@ -133,3 +133,74 @@ def test_paper_scale_convnet_builds_and_runs_a_step():
     assert sum(p.numel() for p in model.parameters()) > 50_000_000 and "convnet" in MODELS
     logits = model(torch.zeros(2, 3, 224, 224))
     assert logits.shape == (2, 1000)
+
+
+def one_client_with(run_path, dataset, rule="add", **optimizer):
+    """`one_client` at n_sync 1, its client stepping with `optimizer` (clients/optimizers.py)."""
+    def model():
+        return build_model("cnn", dataset.shape, dataset.num_classes, seed=0)
+
+    state = ServerState(Store(flat_weights(model()), make_rule(rule, RunConfig(lr=LR, server_momentum=MOMENTUM,
+                                                                                weight_decay=WD))), [1])
+    run = RunDir(run_path)
+    run.create()
+    recorder = Recorder(run, state, clock=lambda: 0.0)
+    replica = Replica(model(), lr=LR, momentum=MOMENTUM, weight_decay=WD, **optimizer)
+    client = Client(replica, dataset.train, ShardSampler(shard_indices(len(dataset.train), 1, 0, 0), BATCH, 0, 0),
+                    pushes=rule_class(rule).pushes)
+    clock = StepClock(1.0)
+    loop = ClientLoop(client, ClientPlan(0, STEPS, 1, 1, timeout=1.0), clock)
+    Simulation([loop], [clock], SimTiming(1.0, 0.0, 1e9, 0.0)).run(InProcess(state, recorder))
+    recorder.close()
+    return state.store.weights
+
+
+@pytest.mark.parametrize("optimizer,torch_name,clip,precision", [
+    ("adamw", "AdamW", 0.0, "fp32"), ("adam", "Adam", 0.0, "fp32"), ("sgd", "SGD", 0.5, "fp32"),
+    ("adamw", "AdamW", 0.5, "fp32"), ("sgd", "SGD", 0.0, "bf16"), ("adamw", "AdamW", 0.5, "bf16"),
+    ("sgd", "SGD", 0.5, "fp16")])
+def test_one_client_with_each_optimizer_clipping_and_precision_equals_plain_torch(tmp_path, dataset, optimizer,
+                                                                                 torch_name, clip, precision):
+    """Clipping at 0.5 bites (the CNN's first gradients have norms near 0.65); fp16 runs
+    torch's GradScaler, whose first steps overflow and are skipped, on both sides."""
+    import torch
+
+    weights = one_client_with(tmp_path / "run", dataset, name=optimizer, clip_grad_norm=clip, precision=precision)
+    autocast = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    expected = plain_sgd(dataset, STEPS, batch_size=BATCH, lr=LR, momentum=MOMENTUM, weight_decay=WD,
+                         optimizer=torch_name, clip_grad_norm=clip, autocast=autocast)
+    # 2e-6, not 1e-6: the server adds each push's delta to its weights, which rounds the
+    # weights the client takes back by an ulp or so (a client alone equals torch bit for
+    # bit), and Adam, dividing by the root of tiny second moments, spreads that further
+    np.testing.assert_allclose(weights, expected, atol=2e-6, rtol=0)
+    untouched = flat_weights(build_model("cnn", dataset.shape, dataset.num_classes, seed=0))
+    assert np.abs(weights - untouched).max() > 1e-3  # it trained
+
+
+def test_a_gradient_rule_receives_the_clipped_gradient(tmp_path, dataset):
+    """The sgd rule steps the server with the pushed gradient: clipped on the client, it
+    is torch's SGD with clipping."""
+    weights = one_client_with(tmp_path / "run", dataset, rule="sgd", clip_grad_norm=0.5)
+    expected = plain_sgd(dataset, STEPS, batch_size=BATCH, lr=LR, momentum=MOMENTUM, weight_decay=WD,
+                         clip_grad_norm=0.5)
+    np.testing.assert_allclose(weights, expected, atol=1e-6, rtol=0)
+
+
+def test_clients_sharing_a_replica_keep_their_own_optimizer_state(dataset):
+    """The simulator binds K clients to one replica in turn: with Adam, two clients
+    stepping alternately on one replica end where each would on a replica of its own."""
+    def client(replica, index):
+        return Client(replica, dataset.train, ShardSampler(shard_indices(len(dataset.train), 2, index, 0), BATCH, 0,
+                                                           index))
+
+    def replica():
+        return Replica(build_model("cnn", dataset.shape, dataset.num_classes, seed=0), lr=LR, momentum=0.0,
+                       weight_decay=WD, name="adam")
+
+    shared = replica()
+    together, alone = [client(shared, i) for i in range(2)], [client(replica(), i) for i in range(2)]
+    for _ in range(4):
+        for c in together + alone:
+            c.step()
+    for a, b in zip(together, alone):
+        np.testing.assert_array_equal(a.weights.numpy(), b.weights.numpy())

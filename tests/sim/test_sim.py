@@ -108,6 +108,40 @@ def test_the_default_run_of_one_client_is_plain_pytorch_sgd(tmp_path, tiny_npz):
     assert json.loads((run / "config.json").read_text())["rule"] == "fresh"
 
 
+def test_the_optimizer_clipping_and_precision_keys_are_the_clients(tmp_path, tiny_npz):
+    """The config's keys reach the clients: adamw, clipped, in bf16, is plain torch's with
+    one client; a factory of the user's (RMSprop, taking lr and weight decay) too."""
+    import torch
+
+    from clients.data import load_dataset
+    from tests.reference import plain_sgd
+
+    factory = tmp_path / "opt.py"
+    factory.write_text("import torch\n\ndef rmsprop(params, lr, weight_decay):\n"
+                       "    return torch.optim.RMSprop(params, lr=lr, weight_decay=weight_decay)\n")
+    dataset, flags = load_dataset(str(tiny_npz)), ["--clients", "1", "--steps", "10", "--rule", "add"]
+    for optimizer, torch_name, extra, autocast in [("adamw", "AdamW", ["--clip-grad-norm", "0.5", "--precision", "bf16"],
+                                                    torch.bfloat16), (f"{factory}:rmsprop", "RMSprop", [], None)]:
+        run = sim(tmp_path / torch_name, tiny_npz, *flags, "--optimizer", optimizer, *extra)
+        clip = 0.5 if extra else 0.0
+        expected = plain_sgd(dataset, 10, batch_size=32, lr=0.01, optimizer=torch_name, clip_grad_norm=clip,
+                             autocast=autocast)
+        np.testing.assert_allclose(checkpoint_weights(run), expected, atol=2e-6, rtol=0)  # 2e-6: test_client's
+        assert json.loads((run / "config.json").read_text())["optimizer"] == optimizer
+
+
+def test_an_optimizer_factory_that_fails_is_refused_before_launch(tmp_path, tiny_npz, capsys):
+    factory = tmp_path / "opt.py"
+    factory.write_text("def nothing(params):\n    return 3\n")
+    for optimizer, says in [(f"{factory}:nothing", "returned int, not a torch.optim.Optimizer"),
+                            ("lion", "expected sgd, adam, adamw or package.module:factory")]:
+        assert main(["train", "--backend", "sim", "--data", str(tiny_npz), "--out", str(tmp_path / "run"),
+                     "--optimizer", optimizer]) == 2
+        err = capsys.readouterr().err.strip()
+        assert says in err and err.startswith("asgd: error: optimizer:") and len(err.splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
 def test_sync_mode_equals_one_process_with_k_times_the_batch(tmp_path, tiny_npz):
     from clients.data import load_dataset
     from tests.reference import plain_sgd
@@ -163,3 +197,13 @@ def test_replay_of_a_run_that_does_not_fit_is_refused(tmp_path, tiny_npz, capsys
                  "--replay", str(recorded), "--out", str(tmp_path / "bad")])
     assert code == 2 and "replay:" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_client_optimizer_under_a_gradient_rule_is_warned_of(capsys):
+    from experiments.cli import _warn_of_a_gradient_rule
+    from paramserver.config import RunConfig
+
+    for cfg, warned in [(RunConfig(optimizer="adamw"), True), (RunConfig(optimizer="adamw", rule="add"), False),
+                        (RunConfig(optimizer="adamw", mode="sync"), False), (RunConfig(), False)]:
+        _warn_of_a_gradient_rule(cfg)
+        assert ("the fresh rule steps the server's weights" in capsys.readouterr().err) == warned
