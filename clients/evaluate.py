@@ -1,11 +1,19 @@
-"""Test error and loss of saved weight snapshots, after training.
+"""Test error and loss of saved weight snapshots: the curve live, the final number after training.
 
-Evaluating from snapshots, once the clients are done, keeps evaluation out of the
-timings that the curves plot: no client ever waits for a test pass. The curve's points
-are measured on one fixed, seeded subset of the test split (`curve_samples`: 2,000 by
-default, as many as `eval_samples` says, or the whole split when it is smaller), the
-final weights once more on the whole split: a short run is not dominated by its test
-passes, and its final number is the honest one.
+Evaluating from snapshots keeps evaluation out of the timings that the curves plot: no
+client ever waits for a test pass. `LiveCurve` measures each snapshot as it lands, on a
+thread of its own beside the recording rank's work (the server's loop, or rank 0's
+client in the collective modes), so eval.jsonl, and TensorBoard with it, grow while the
+run trains; torch's kernels let go of the interpreter, so the thread takes a core's
+time, not the server's turn. The curve's points are measured on one fixed, seeded subset
+of the test split (`curve_samples`: 2,000 by default, as many as `eval_samples` says, or
+the whole split when it is smaller), the final weights once more on the whole split,
+after training: a short run is not dominated by its test passes, and its final number
+is the honest one.
+
+Every item a point needs is read once a run (`EvalItems`): the curve's test samples and
+the BatchNorm recalibration batches, so a user's `__getitem__` runs once an item, not
+once a snapshot (that was 12 of a 15-second evaluation).
 
 Buffers: the flat weight vector holds parameters only, so a model with BatchNorm gets
 its running statistics afresh for every weights it is evaluated (or exported) with
@@ -15,7 +23,11 @@ weights are a mix of every client's work, so no client's own statistics would fi
 """
 from __future__ import annotations
 
-from typing import Callable
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -37,15 +49,21 @@ def has_running_stats(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats for m in model.modules())
 
 
-@torch.no_grad()
-def recalibrate(model: nn.Module, train: Split, seed: int, batch_size: int = 128) -> None:
-    """BatchNorm running statistics for the model's current weights (nothing without BatchNorm)."""
-    if not has_running_stats(model):
-        return
-    device = next(model.parameters()).device
+def calibration_batches(train: Split, seed: int, batch_size: int = 128) -> list[torch.Tensor]:
+    """The training inputs BatchNorm's statistics are taken over: a fixed, seeded set."""
     order = np.random.default_rng([seed, _RECALIBRATE_STREAM]).permutation(len(train))[:RECALIBRATE_SAMPLES]
-    batches = (train.batch(order[i:i + batch_size])[0] for i in range(0, len(order), batch_size))
-    torch.optim.swa_utils.update_bn(batches, model, device)
+    return [train.batch(order[i:i + batch_size])[0] for i in range(0, len(order), batch_size)]
+
+
+def recalibrate(model: nn.Module, train: Split, seed: int) -> None:
+    """BatchNorm running statistics for the model's current weights (nothing without BatchNorm)."""
+    if has_running_stats(model):
+        _update_bn(model, calibration_batches(train, seed))
+
+
+@torch.no_grad()
+def _update_bn(model: nn.Module, batches: list[torch.Tensor]) -> None:
+    torch.optim.swa_utils.update_bn(batches, model, next(model.parameters()).device)
 
 
 def curve_samples(size: int, eval_samples: int, seed: int) -> np.ndarray:
@@ -56,17 +74,24 @@ def curve_samples(size: int, eval_samples: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng([seed, _CURVE_STREAM]).choice(size, n, replace=False))
 
 
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 @torch.no_grad()
 def test_metrics(model: nn.Module, split: Split, samples: np.ndarray | None = None, batch_size: int = 500,
-                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> tuple[float, float]:
+                 loss: Loss | None = None) -> tuple[float, float]:
     """(error rate, mean loss; cross-entropy by default) over `samples` of the split (None: all)."""
+    samples = np.arange(len(split)) if samples is None else samples
+    batches = (split.batch(samples[start:start + batch_size]) for start in range(0, len(samples), batch_size))
+    return _metrics(model, batches, len(samples), loss)
+
+
+def _metrics(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], n: int,
+             loss: Loss | None) -> tuple[float, float]:
     model.eval()
     device = next(model.parameters()).device
-    samples = np.arange(len(split)) if samples is None else samples
-    n = len(samples)
     errors, total = 0.0, 0.0
-    for start in range(0, n, batch_size):
-        x, y = split.batch(samples[start:start + batch_size])
+    for x, y in batches:
         x, y = x.to(device), y.to(device)
         outputs = model(x)
         if loss is None:
@@ -77,31 +102,121 @@ def test_metrics(model: nn.Module, split: Split, samples: np.ndarray | None = No
     return errors / n, total / n
 
 
-def evaluate_snapshots(run: RunDir, model: nn.Module, split: Split, samples: np.ndarray, keep: bool = False,
-                       loss: Callable | None = None, train: Split | None = None, seed: int = 0,
-                       progress: Callable[[int], None] = lambda done: None) -> tuple[list[dict], dict]:
-    """Append an eval.jsonl row per snapshot (oldest first), measured on `samples` of the
-    split, and measure the last one on the whole split too; delete snapshots unless
-    `keep`. With `train`, BatchNorm statistics are recalibrated for each snapshot's
-    weights. Returns the rows and the final measurement (test_error, test_loss, samples)."""
-    rows, final = [], {}
-    snapshots = run.snapshots()
-    with run.writer("eval") as log:
-        for done, (version, path) in enumerate(snapshots, start=1):
-            arrays = load_arrays(path, checksummed=True)
-            load_flat(model, arrays["weights"])
-            if train is not None:
-                recalibrate(model, train, seed)
-            error, test_loss = test_metrics(model, split, samples, loss=loss)
-            time, minibatches = arrays["meta"]
-            row = {"version": version, "time": float(time), "minibatches": int(minibatches),
-                   "test_error": error, "test_loss": test_loss}
-            log.write(row)
-            rows.append(row)
-            if done == len(snapshots):
-                whole = (error, test_loss) if len(samples) == len(split) else test_metrics(model, split, loss=loss)
-                final = {"test_error": whole[0], "test_loss": whole[1], "samples": len(split)}
-            if not keep:
-                path.unlink()
+@dataclass
+class EvalItems:
+    """What every point of the curve is measured on, read once: the curve's test batches
+    and, for a model with BatchNorm, the recalibration batches."""
+
+    curve: list[tuple[torch.Tensor, torch.Tensor]]
+    samples: int
+    calibration: list[torch.Tensor] | None
+    whole: bool           # the curve's samples are the whole test split
+
+    @classmethod
+    def read(cls, model: nn.Module, test: Split, samples: np.ndarray, train: Split | None, seed: int,
+             batch_size: int = 500) -> "EvalItems":
+        curve = [test.batch(samples[i:i + batch_size]) for i in range(0, len(samples), batch_size)]
+        calibration = calibration_batches(train, seed) if train is not None and has_running_stats(model) else None
+        return cls(curve, len(samples), calibration, len(samples) == len(test))
+
+    def load(self, model: nn.Module, weights: np.ndarray) -> None:
+        """The model with `weights`, and BatchNorm's statistics for them."""
+        load_flat(model, weights)
+        if self.calibration is not None:
+            _update_bn(model, self.calibration)
+
+    @torch.no_grad()
+    def measure(self, model: nn.Module, weights: np.ndarray, loss: Loss | None) -> tuple[float, float]:
+        """(error rate, mean loss) of `weights` on the curve's samples."""
+        self.load(model, weights)
+        return _metrics(model, self.curve, self.samples, loss)
+
+
+def curve_row(items: EvalItems, model: nn.Module, version: int, path: Path, loss: Loss | None) -> dict:
+    """A snapshot's eval.jsonl row: its point of the curve."""
+    arrays = load_arrays(path, checksummed=True)
+    error, test_loss = items.measure(model, arrays["weights"], loss)
+    at, minibatches = arrays["meta"]
+    return {"version": version, "time": float(at), "minibatches": int(minibatches), "test_error": error,
+            "test_loss": test_loss}
+
+
+class LiveCurve:
+    """The curve as the run goes: a thread that measures every snapshot once it lands
+    (looking every POLL_S), oldest first, appending its row to eval.jsonl (and, through
+    the run directory's tap, to TensorBoard). While the run trains the thread rests
+    after each point so that it measures at most LIVE_SHARE of the time (a core the
+    clients of a small machine would otherwise lose, and turns at the interpreter the
+    server would wait for); what is left when training ends, `finish` measures at full
+    speed. A snapshot measured before (a resumed run's) is not measured again."""
+
+    POLL_S = 0.5
+    LIVE_SHARE = 0.25
+
+    def __init__(self, run: RunDir, model: nn.Module, read: Callable[[], EvalItems], loss: Loss | None):
+        self.run, self.model, self.read, self.loss = run, model, read, loss
+        self.measured = {row["version"] for row in run.rows("eval")}
+        self.live = 0                     # points measured while the run trained
+        self.items: EvalItems | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="asgd-live-curve", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.items = self.read()
+            with self.run.writer("eval") as log:
+                while not self.done.is_set():
+                    self.live += self._measure_new(log, rest=True)
+                    self.done.wait(self.POLL_S)
+        except BaseException as error:  # noqa: BLE001 - raised again by finish, on the run's thread
+            self.error = error
+
+    def _measure_new(self, log, rest: bool = False, progress: Callable[[int], None] = lambda done: None) -> int:
+        """Measure the snapshots not measured yet; returns how many. `rest`: pause after
+        each point for (1 / LIVE_SHARE - 1) times its time, ending early when training does."""
+        new = [(v, p) for v, p in self.run.snapshots() if v not in self.measured]
+        for done, (version, path) in enumerate(new, start=1):
+            start = time.perf_counter()
+            log.write(curve_row(self.items, self.model, version, path, self.loss))
+            log.flush()
+            self.measured.add(version)
             progress(done)
-    return rows, final
+            if rest and self.done.wait((time.perf_counter() - start) * (1 / self.LIVE_SHARE - 1)):
+                return done
+        return len(new)
+
+    def pending(self) -> int:
+        return sum(1 for v, _ in self.run.snapshots() if v not in self.measured)
+
+    def finish(self, progress: Callable[[int], None] = lambda done: None) -> EvalItems:
+        """Training is over: the thread stops, the snapshots it had not reached are
+        measured here; a failure of the thread is raised here."""
+        self.stop()
+        if self.error is not None:
+            raise self.error
+        with self.run.writer("eval") as log:
+            self._measure_new(log, progress=progress)
+        return self.items
+
+    def stop(self) -> None:
+        """Training ended (or failed): the thread ends after the point it is measuring."""
+        self.done.set()
+        self.thread.join()
+
+
+def final_measurement(run: RunDir, items: EvalItems, model: nn.Module, test: Split, loss: Loss | None,
+                      keep: bool) -> dict:
+    """The last snapshot's weights on the whole test split (test_error, test_loss,
+    samples); the snapshots deleted unless `keep`."""
+    snapshots = run.snapshots()
+    last = run.rows("eval")[-1]
+    whole = (last["test_error"], last["test_loss"])
+    if not items.whole:
+        items.load(model, load_arrays(snapshots[-1][1], checksummed=True)["weights"])
+        whole = test_metrics(model, test, loss=loss)
+    if not keep:
+        for _, path in snapshots:
+            path.unlink()
+    return {"test_error": whole[0], "test_loss": whole[1], "samples": len(test)}

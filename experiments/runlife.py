@@ -1,8 +1,8 @@
 """A run's life on the rank that records it, written once for every mode and both backends.
 
     open (a fresh run directory, or a resumed one cut back to its checkpoint)
-      -> progress bar -> training and its last files (the caller's)
-      -> evaluate the snapshots, write the summary          (`finish`)
+      -> the live curve's thread, the progress bar -> training and its last files (the caller's)
+      -> the curve's last points, the final test pass, the summary   (`finish`)
       or, on any exception: the files under way land, the failure is the summary
 
 The async server (experiments/serverrun.py) and the collective modes
@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable
 
 from experiments.progress import Progress
-from experiments.runrecord import RunSetup, finish_run, open_run, record_dir, record_failure
+from experiments.runrecord import RunSetup, finish_run, live_curve, open_run, record_dir, record_failure
 from paramserver.rundir.checkpoint import Checkpoint
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.resume import cut_back
@@ -40,6 +40,7 @@ class RunLife:
             cut_back(self.run, self.checkpoint, cfg.steps, setup.provenance)
         elif records:
             self.run = open_run(setup, every)
+        self.curve = live_curve(self.run, setup) if self.run is not None else None
         self.progress = Progress(setup.clients * cfg.steps, quiet=cfg.quiet or not records)
         self.land_files: Callable[[], None] = lambda: None
         self.wall = time.perf_counter()
@@ -58,12 +59,14 @@ class RunLife:
         self.progress.close()
         if self.run is None:
             return None
-        return finish_run(self.run, self.setup, self.clock(), wall, counts)
+        return finish_run(self.run, self.setup, self.curve, self.clock(), wall, counts)
 
     def __exit__(self, kind: type | None, error: BaseException | None, trace: Any) -> bool:
         if error is None:
             return False
         self.progress.close()
+        if self.curve is not None:
+            self.curve.stop()
         with contextlib.suppress(Exception):  # the failure under way is the one to record
             self.land_files()  # the files under way land before the failure is recorded
         if self.run is not None:

@@ -1,10 +1,12 @@
 """The parts of a run's record that every mode shares: open, evaluate, summarise, fail.
 
 The summary itself is paramserver/rundir/summary.py's; here is what feeds it: the
-config and provenance written first, the snapshots evaluated at the end.
+config and provenance written first, the snapshots evaluated as they land (the live
+curve) and the final weights on the whole test split at the end.
 """
 from __future__ import annotations
 
+import copy
 import os
 import time
 from dataclasses import dataclass, field
@@ -15,7 +17,7 @@ import torch
 from torch import nn
 
 from clients.data import Dataset
-from clients.evaluate import curve_samples, evaluate_snapshots
+from clients.evaluate import EvalItems, LiveCurve, curve_samples, final_measurement
 from clients.usercode import loss_function
 from experiments.inputs import fingerprint
 from experiments.progress import Progress
@@ -66,23 +68,34 @@ def open_run(setup: RunSetup, every: int) -> RunDir:
     return run
 
 
-def finish_run(run: RunDir, setup: RunSetup, train_s: float, train_wall_s: float, counts: dict[str, Any]) -> dict:
-    """Evaluate the snapshots and write the summary; returns it."""
+def live_curve(run: RunDir, setup: RunSetup) -> LiveCurve:
+    """The test-error curve measured while the run trains, on a model of its own (the
+    clients of this process step theirs)."""
+    cfg, dataset = setup.cfg, setup.dataset
+    model = copy.deepcopy(setup.model).to(setup.device)
+    samples = curve_samples(len(dataset.test), cfg.eval_samples, cfg.seed)
+    return LiveCurve(run, model, lambda: EvalItems.read(model, dataset.test, samples, dataset.train, cfg.seed),
+                     loss_function(cfg.loss))
+
+
+def finish_run(run: RunDir, setup: RunSetup, curve: LiveCurve, train_s: float, train_wall_s: float,
+               counts: dict[str, Any]) -> dict:
+    """The curve's last points and the final weights on the whole test split, then the
+    summary; returns it."""
     start = time.perf_counter()
     # The clients are done: every core, unless --threads says how many this run may take
     # (a sweep running points side by side gives each its share: more threads than cores
     # made evaluation slower than training).
     torch.set_num_threads(setup.cfg.threads or len(os.sched_getaffinity(0)))
-    model = setup.model.to(setup.device)
-    cfg, test = setup.cfg, setup.dataset.test
-    samples = curve_samples(len(test), cfg.eval_samples, cfg.seed)
-    progress = Progress(len(run.snapshots()), quiet=cfg.quiet, label="eval", unit="snapshots")
-    _, final = evaluate_snapshots(run, model, test, samples, keep=cfg.keep_snapshots, loss=loss_function(cfg.loss),
-                                  train=setup.dataset.train, seed=cfg.seed, progress=progress.update)
+    cfg = setup.cfg
+    live = curve.live
+    progress = Progress(curve.pending(), quiet=cfg.quiet, label="eval", unit="snapshots")
+    items = curve.finish(progress.update)
     progress.close()
+    final = final_measurement(run, items, curve.model, setup.dataset.test, curve.loss, keep=cfg.keep_snapshots)
     status = training_status(counts, final, setup.dataset.num_classes)
-    summary = write_result(run, status, final, train_s, counts, curve_test_samples=len(samples),
-                           train_wall_s=train_wall_s, eval_s=time.perf_counter() - start)
+    summary = write_result(run, status, final, train_s, counts, curve_test_samples=items.samples,
+                           curve_points_live=live, train_wall_s=train_wall_s, eval_s=time.perf_counter() - start)
     run.close_tap()
     if not setup.cfg.quiet or status != COMPLETE:
         print(f"run {setup.out}: test error {summary['final_test_error']:.4f} after {summary['minibatches']} "

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import threading
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -44,10 +45,12 @@ def summary_writer(folder: Path) -> Any:
 
 
 class Scalars:
-    """A RunDir tap: `scalars(log, rows)` for every row a run writes."""
+    """A RunDir tap: `scalars(log, rows)` for every row a run writes (the live curve's
+    eval rows come from a thread of their own: one lock guards the writer)."""
 
     def __init__(self, folder: Path, window: int) -> None:
         self.folder, self.writer = folder, None  # made at the first scalar: after the run directory
+        self.lock = threading.Lock()
         self.losses, self.errors = TrailingMean(window), TrailingMean(window)
         self.pushes: deque[tuple[float, float]] = deque(maxlen=RATE_PUSHES)
         self.minibatches = 0
@@ -87,12 +90,14 @@ class Scalars:
 
     def _add(self, tag: str, value: float | None, step: int, time: float) -> None:
         if value is not None and math.isfinite(value):
-            self.writer = self.writer or summary_writer(self.folder)
-            self.writer.add_scalar(tag, value, step, walltime=time)
+            with self.lock:
+                self.writer = self.writer or summary_writer(self.folder)
+                self.writer.add_scalar(tag, value, step, walltime=time)
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        with self.lock:
+            if self.writer is not None:
+                self.writer.close()
 
 
 def write_run(run: Path, folder: Path) -> None:

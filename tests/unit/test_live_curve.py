@@ -1,0 +1,108 @@
+"""The test-error curve: its items read once a run, its points measured while the run trains."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from clients.evaluate import EvalItems, LiveCurve, curve_samples, final_measurement
+from clients.models import flat_weights
+from clients.usercode import TorchSplit
+from paramserver.rundir.layout import RunDir
+
+
+class Counting(Dataset):
+    """A user's map-style Dataset that counts its __getitem__ calls."""
+
+    def __init__(self, n: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        self.x, self.y, self.reads = torch.randn(n, 5, generator=g), torch.arange(n) % 3, 0
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return self.x[i], self.y[i]
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+
+
+@pytest.fixture
+def parts(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.create()
+    train, test = Counting(1500, 0), Counting(300, 1)
+    net = model()
+    samples = curve_samples(len(test), 100, seed=0)
+    items = EvalItems.read(net, TorchSplit(test), samples, TorchSplit(train), seed=0)
+    return run, net, items, train, test
+
+
+def snapshot(run: RunDir, net: nn.Module, version: int, scale: float) -> None:
+    run.save_snapshot(flat_weights(net) * scale, version, float(version), version * 10)
+
+
+def test_the_items_a_point_needs_are_read_once_a_run(parts):
+    """Five points read 100 test items and 1,024 training items (BatchNorm's), once."""
+    run, net, items, train, test = parts
+    for version in range(5):
+        snapshot(run, net, version, 1.0 + version)
+    curve = LiveCurve(run, net, lambda: items, loss=None)
+    items = curve.finish()
+    assert (test.reads, train.reads) == (100, 1024)
+    assert [row["version"] for row in run.rows("eval")] == list(range(5))
+    final = final_measurement(run, items, net, TorchSplit(test), loss=None, keep=False)
+    assert test.reads == 400 and final["samples"] == 300  # the whole split once, for the final weights
+    assert run.snapshots() == []
+
+
+def test_a_point_is_measured_while_the_run_trains_and_never_twice(parts):
+    run, net, items, _, _ = parts
+    snapshot(run, net, 0, 1.0)
+    curve = LiveCurve(run, net, lambda: items, loss=None)
+    deadline = time.monotonic() + 60  # a hang guard, not a timing
+    while len(run.rows("eval")) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [row["version"] for row in run.rows("eval")] == [0] and curve.live == 1
+    snapshot(run, net, 7, 2.0)
+    curve.finish()
+    rows = run.rows("eval")
+    assert [row["version"] for row in rows] == [0, 7] and rows[0]["test_loss"] != rows[1]["test_loss"]
+    again = LiveCurve(run, net, lambda: items, loss=None)  # a resumed run's: its points are on record
+    again.finish()
+    assert len(run.rows("eval")) == 2
+
+
+def test_a_slow_evaluation_never_holds_up_the_run(parts):
+    """A loss that takes 0.3 s a batch: the curve is handed its work and the run goes
+    on at once, with no point measured yet; finish measures them all."""
+    run, net, items, _, _ = parts
+    for version in range(2):
+        snapshot(run, net, version, 1.0 + version)
+
+    def slow(outputs, targets):
+        time.sleep(0.3)
+        return nn.functional.cross_entropy(outputs, targets)
+
+    curve = LiveCurve(run, net, lambda: items, loss=slow)
+    assert run.rows("eval") == [] and curve.live == 0
+    curve.finish()
+    assert len(run.rows("eval")) == 2
+
+
+def test_a_failure_of_the_thread_is_raised_when_the_run_finishes(parts):
+    run, net, _, _, _ = parts
+    snapshot(run, net, 0, 1.0)
+
+    def broken():
+        raise RuntimeError("the test split cannot be read")
+
+    with pytest.raises(RuntimeError, match="cannot be read"):
+        LiveCurve(run, net, broken, loss=None).finish()
