@@ -12,7 +12,7 @@ def test_records_status_and_rows(tmp_path):
     run = RunDir(tmp_path / "run")
     run.create()
     assert run.summary() == {} and run.status() is None and run.rows("clients") == []
-    write_result(run, "complete", {"test_error": 0.1}, 1.0, {})
+    write_result(run, "complete", {"test_error": 0.1}, 1.0, "wall", {})
     with run.writer("clients") as log:
         log.write_many([{"client": 0, "step": 1}, {"client": 0, "step": 2}])
     assert run.status() == "complete" and [r["step"] for r in run.rows("clients")] == [1, 2]
