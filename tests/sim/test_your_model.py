@@ -72,3 +72,15 @@ def test_export_writes_a_state_dict_your_model_loads(example, example_run, tmp_p
     error, loss = test_metrics(model, test)  # the whole test split, as the summary's final numbers
     summary = json.loads((example_run / "summary.json").read_text())
     assert (error, loss) == pytest.approx((summary["final_test_error"], summary["final_test_loss"]))
+
+
+def test_export_writes_safetensors_with_the_same_weights(example_run, tmp_path):
+    import torch
+    from safetensors.torch import load_file  # make setup installs it
+
+    from experiments.cli import main
+
+    assert main(["export", str(example_run), "--out", str(tmp_path / "model.pt")]) == 0
+    assert main(["export", str(example_run), "--out", str(tmp_path / "model.safetensors")]) == 0
+    pickled, safe = torch.load(tmp_path / "model.pt"), load_file(tmp_path / "model.safetensors")
+    assert pickled.keys() == safe.keys() and all(torch.equal(pickled[k], safe[k]) for k in pickled)
