@@ -102,6 +102,6 @@ def evaluate_snapshots(run: RunDir, model: nn.Module, split: Split, samples: np.
                 whole = (error, test_loss) if len(samples) == len(split) else test_metrics(model, split, loss=loss)
                 final = {"test_error": whole[0], "test_loss": whole[1], "samples": len(split)}
             if not keep:
-                path.unlink()
+                run.drop_snapshot(path)
             progress(done)
     return rows, final

@@ -44,6 +44,7 @@ def test_the_example_trains_in_the_simulator_through_the_api(example_run):
     config = json.loads((example_run / "config.json").read_text())
     assert config["model"] == f"{EXAMPLE}:make_model" and config["data"] == f"{EXAMPLE}:make_data"
     assert [r["version"] for r in rows(example_run, "eval")] == [0, 6, 12]
+    assert not {p.name for p in example_run.iterdir()} & {"lock", "snapshots"}  # nothing stale left
     assert all(0 <= r["error"] <= 1 for r in rows(example_run, "clients"))
 
 
@@ -55,6 +56,7 @@ def test_a_run_of_your_model_killed_mid_way_resumes_with_every_minibatch_once(ex
     assert sorted((r["client"], r["step"]) for r in rows(run, "clients")) == \
         [(c, s) for c in range(2) for s in range(1, 9)]
     assert json.loads((run / "summary.json").read_text())["status"] == "complete"
+    assert not {p.name for p in run.iterdir()} & {"lock", "snapshots"}
 
 
 def test_export_writes_a_state_dict_your_model_loads(example, example_run, tmp_path):
