@@ -5,7 +5,7 @@
     asgd sweep SPEC.toml                                       a resumable grid of runs
     asgd report RUN_DIR | SWEEP_DIR                            summary, tables, findings, figures
     asgd export RUN_DIR [--out FILE]                           the last weights as a torch state_dict
-    asgd tensorboard RUN_DIR | SWEEP_DIR                       TensorBoard event files (HParams for a sweep)
+    asgd tensorboard RUN_DIR | SWEEP_DIR                       TensorBoard event files, with HParams
 
 Every input is checked here, before any MPI process starts: a bad one exits with
 status 2 and one line saying which field is wrong and why.
@@ -106,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="a run's last weights as a torch state_dict (model.pt)")
     export.add_argument("run", help="a run directory")
     export.add_argument("--out", help="the file (default: RUN/model.pt; *.safetensors: safetensors)")
-    board = commands.add_parser("tensorboard", help="TensorBoard scalars of a run, or of a sweep with HParams")
+    board = commands.add_parser("tensorboard", help="TensorBoard scalars and HParams of a run, or of every run of a sweep")
     board.add_argument("path", help="a run directory or a sweep folder")
     board.add_argument("--out", help="where the event files go (default: PATH/tensorboard)")
     bench = commands.add_parser("bench", help="measure the server, the wire, peers and the simulator (minutes)")
