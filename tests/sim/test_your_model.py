@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from clients.usercode import resolve
-from experiments.api import train
+from experiments.api import TrainResult, train
 from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "examples" / "fashion_resnet.py"
@@ -28,10 +28,16 @@ def example():
 
 
 @pytest.fixture(scope="module")
-def example_run(example, tmp_path_factory) -> Path:
+def example_result(example, tmp_path_factory) -> TrainResult:
     out = tmp_path_factory.mktemp("example") / "run"
-    assert train(*example, argv=[*QUICK, "--steps", "6", "--eval-every", "6", "--out", str(out)]) == 0
-    return out
+    result = train(*example, argv=[*QUICK, "--steps", "6", "--eval-every", "6", "--out", str(out)])
+    assert result == 0 and result.run_dir == str(out)
+    return result
+
+
+@pytest.fixture(scope="module")
+def example_run(example_result) -> Path:
+    return Path(example_result.run_dir)
 
 
 def rows(run: Path, log: str) -> list[dict]:
@@ -48,11 +54,20 @@ def test_the_example_trains_in_the_simulator_through_the_api(example_run):
     assert all(0 <= r["error"] <= 1 for r in rows(example_run, "clients"))
 
 
+def test_train_hands_back_what_the_run_recorded(example_result):
+    summary = json.loads((Path(example_result.run_dir) / "summary.json").read_text())
+    assert example_result.summary == summary and example_result.status == "complete"
+    assert (example_result.final_test_error, example_result.final_test_loss) == \
+        (summary["final_test_error"], summary["final_test_loss"])
+
+
 def test_a_run_of_your_model_killed_mid_way_resumes_with_every_minibatch_once(example, tmp_path):
     run = tmp_path / "run"
-    assert train(*example, argv=[*QUICK, "--steps", "8", "--eval-every", "4", "--out", str(run),
-                                 "--inject-fault", "0:6"]) == 1
-    assert train(*example, argv=["--resume", str(run), "--quiet"]) == 0
+    failed = train(*example, argv=[*QUICK, "--steps", "8", "--eval-every", "4", "--out", str(run),
+                                   "--inject-fault", "0:6"])
+    assert failed == 1 and failed.status.startswith("failed: InjectedFault") and failed.final_test_error is None
+    resumed = train(*example, argv=["--resume", str(run), "--quiet"])
+    assert resumed == 0 and resumed.status == "complete" and resumed.run_dir == str(run)
     assert sorted((r["client"], r["step"]) for r in rows(run, "clients")) == \
         [(c, s) for c in range(2) for s in range(1, 9)]
     assert json.loads((run / "summary.json").read_text())["status"] == "complete"
