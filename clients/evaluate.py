@@ -218,5 +218,5 @@ def final_measurement(run: RunDir, items: EvalItems, model: nn.Module, test: Spl
         whole = test_metrics(model, test, loss=loss)
     if not keep:
         for _, path in snapshots:
-            path.unlink()
+            run.drop_snapshot(path)
     return {"test_error": whole[0], "test_loss": whole[1], "samples": len(test)}

@@ -7,7 +7,10 @@
     def make_data(): ...                         # (train, test) torch Datasets
 
     if __name__ == "__main__":
-        raise SystemExit(train(make_model, make_data, steps=200, clients=4))
+        result = train(make_model, make_data, steps=200, clients=4)
+        if result.summary is not None:           # the process that recorded the run
+            print(result.status, result.final_test_error, result.run_dir)
+        raise SystemExit(result)                 # its exit status
 
     mpiexec -n 5 python train.py                 rank 0 serves, ranks 1..4 train
     python train.py                              starts mpiexec itself (as `asgd train`)
@@ -18,6 +21,11 @@ flag) override them, and a TOML file (`config=`) sits beneath both. The factorie
 be top-level names: every rank, `asgd export` and `--resume` import them again by name
 (a function in the script itself as `/abs/path/train.py:make_model`), which is why the
 call sits under `if __name__ == "__main__":`.
+
+`train` returns a `TrainResult`: the exit status, and what the run recorded (its
+summary.json) on the process that recorded it: the simulator's, rank 0 of a job you
+launched with mpiexec, or the script itself when it launched mpiexec (read back after
+the job). The other ranks get the exit status alone.
 """
 from __future__ import annotations
 
@@ -26,27 +34,29 @@ from dataclasses import fields
 from typing import Any, Callable
 
 from clients import usercode
+from experiments.result import TrainResult
 from paramserver.config import ConfigError, RunConfig, field_types
 
 
 def train(model: Callable | str, data: Callable | str, *, loss: Callable | str | None = None,
-          config: str | None = None, argv: list[str] | None = None, **settings: Any) -> int:
-    """Train `model` on `data` as `asgd train` would; returns the exit status (0: complete,
-    2: bad input, reported in one line)."""
+          config: str | None = None, argv: list[str] | None = None, **settings: Any) -> TrainResult:
+    """Train `model` on `data` as `asgd train` would. A usage error in the command line's
+    flags exits as argparse does (SystemExit 2), as `--help` exits 0."""
     from experiments.cli import main
 
     if usercode.importing:
-        return _error(f"train: called while {usercode.importing[-1]} is imported to find a factory; put the call "
-                      "under `if __name__ == \"__main__\":`")
+        return TrainResult(_error(f"train: called while {usercode.importing[-1]} is imported to find a factory; "
+                                  "put the call under `if __name__ == \"__main__\":`"))
     try:
         specs = {"model": usercode.spec_of(model, "model"), "data": usercode.spec_of(data, "data")}
         if loss is not None:
             specs["loss"] = usercode.spec_of(loss, "loss")
         flags = settings_flags({**settings, **specs})
     except ConfigError as error:
-        return _error(str(error))
+        return TrainResult(_error(str(error)))
     given = sys.argv[1:] if argv is None else argv
-    return main(["train", *([config] if config else []), *flags, *given])
+    status = main(["train", *([config] if config else []), *flags, *given])
+    return status if isinstance(status, TrainResult) else TrainResult(status)  # refused before a run directory
 
 
 def settings_flags(settings: dict[str, Any]) -> list[str]:

@@ -5,7 +5,7 @@
     asgd sweep SPEC.toml                                       a resumable grid of runs
     asgd report RUN_DIR | SWEEP_DIR                            summary, tables, findings, figures
     asgd export RUN_DIR [--out FILE]                           the last weights as a torch state_dict
-    asgd tensorboard RUN_DIR | SWEEP_DIR                       TensorBoard event files (HParams for a sweep)
+    asgd tensorboard RUN_DIR | SWEEP_DIR                       TensorBoard event files, with HParams
 
 Every input is checked here, before any MPI process starts: a bad one exits with
 status 2 and one line saying which field is wrong and why.
@@ -20,6 +20,7 @@ import time
 import traceback
 from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from experiments.inputs import absolute_paths
 from experiments.parent.mpiexec import launcher_rank
@@ -27,6 +28,9 @@ from paramserver.config import ConfigError, RunConfig, config_values, field_type
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.lock import RunDirError
 from paramserver.rundir.smoothing import WINDOW
+
+if TYPE_CHECKING:
+    from experiments.result import TrainResult
 
 DEFAULT_CLIENTS = 2  # when asgd starts mpiexec itself and --clients is not given
 
@@ -51,6 +55,8 @@ def _interrupt(signum: int, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The exit status; `asgd train`'s is the run's TrainResult (an int), which
+    experiments.api.train hands back."""
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     if threading.current_thread() is threading.main_thread():
@@ -106,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="a run's last weights as a torch state_dict (model.pt)")
     export.add_argument("run", help="a run directory")
     export.add_argument("--out", help="the file (default: RUN/model.pt; *.safetensors: safetensors)")
-    board = commands.add_parser("tensorboard", help="TensorBoard scalars of a run, or of a sweep with HParams")
+    board = commands.add_parser("tensorboard", help="TensorBoard scalars and HParams of a run, or of every run of a sweep")
     board.add_argument("path", help="a run directory or a sweep folder")
     board.add_argument("--out", help="where the event files go (default: PATH/tensorboard)")
     bench = commands.add_parser("bench", help="measure the server, the wire, peers and the simulator (minutes)")
@@ -147,8 +153,8 @@ def _help(key) -> str:
     return f"{text} (default: {key.default})"
 
 
-def _train(args: argparse.Namespace, argv: list[str]) -> int:
-    from experiments.parent.mpiexec import MPIEXEC, Launcher, find_mpiexec, refuse_torchrun
+def _train(args: argparse.Namespace, argv: list[str]) -> TrainResult:
+    from experiments.parent.mpiexec import MPIEXEC, find_mpiexec, refuse_torchrun
 
     flags = {f.name: getattr(args, f.name) for f in fields(RunConfig)}
     asked = absolute_paths(config_values(args.config, flags))
@@ -165,7 +171,15 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     if mpiexec is None:
         raise InputError(f"backend: no mpiexec found (${MPIEXEC}, beside python, on PATH); "
                          "run 'make setup' or install an MPI library")
+    return _result(_run(cfg, out, argv, mpiexec), out)
+
+
+def _run(cfg: RunConfig, out: str, argv: list[str], mpiexec: str) -> int:
+    """The run, in this process (the simulator, or this MPI rank's part) or under an mpiexec
+    started here; its exit status."""
     from experiments.parent.claim import claim
+    from experiments.parent.mpiexec import Launcher
+
     lock = claim(cfg, out)
     try:
         if cfg.backend == "sim":
@@ -196,6 +210,21 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     finally:
         if lock is not None:
             lock.release()
+
+
+def _result(status: int, out: str) -> TrainResult:
+    """The run's summary, on the process that records it (rank 0, the simulator's) or
+    launched it (which reads it back after the job); the exit status alone elsewhere."""
+    from experiments.result import TrainResult
+
+    run_dir = str(Path(out).absolute())
+    if launcher_rank() not in (None, 0):
+        return TrainResult(status, run_dir)
+    try:
+        summary = RunDir(out).summary() or None
+    except RunDirError:  # a damaged summary is no result; the run's exit status stands
+        summary = None
+    return TrainResult(status, run_dir, summary)
 
 
 def _check_inputs(cfg: RunConfig) -> None:

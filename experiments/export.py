@@ -8,7 +8,7 @@ The model is rebuilt from the run's config (a built-in name, or the user's facto
 imported again by name), its parameters set from `checkpoint/latest.npz`, and, for a
 model with BatchNorm, its running statistics estimated from training batches as every
 evaluation does (`clients.evaluate.recalibrate`). `--out FILE.safetensors` writes
-safetensors instead (where the package is installed).
+safetensors instead (`make setup` installs the package; elsewhere `pip install safetensors`).
 """
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ def export(run_path: str, out: str | None = None) -> int:
         try:
             from safetensors.torch import save_file
         except ImportError:
-            raise ConfigError("export: --out *.safetensors needs the safetensors package (pip install safetensors)") \
-                from None
+            raise ConfigError("export: --out *.safetensors needs the safetensors package; pip install safetensors "
+                              "(make setup installs it)") from None
         save_file(state, str(target))
     else:
         torch.save(state, target)

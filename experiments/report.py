@@ -25,6 +25,7 @@ from experiments.sweepfolder import refuse_mixed
 from paramserver.rundir.durable import write_json_atomic, write_text_atomic
 from paramserver.rundir.lock import RunDirError
 from paramserver.rundir.smoothing import window_for
+from paramserver.rundir.summary import clock_of, seconds
 from plots.curves import plot_run
 from plots.rundata import load_json
 
@@ -51,7 +52,8 @@ def report(path: str, window: int | None = None, figures: str | None = None, tar
     window = window or window_for(1, int(minibatches or 1))  # fits the run, as TensorBoard's
     png = plot_run(path, Path(path) / "training_error.png", window)
     print(f"{path}: {summary['status']}; test error {error if error is None else f'{error:.4f}'}"
-          + ("" if minibatches is None or time_s is None else f"; {minibatches} minibatches in {time_s:.1f} s"))
+          + ("" if minibatches is None or time_s is None else
+             f"; {minibatches} minibatches in {seconds(time_s, clock_of(summary))}"))
     print(f"figure: {png}")
     return 0
 

@@ -70,5 +70,5 @@ class RunLife:
         with contextlib.suppress(Exception):  # the failure under way is the one to record
             self.land_files()  # the files under way land before the failure is recorded
         if self.run is not None:
-            record_failure(self.run, self.clock(), self.counts(), error)
+            record_failure(self.run, self.setup.cfg, self.clock(), self.counts(), error)
         return False

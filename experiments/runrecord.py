@@ -24,7 +24,7 @@ from experiments.progress import Progress
 from paramserver.config import RunConfig
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.status import COMPLETE
-from paramserver.rundir.summary import training_status, write_failure, write_result
+from paramserver.rundir.summary import VIRTUAL, WALL, seconds, training_status, write_failure, write_result
 
 
 @dataclass(frozen=True)
@@ -94,15 +94,22 @@ def finish_run(run: RunDir, setup: RunSetup, curve: LiveCurve, train_s: float, t
     progress.close()
     final = final_measurement(run, items, curve.model, setup.dataset.test, curve.loss, keep=cfg.keep_snapshots)
     status = training_status(counts, final, setup.dataset.num_classes)
-    summary = write_result(run, status, final, train_s, counts, curve_test_samples=items.samples,
+    summary = write_result(run, status, final, train_s, run_clock(cfg), counts, curve_test_samples=items.samples,
                            curve_points_live=live, train_wall_s=train_wall_s, eval_s=time.perf_counter() - start)
     run.close_tap()
     if not setup.cfg.quiet or status != COMPLETE:
         print(f"run {setup.out}: test error {summary['final_test_error']:.4f} after {summary['minibatches']} "
-              f"minibatches in {train_s:.1f} s" + ("" if status == COMPLETE else f"; {status}"), flush=True)
+              f"minibatches in {seconds(train_s, summary['clock'])}" + ("" if status == COMPLETE else f"; {status}"),
+              flush=True)
     return summary
 
 
-def record_failure(run: RunDir, train_s: float, counts: dict[str, Any], error: BaseException) -> None:
-    write_failure(run, train_s, counts, error)
+def record_failure(run: RunDir, cfg: RunConfig, train_s: float, counts: dict[str, Any], error: BaseException) -> None:
+    write_failure(run, train_s, run_clock(cfg), counts, error)
     run.close_tap()
+
+
+def run_clock(cfg: RunConfig) -> str:
+    """What the run's seconds are: the simulator counts virtual ones, so its times and
+    throughput compare with no MPI run's."""
+    return VIRTUAL if cfg.backend == "sim" else WALL

@@ -1,14 +1,21 @@
-"""TensorBoard scalars of a run, from its log rows; HParams for a sweep.
+"""TensorBoard scalars of a run, from its log rows, and its HParams.
 
     asgd train --tensorboard ...        the recording rank writes RUN/tensorboard/ as rows come
     asgd tensorboard RUN                the same, from a finished (or failed) run directory
-    asgd tensorboard SWEEP              every point's, plus HParams, in SWEEP/tensorboard/
+    asgd tensorboard SWEEP              every point's, in SWEEP/tensorboard/<id>/
     tensorboard --logdir RUN/tensorboard
 
 Both paths feed the same rows, in the order the logs hold them, through `Scalars`, so they
 write the same values. Steps are minibatches of all clients (`train/*`, `test/*`) and
-server versions (`server/*`); each event's wall time is the run's `time` (virtual seconds
-in the simulator), so TensorBoard's "Relative" axis is the run's clock.
+server versions (`server/*`). Each event's wall time is the run's start on the wall clock
+(config.json's provenance `start_time`, to the second, taken during setup, before any
+warm start, which the run's clock does not count) plus the row's `time`, so
+TensorBoard's "Relative" axis is the run's clock and its "Wall" axis the date it ran.
+In the simulator `time` is virtual: the wall axis is then the real start
+plus virtual seconds, not when each row was computed. A resumed run's rows follow its
+first start as if it never paused; a run recorded without a start time counts from 1970.
+Closed, each run's folder gets HParams: its settings (a sweep's point: its grid values)
+with its final test error and time as metrics.
 
 - `train/loss`, `train/error`: trailing mean over the last `window` minibatches of all
   clients, in arrival order (window: a twentieth of the run, at most 400).
@@ -25,10 +32,13 @@ import math
 import shutil
 import threading
 from collections import deque
+from dataclasses import fields
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from paramserver.config import ConfigError
+from experiments.provenance import START_TIME
+from paramserver.config import ConfigError, RunConfig
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.smoothing import TrailingMean, window_for
 
@@ -44,13 +54,25 @@ def summary_writer(folder: Path) -> Any:
     return SummaryWriter(str(folder), flush_secs=5)
 
 
-class Scalars:
-    """A RunDir tap: `scalars(log, rows)` for every row a run writes (the live curve's
-    eval rows come from a thread of their own: one lock guards the writer)."""
+def start_epoch(config: dict[str, Any]) -> float:
+    """The wall clock at the run's start, in seconds since 1970; 0 for a run recorded
+    without it (the events then sit where they always did)."""
+    try:
+        return datetime.strptime(config["provenance"]["start_time"], START_TIME).timestamp()
+    except (KeyError, TypeError, ValueError):
+        return 0.0
 
-    def __init__(self, folder: Path, window: int) -> None:
-        self.folder, self.writer = folder, None  # made at the first scalar: after the run directory
-        self.lock = threading.Lock()
+
+class Scalars:
+    """A RunDir tap: `scalars(log, rows)` for every row run `run` writes; `close()` adds its
+    HParams (`hparams`, by default its settings). The run's config.json is read when the
+    first event is written, after the run wrote it (live) or long after (from the logs),
+    so both paths place events alike."""
+
+    def __init__(self, run: Path, folder: Path, window: int, hparams: dict[str, Any] | None = None) -> None:
+        self.run, self.folder, self.hparams = RunDir(run), folder, hparams
+        self.writer, self.start = None, 0.0  # made at the first scalar: after the run directory
+        self.lock = threading.Lock()  # the live curve's eval rows come from a thread of their own
         self.losses, self.errors = TrailingMean(window), TrailingMean(window)
         self.pushes: deque[tuple[float, float]] = deque(maxlen=RATE_PUSHES)
         self.minibatches = 0
@@ -58,7 +80,7 @@ class Scalars:
     @classmethod
     def for_run(cls, run: str | Path, config: dict[str, Any]) -> "Scalars":
         window = window_for(config.get("clients") or 1, config.get("steps", 1))
-        return cls(Path(run) / "tensorboard", window)
+        return cls(Path(run), Path(run) / "tensorboard", window)
 
     def __call__(self, log: str, rows: list[dict[str, Any]]) -> None:
         for row in rows:
@@ -91,23 +113,59 @@ class Scalars:
     def _add(self, tag: str, value: float | None, step: int, time: float) -> None:
         if value is not None and math.isfinite(value):
             with self.lock:
-                self.writer = self.writer or summary_writer(self.folder)
-                self.writer.add_scalar(tag, value, step, walltime=time)
+                self._open().add_scalar(tag, value, step, walltime=self.start + time)
+
+    def _open(self) -> Any:
+        if self.writer is None:
+            self.start = start_epoch(self.run.record("config"))
+            self.writer = summary_writer(self.folder)
+        return self.writer
 
     def close(self) -> None:
-        with self.lock:
-            if self.writer is not None:
-                self.writer.close()
+        """Last, so the metrics are the summary's (written just before, live)."""
+        config = self.run.record("config")
+        if config:
+            summary = self.run.summary()
+            metrics = {f"hparam/{k}": summary[k] for k in ("final_test_error", "time_s")
+                       if isinstance(summary.get(k), (int, float))}
+            self._hparams(settings(config) if self.hparams is None else self.hparams, metrics,
+                          summary.get("time_s") or 0.0)
+        if self.writer is not None:
+            self.writer.close()
+
+    def _hparams(self, hparams: dict[str, Any], metrics: dict[str, float], time: float) -> None:
+        """HParams as SummaryWriter.add_hparams writes them, but into this folder's own
+        events and at the run's end (start plus `time`), not at the moment of writing: so the
+        live run and `asgd tensorboard RUN` write the same."""
+        from torch.utils.tensorboard.summary import hparams as hparams_summaries
+
+        writer = self._open()
+        for summary in hparams_summaries(hparams, metrics):
+            writer.file_writer.add_summary(summary, walltime=self.start + time)
+        for tag, value in metrics.items():
+            writer.add_scalar(tag, value, walltime=self.start + time)
 
 
-def write_run(run: Path, folder: Path) -> None:
-    """`folder` (emptied first) holds the run's scalars, from its logs."""
+def settings(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's settings as HParams: its config's keys (config.json holds more: provenance,
+    the data's fingerprint), those TensorBoard can show."""
+    return plain(config, [key.name for key in fields(RunConfig)])
+
+
+def plain(values: dict[str, Any], keys: list[str]) -> dict[str, Any]:
+    """The values of `keys` that HParams take: numbers, strings, booleans (not None)."""
+    return {key: values[key] for key in keys if isinstance(values.get(key), (int, float, str, bool))}
+
+
+def write_run(run: Path, folder: Path, hparams: dict[str, Any] | None = None) -> None:
+    """`folder` (emptied first) holds the run's scalars, from its logs, and its HParams
+    (`hparams`, by default its settings)."""
     record = RunDir(run)
     config = record.record("config")
     if not config:
         raise ConfigError(f"tensorboard: {run} is not a run directory (no config.json)")
     shutil.rmtree(folder, ignore_errors=True)
-    scalars = Scalars(folder, window_for(config.get("clients") or 1, config.get("steps", 1)))
+    scalars = Scalars(run, folder, window_for(config.get("clients") or 1, config.get("steps", 1)), hparams)
     try:
         for log in ("clients", "server", "eval"):
             scalars(log, record.rows(log))
@@ -125,14 +183,7 @@ def write_sweep(sweep: Path, folder: Path) -> int:
         run = sweep / point["run"] if not Path(point["run"]).is_absolute() else Path(point["run"])
         if not (run / "config.json").exists():
             continue
-        write_run(run, folder / point["id"])
-        summary = RunDir(run).summary()
-        hparams = {k: v for k, v in point.items() if k not in ("id", "run", "status") and
-                   isinstance(v, (int, float, str, bool))}
-        metrics = {f"hparam/{k}": summary[k] for k in ("final_test_error", "time_s")
-                   if isinstance(summary.get(k), (int, float))}
-        with summary_writer(folder / point["id"]) as writer:
-            writer.add_hparams(hparams, metrics, run_name=".")
+        write_run(run, folder / point["id"], plain(point, [k for k in point if k not in ("id", "run", "status")]))
         written += 1
     return written
 
@@ -146,5 +197,5 @@ def tensorboard(path: str, out: str | None) -> int:
         print(f"{count} runs with HParams in {folder}; tensorboard --logdir {folder}")
     else:
         write_run(where, folder)
-        print(f"scalars in {folder}; tensorboard --logdir {folder}")
+        print(f"scalars and HParams in {folder}; tensorboard --logdir {folder}")
     return 0

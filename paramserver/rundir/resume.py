@@ -156,7 +156,7 @@ def cut_back(run: RunDir, checkpoint: Checkpoint, steps: int, record: dict[str, 
         truncate_jsonl(run.path / f"{log}.jsonl", lines)
     for snapshot_version, path in run.snapshots():
         if snapshot_version > version:
-            path.unlink()
+            run.drop_snapshot(path)
     evals = run.path / "eval.jsonl"
     if evals.exists():
         kept = sum(1 for row in read_jsonl(evals) if row["version"] <= version)

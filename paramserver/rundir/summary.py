@@ -18,22 +18,34 @@ from paramserver.rundir.durable import write_json_atomic
 from paramserver.rundir.layout import RunDir
 
 SUMMARY = "summary.json"
+# The clock of `time_s` and the throughput: the simulator's seconds are virtual. A summary
+# written before the field was kept is an MPI run's or a simulated one's: read as wall.
+WALL, VIRTUAL = "wall", "virtual"
 
 
-def write_result(run: RunDir, status: str, final: dict[str, Any], train_s: float, counts: dict[str, Any],
-                 **measured: Any) -> dict[str, Any]:
+def clock_of(summary: dict[str, Any]) -> str:
+    return summary.get("clock", WALL)
+
+
+def seconds(time_s: float, clock: str) -> str:
+    """A run's time for a person to read, saying when its seconds are not real ones."""
+    return f"{time_s:.1f} s" + (" (virtual)" if clock == VIRTUAL else "")
+
+
+def write_result(run: RunDir, status: str, final: dict[str, Any], train_s: float, clock: str,
+                 counts: dict[str, Any], **measured: Any) -> dict[str, Any]:
     """The summary of a run that trained to its end; returns it."""
     summary = {"status": status, "final_test_error": final.get("test_error"),
                "final_test_loss": final.get("test_loss"), "final_test_samples": final.get("samples"),
-               **measured, **_timing(train_s, counts), **counts}
+               **measured, **_timing(train_s, clock, counts), **counts}
     write_json_atomic(run.path / SUMMARY, summary)
     return summary
 
 
-def write_failure(run: RunDir, train_s: float, counts: dict[str, Any], error: BaseException) -> None:
+def write_failure(run: RunDir, train_s: float, clock: str, counts: dict[str, Any], error: BaseException) -> None:
     """The summary of a run `error` ended: what it had counted so far."""
     write_json_atomic(run.path / SUMMARY, {"status": failure_status(error), "final_test_error": None,
-                                           **_timing(train_s, counts), **counts})
+                                           **_timing(train_s, clock, counts), **counts})
 
 
 def mark_failed(run: RunDir, reason: str | None) -> None:
@@ -94,6 +106,7 @@ def log_traceback(out: str, error: BaseException, who: str) -> str:
     return f"traceback in {path}"
 
 
-def _timing(train_s: float, counts: dict[str, Any]) -> dict[str, Any]:
+def _timing(train_s: float, clock: str, counts: dict[str, Any]) -> dict[str, Any]:
     samples = counts.get("samples", 0)
-    return {"time_s": train_s, "throughput_samples_per_s": samples / train_s if train_s > 0 else None}
+    return {"time_s": train_s, "throughput_samples_per_s": samples / train_s if train_s > 0 else None,
+            "clock": clock}

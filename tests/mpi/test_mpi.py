@@ -33,8 +33,9 @@ def test_self_launched_run_on_fashion_mnist_matches_the_run_directory_contract(t
     result = run_command([str(BIN / "asgd"), "train", "--quiet", "--rule", "easgd", "--clients", "2", "--steps", "30",
                           "--n-sync", "5", "--eval-samples", "500", "--out", str(run)], timeout=180)
     assert result.returncode == 0, result.stderr
-    assert {p.name for p in run.iterdir()} >= {"config.json", "clients.jsonl", "server.jsonl", "eval.jsonl",
-                                                "checkpoint", "summary.json"}
+    names = {p.name for p in run.iterdir()}
+    assert names >= {"config.json", "clients.jsonl", "server.jsonl", "eval.jsonl", "checkpoint", "summary.json"}
+    assert not names & {"lock", "snapshots"}  # nothing stale: the lock released, the snapshots evaluated
     config = json.loads((run / "config.json").read_text())
     assert config["clients"] == 2 and config["n_sync"] == 5 and config["data"] == "fashion-mnist"
     assert {"git_commit", "packages", "mpi_library", "ranks", "hosts", "start_time"} <= set(config["provenance"])

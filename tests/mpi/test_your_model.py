@@ -1,5 +1,6 @@
 """The example script, a user's own train.py, launched by the user's mpiexec: rank 0
-serves, ranks 1 and 2 train the script's model on its Dataset."""
+serves, ranks 1 and 2 train the script's model on its Dataset, and train() hands rank 0
+the run's result."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import BIN, MPIEXEC, ROOT, run_command
+from tests.conftest import MPIEXEC, ROOT, run_command
 
 pytestmark = pytest.mark.mpi
 
@@ -20,7 +21,10 @@ def test_mpiexec_runs_a_users_script_with_rank_0_serving(tmp_path):
                           "--quiet", "--out", str(out)], timeout=180)
     assert result.returncode == 0, result.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "complete" and summary["minibatches"] == 8
+    assert summary["status"] == "complete" and summary["minibatches"] == 8 and summary["clock"] == "wall"
+    # the script prints train()'s result where it holds the summary: on rank 0 alone
+    said = [line for line in result.stdout.splitlines() if line.startswith(f"{out}: ")]
+    assert said == [f"{out}: complete; final test error {summary['final_test_error']}"]
     config = json.loads((out / "config.json").read_text())
     assert [r["role"] for r in config["provenance"]["ranks"]] == ["server", "client", "client"]
     assert config["model"].endswith("examples/fashion_resnet.py:make_model")

@@ -55,6 +55,7 @@ def test_virtual_time_follows_the_time_model(tmp_path, tiny_npz):
     assert config["provenance"]["sim"]["step_time"] == 0.01
     summary = json.loads((run / "summary.json").read_text())
     assert summary["time_s"] == pytest.approx(max(r["time"] for r in rows(run, "server")), rel=0.01)
+    assert summary["clock"] == "virtual"  # its time and throughput compare with no MPI run's
 
 
 def test_paper_profile_charges_the_papers_costs(tmp_path, tiny_npz):

@@ -2,6 +2,9 @@
 same from the run directory, and HParams for a sweep. Read back with tensorboard's reader."""
 from __future__ import annotations
 
+import json
+import shutil
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,7 @@ from experiments.cli import main
 
 pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData  # noqa: E402
 
 QUICK = ["--backend", "sim", "--rule", "easgd", "--lr", "0.01",
          "--sim-step-time", "0.01", "--sim-apply-time", "0.001", "--batch-size", "32",
@@ -44,9 +48,46 @@ def test_the_run_writes_its_scalars_as_it_goes(board_run):
     assert all(0 < value <= 1 for _, value, _ in written["server/busy"])
 
 
+def hparams(folder: Path) -> dict[str, bytes]:
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return events.PluginTagToContent("hparams")
+
+
+def record(run: Path, name: str) -> dict:
+    return json.loads((run / f"{name}.json").read_text())
+
+
 def test_asgd_tensorboard_writes_the_same_from_the_run_directory(board_run, tmp_path):
     assert main(["tensorboard", str(board_run), "--out", str(tmp_path / "again")]) == 0
     assert scalars(tmp_path / "again") == scalars(board_run / "tensorboard")
+    assert hparams(tmp_path / "again") == hparams(board_run / "tensorboard")
+
+
+def test_wall_times_are_the_runs_start_on_the_wall_clock_plus_its_time(board_run):
+    start = datetime.strptime(record(board_run, "config")["provenance"]["start_time"], "%Y-%m-%dT%H:%M:%S%z")
+    times = [json.loads(line)["time"] for line in (board_run / "clients.jsonl").read_text().splitlines()]
+    walls = [wall for _, _, wall in scalars(board_run / "tensorboard")["train/error"]]
+    assert walls == pytest.approx([start.timestamp() + time for time in times], abs=1e-6)
+
+
+def test_a_run_recorded_without_a_start_time_keeps_its_relative_times(board_run, tmp_path):
+    old = Path(shutil.copytree(board_run, tmp_path / "old", ignore=shutil.ignore_patterns("tensorboard")))
+    config = record(old, "config")
+    del config["provenance"]["start_time"]
+    (old / "config.json").write_text(json.dumps(config))
+    assert main(["tensorboard", str(old)]) == 0
+    times = [json.loads(line)["time"] for line in (old / "clients.jsonl").read_text().splitlines()]
+    assert [wall for _, _, wall in scalars(old / "tensorboard")["train/error"]] == pytest.approx(times, abs=1e-6)
+
+
+def test_a_run_gets_its_settings_as_hparams_with_its_final_error_as_a_metric(board_run):
+    start = HParamsPluginData.FromString(hparams(board_run / "tensorboard")["_hparams_/session_start_info"])
+    settings = start.session_start_info.hparams
+    assert settings["clients"].number_value == 2 and settings["rule"].string_value == "easgd"
+    assert settings["lr_warmup"].number_value == 320 and "provenance" not in settings
+    [(_, error, _)] = scalars(board_run / "tensorboard")["hparam/final_test_error"]
+    assert error == round(record(board_run, "summary")["final_test_error"], 5)
 
 
 def test_a_sweep_gets_hparams(tmp_path, tiny_npz):

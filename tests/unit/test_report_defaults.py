@@ -11,6 +11,13 @@ def test_a_simulated_runs_curve_is_labelled_virtual_time():
     assert window_for(1, 160) == 8 and window_for(8, 10_000) == 400  # fits the run
 
 
+def test_a_summary_says_when_its_seconds_are_virtual_and_an_old_one_reads_as_wall():
+    from paramserver.rundir.summary import clock_of, seconds
+
+    assert seconds(2.5, clock_of({"time_s": 2.5, "clock": "virtual"})) == "2.5 s (virtual)"
+    assert seconds(2.5, clock_of({"time_s": 2.5})) == "2.5 s"  # written before the field was kept
+
+
 def test_a_notebook_reads_a_sweep_as_the_report_does(tmp_path, monkeypatch):
     import json
 
