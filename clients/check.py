@@ -35,8 +35,9 @@ def check_user_code(cfg: RunConfig, dataset: Any) -> None:
     except Exception as error:  # noqa: BLE001
         raise ConfigError(f"model: a forward pass on data of shape {tuple(x.shape)} failed: "
                           f"{type(error).__name__}: {first_line(error)}") from None
+    loss_fn = loss_function(cfg.loss)
     try:
-        loss = loss_function(cfg.loss)(out, y)
+        loss = loss_fn(out, y)
     except Exception as error:  # noqa: BLE001
         raise ConfigError(f"loss: {cfg.loss or 'cross-entropy'} on outputs {tuple(out.shape)} and targets "
                           f"{tuple(y.shape)} failed: {type(error).__name__}: {first_line(error)}") from None

@@ -4,6 +4,10 @@
     --data  package.module:factory   -> (train, test), two map-style torch Datasets
     --loss  package.module:function  -> loss(outputs, targets), a scalar tensor
 
+A run records a module with the folder it was found in (`FOLDER:package.module:factory`,
+`module_spec`) and a file by its absolute path, so every rank, `asgd export` and
+`--resume` import the same code from whatever folder they are started in.
+
 A model factory is called as `factory(input_shape, num_classes)` when it takes two
 arguments, else as `factory()`, after `torch.manual_seed(seed)`, so every rank builds the
 same initial weights. A data factory is called with no arguments; each client reads a
@@ -19,7 +23,9 @@ import importlib
 import importlib.util
 import inspect
 import os
+import site
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,7 +34,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset as TorchDataset, IterableDataset, default_collate
 
-from paramserver.config import ConfigError
+from paramserver.config import USER_CODE, ConfigError
 
 _FILE_MODULES = "_asgd_user."          # sys.modules keys of files imported by path
 _REGISTERED: dict[str, Callable] = {}  # spec -> callable, for the Python API (no re-import in this process)
@@ -46,22 +52,56 @@ def spec_of(obj: Any, what: str) -> str:
                           f"by name), got {obj!r}")
     module = obj.__module__
     if module == "__main__" or module.startswith(_FILE_MODULES):  # a script: named by its path
-        module = os.path.abspath(sys.modules[module].__file__)
-    spec = f"{module}:{name}"
+        spec = f"{os.path.abspath(sys.modules[module].__file__)}:{name}"
+    else:
+        spec = module_spec(module, name)
     _REGISTERED[spec] = obj
     return spec
 
 
+def module_spec(module: str, name: str) -> str:
+    """`FOLDER:module:name`, with the folder `module` is found in, as a run records it so
+    that it is found again from any working directory; `module:name` where there is no
+    folder of the user's to record (`_search_folder`)."""
+    folder = _search_folder(module)
+    return f"{folder}:{module}:{name}" if folder else f"{module}:{name}"
+
+
+def _search_folder(module: str) -> str:
+    """The folder `module`'s top-level package is found in, the working directory first as
+    `resolve` imports it; '' where the interpreter finds it anywhere (installed, built in)
+    or nowhere (refused, naming the field, when it is imported)."""
+    _on_path(os.getcwd())
+    try:
+        spec = importlib.util.find_spec(module.partition(".")[0])
+    except ValueError:  # imported already, without a spec
+        return ""
+    if spec is None or not (spec.submodule_search_locations or spec.has_location):
+        return ""
+    location = next(iter(spec.submodule_search_locations or [spec.origin]))
+    folder = os.path.dirname(os.path.abspath(location))
+    return "" if folder in _installed_folders() else folder
+
+
+@functools.cache
+def _installed_folders() -> frozenset[str]:
+    paths = sysconfig.get_paths()
+    folders = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    folders |= {*site.getsitepackages(), site.getusersitepackages()}
+    return frozenset(os.path.abspath(folder) for folder in folders)
+
+
 def resolve(spec: str, what: str) -> Callable:
-    """The callable a `module:name` or `file.py:name` spec names; one-line ConfigError if none."""
+    """The callable a `[FOLDER:]module:name` or `file.py:name` spec (one the config has
+    checked) names; a ConfigError naming the field (`what`) if none."""
     if spec in _REGISTERED:
         return _REGISTERED[spec]
-    where, name = spec.rsplit(":", 1)
+    parts = USER_CODE.fullmatch(spec)
+    if parts["file"] and not Path(parts["file"]).is_file():
+        raise ConfigError(f"{what}: no such file {parts['file']}")
     try:
-        module = _import_file(where) if where.endswith(".py") else _import_module(where)
-        obj = functools.reduce(getattr, name.split("."), module)
-    except ConfigError:
-        raise
+        module = _import_file(parts["file"]) if parts["file"] else _import_module(parts["module"], parts["folder"])
+        obj = functools.reduce(getattr, parts["name"].split("."), module)
     except Exception as error:  # noqa: BLE001 - any import failure is the user's, in one line
         raise ConfigError(f"{what}: cannot import {spec} ({type(error).__name__}: {error})") from None
     if not callable(obj):
@@ -70,17 +110,20 @@ def resolve(spec: str, what: str) -> Callable:
     return obj
 
 
-def _import_module(name: str) -> Any:
-    if os.getcwd() not in sys.path:  # as `python -m` does: modules beside the user are found
-        sys.path.insert(0, os.getcwd())
+def _import_module(name: str, folder: str | None) -> Any:
+    """From the folder a run recorded, else, as `python -m` does, from the working directory."""
+    _on_path(folder or os.getcwd())
     return importlib.import_module(name)
+
+
+def _on_path(folder: str) -> None:
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
 
 
 def _import_file(path: str) -> Any:
     """A .py file as a module of its own (its `if __name__ == "__main__":` part does not run)."""
     file = Path(path).resolve()
-    if not file.is_file():
-        raise ConfigError(f"no such file {file}")
     key = f"{_FILE_MODULES}{file.with_suffix('').as_posix().strip('/').replace('/', '.')}"
     if key in sys.modules:
         return sys.modules[key]

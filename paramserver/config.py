@@ -25,8 +25,11 @@ AUTO_KEYS = ("momentum", "fresh_batch")  # keys that also take the word "auto"
 LR_SCHEDULES = ("constant", "cosine", "step")
 LR_SCALINGS = ("none", "linear", "sqrt")
 SIM_PROFILES = ("measured", "paper")  # their values: experiments/simulator.py
-# user code named in a config (clients/usercode.py imports it): a module or a .py file, a name in it
-USER_CODE = re.compile(r"(?:[A-Za-z_][\w.]*|[^:]+\.py):[A-Za-z_][\w.]*")
+# user code named in a config (clients/usercode.py imports it): a .py file, or a module (recorded with
+# the folder it was found in, FOLDER:module:name, so it imports again from any working directory), a name in it
+USER_CODE = re.compile(r"(?:(?P<file>[^:]+\.py)|(?:(?P<folder>[^:]+):)?(?P<module>[A-Za-z_][\w.]*))"
+                       r":(?P<name>[A-Za-z_][\w.]*)")
+USER_CODE_KEYS = ("model", "data", "loss")  # the settings that may name user code
 
 
 class ConfigError(ValueError):
@@ -326,7 +329,8 @@ def _check_values(cfg: RunConfig) -> None:
     for name in ("loss",) + tuple(n for n in ("model", "data") if is_user_code(getattr(cfg, n))):
         value = getattr(cfg, name)
         _require(not value or USER_CODE.fullmatch(value) is not None, name,
-                 f"expected package.module:name or path/file.py:name, got {value!r}")
+                 f"expected package.module:name (or FOLDER:package.module:name) or path/file.py:name, "
+                 f"got {value!r}")
     _require(_fault_ok(cfg.inject_fault), "inject_fault", f"expected RANK:STEP, got {cfg.inject_fault!r}")
 
 

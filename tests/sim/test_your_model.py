@@ -3,12 +3,16 @@ Python API in the simulator, killed and resumed."""
 from __future__ import annotations
 
 import json
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
-from clients.usercode import resolve
+from clients import usercode
+from clients.usercode import load_user_data, resolve
 from experiments.api import train
+from experiments.cli import main
 from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "examples" / "fashion_resnet.py"
@@ -72,3 +76,73 @@ def test_export_writes_a_state_dict_your_model_loads(example, example_run, tmp_p
     error, loss = test_metrics(model, test)  # the whole test split, as the summary's final numbers
     summary = json.loads((example_run / "summary.json").read_text())
     assert (error, loss) == pytest.approx((summary["final_test_error"], summary["final_test_loss"]))
+
+
+OWN_MODEL = """
+from torch import nn
+
+def build_model(shape, num_classes, width=8):
+    return nn.Sequential(nn.Linear(shape[0], width), nn.ReLU(), nn.Linear(width, num_classes))
+"""
+OWN_DATA = """
+import torch
+from torch.utils.data import TensorDataset
+
+class Points(TensorDataset):
+    num_classes = 3
+
+def make_data():
+    x = torch.randn(120, 5, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    return Points(x[:96], y[:96]), Points(x[96:], y[96:])
+"""
+TINY = ["--backend", "sim", "--clients", "2", "--batch-size", "8", "--threads", "1", "--sim-step-time", "0.01",
+        "--sim-apply-time", "0.0001", "--eval-samples", "16", "--quiet"]
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch) -> Path:
+    """A folder of the user's, the working directory, with a model module and a data file."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "own_model.py").write_text(textwrap.dedent(OWN_MODEL))
+    (folder / "own_data.py").write_text(textwrap.dedent(OWN_DATA))
+    monkeypatch.chdir(folder)
+    monkeypatch.delitem(sys.modules, "own_model", raising=False)
+    return folder
+
+
+def elsewhere(monkeypatch, folder: Path) -> None:
+    """Another working directory, in a process that has imported none of the user's code
+    and has none of its folders on sys.path, as a fresh `asgd` command there would be."""
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(usercode, "_REGISTERED", {})
+    load_user_data.cache_clear()
+    monkeypatch.delitem(sys.modules, "own_model", raising=False)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if "project" not in p])
+
+
+def test_your_module_and_file_travel_to_export_and_resume_from_another_folder(project, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    code = ["--model", "own_model:build_model", "--data", "own_data.py:make_data"]
+    assert main(["train", *TINY, *code, "--steps", "4", "--out", str(run)]) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"] == f"{project}:own_model:build_model"  # the folder it was found in
+    assert config["data"] == f"{project / 'own_data.py'}:make_data"
+    (tmp_path / "other").mkdir()
+    elsewhere(monkeypatch, tmp_path / "other")
+    assert main(["export", str(run)]) == 0
+    assert main(["train", "--resume", str(run), "--steps", "6", "--model", "own_model:build_model"]) == 0
+    assert json.loads((run / "summary.json").read_text())["minibatches"] == 12
+    assert main(["train", "--resume", str(run), "--steps", "8", "--model", f"{tmp_path}:own_model:build_model"]) == 2
+
+
+def test_a_run_recorded_before_folders_were_still_exports_from_its_folder(project, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--model", "own_model:build_model", "--data", "own_data.py:make_data",
+                 "--steps", "2", "--out", str(run)]) == 0
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "model": "own_model:build_model"}))  # as written then
+    elsewhere(monkeypatch, project)
+    assert main(["export", str(run)]) == 0
+    assert main(["train", "--resume", str(run), "--steps", "3", "--model", "own_model:build_model"]) == 0

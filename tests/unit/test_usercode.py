@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import textwrap
 
 import numpy as np
@@ -63,6 +64,7 @@ def user(tmp_path, monkeypatch):
     """`usermod` importable from the working directory, as a user's module beside them."""
     (tmp_path / "usermod.py").write_text(textwrap.dedent(USER))
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "usermod", raising=False)  # imported from this folder, not an earlier test's
     yield tmp_path
 
 
@@ -113,7 +115,15 @@ def test_what_does_not_fit_is_one_line_before_launch(user, capsys, values, messa
              if k in ("model", "data", "loss") and v]
     assert main(["train", "--backend", "sim", *flags, "--batch-size", "8"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("asgd: error: " + message) and err.count("\n") == 1
+    recorded = message.replace("usermod:", f"{user}:usermod:")  # asgd train names a module with its folder
+    assert err.startswith("asgd: error: " + recorded) and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("field", ["model", "data", "loss"])
+def test_a_missing_file_is_refused_naming_the_field(user, capsys, field):
+    code = {"--model": "usermod:model", "--data": "usermod:data", f"--{field}": "missing.py:make"}
+    assert main(["train", "--backend", "sim", "--batch-size", "8", *(t for item in code.items() for t in item)]) == 2
+    assert capsys.readouterr().err == f"asgd: error: {field}: no such file {user / 'missing.py'}\n"
 
 
 def test_a_malformed_spec_is_refused_by_the_config():
