@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from clients.models import build_model
+from clients.models import run_model
 from clients.usercode import first_line, loss_function
 from paramserver.config import ConfigError, RunConfig
 
@@ -17,7 +17,7 @@ from paramserver.config import ConfigError, RunConfig
 def check_user_code(cfg: RunConfig, dataset: Any) -> None:
     """Build the model (user's or not) and run one training sample forward and through the
     loss; whatever does not fit is a one-line ConfigError."""
-    model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
+    model = run_model(cfg, dataset)
     params = list(model.parameters())
     if not params:
         raise ConfigError(f"model: {cfg.model} has no parameters to train")

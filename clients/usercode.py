@@ -8,9 +8,10 @@ A run records a module with the folder it was found in (`FOLDER:package.module:f
 `module_spec`) and a file by its absolute path, so every rank, `asgd export` and
 `--resume` import the same code from whatever folder they are started in.
 
-A model factory is called as `factory(input_shape, num_classes)` when it takes two
-arguments, else as `factory()`, after `torch.manual_seed(seed)`, so every rank builds the
-same initial weights. A data factory is called with no arguments; each client reads a
+A model factory is called as `factory(input_shape, num_classes, **model_args)` when it
+takes two arguments (with the run's `model_args` as keywords), else as
+`factory(**model_args)`, after `torch.manual_seed(seed)`, so every rank builds the same
+initial weights. A data factory is called with no arguments; each client reads a
 disjoint seeded shard of its train Dataset (`TorchSplit` puts any map-style Dataset behind
 the `Split.batch(idx)` protocol, so `ShardSampler` orders and resumes it as any other).
 `clients/check.py` imports the three, checks what they return and runs one sample forward
@@ -22,6 +23,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import json
 import os
 import site
 import sys
@@ -142,11 +144,12 @@ def _import_file(path: str) -> Any:
     return module
 
 
-def call_model_factory(spec: str, shape: tuple[int, ...], num_classes: int | None) -> nn.Module:
+def call_model_factory(spec: str, shape: tuple[int, ...], num_classes: int | None,
+                       model_args: dict[str, Any]) -> nn.Module:
     factory = resolve(spec, "model")
+    positional = _positional(factory, spec, (shape, num_classes), model_args)
     try:
-        takes_two = _accepts(factory, 2)
-        model = factory(shape, num_classes) if takes_two else factory()
+        model = factory(*positional, **model_args)
     except ConfigError:
         raise
     except Exception as error:  # noqa: BLE001
@@ -156,14 +159,30 @@ def call_model_factory(spec: str, shape: tuple[int, ...], num_classes: int | Non
     return model
 
 
-def _accepts(factory: Callable, count: int) -> bool:
+def _positional(factory: Callable, spec: str, two: tuple, model_args: dict[str, Any]) -> tuple:
+    """What the factory takes before `model_args`: (input_shape, num_classes), or nothing.
+    model_args that fit neither are refused here, naming model_args, where the call would
+    raise a TypeError that reads as the factory's own."""
     try:
-        inspect.signature(factory).bind(*range(count))
-        return True
-    except TypeError:
-        return False
+        signature = inspect.signature(factory)
     except ValueError:  # no signature (a builtin): assume the documented two
-        return True
+        return two
+    with_two, with_none = (_bind_error(signature, form, model_args) for form in (two, ()))
+    if with_two is None:
+        return two
+    if with_none is None or not model_args:
+        return ()  # without model_args, the call says what is missing
+    takes_none = _bind_error(signature, (), {}) is None and _bind_error(signature, two, {}) is not None
+    raise ConfigError(f"model_args: {spec}{signature} cannot take {json.dumps(model_args)}: "
+                      f"{with_none if takes_none else with_two}")
+
+
+def _bind_error(signature: inspect.Signature, positional: tuple, keywords: dict[str, Any]) -> str | None:
+    try:
+        signature.bind(*positional, **keywords)
+    except TypeError as error:
+        return str(error)
+    return None
 
 
 class TorchSplit:

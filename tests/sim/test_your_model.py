@@ -2,6 +2,7 @@
 Python API in the simulator, killed and resumed."""
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import textwrap
@@ -142,7 +143,19 @@ def test_a_run_recorded_before_folders_were_still_exports_from_its_folder(projec
     assert main(["train", *TINY, "--model", "own_model:build_model", "--data", "own_data.py:make_data",
                  "--steps", "2", "--out", str(run)]) == 0
     config = json.loads((run / "config.json").read_text())
-    (run / "config.json").write_text(json.dumps({**config, "model": "own_model:build_model"}))  # as written then
+    old = {key: value for key, value in config.items() if key != "model_args"}  # as written then
+    (run / "config.json").write_text(json.dumps({**old, "model": "own_model:build_model"}))
     elsewhere(monkeypatch, project)
     assert main(["export", str(run)]) == 0
     assert main(["train", "--resume", str(run), "--steps", "3", "--model", "own_model:build_model"]) == 0
+
+
+def test_model_args_reach_your_factory_and_a_resume_keeps_them(project, tmp_path):
+    run = tmp_path / "run"
+    wide = functools.partial(resolve("own_model:build_model", "model"), width=16)  # its keywords: model_args
+    assert train(wide, "own_data.py:make_data", argv=[*TINY, "--steps", "2", "--out", str(run)]) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"] == f"{project}:own_model:build_model" and config["model_args"] == '{"width": 16}'
+    assert config["num_params"] == (5 * 16 + 16) + (16 * 3 + 3)
+    assert main(["train", "--resume", str(run), "--steps", "3", "--model-args", '{"width": 8}']) == 2
+    assert main(["train", "--resume", str(run), "--steps", "3", "--model-args", '{ "width":16 }']) == 0

@@ -1,6 +1,7 @@
 """Your model, data and loss: imported by name, checked before launch, sharded like any data."""
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import textwrap
@@ -16,10 +17,10 @@ from clients.data import ShardSampler, load_dataset, shard_indices
 from clients.evaluate import recalibrate
 from clients.models import build_model
 from clients.usercode import resolve, spec_of
-from experiments.api import settings_flags
+from experiments.api import settings_flags, train
 from experiments.cli import main
 from experiments.parent.mpiexec import refuse_torchrun
-from paramserver.config import ConfigError, RunConfig
+from paramserver.config import ConfigError, RunConfig, config_values
 
 USER = '''
 import torch
@@ -39,6 +40,12 @@ def model(shape, num_classes):
 
 def no_args():
     return nn.Linear(5, 3)
+
+def sized(shape, num_classes, width=8):
+    return nn.Sequential(nn.Linear(shape[0], width), nn.Linear(width, num_classes))
+
+def keyword_only(*, width):
+    return nn.Sequential(nn.Linear(5, width), nn.Linear(width, 3))
 
 def too_wide(shape, num_classes):
     return nn.Linear(7, num_classes)
@@ -124,6 +131,41 @@ def test_a_missing_file_is_refused_naming_the_field(user, capsys, field):
     code = {"--model": "usermod:model", "--data": "usermod:data", f"--{field}": "missing.py:make"}
     assert main(["train", "--backend", "sim", "--batch-size", "8", *(t for item in code.items() for t in item)]) == 2
     assert capsys.readouterr().err == f"asgd: error: {field}: no such file {user / 'missing.py'}\n"
+
+
+def test_model_args_are_keywords_of_your_factory(user):
+    assert build_model("usermod:sized", (5,), 3, seed=0, model_args={"width": 16})[0].out_features == 16
+    assert build_model("usermod:keyword_only", (5,), 3, seed=0, model_args={"width": 4})[0].out_features == 4
+
+
+def test_model_args_from_a_flag_a_config_table_and_the_api_are_one_json_object(tmp_path):
+    (tmp_path / "run.toml").write_text('[model_args]\nwidth = 16\nact = "relu"\n')
+    recorded = '{"act": "relu", "width": 16}'  # keys sorted: a resume that spells them otherwise is the same
+    assert config_values(str(tmp_path / "run.toml"))["model_args"] == recorded
+    assert config_values(None, {"model_args": '{"width": 16,  "act": "relu"}'})["model_args"] == recorded
+    assert settings_flags({"model_args": {"width": 16, "act": "relu"}}) == ["--model-args", recorded]
+
+
+@pytest.mark.parametrize("model, model_args, message", [
+    ("usermod:sized", '{"width": 16', "model_args: not JSON"),
+    ("usermod:sized", "[16]", "model_args: expected a JSON object of keyword arguments, got '[16]'"),
+    ("usermod:sized", '{"depth": 2}', 'model_args: {user}:usermod:sized(shape, num_classes, width=8) cannot take '
+                                      '{{"depth": 2}}: got an unexpected keyword argument \'depth\''),
+    ("usermod:no_args", '{"width": 2}', 'model_args: {user}:usermod:no_args() cannot take {{"width": 2}}: '
+                                        'got an unexpected keyword argument \'width\''),
+    ("cnn", '{"width": 2}', "model_args: only for a model factory of yours (package.module:factory); the built-in "
+                            "cnn takes none"),
+])
+def test_model_args_that_do_not_fit_are_one_line_naming_model_args(user, capsys, model, model_args, message):
+    assert main(["train", "--backend", "sim", "--model", model, "--data", "usermod:data", "--batch-size", "8",
+                 "--model-args", model_args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("asgd: error: " + message.format(user=user)) and err.count("\n") == 1
+
+
+def test_a_partial_binding_positional_arguments_is_refused(user, capsys):
+    assert train(functools.partial(resolve("usermod:sized", "model"), (5,)), "usermod:data", argv=[]) == 2
+    assert capsys.readouterr().err.startswith("asgd: error: model: a functools.partial with positional arguments")
 
 
 def test_a_malformed_spec_is_refused_by_the_config():
