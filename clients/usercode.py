@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import Dataset as TorchDataset, IterableDataset, default_collate
+from torch.utils.data import Dataset as TorchDataset, IterableDataset, TensorDataset, default_collate
 
 from paramserver.config import USER_CODE, ConfigError
 
@@ -197,6 +197,12 @@ class TorchSplit:
     def batch(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = default_collate([self.dataset[int(i)] for i in idx])
         return x, y
+
+    def labels(self) -> torch.Tensor | None:
+        """A TensorDataset's (inputs, labels) tensors hold every label; any other Dataset's
+        labels come only from reading its items."""
+        plain = type(self.dataset).__getitem__ is TensorDataset.__getitem__
+        return self.dataset.tensors[1] if plain and len(self.dataset.tensors) == 2 else None
 
 
 @functools.lru_cache(maxsize=4)
