@@ -1,5 +1,5 @@
-"""Before launch: the model (the user's or ours), one training sample through it and the
-loss, the user's optimizer factory.
+"""Before launch: the model (the user's or ours), training items through it and the loss,
+test items read, a classifier's labels in range on both splits, the user's optimizer factory.
 
 Whatever does not fit is one ConfigError line before any MPI process starts.
 """
@@ -10,19 +10,44 @@ from typing import Any
 import numpy as np
 import torch
 
-from clients.models import build_model
+from clients.client import classifies
+from clients.models import run_model
 from clients.optimizers import user_optimizer
 from clients.usercode import first_line, loss_function, optimizer_factory
 from paramserver.config import ConfigError, RunConfig
 
 
+LABEL_SAMPLE = 256  # items of each split whose labels are read, where not every label is at hand
+
+
 def check_user_code(cfg: RunConfig, dataset: Any) -> None:
-    """Build the model (user's or not) and run one training sample forward and through the
-    loss; whatever does not fit is a one-line ConfigError."""
-    model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
+    """Build the model (user's or not), run two training items forward and through the
+    loss, read two of the test split and, for a classifier, check the labels of both splits
+    against its outputs: whatever does not fit is a one-line ConfigError here, not a failure
+    after launch (mid-training, or at the evaluation after it)."""
+    model = run_model(cfg, dataset)
+    _check_parameters(model, cfg.model)
+    if factory := optimizer_factory(cfg.optimizer):  # the user's, built once on the model here
+        user_optimizer(factory, model.parameters(), cfg.optimizer, lr=cfg.lr,
+                       momentum=cfg.client_momentum(cfg.clients or 1), weight_decay=cfg.weight_decay)
+    x, y = _first_items(dataset.train, "train")
+    try:
+        model.train()
+        out = model(x)
+    except Exception as error:  # noqa: BLE001
+        raise ConfigError(f"model: a forward pass on data of shape {tuple(x.shape)} failed: "
+                          f"{type(error).__name__}: {first_line(error)}") from None
+    _check_test_items(model, dataset.test, x)
+    if classifies(out, y):  # before the loss, which would fail on a first label out of range less clearly
+        for role, split in (("train", dataset.train), ("test", dataset.test)):
+            _check_label_range(_labels(split, role, cfg.seed), role, out.shape[1])
+    _check_loss(cfg.loss, out, y)
+
+
+def _check_parameters(model: torch.nn.Module, spec: str) -> None:
     params = list(model.parameters())
     if not params:
-        raise ConfigError(f"model: {cfg.model} has no parameters to train")
+        raise ConfigError(f"model: {spec} has no parameters to train")
     frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
     if frozen:
         raise ConfigError(f"model: parameter {frozen[0]} has requires_grad=False; the flat weight vector holds "
@@ -30,20 +55,66 @@ def check_user_code(cfg: RunConfig, dataset: Any) -> None:
     odd = [n for n, p in model.named_parameters() if p.dtype != torch.float32]
     if odd:
         raise ConfigError(f"model: parameter {odd[0]} is not float32; the server keeps float32 weights")
-    if factory := optimizer_factory(cfg.optimizer):  # the user's, built once on the model here
-        user_optimizer(factory, params, cfg.optimizer, lr=cfg.lr, momentum=cfg.client_momentum(cfg.clients or 1),
-                       weight_decay=cfg.weight_decay)
-    x, y = dataset.train.batch(np.arange(min(2, len(dataset.train))))
+
+
+def _check_loss(spec: str, out: torch.Tensor, y: torch.Tensor) -> None:
+    loss_fn = loss_function(spec)
     try:
-        model.train()
-        out = model(x)
+        loss = loss_fn(out, y)
     except Exception as error:  # noqa: BLE001
-        raise ConfigError(f"model: a forward pass on data of shape {tuple(x.shape)} failed: "
-                          f"{type(error).__name__}: {first_line(error)}") from None
-    try:
-        loss = loss_function(cfg.loss)(out, y)
-    except Exception as error:  # noqa: BLE001
-        raise ConfigError(f"loss: {cfg.loss or 'cross-entropy'} on outputs {tuple(out.shape)} and targets "
+        raise ConfigError(f"loss: {spec or 'cross-entropy'} on outputs {tuple(out.shape)} and targets "
                           f"{tuple(y.shape)} failed: {type(error).__name__}: {first_line(error)}") from None
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        raise ConfigError(f"loss: {cfg.loss or 'cross-entropy'} must return a scalar tensor, got {loss!r}")
+        raise ConfigError(f"loss: {spec or 'cross-entropy'} must return a scalar tensor, got {loss!r}")
+
+
+def _first_items(split: Any, role: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _read(split, np.arange(min(2, len(split))), role)
+
+
+def _read(split: Any, idx: np.ndarray, role: str) -> tuple[torch.Tensor, torch.Tensor]:
+    try:
+        return split.batch(idx)
+    except Exception as error:  # noqa: BLE001 - a user's __getitem__ raising anything
+        raise ConfigError(f"data: reading {len(idx)} items of the {role} split failed: "
+                          f"{type(error).__name__}: {first_line(error)}") from None
+
+
+def _check_test_items(model: torch.nn.Module, test: Any, train_x: torch.Tensor) -> None:
+    """Two test items, forward in eval mode as the evaluation after training runs them."""
+    x, _ = _first_items(test, "test")
+    if not isinstance(x, torch.Tensor) or (x.shape[1:], x.dtype) != (train_x.shape[1:], train_x.dtype):
+        raise ConfigError(f"data: the test split's inputs are {_kind(x)}, the train split's {_kind(train_x)}")
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(x)
+    except Exception as error:  # noqa: BLE001
+        raise ConfigError(f"model: a forward pass in eval mode on test data of shape {tuple(x.shape)} failed: "
+                          f"{type(error).__name__}: {first_line(error)}") from None
+
+
+def _kind(x: Any) -> str:
+    return f"{x.dtype} of shape {tuple(x.shape[1:])}" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def _labels(split: Any, role: str, seed: int) -> torch.Tensor:
+    """Every label where the split holds them (arrays, a TensorDataset, an image folder),
+    else those of LABEL_SAMPLE items drawn from `seed`: bounded, as this runs on every
+    `asgd train`."""
+    known = split.labels()
+    if known is not None:
+        return torch.as_tensor(known)
+    n = len(split)
+    idx = np.sort(np.random.default_rng(seed).choice(n, min(LABEL_SAMPLE, n), replace=False))
+    return _read(split, idx, role)[1]
+
+
+def _check_label_range(labels: Any, role: str, classes: int) -> None:
+    if not isinstance(labels, torch.Tensor):
+        raise ConfigError(f"data: the {role} split's targets are {type(labels).__name__}, not tensors or numbers")
+    low, high = labels.min().item(), labels.max().item()
+    bad = high if high >= classes else low if low < 0 else None
+    if bad is not None:
+        raise ConfigError(f"data: label {bad} in the {role} split is out of range for the model's {classes} "
+                          f"outputs (labels must be 0..{classes - 1})")

@@ -52,10 +52,17 @@ class StepResult:
                 "samples": self.samples, "lr": self.lr}
 
 
+def classifies(outputs: torch.Tensor, targets: torch.Tensor) -> bool:
+    """Whether outputs and targets look like classification: (n, C) scores for C >= 2
+    classes against integer labels. Other targets (a user's regression loss, counts
+    against one output) have no error rate and no label range."""
+    return outputs.ndim == 2 and outputs.shape[1] > 1 and targets.ndim == 1 and not targets.is_floating_point()
+
+
 def wrong(outputs: torch.Tensor, targets: torch.Tensor) -> float:
-    """Misclassified samples: (n, classes) outputs against integer labels; NaN for other
-    targets (a user's regression loss), where an error rate means nothing."""
-    if outputs.ndim != 2 or targets.ndim != 1 or targets.is_floating_point():
+    """Misclassified samples; NaN where the outputs do not classify, where an error rate
+    means nothing."""
+    if not classifies(outputs, targets):
         return math.nan
     return float((outputs.argmax(1) != targets).sum().item())
 

@@ -49,6 +49,9 @@ class Split(Protocol):
     def batch(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 images (n, C, H, W), normalised; int64 labels (n,); no augmentation for array data."""
 
+    def labels(self) -> np.ndarray | torch.Tensor | None:
+        """Every label, where they are at hand without reading the items (None: they are not)."""
+
 
 @dataclass(frozen=True)
 class Dataset:
@@ -76,6 +79,9 @@ class ArraySplit:
         rows = (self.x[idx] * self._scale - self._mean) / self._std
         return torch.from_numpy(rows.astype(np.float32, copy=False)), torch.from_numpy(self.y[idx])
 
+    def labels(self) -> np.ndarray:
+        return self.y
+
 
 @dataclass(frozen=True)
 class FolderSplit:
@@ -89,6 +95,9 @@ class FolderSplit:
     def batch(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         items = [self.folder[int(i)] for i in idx]
         return torch.stack([im for im, _ in items]), torch.tensor([lab for _, lab in items], dtype=torch.int64)
+
+    def labels(self) -> np.ndarray:
+        return np.asarray(self.folder.targets, dtype=np.int64)  # ImageFolder's, with no target transform
 
 
 MAX_CLASSES = 100_000  # a larger label is a mistake, not a class: the classifier would not fit in memory

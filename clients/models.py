@@ -11,13 +11,17 @@ estimates them afresh (`clients.evaluate.recalibrate`); docs/your-model.md says 
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 from torch import nn
 
 from clients.buffers import host_copy
+from paramserver.config import RunConfig, is_user_code, model_arguments
+
+if TYPE_CHECKING:
+    from clients.data import Dataset
 
 
 def small_cnn(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
@@ -50,15 +54,20 @@ def cuda_convnet(shape: tuple[int, int, int], num_classes: int) -> nn.Module:
 MODELS = {"cnn": small_cnn, "convnet": cuda_convnet}
 
 
-def build_model(name: str, shape: tuple[int, ...], num_classes: int | None, seed: int) -> nn.Module:
-    """The model `name` (or a user's `module:factory`, clients/usercode.py) with its initial
-    weights drawn from `seed` (same seed, same weights)."""
-    from paramserver.config import is_user_code
+def run_model(cfg: RunConfig, dataset: Dataset) -> nn.Module:
+    """The run's model with its initial weights, built alike by every rank, the checks
+    before launch and export."""
+    return build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed, model_arguments(cfg))
 
+
+def build_model(name: str, shape: tuple[int, ...], num_classes: int | None, seed: int,
+                model_args: dict[str, Any] | None = None) -> nn.Module:
+    """The model `name` (or a user's `module:factory`, called with `model_args` as keywords,
+    clients/usercode.py) with its initial weights drawn from `seed` (same seed, same weights)."""
     if is_user_code(name):
         from clients.usercode import call_model_factory
         torch.manual_seed(seed)
-        return call_model_factory(name, shape, num_classes)
+        return call_model_factory(name, shape, num_classes, model_args or {})
     factory = model_factory(name)
     torch.manual_seed(seed)
     return factory(shape, num_classes)

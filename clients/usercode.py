@@ -4,9 +4,14 @@
     --data  package.module:factory   -> (train, test), two map-style torch Datasets
     --loss  package.module:function  -> loss(outputs, targets), a scalar tensor
 
-A model factory is called as `factory(input_shape, num_classes)` when it takes two
-arguments, else as `factory()`, after `torch.manual_seed(seed)`, so every rank builds the
-same initial weights. A data factory is called with no arguments; each client reads a
+A run records a module with the folder it was found in (`FOLDER:package.module:factory`,
+`module_spec`) and a file by its absolute path, so every rank, `asgd export` and
+`--resume` import the same code from whatever folder they are started in.
+
+A model factory is called as `factory(input_shape, num_classes, **model_args)` when it
+takes two arguments (with the run's `model_args` as keywords), else as
+`factory(**model_args)`, after `torch.manual_seed(seed)`, so every rank builds the same
+initial weights. A data factory is called with no arguments; each client reads a
 disjoint seeded shard of its train Dataset (`TorchSplit` puts any map-style Dataset behind
 the `Split.batch(idx)` protocol, so `ShardSampler` orders and resumes it as any other).
 `clients/check.py` imports the three, checks what they return and runs one sample forward
@@ -18,17 +23,20 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import json
 import os
+import site
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import Dataset as TorchDataset, IterableDataset, default_collate
+from torch.utils.data import Dataset as TorchDataset, IterableDataset, TensorDataset, default_collate
 
-from paramserver.config import ConfigError, is_user_code
+from paramserver.config import USER_CODE, ConfigError, is_user_code
 
 _FILE_MODULES = "_asgd_user."          # sys.modules keys of files imported by path
 _REGISTERED: dict[str, Callable] = {}  # spec -> callable, for the Python API (no re-import in this process)
@@ -46,22 +54,56 @@ def spec_of(obj: Any, what: str) -> str:
                           f"by name), got {obj!r}")
     module = obj.__module__
     if module == "__main__" or module.startswith(_FILE_MODULES):  # a script: named by its path
-        module = os.path.abspath(sys.modules[module].__file__)
-    spec = f"{module}:{name}"
+        spec = f"{os.path.abspath(sys.modules[module].__file__)}:{name}"
+    else:
+        spec = module_spec(module, name)
     _REGISTERED[spec] = obj
     return spec
 
 
+def module_spec(module: str, name: str) -> str:
+    """`FOLDER:module:name`, with the folder `module` is found in, as a run records it so
+    that it is found again from any working directory; `module:name` where there is no
+    folder of the user's to record (`_search_folder`)."""
+    folder = _search_folder(module)
+    return f"{folder}:{module}:{name}" if folder else f"{module}:{name}"
+
+
+def _search_folder(module: str) -> str:
+    """The folder `module`'s top-level package is found in, the working directory first as
+    `resolve` imports it; '' where the interpreter finds it anywhere (installed, built in)
+    or nowhere (refused, naming the field, when it is imported)."""
+    _on_path(os.getcwd())
+    try:
+        spec = importlib.util.find_spec(module.partition(".")[0])
+    except ValueError:  # imported already, without a spec
+        return ""
+    if spec is None or not (spec.submodule_search_locations or spec.has_location):
+        return ""
+    location = next(iter(spec.submodule_search_locations or [spec.origin]))
+    folder = os.path.dirname(os.path.abspath(location))
+    return "" if folder in _installed_folders() else folder
+
+
+@functools.cache
+def _installed_folders() -> frozenset[str]:
+    paths = sysconfig.get_paths()
+    folders = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    folders |= {*site.getsitepackages(), site.getusersitepackages()}
+    return frozenset(os.path.abspath(folder) for folder in folders)
+
+
 def resolve(spec: str, what: str) -> Callable:
-    """The callable a `module:name` or `file.py:name` spec names; one-line ConfigError if none."""
+    """The callable a `[FOLDER:]module:name` or `file.py:name` spec (one the config has
+    checked) names; a ConfigError naming the field (`what`) if none."""
     if spec in _REGISTERED:
         return _REGISTERED[spec]
-    where, name = spec.rsplit(":", 1)
+    parts = USER_CODE.fullmatch(spec)
+    if parts["file"] and not Path(parts["file"]).is_file():
+        raise ConfigError(f"{what}: no such file {parts['file']}")
     try:
-        module = _import_file(where) if where.endswith(".py") else _import_module(where)
-        obj = functools.reduce(getattr, name.split("."), module)
-    except ConfigError:
-        raise
+        module = _import_file(parts["file"]) if parts["file"] else _import_module(parts["module"], parts["folder"])
+        obj = functools.reduce(getattr, parts["name"].split("."), module)
     except Exception as error:  # noqa: BLE001 - any import failure is the user's, in one line
         raise ConfigError(f"{what}: cannot import {spec} ({type(error).__name__}: {error})") from None
     if not callable(obj):
@@ -70,17 +112,20 @@ def resolve(spec: str, what: str) -> Callable:
     return obj
 
 
-def _import_module(name: str) -> Any:
-    if os.getcwd() not in sys.path:  # as `python -m` does: modules beside the user are found
-        sys.path.insert(0, os.getcwd())
+def _import_module(name: str, folder: str | None) -> Any:
+    """From the folder a run recorded, else, as `python -m` does, from the working directory."""
+    _on_path(folder or os.getcwd())
     return importlib.import_module(name)
+
+
+def _on_path(folder: str) -> None:
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
 
 
 def _import_file(path: str) -> Any:
     """A .py file as a module of its own (its `if __name__ == "__main__":` part does not run)."""
     file = Path(path).resolve()
-    if not file.is_file():
-        raise ConfigError(f"no such file {file}")
     key = f"{_FILE_MODULES}{file.with_suffix('').as_posix().strip('/').replace('/', '.')}"
     if key in sys.modules:
         return sys.modules[key]
@@ -99,11 +144,12 @@ def _import_file(path: str) -> Any:
     return module
 
 
-def call_model_factory(spec: str, shape: tuple[int, ...], num_classes: int | None) -> nn.Module:
+def call_model_factory(spec: str, shape: tuple[int, ...], num_classes: int | None,
+                       model_args: dict[str, Any]) -> nn.Module:
     factory = resolve(spec, "model")
+    positional = _positional(factory, spec, (shape, num_classes), model_args)
     try:
-        takes_two = _accepts(factory, 2)
-        model = factory(shape, num_classes) if takes_two else factory()
+        model = factory(*positional, **model_args)
     except ConfigError:
         raise
     except Exception as error:  # noqa: BLE001
@@ -113,14 +159,30 @@ def call_model_factory(spec: str, shape: tuple[int, ...], num_classes: int | Non
     return model
 
 
-def _accepts(factory: Callable, count: int) -> bool:
+def _positional(factory: Callable, spec: str, two: tuple, model_args: dict[str, Any]) -> tuple:
+    """What the factory takes before `model_args`: (input_shape, num_classes), or nothing.
+    model_args that fit neither are refused here, naming model_args, where the call would
+    raise a TypeError that reads as the factory's own."""
     try:
-        inspect.signature(factory).bind(*range(count))
-        return True
-    except TypeError:
-        return False
+        signature = inspect.signature(factory)
     except ValueError:  # no signature (a builtin): assume the documented two
-        return True
+        return two
+    with_two, with_none = (_bind_error(signature, form, model_args) for form in (two, ()))
+    if with_two is None:
+        return two
+    if with_none is None or not model_args:
+        return ()  # without model_args, the call says what is missing
+    takes_none = _bind_error(signature, (), {}) is None and _bind_error(signature, two, {}) is not None
+    raise ConfigError(f"model_args: {spec}{signature} cannot take {json.dumps(model_args)}: "
+                      f"{with_none if takes_none else with_two}")
+
+
+def _bind_error(signature: inspect.Signature, positional: tuple, keywords: dict[str, Any]) -> str | None:
+    try:
+        signature.bind(*positional, **keywords)
+    except TypeError as error:
+        return str(error)
+    return None
 
 
 class TorchSplit:
@@ -135,6 +197,12 @@ class TorchSplit:
     def batch(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = default_collate([self.dataset[int(i)] for i in idx])
         return x, y
+
+    def labels(self) -> torch.Tensor | None:
+        """A TensorDataset's (inputs, labels) tensors hold every label; any other Dataset's
+        labels come only from reading its items."""
+        plain = type(self.dataset).__getitem__ is TensorDataset.__getitem__
+        return self.dataset.tensors[1] if plain and len(self.dataset.tensors) == 2 else None
 
 
 @functools.lru_cache(maxsize=4)

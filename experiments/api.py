@@ -29,13 +29,14 @@ the job). The other ranks get the exit status alone.
 """
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import fields
 from typing import Any, Callable
 
 from clients import usercode
 from experiments.result import TrainResult
-from paramserver.config import ConfigError, RunConfig, field_types
+from paramserver.config import ConfigError, RunConfig, field_types, model_args_text
 
 
 def train(model: Callable | str, data: Callable | str, *, loss: Callable | str | None = None,
@@ -48,6 +49,7 @@ def train(model: Callable | str, data: Callable | str, *, loss: Callable | str |
         return TrainResult(_error(f"train: called while {usercode.importing[-1]} is imported to find a factory; "
                                   "put the call under `if __name__ == \"__main__\":`"))
     try:
+        model, settings = _keywords_as_model_args(model, settings)
         specs = {"model": usercode.spec_of(model, "model"), "data": usercode.spec_of(data, "data")}
         if loss is not None:
             specs["loss"] = usercode.spec_of(loss, "loss")
@@ -57,6 +59,19 @@ def train(model: Callable | str, data: Callable | str, *, loss: Callable | str |
     given = sys.argv[1:] if argv is None else argv
     status = main(["train", *([config] if config else []), *flags, *given])
     return status if isinstance(status, TrainResult) else TrainResult(status)  # refused before a run directory
+
+
+def _keywords_as_model_args(model: Any, settings: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """A `functools.partial` of a top-level factory: the factory, its keywords `model_args`,
+    recorded so that every rank, export and resume call it alike."""
+    if not isinstance(model, functools.partial):
+        return model, settings
+    if model.args:
+        raise ConfigError("model: a functools.partial with positional arguments cannot be recorded; bind "
+                          "keywords only (they become model_args)")
+    if settings.get("model_args"):
+        raise ConfigError("model_args: given beside a functools.partial's keywords; give them in one place")
+    return model.func, {**settings, "model_args": model.keywords}
 
 
 def settings_flags(settings: dict[str, Any]) -> list[str]:
@@ -72,7 +87,7 @@ def settings_flags(settings: dict[str, Any]) -> list[str]:
                 raise ConfigError(f"{key}: expected bool, got {value!r}")
             flags += [flag] if value else []
         elif value is not None:
-            flags += [flag, str(value)]
+            flags += [flag, model_args_text(value) if key == "model_args" else str(value)]
     return flags
 
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from clients.client import Client
 from clients.data import Dataset, load_dataset
-from clients.models import build_model, flat_weights
+from clients.models import flat_weights, run_model
 from experiments.runrecord import RunSetup
 from experiments.start import make_client, make_replica, start_client, starting_weights
 from paramserver.config import RunConfig
@@ -52,7 +52,7 @@ class Started:
 def build(cfg: RunConfig, device: str, clients: int, indices: list[int]) -> Parts:
     """The data, the model and the clients `indices` (sharing one replica, on `device`)."""
     dataset = load_dataset(cfg.data, cfg.data_dir or None)
-    model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
+    model = run_model(cfg, dataset)
     replica = make_replica(cfg, model, device, clients) if indices else None
     local = [make_client(cfg, replica, dataset, clients, i) for i in indices]
     return Parts(cfg, device, clients, indices, dataset, model, local)

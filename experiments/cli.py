@@ -298,10 +298,10 @@ def _check_device(key: str, device: str) -> None:
 def _check_start_weights(cfg: RunConfig, dataset) -> None:
     """The checkpoint a run starts from (--resume's own, else --init's) fits the model this
     config builds: refused here in one line, not on every rank after MPI started."""
-    from clients.models import build_model, flat_weights
+    from clients.models import flat_weights, run_model
     from experiments.start import StartError, checkpoint_weights, start_checkpoint
 
-    size = flat_weights(build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)).size
+    size = flat_weights(run_model(cfg, dataset)).size
     try:
         checkpoint_weights(*start_checkpoint(cfg), size)
     except StartError as error:

@@ -18,7 +18,7 @@ import torch
 
 from clients.data import DataError, load_dataset
 from clients.evaluate import has_running_stats, recalibrate
-from clients.models import build_model, load_flat
+from clients.models import load_flat, run_model
 from paramserver.config import ConfigError, load_config
 from paramserver.rundir.durable import load_arrays
 from paramserver.rundir.layout import RunDir
@@ -36,7 +36,7 @@ def export(run_path: str, out: str | None = None) -> int:
         dataset = load_dataset(cfg.data, cfg.data_dir or None)
     except DataError as error:
         raise ConfigError(f"export: {error}") from None
-    model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
+    model = run_model(cfg, dataset)
     load_flat(model, load_arrays(run.checkpoint_path)["weights"])
     if has_running_stats(model):
         recalibrate(model, dataset.train, cfg.seed)

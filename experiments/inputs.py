@@ -2,8 +2,9 @@
 
 Two things, both checked before MPI starts:
 - `absolute_paths`: every file or folder a config names (data, data_dir, init, replay,
-  a `file.py:name` of user code) as an absolute path, so config.json names the files
-  themselves and a resume typed in another folder reads the same ones;
+  a `file.py:name` of user code) as an absolute path, and a `module:name` of user code
+  with the folder it is found in, so config.json names the files themselves and every
+  rank, an export or a resume started in another folder reads the same ones;
 - `fingerprint`: what the data was, in config.json's `data_fingerprint`: for data read
   from files whole (a .npz, Fashion-MNIST's four files) each file's absolute path, size
   and SHA-256, with the Debian package that installed them where one did; for a user's
@@ -19,32 +20,45 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from paramserver.config import ConfigError, USER_CODE, is_user_code
+from paramserver.config import USER_CODE, USER_CODE_KEYS, ConfigError, is_user_code
 
 SAMPLE = 32  # items of each split hashed for data that is not read from files whole
 PACKAGE = "dataset-fashion-mnist"  # the Debian package of the system's Fashion-MNIST
 PATH_KEYS = ("data_dir", "init", "replay")  # settings that are always a path when given
-CODE_KEYS = ("model", "data", "loss")      # settings that may name a file.py:name
 
 
 def absolute_paths(values: dict[str, Any]) -> dict[str, Any]:
-    """`values` with every path in it absolute (against the current folder); names
-    (fashion-mnist, cnn, package.module:name) and values of the wrong type stay as given."""
+    """`values` with every path in it absolute (against the current folder) and user code
+    named as it travels (`_travelling`); names (fashion-mnist, cnn) and values of the wrong
+    type stay as given."""
     out = dict(values)
     for key in PATH_KEYS:
         if isinstance(out.get(key), str) and out[key]:
             out[key] = _absolute(out[key])
-    for key in CODE_KEYS:
+    for key in USER_CODE_KEYS:
         value = out.get(key)
         if not isinstance(value, str) or not value:
             continue
         if is_user_code(value):
-            file, _, name = value.rpartition(":")
-            if USER_CODE.fullmatch(value) and file.endswith(".py"):
-                out[key] = f"{_absolute(file)}:{name}"
+            out[key] = _travelling(value)
         elif key == "data" and (value.endswith(".npz") or Path(_absolute(value)).is_dir()):
             out[key] = _absolute(value)
     return out
+
+
+def _travelling(spec: str) -> str:
+    """User code named so that it imports from any folder: a file by its absolute path, a
+    module with the (absolute) folder it is found in; a malformed spec as given, for the
+    config to refuse."""
+    parts = USER_CODE.fullmatch(spec)
+    if parts is None:
+        return spec
+    if parts["file"]:
+        return f"{_absolute(parts['file'])}:{parts['name']}"
+    if parts["folder"]:
+        return f"{_absolute(parts['folder'])}:{parts['module']}:{parts['name']}"
+    from clients.usercode import module_spec
+    return module_spec(parts["module"], parts["name"])
 
 
 def _absolute(text: str) -> str:

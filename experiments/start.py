@@ -17,7 +17,7 @@ from torch import nn
 from clients.buffers import host_copy
 from clients.client import Client, Replica
 from clients.data import Dataset, ShardSampler, shard_indices
-from clients.models import build_model, flat_weights
+from clients.models import flat_weights, run_model
 from clients.usercode import loss_function, optimizer_factory
 from paramserver.config import RunConfig
 from paramserver.rules import rule_class
@@ -74,7 +74,7 @@ def checkpoint_weights(flag: str, path: str, size: int) -> np.ndarray:
 def starting_weights(cfg: RunConfig, dataset: Dataset, device: str,
                      clock: Callable[[], float] | None = None) -> tuple[np.ndarray, list[dict]]:
     """(initial weights, warm-start rows); `clock` times the rows (default: wall seconds)."""
-    model = build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed)
+    model = run_model(cfg, dataset)
     weights = flat_weights(model)
     start = start_checkpoint(cfg)
     if start:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import re
 import sys
@@ -27,8 +28,11 @@ AUTO_KEYS = ("momentum", "fresh_batch")  # keys that also take the word "auto"
 LR_SCHEDULES = ("constant", "cosine", "step")
 LR_SCALINGS = ("none", "linear", "sqrt")
 SIM_PROFILES = ("measured", "paper")  # their values: experiments/simulator.py
-# user code named in a config (clients/usercode.py imports it): a module or a .py file, a name in it
-USER_CODE = re.compile(r"(?:[A-Za-z_][\w.]*|[^:]+\.py):[A-Za-z_][\w.]*")
+# user code named in a config (clients/usercode.py imports it): a .py file, or a module (recorded with
+# the folder it was found in, FOLDER:module:name, so it imports again from any working directory), a name in it
+USER_CODE = re.compile(r"(?:(?P<file>[^:]+\.py)|(?:(?P<folder>[^:]+):)?(?P<module>[A-Za-z_][\w.]*))"
+                       r":(?P<name>[A-Za-z_][\w.]*)")
+USER_CODE_KEYS = ("model", "data", "loss")  # the settings that may name user code
 
 
 class ConfigError(ValueError):
@@ -128,6 +132,8 @@ class RunConfig:
                              "(input_shape, num_classes) or nothing (docs/your-model.md)")
     loss: str = _key("", "package.module:function (or file.py:function) taking (outputs, targets) and returning "
                          "a scalar tensor (default: cross-entropy)")
+    model_args: str = _key("", "keyword arguments for your model factory, a JSON object ('{\"width\": 64}'; a "
+                               "table in a config file, a dict in experiments.api.train)")
     threads: int = _key(0, "torch threads per client (0: a node's cores shared by its client ranks; "
                            "all cores in the simulator)")
     device: str = _key("auto", "auto (cuda:<local rank mod GPUs> with CUDA, else cpu), cpu or cuda[:N]")
@@ -340,8 +346,47 @@ def _check_values(cfg: RunConfig) -> None:
     for name in ("loss",) + tuple(n for n in ("model", "data", "optimizer") if is_user_code(getattr(cfg, n))):
         value = getattr(cfg, name)
         _require(not value or USER_CODE.fullmatch(value) is not None, name,
-                 f"expected package.module:name or path/file.py:name, got {value!r}")
+                 f"expected package.module:name (or FOLDER:package.module:name) or path/file.py:name, "
+                 f"got {value!r}")
+    _check_model_args(cfg)
     _require(_fault_ok(cfg.inject_fault), "inject_fault", f"expected RANK:STEP, got {cfg.inject_fault!r}")
+
+
+def _check_model_args(cfg: RunConfig) -> None:
+    model_arguments(cfg)
+    _require(not cfg.model_args or is_user_code(cfg.model), "model_args",
+             f"only for a model factory of yours (package.module:factory); the built-in {cfg.model} takes none")
+
+
+def model_arguments(cfg: RunConfig) -> dict[str, Any]:
+    """The keywords `model_args` passes the model factory ({} for none)."""
+    return _json_object(cfg.model_args)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    if not text.strip():
+        return {}
+    try:
+        table = json.loads(text)
+    except ValueError as error:
+        raise ConfigError(f"model_args: not JSON ({error}); expected an object such as '{{\"width\": 64}}'") \
+            from None
+    if not isinstance(table, dict):
+        raise ConfigError(f"model_args: expected a JSON object of keyword arguments, got {text!r}")
+    return table
+
+
+def model_args_text(value: Any) -> str:
+    """model_args as one canonical JSON object, keys sorted ("" for none), whether given as
+    JSON text (a flag) or a table (a config file's, the API's dict): what config.json
+    records, so a resume that gives the same arguments otherwise spelt compares equal."""
+    table = _json_object(value) if isinstance(value, str) else value
+    if not isinstance(table, dict):
+        raise ConfigError(f"model_args: expected a JSON object (or a table) of keyword arguments, got {value!r}")
+    try:
+        return json.dumps(table, sort_keys=True, allow_nan=False) if table else ""
+    except (TypeError, ValueError) as error:  # a TOML date, a Python object, NaN
+        raise ConfigError(f"model_args: {table!r} is not plain JSON ({error})") from None
 
 
 def _check_rule_keys(cfg: RunConfig) -> None:
@@ -421,6 +466,8 @@ def config_values(path: str | None = None, overrides: dict[str, Any] | None = No
     if path:
         values.update(_read_toml(path))
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    if "model_args" in values:
+        values["model_args"] = model_args_text(values["model_args"])
     known = {f.name for f in fields(RunConfig)}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -436,7 +483,7 @@ def _read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"config {path}: cannot read ({e.strerror})") from None
     except ValueError as e:  # TOMLDecodeError, bytes that are not UTF-8, an int of over 4300 digits
         raise ConfigError(f"config {path}: not valid TOML ({e})") from None
-    nested = [k for k, v in table.items() if isinstance(v, dict)]
+    nested = [k for k, v in table.items() if isinstance(v, dict) and k != "model_args"]
     if nested:
         raise ConfigError(f"config {path}: unknown section [{nested[0]}] (keys are top-level)")
     return table

@@ -187,15 +187,14 @@ def compute_steps() -> Callable[[int], float]:
     import torch
 
     from clients.data import load_dataset
-    from clients.models import build_model
+    from clients.models import run_model
     from experiments.start import make_client, make_replica
     from paramserver.config import RunConfig
 
     torch.set_num_threads(1)
     cfg = RunConfig()
     dataset = load_dataset(cfg.data)
-    client = make_client(cfg, make_replica(cfg, build_model(cfg.model, dataset.shape, dataset.num_classes, cfg.seed),
-                                           "cpu", 1), dataset, 1, 0)
+    client = make_client(cfg, make_replica(cfg, run_model(cfg, dataset), "cpu", 1), dataset, 1, 0)
     for _ in range(WARMUP):
         client.step()
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from paramserver.config import ConfigError, RunConfig, load_config
+from paramserver.config import USER_CODE, USER_CODE_KEYS, ConfigError, RunConfig, load_config
 from paramserver.rundir.checkpoint import Checkpoint
 from paramserver.rundir.durable import CorruptFile, read_jsonl, truncate_jsonl, write_json_atomic
 from paramserver.rundir.layout import RunDir
@@ -55,7 +55,7 @@ def resumed_config(asked: dict[str, Any]) -> RunConfig:
     run_dir = asked["resume"]
     stored = recorded_config(run_dir)
     for key, value in asked.items():
-        if key not in CHANGEABLE and value != stored.get(key):
+        if key not in CHANGEABLE and not _same_setting(key, value, stored.get(key)):
             raise ConfigError(f"resume: {key} cannot change when resuming (run has {stored.get(key)!r}, "
                               f"asked for {value!r})")
     if asked.get("out") and Path(asked["out"]).resolve() != Path(run_dir).resolve():
@@ -66,12 +66,26 @@ def resumed_config(asked: dict[str, Any]) -> RunConfig:
         Checkpoint.verify(RunDir(run_dir))
     except CorruptFile as error:
         raise ConfigError(f"resume: {error}") from None
-    cfg = load_config(None, {**stored, **asked, "out": run_dir, "resume": run_dir})
+    handling = {key: value for key, value in asked.items() if key in CHANGEABLE}  # the rest: as recorded
+    cfg = load_config(None, {**stored, **handling, "out": run_dir, "resume": run_dir})
     summary = Path(run_dir) / SUMMARY
     if summary.exists() and _read_record(summary).get("status") == COMPLETE \
             and cfg.steps <= stored.get("steps", RunConfig.steps):
         raise ConfigError(f"resume: {run_dir} is complete; pass a larger --steps to train on")
     return cfg
+
+
+def _same_setting(key: str, asked: Any, recorded: Any) -> bool:
+    """Whether a setting given on resume is the run's: equal, or user code of the same
+    module and name where one of the two names no folder (typed in a folder the module is
+    not found in, or recorded before runs recorded folders): the recorded one is imported."""
+    if asked == recorded:
+        return True
+    if key not in USER_CODE_KEYS or not isinstance(asked, str) or not isinstance(recorded, str):
+        return False
+    typed, kept = USER_CODE.fullmatch(asked), USER_CODE.fullmatch(recorded)
+    return bool(typed and kept and typed["module"] and (typed["module"], typed["name"]) ==
+                (kept["module"], kept["name"]) and not (typed["folder"] and kept["folder"]))
 
 
 def recorded_config(run_dir: str | Path) -> dict[str, Any]:

@@ -2,13 +2,18 @@
 Python API in the simulator, killed and resumed."""
 from __future__ import annotations
 
+import functools
 import json
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
-from clients.usercode import resolve
+from clients import usercode
+from clients.usercode import load_user_data, resolve
 from experiments.api import TrainResult, train
+from experiments.cli import main
 from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "examples" / "fashion_resnet.py"
@@ -95,9 +100,89 @@ def test_export_writes_safetensors_with_the_same_weights(example_run, tmp_path):
     import torch
     from safetensors.torch import load_file  # make setup installs it
 
-    from experiments.cli import main
-
     assert main(["export", str(example_run), "--out", str(tmp_path / "model.pt")]) == 0
     assert main(["export", str(example_run), "--out", str(tmp_path / "model.safetensors")]) == 0
     pickled, safe = torch.load(tmp_path / "model.pt"), load_file(tmp_path / "model.safetensors")
     assert pickled.keys() == safe.keys() and all(torch.equal(pickled[k], safe[k]) for k in pickled)
+
+
+OWN_MODEL = """
+from torch import nn
+
+def build_model(shape, num_classes, width=8):
+    return nn.Sequential(nn.Linear(shape[0], width), nn.ReLU(), nn.Linear(width, num_classes))
+"""
+OWN_DATA = """
+import torch
+from torch.utils.data import TensorDataset
+
+class Points(TensorDataset):
+    num_classes = 3
+
+def make_data():
+    x = torch.randn(120, 5, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    return Points(x[:96], y[:96]), Points(x[96:], y[96:])
+"""
+TINY = ["--backend", "sim", "--clients", "2", "--batch-size", "8", "--threads", "1", "--sim-step-time", "0.01",
+        "--sim-apply-time", "0.0001", "--eval-samples", "16", "--quiet"]
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch) -> Path:
+    """A folder of the user's, the working directory, with a model module and a data file."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "own_model.py").write_text(textwrap.dedent(OWN_MODEL))
+    (folder / "own_data.py").write_text(textwrap.dedent(OWN_DATA))
+    monkeypatch.chdir(folder)
+    monkeypatch.delitem(sys.modules, "own_model", raising=False)
+    return folder
+
+
+def elsewhere(monkeypatch, folder: Path) -> None:
+    """Another working directory, in a process that has imported none of the user's code
+    and has none of its folders on sys.path, as a fresh `asgd` command there would be."""
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(usercode, "_REGISTERED", {})
+    load_user_data.cache_clear()
+    monkeypatch.delitem(sys.modules, "own_model", raising=False)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if "project" not in p])
+
+
+def test_your_module_and_file_travel_to_export_and_resume_from_another_folder(project, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    code = ["--model", "own_model:build_model", "--data", "own_data.py:make_data"]
+    assert main(["train", *TINY, *code, "--steps", "4", "--out", str(run)]) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"] == f"{project}:own_model:build_model"  # the folder it was found in
+    assert config["data"] == f"{project / 'own_data.py'}:make_data"
+    (tmp_path / "other").mkdir()
+    elsewhere(monkeypatch, tmp_path / "other")
+    assert main(["export", str(run)]) == 0
+    assert main(["train", "--resume", str(run), "--steps", "6", "--model", "own_model:build_model"]) == 0
+    assert json.loads((run / "summary.json").read_text())["minibatches"] == 12
+    assert main(["train", "--resume", str(run), "--steps", "8", "--model", f"{tmp_path}:own_model:build_model"]) == 2
+
+
+def test_a_run_recorded_before_folders_were_still_exports_from_its_folder(project, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--model", "own_model:build_model", "--data", "own_data.py:make_data",
+                 "--steps", "2", "--out", str(run)]) == 0
+    config = json.loads((run / "config.json").read_text())
+    old = {key: value for key, value in config.items() if key != "model_args"}  # as written then
+    (run / "config.json").write_text(json.dumps({**old, "model": "own_model:build_model"}))
+    elsewhere(monkeypatch, project)
+    assert main(["export", str(run)]) == 0
+    assert main(["train", "--resume", str(run), "--steps", "3", "--model", "own_model:build_model"]) == 0
+
+
+def test_model_args_reach_your_factory_and_a_resume_keeps_them(project, tmp_path):
+    run = tmp_path / "run"
+    wide = functools.partial(resolve("own_model:build_model", "model"), width=16)  # its keywords: model_args
+    assert train(wide, "own_data.py:make_data", argv=[*TINY, "--steps", "2", "--out", str(run)]) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"] == f"{project}:own_model:build_model" and config["model_args"] == '{"width": 16}'
+    assert config["num_params"] == (5 * 16 + 16) + (16 * 3 + 3)
+    assert main(["train", "--resume", str(run), "--steps", "3", "--model-args", '{"width": 8}']) == 2
+    assert main(["train", "--resume", str(run), "--steps", "3", "--model-args", '{ "width":16 }']) == 0

@@ -24,6 +24,16 @@ def test_paths_become_absolute_and_names_stay(tmp_path, monkeypatch):
     assert absolute_paths({"data": 5}) == {"data": 5}  # refused later, by the config's type check
 
 
+def test_a_module_of_yours_is_recorded_with_the_folder_it_is_found_in(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "nets" / "__init__.py").write_text("")
+    values = absolute_paths({"model": "nets.deep:make", "data": "sub:nets.deep:data", "loss": "torch.nn:MSELoss"})
+    assert values == {"model": f"{tmp_path}:nets.deep:make", "data": f"{tmp_path / 'sub'}:nets.deep:data",
+                      "loss": "torch.nn:MSELoss"}  # installed: found from any folder as it is
+    assert absolute_paths({"model": "nowhere_to_be_found:make"}) == {"model": "nowhere_to_be_found:make"}
+
+
 class Jittered(TorchDataset):
     """Items with a random augmentation (drawn from torch's RNG, as torchvision's are)."""
 

@@ -1,7 +1,9 @@
 """Your model, data and loss: imported by name, checked before launch, sharded like any data."""
 from __future__ import annotations
 
+import functools
 import math
+import sys
 import textwrap
 
 import numpy as np
@@ -15,12 +17,13 @@ from clients.data import ShardSampler, load_dataset, shard_indices
 from clients.evaluate import recalibrate
 from clients.models import build_model
 from clients.usercode import resolve, spec_of
-from experiments.api import settings_flags
+from experiments.api import settings_flags, train
 from experiments.cli import main
 from experiments.parent.mpiexec import refuse_torchrun
-from paramserver.config import ConfigError, RunConfig
+from paramserver.config import ConfigError, RunConfig, config_values
 
 USER = '''
+import math
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -39,6 +42,12 @@ def model(shape, num_classes):
 def no_args():
     return nn.Linear(5, 3)
 
+def sized(shape, num_classes, width=8):
+    return nn.Sequential(nn.Linear(shape[0], width), nn.Linear(width, num_classes))
+
+def keyword_only(*, width):
+    return nn.Sequential(nn.Linear(5, width), nn.Linear(width, 3))
+
 def too_wide(shape, num_classes):
     return nn.Linear(7, num_classes)
 
@@ -55,6 +64,59 @@ def vector_loss(outputs, targets):
 
 def iterable():
     return iter([]), iter([])
+
+def narrow(shape, num_classes, outputs=6):  # outputs fixed, whatever the data's classes
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), outputs))
+
+def one_to_six():  # the first items' labels fit six outputs, label 6 does not
+    x = torch.randn(90, 5, generator=torch.Generator().manual_seed(0))
+    return TensorDataset(x[:60], torch.arange(60) % 6 + 1), TensorDataset(x[60:], torch.arange(30) % 6)
+
+def six_in_test():
+    x = torch.randn(90, 5, generator=torch.Generator().manual_seed(0))
+    return TensorDataset(x[:60], torch.arange(60) % 6), TensorDataset(x[60:], torch.arange(30) % 7)
+
+class Items(torch.utils.data.Dataset):
+    """A map-style Dataset of the user's: its labels come only from reading items."""
+    reads = 0
+
+    def __init__(self, n, bad=-1, broken=False):
+        self.n, self.bad, self.broken = n, bad, broken
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        Items.reads += 1
+        if self.broken:
+            raise KeyError(i)
+        return torch.full((5,), i / self.n), 6 if i == self.bad else i % 6
+
+def read_bad_at_150():
+    return Items(200, bad=150), Items(40)
+
+def many():
+    return Items(20_000), Items(5_000)
+
+def broken_test():
+    return Items(60), Items(40, broken=True)
+
+def floats():
+    x = torch.randn(90, 5, generator=torch.Generator().manual_seed(0))
+    return TensorDataset(x[:60], x[:60, :1] * 7), TensorDataset(x[60:], x[60:, :1] * 7)
+
+def counts():
+    x = torch.randn(90, 5, generator=torch.Generator().manual_seed(0))
+    return TensorDataset(x[:60], torch.arange(60) % 9), TensorDataset(x[60:], torch.arange(30) % 9)
+
+def one_output(shape, num_classes):
+    return nn.Linear(shape[0], 1)
+
+def mse(outputs, targets):
+    return ((outputs - targets) ** 2).mean()
+
+def poisson(outputs, targets):
+    return torch.nn.functional.poisson_nll_loss(outputs[:, 0], targets.float())
 '''
 
 
@@ -63,6 +125,7 @@ def user(tmp_path, monkeypatch):
     """`usermod` importable from the working directory, as a user's module beside them."""
     (tmp_path / "usermod.py").write_text(textwrap.dedent(USER))
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "usermod", raising=False)  # imported from this folder, not an earlier test's
     yield tmp_path
 
 
@@ -113,7 +176,94 @@ def test_what_does_not_fit_is_one_line_before_launch(user, capsys, values, messa
              if k in ("model", "data", "loss") and v]
     assert main(["train", "--backend", "sim", *flags, "--batch-size", "8"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("asgd: error: " + message) and err.count("\n") == 1
+    recorded = message.replace("usermod:", f"{user}:usermod:")  # asgd train names a module with its folder
+    assert err.startswith("asgd: error: " + recorded) and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("field", ["model", "data", "loss"])
+def test_a_missing_file_is_refused_naming_the_field(user, capsys, field):
+    code = {"--model": "usermod:model", "--data": "usermod:data", f"--{field}": "missing.py:make"}
+    assert main(["train", "--backend", "sim", "--batch-size", "8", *(t for item in code.items() for t in item)]) == 2
+    assert capsys.readouterr().err == f"asgd: error: {field}: no such file {user / 'missing.py'}\n"
+
+
+def test_model_args_are_keywords_of_your_factory(user):
+    assert build_model("usermod:sized", (5,), 3, seed=0, model_args={"width": 16})[0].out_features == 16
+    assert build_model("usermod:keyword_only", (5,), 3, seed=0, model_args={"width": 4})[0].out_features == 4
+
+
+def test_model_args_from_a_flag_a_config_table_and_the_api_are_one_json_object(tmp_path):
+    (tmp_path / "run.toml").write_text('[model_args]\nwidth = 16\nact = "relu"\n')
+    recorded = '{"act": "relu", "width": 16}'  # keys sorted: a resume that spells them otherwise is the same
+    assert config_values(str(tmp_path / "run.toml"))["model_args"] == recorded
+    assert config_values(None, {"model_args": '{"width": 16,  "act": "relu"}'})["model_args"] == recorded
+    assert settings_flags({"model_args": {"width": 16, "act": "relu"}}) == ["--model-args", recorded]
+
+
+@pytest.mark.parametrize("model, model_args, message", [
+    ("usermod:sized", '{"width": 16', "model_args: not JSON"),
+    ("usermod:sized", "[16]", "model_args: expected a JSON object of keyword arguments, got '[16]'"),
+    ("usermod:sized", '{"depth": 2}', 'model_args: {user}:usermod:sized(shape, num_classes, width=8) cannot take '
+                                      '{{"depth": 2}}: got an unexpected keyword argument \'depth\''),
+    ("usermod:no_args", '{"width": 2}', 'model_args: {user}:usermod:no_args() cannot take {{"width": 2}}: '
+                                        'got an unexpected keyword argument \'width\''),
+    ("cnn", '{"width": 2}', "model_args: only for a model factory of yours (package.module:factory); the built-in "
+                            "cnn takes none"),
+])
+def test_model_args_that_do_not_fit_are_one_line_naming_model_args(user, capsys, model, model_args, message):
+    assert main(["train", "--backend", "sim", "--model", model, "--data", "usermod:data", "--batch-size", "8",
+                 "--model-args", model_args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("asgd: error: " + message.format(user=user)) and err.count("\n") == 1
+
+
+def test_a_partial_binding_positional_arguments_is_refused(user, capsys):
+    assert train(functools.partial(resolve("usermod:sized", "model"), (5,)), "usermod:data", argv=[]) == 2
+    assert capsys.readouterr().err.startswith("asgd: error: model: a functools.partial with positional arguments")
+
+
+def refusal(argv: list[str], capsys) -> str:
+    """What `asgd train ARGV` (simulator, batch 8) says; it must be refused before launch."""
+    assert main(["train", "--backend", "sim", "--batch-size", "8", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err.removeprefix("asgd: error: ").strip()
+
+
+@pytest.mark.parametrize("data, message", [
+    ("usermod:one_to_six", "data: label 6 in the train split is out of range for the model's 6 outputs "
+                           "(labels must be 0..5)"),
+    ("usermod:six_in_test", "data: label 6 in the test split is out of range for the model's 6 outputs "
+                            "(labels must be 0..5)"),
+    ("usermod:read_bad_at_150", "data: label 6 in the train split is out of range"),  # read item by item
+    ("usermod:broken_test", "data: reading 2 items of the test split failed: KeyError: 0"),
+])
+def test_labels_out_of_range_and_a_broken_test_split_are_refused_before_launch(user, capsys, data, message):
+    assert refusal(["--model", "usermod:narrow", "--data", data], capsys).startswith(message)
+
+
+def test_array_labels_are_checked_against_your_models_outputs(user, capsys, tiny_npz):
+    narrow = ["--model", "usermod:narrow", "--model-args", '{"outputs": 3}']
+    assert refusal([*narrow, "--data", str(tiny_npz)], capsys) == \
+        "data: label 3 in the train split is out of range for the model's 3 outputs (labels must be 0..2)"
+    x = np.zeros((30, 4, 4), np.uint8)
+    np.savez(user / "test_has_3.npz", x=x, y=np.arange(30) % 3, x_test=x[:10], y_test=np.arange(10) % 4)
+    assert refusal([*narrow, "--data", "test_has_3.npz"], capsys).startswith("data: label 3 in the test split")
+
+
+def test_the_label_check_reads_a_bounded_sample_of_a_dataset_of_yours(user):
+    config = cfg(model="usermod:narrow", data="usermod:many")
+    dataset = load_dataset(config.data)
+    before = resolve("usermod:Items", "data").reads
+    check_user_code(config, dataset)
+    assert resolve("usermod:Items", "data").reads - before <= 2 * (2 + 256)  # of 25,000 items
+
+
+@pytest.mark.parametrize("model, data, loss", [("usermod:one_output", "usermod:floats", "usermod:mse"),
+                                               ("usermod:one_output", "usermod:counts", "usermod:poisson")])
+def test_targets_that_are_no_class_labels_are_not_range_checked(user, model, data, loss):
+    config = cfg(model=model, data=data, loss=loss)
+    check_user_code(config, load_dataset(config.data))
 
 
 def test_a_malformed_spec_is_refused_by_the_config():
