@@ -142,26 +142,29 @@ def curve_row(items: EvalItems, model: nn.Module, version: int, path: Path, loss
 
 
 class LiveCurve:
-    """The curve as the run goes: a thread that measures every snapshot once it lands
-    (looking every POLL_S), oldest first, appending its row to eval.jsonl (and, through
+    """The curve as the run goes: with `live`, a thread that measures every snapshot once
+    it lands (looking every POLL_S), oldest first, appending its row to eval.jsonl (and, through
     the run directory's tap, to TensorBoard). While the run trains the thread rests
     after each point so that it measures at most LIVE_SHARE of the time (a core the
     clients of a small machine would otherwise lose, and turns at the interpreter the
     server would wait for); what is left when training ends, `finish` measures at full
-    speed. A snapshot measured before (a resumed run's) is not measured again."""
+    speed (all of it, without `live`). A snapshot measured before (a resumed run's) is not
+    measured again."""
 
     POLL_S = 0.5
     LIVE_SHARE = 0.25
 
-    def __init__(self, run: RunDir, model: nn.Module, read: Callable[[], EvalItems], loss: Loss | None):
+    def __init__(self, run: RunDir, model: nn.Module, read: Callable[[], EvalItems], loss: Loss | None,
+                 live: bool = True):
         self.run, self.model, self.read, self.loss = run, model, read, loss
         self.measured = {row["version"] for row in run.rows("eval")}
         self.live = 0                     # points measured while the run trained
         self.items: EvalItems | None = None
         self.error: BaseException | None = None
         self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="asgd-live-curve", daemon=True)
-        self.thread.start()
+        self.thread = threading.Thread(target=self._run, name="asgd-live-curve", daemon=True) if live else None
+        if self.thread is not None:
+            self.thread.start()
 
     def _run(self) -> None:
         try:
@@ -196,6 +199,7 @@ class LiveCurve:
         self.stop()
         if self.error is not None:
             raise self.error
+        self.items = self.items or self.read()
         with self.run.writer("eval") as log:
             self._measure_new(log, progress=progress)
         return self.items
@@ -203,7 +207,8 @@ class LiveCurve:
     def stop(self) -> None:
         """Training ended (or failed): the thread ends after the point it is measuring."""
         self.done.set()
-        self.thread.join()
+        if self.thread is not None:
+            self.thread.join()
 
 
 def final_measurement(run: RunDir, items: EvalItems, model: nn.Module, test: Split, loss: Loss | None,

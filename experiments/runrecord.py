@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,8 +75,16 @@ def live_curve(run: RunDir, setup: RunSetup) -> LiveCurve:
     cfg, dataset = setup.cfg, setup.dataset
     model = copy.deepcopy(setup.model).to(setup.device)
     samples = curve_samples(len(dataset.test), cfg.eval_samples, cfg.seed)
+    live = cfg.eval_live == "on" or cfg.eval_live == "auto" and spare_core(setup.provenance)
     return LiveCurve(run, model, lambda: EvalItems.read(model, dataset.test, samples, dataset.train, cfg.seed),
-                     loss_function(cfg.loss))
+                     loss_function(cfg.loss), live)
+
+
+def spare_core(provenance: dict[str, Any]) -> bool:
+    """This host has a core more than the run's ranks on it (the simulator is one)."""
+    host = socket.gethostname()
+    here = sum(1 for rank in provenance.get("ranks", []) if rank.get("host") == host)
+    return (os.cpu_count() or 1) > max(here, 1)
 
 
 def finish_run(run: RunDir, setup: RunSetup, curve: LiveCurve, train_s: float, train_wall_s: float,

@@ -143,6 +143,9 @@ class RunConfig:
     eval_samples: int = _key(0, "test samples per point of the test-error curve, a fixed seeded subset "
                                 "(0: 2,000, or the whole split if smaller); the final weights are always "
                                 "measured on the whole test split")
+    eval_live: str = _key("auto", "measure the curve while the run trains, on a thread of the recording rank: on, "
+                                  "off (after training), or auto (on where its host has a core more than the "
+                                  "run's ranks there, so training never shares a core with it)")
     stall_timeout: float = _key(600.0, "seconds any rank waits for a peer before failing the job")
     servers: int = _key(1, "server ranks (0..S-1), each holding a contiguous slice of the weights; "
                         "clients push and pull every slice at once")
@@ -310,6 +313,7 @@ def _check_values(cfg: RunConfig) -> None:
     _require(cfg.optimizer in OPTIMIZERS or is_user_code(cfg.optimizer), "optimizer",
              f"expected {', '.join(OPTIMIZERS)} or package.module:factory, got {cfg.optimizer!r}")
     _require(cfg.clip_grad_norm >= 0, "clip_grad_norm", f"must be non-negative (0: none), got {cfg.clip_grad_norm}")
+    _require(cfg.eval_live in ("auto", "on", "off"), "eval_live", f"expected auto, on or off, got {cfg.eval_live!r}")
     _require(cfg.precision in PRECISIONS, "precision", f"expected {', '.join(PRECISIONS)}, got {cfg.precision!r}")
     _require(cfg.seed >= 0, "seed", f"must be non-negative, got {cfg.seed}")
     _require(cfg.warm_start >= 0, "warm_start", f"must be non-negative, got {cfg.warm_start}")

@@ -106,3 +106,26 @@ def test_a_failure_of_the_thread_is_raised_when_the_run_finishes(parts):
 
     with pytest.raises(RuntimeError, match="cannot be read"):
         LiveCurve(run, net, broken, loss=None).finish()
+
+
+def test_without_live_every_point_is_measured_after_training(parts):
+    run, net, items, _, _ = parts
+    for version in range(3):
+        snapshot(run, net, version, 1.0 + version)
+    curve = LiveCurve(run, net, lambda: items, loss=None, live=False)
+    assert curve.thread is None
+    curve.finish()
+    assert curve.live == 0 and [row["version"] for row in run.rows("eval")] == [0, 1, 2]
+
+
+def test_auto_goes_live_only_where_a_core_is_spare(monkeypatch):
+    import socket
+
+    from experiments import runrecord
+
+    host = socket.gethostname()
+    monkeypatch.setattr(runrecord.os, "cpu_count", lambda: 2)
+    ranks = [{"rank": r, "host": host} for r in range(3)]
+    assert not runrecord.spare_core({"ranks": ranks})      # a server and two clients on two cores
+    assert runrecord.spare_core({"ranks": ranks[:1]})       # the simulator
+    assert runrecord.spare_core({"ranks": ranks[:1] + [{"rank": 1, "host": "elsewhere"}] * 4})
