@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import os
 import platform
 import socket
 import sys
@@ -204,8 +205,10 @@ class Simulation:
 def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     """One simulated run into `out`; the same run directory as an MPI run."""
     order = replay_order(cfg, clients) if cfg.replay else None
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)  # the same count as an MPI run's gives the same floats
+    # Set every time, never inherited from what this process ran before (a run's last
+    # evaluation takes every core): the same config gives the same floats; --threads as
+    # an MPI run's gives that run's.
+    torch.set_num_threads(cfg.threads or len(os.sched_getaffinity(0)))
     device = pick_device(cfg.device, local_rank=0)
     parts = build(cfg, device, clients, list(range(clients)))
     timing = _timing(cfg, parts.local[0].replica, parts.dataset, parts.local[0].size, clients)
