@@ -23,6 +23,7 @@ weights are a mix of every client's work, so no client's own statistics would fi
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from torch import nn
 from clients.client import wrong
 from clients.data import Split
 from clients.models import load_flat
-from paramserver.rundir.durable import load_arrays
+from paramserver.rundir.durable import load_arrays, save_arrays
 from paramserver.rundir.layout import RunDir
 
 CURVE_SAMPLES = 2000  # test samples per point of the curve unless eval_samples says
@@ -209,6 +210,29 @@ class LiveCurve:
         self.done.set()
         if self.thread is not None:
             self.thread.join()
+
+
+def keep_best(run: RunDir) -> dict:
+    """The curve's best point (lowest test error, or loss where there is no error rate;
+    the earliest of equals) saved to best.npz, unless the one kept before (by the run a
+    resume continues) is better; returns its version and test error."""
+    snapshots = dict(run.snapshots())
+    points = [row for row in run.rows("eval") if row["version"] in snapshots]
+    kept = load_arrays(run.best_path, checksummed=True) if run.best_path.exists() else None
+    best = min(points, key=lambda row: (_badness(row), row["version"]), default=None)
+    if best is not None and (kept is None or _badness(best) < float(kept["point"][1])):
+        arrays = load_arrays(snapshots[best["version"]], checksummed=True)
+        save_arrays(run.best_path, {"weights": arrays["weights"], "meta": arrays["meta"],
+                                    "point": np.array([best["version"], _badness(best)], np.float64)})
+        return {"best_version": best["version"], "best_test_error": best["test_error"]}
+    if kept is None:  # no point of the curve left a snapshot
+        return {}
+    version, badness = kept["point"]
+    return {"best_version": int(version), "best_test_error": float(badness)}
+
+
+def _badness(row: dict) -> float:
+    return row["test_error"] if math.isfinite(row["test_error"]) else row["test_loss"]
 
 
 def final_measurement(run: RunDir, items: EvalItems, model: nn.Module, test: Split, loss: Loss | None,

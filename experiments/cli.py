@@ -4,7 +4,7 @@
     mpiexec -n K+1 asgd train [CONFIG.toml] [flags]           the same, launched by you
     asgd sweep SPEC.toml                                       a resumable grid of runs
     asgd report RUN_DIR | SWEEP_DIR                            summary, tables, findings, figures
-    asgd export RUN_DIR [--out FILE]                           the last weights as a torch state_dict
+    asgd export RUN_DIR [--out FILE] [--best]                  the last (or best) weights as a torch state_dict
     asgd tensorboard RUN_DIR | SWEEP_DIR                       TensorBoard event files, with HParams
 
 Every input is checked here, before any MPI process starts: a bad one exits with
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_sweep(args.spec, args.out, args.jobs, args.retry_failed, args.quiet)
         if args.command == "export":
             from experiments.export import export
-            return export(args.run, args.out)
+            return export(args.run, args.out, args.best)
         if args.command == "tensorboard":
             from experiments.tensorboard import tensorboard
             return tensorboard(args.path, args.out)
@@ -112,6 +112,8 @@ def _parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="a run's last weights as a torch state_dict (model.pt)")
     export.add_argument("run", help="a run directory")
     export.add_argument("--out", help="the file (default: RUN/model.pt; *.safetensors: safetensors)")
+    export.add_argument("--best", action="store_true",
+                        help="the weights of the curve's best point (a run trained with keep_best), not the last")
     board = commands.add_parser("tensorboard", help="TensorBoard scalars and HParams of a run, or of every run of a sweep")
     board.add_argument("path", help="a run directory or a sweep folder")
     board.add_argument("--out", help="where the event files go (default: PATH/tensorboard)")

@@ -1,11 +1,12 @@
-"""`asgd export RUN [--out FILE]`: a run's last weights as a torch state_dict.
+"""`asgd export RUN [--out FILE] [--best]`: a run's last weights (or, with --best, those of
+its curve's best point, kept by `keep_best`) as a torch state_dict.
 
     asgd export runs/<name>                  -> runs/<name>/model.pt
     model = make_model(shape, num_classes)   # the run's model, built as the run built it
     model.load_state_dict(torch.load("runs/<name>/model.pt"))
 
 The model is rebuilt from the run's config (a built-in name, or the user's factory,
-imported again by name), its parameters set from `checkpoint/latest.npz`, and, for a
+imported again by name), its parameters set from `checkpoint/latest.npz` (`checkpoint/best.npz`), and, for a
 model with BatchNorm, its running statistics estimated from training batches as every
 evaluation does (`clients.evaluate.recalibrate`). `--out FILE.safetensors` writes
 safetensors instead (`make setup` installs the package; elsewhere `pip install safetensors`).
@@ -25,19 +26,22 @@ from paramserver.rundir.layout import RunDir
 from paramserver.rundir.resume import recorded_config
 
 
-def export(run_path: str, out: str | None = None) -> int:
+def export(run_path: str, out: str | None = None, best: bool = False) -> int:
+    """`best`: the weights of the curve's best point (`keep_best`), not the last ones."""
     run = RunDir(run_path)
     if not run.record("config"):
         raise ConfigError(f"export: {run_path} is not a run directory (no config.json)")
-    if not run.checkpoint_path.exists():
-        raise ConfigError(f"export: {run_path} has no checkpoint/latest.npz to export")
+    weights = run.best_path if best else run.checkpoint_path
+    if not weights.exists():
+        raise ConfigError(f"export: {run_path} has no {weights.relative_to(run.path)} to export"
+                          + (" (the run was not trained with keep_best)" if best else ""))
     cfg = load_config(None, recorded_config(run_path))
     try:
         dataset = load_dataset(cfg.data, cfg.data_dir or None)
     except DataError as error:
         raise ConfigError(f"export: {error}") from None
     model = run_model(cfg, dataset)
-    load_flat(model, load_arrays(run.checkpoint_path)["weights"])
+    load_flat(model, load_arrays(weights)["weights"])
     if has_running_stats(model):
         recalibrate(model, dataset.train, cfg.seed)
     target = Path(out) if out else run.path / "model.pt"

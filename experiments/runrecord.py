@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from clients.data import Dataset
-from clients.evaluate import EvalItems, LiveCurve, curve_samples, final_measurement
+from clients.evaluate import EvalItems, LiveCurve, curve_samples, final_measurement, keep_best
 from clients.usercode import loss_function
 from experiments.inputs import fingerprint
 from experiments.progress import Progress
@@ -101,10 +101,11 @@ def finish_run(run: RunDir, setup: RunSetup, curve: LiveCurve, train_s: float, t
     progress = Progress(curve.pending(), quiet=cfg.quiet, label="eval", unit="snapshots")
     items = curve.finish(progress.update)
     progress.close()
+    best = keep_best(run) if cfg.keep_best else {}
     final = final_measurement(run, items, curve.model, setup.dataset.test, curve.loss, keep=cfg.keep_snapshots)
     status = training_status(counts, final, setup.dataset.num_classes)
     summary = write_result(run, status, final, train_s, run_clock(cfg), counts, curve_test_samples=items.samples,
-                           curve_points_live=live, train_wall_s=train_wall_s, eval_s=time.perf_counter() - start)
+                           curve_points_live=live, **best, train_wall_s=train_wall_s, eval_s=time.perf_counter() - start)
     run.close_tap()
     if not setup.cfg.quiet or status != COMPLETE:
         print(f"run {setup.out}: test error {summary['final_test_error']:.4f} after {summary['minibatches']} "

@@ -154,6 +154,8 @@ class RunConfig:
     on_client_failure: str = _key("abort", "abort (end the job naming the client; resumable) or continue "
                                   "(the server carries on with the other clients; async mode)")
     keep_snapshots: bool = _key(False, "keep the weight snapshots after evaluating them")
+    keep_best: bool = _key(False, "keep the weights of the curve's point with the lowest test error in "
+                                  "RUN/checkpoint/best.npz (asgd export --best exports them)")
     quiet: bool = _key(False, "no progress bar or final line")
     debug: bool = _key(False, "on a failure, print the full traceback too (it always goes to RUN/error.log)")
     tensorboard: bool = _key(False, "also write TensorBoard scalars to RUN/tensorboard/ as the run goes")

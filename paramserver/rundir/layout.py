@@ -71,6 +71,11 @@ class RunDir:
         """Where the run's checkpoint lives (paramserver/rundir/checkpoint.py owns its format)."""
         return self.path / "checkpoint" / "latest.npz"
 
+    @property
+    def best_path(self) -> Path:
+        """The weights of the curve's best point (`keep_best`): a snapshot's format."""
+        return self.path / "checkpoint" / "best.npz"
+
     def record(self, name: str) -> dict[str, Any]:
         """A JSON object the run wrote (`config`, `summary`): {} when it has not been
         written, RunDirError (one line) when it is damaged or not an object."""

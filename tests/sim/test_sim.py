@@ -208,3 +208,24 @@ def test_a_client_optimizer_under_a_gradient_rule_is_warned_of(capsys):
                         (RunConfig(optimizer="adamw", mode="sync"), False), (RunConfig(), False)]:
         _warn_of_a_gradient_rule(cfg)
         assert ("the fresh rule steps the server's weights" in capsys.readouterr().err) == warned
+
+
+def test_keep_best_keeps_the_curves_best_point_and_export_best_exports_it(tmp_path, tiny_npz, capsys):
+    import torch
+
+    from paramserver.rundir.durable import load_arrays
+
+    run = sim(tmp_path / "run", tiny_npz, "--clients", "2", "--steps", "30", "--eval-every", "6", "--keep-best",
+              "--keep-snapshots")
+    curve, summary = rows(run, "eval"), json.loads((run / "summary.json").read_text())
+    best = min(curve, key=lambda r: (r["test_error"], r["version"]))
+    assert (summary["best_version"], summary["best_test_error"]) == (best["version"], best["test_error"])
+    kept = load_arrays(run / "checkpoint" / "best.npz")["weights"]
+    np.testing.assert_array_equal(kept, load_arrays(run / "snapshots" / f"v{best['version']:09d}.npz")["weights"])
+    assert main(["export", str(run), "--best", "--out", str(tmp_path / "best.pt")]) == 0
+    exported = torch.cat([v.reshape(-1) for k, v in torch.load(tmp_path / "best.pt").items()])
+    np.testing.assert_array_equal(exported.numpy(), kept)  # the cnn holds parameters only
+    other = sim(tmp_path / "plain", tiny_npz, "--clients", "2", "--steps", "6")
+    capsys.readouterr()
+    assert main(["export", str(other), "--best"]) == 2
+    assert "checkpoint/best.npz" in capsys.readouterr().err
