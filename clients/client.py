@@ -45,11 +45,12 @@ class StepResult:
     error: float
     samples: int
     lr: float
+    epoch: int = 0             # the pass over the client's shard the minibatch is of (0: the first)
 
     def row(self, client: int, step: int, time: float) -> dict:
         """The minibatch's row in clients.jsonl (or warm_start.jsonl): the one place it is built."""
         return {"client": client, "step": step, "time": time, "loss": self.loss, "error": self.error,
-                "samples": self.samples, "lr": self.lr}
+                "samples": self.samples, "lr": self.lr, "epoch": self.epoch}
 
 
 def classifies(outputs: torch.Tensor, targets: torch.Tensor) -> bool:
@@ -135,6 +136,7 @@ class Client:
         """Forward and backward on the next minibatch; the gradient lands in `self.grad`."""
         replica = self.replica
         replica.bind(self)
+        epoch = self.sampler.epoch
         x, y = self.train.batch(self.sampler.next())
         x, y = x.to(replica.device, non_blocking=True), y.to(replica.device, non_blocking=True)
         replica.model.train()
@@ -144,7 +146,7 @@ class Client:
             logits = replica.model(x)
             loss = replica.loss(logits, y)
         self.optimizer.scale(loss).backward()
-        return StepResult(loss.item(), wrong(logits, y) / len(y), len(y), self.lr)
+        return StepResult(loss.item(), wrong(logits, y) / len(y), len(y), self.lr, epoch)
 
     def optimizer_step(self) -> None:
         """The optimizer's step with the gradient in `self.grad` (possibly averaged

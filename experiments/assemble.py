@@ -52,6 +52,7 @@ class Started:
 def build(cfg: RunConfig, device: str, clients: int, indices: list[int]) -> Parts:
     """The data, the model and the clients `indices` (sharing one replica, on `device`)."""
     dataset = load_dataset(cfg.data, cfg.data_dir or None)
+    cfg = cfg.for_data(len(dataset.train), clients)  # every later reader of steps takes Parts.cfg
     model = run_model(cfg, dataset)
     replica = make_replica(cfg, model, device, clients) if indices else None
     local = [make_client(cfg, replica, dataset, clients, i) for i in indices]

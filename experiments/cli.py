@@ -160,6 +160,8 @@ def _train(args: argparse.Namespace, argv: list[str]) -> TrainResult:
 
     flags = {f.name: getattr(args, f.name) for f in fields(RunConfig)}
     asked = absolute_paths(config_values(args.config, flags))
+    if asked.get("epochs") and "steps" in asked:
+        raise InputError("epochs: give steps or epochs, not both (epochs derives the steps)")
     if isinstance(asked.get("resume"), str) and asked["resume"]:  # by flag or config file: one door
         from paramserver.rundir.resume import resumed_config
         cfg = resumed_config(asked)

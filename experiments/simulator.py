@@ -211,6 +211,7 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     torch.set_num_threads(cfg.threads or len(os.sched_getaffinity(0)))
     device = pick_device(cfg.device, local_rank=0)
     parts = build(cfg, device, clients, list(range(clients)))
+    cfg = parts.cfg  # its steps, with epochs
     timing = _timing(cfg, parts.local[0].replica, parts.dataset, parts.local[0].size, clients)
     factors = _speed_factors(cfg.seed, clients, cfg.speed_jitter)
     info = {"rank": 0, "role": "simulator", "host": socket.gethostname(), "device": device}

@@ -135,6 +135,8 @@ def load_spec(path: str) -> Spec:
     if "samples" in raw and "steps" in raw.get("base", {}):
         raise ConfigError(f"sweep {path}: samples sets the points' steps; [base] may not set steps "
                           "(a grid may, for points that need a budget of their own)")
+    if "epochs" in raw.get("base", {}) or "epochs" in axes:
+        raise ConfigError(f"sweep {path}: epochs is for a run; a sweep's budget is steps or samples")
     if unknown or clashing:
         raise ConfigError(f"sweep {path}: unknown key {unknown[0]!r}" if unknown else
                           f"sweep {path}: [base] may not set {clashing[0]!r} (the grid and spec do)")

@@ -77,6 +77,8 @@ class RunConfig:
     n_push: Optional[int] = _key(None, "push every N minibatches (default: n_sync)")
     n_fetch: Optional[int] = _key(None, "fetch every N minibatches (default: n_sync)")
     steps: int = _key(500, "minibatches per client")
+    epochs: int = _key(0, "instead of steps: passes over each client's shard of the training set (the smallest "
+                          "shard's, whole minibatches); steps is then derived from it and recorded (0: steps decides)")
     batch_size: int = _key(64, "samples per minibatch")
     lr: float = _key(0.03, "learning rate of one minibatch (the clients', and the server's where it steps; "
                            "lr_scaling scales it for updates that average more)")
@@ -223,6 +225,14 @@ class RunConfig:
         """The versions an async run of `clients` makes: one a push, or as its rule gathers them."""
         return rule_class(self.rule).versions(self, clients * math.ceil(self.steps / self.push_every), clients)
 
+    def for_data(self, train_size: int, clients: int) -> "RunConfig":
+        """The config with the steps `epochs` makes for `clients` shards of `train_size`
+        items (itself without epochs): known once the data are, at a rank's entry."""
+        if not self.epochs:
+            return self
+        per_epoch = max(1, (train_size // clients) // self.batch_size)
+        return dataclasses.replace(self, steps=self.epochs * per_epoch)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -301,6 +311,7 @@ def _check_values(cfg: RunConfig) -> None:
     _require(cfg.backend in BACKENDS, "backend", f"unknown backend {cfg.backend!r} (choose from {', '.join(BACKENDS)})")
     _require(cfg.mode in MODES, "mode", f"unknown mode {cfg.mode!r} (choose from {', '.join(MODES)})")
     _require(cfg.clients is None or cfg.clients >= 1, "clients", f"must be at least 1, got {cfg.clients}")
+    _require(cfg.epochs >= 0, "epochs", f"must be non-negative (0: steps decides), got {cfg.epochs}")
     for name in ("n_sync", "n_push", "n_fetch", "steps", "batch_size"):
         value = getattr(cfg, name)
         _require(value is None or value >= 1, name, f"must be at least 1, got {value}")

@@ -31,7 +31,7 @@ from paramserver.rundir.summary import SUMMARY, discard
 
 # The one list of settings a resume may change: how the run is handled, never what it
 # trains (every other config key, whoever adds it, must keep the run's recorded value).
-CHANGEABLE = {"steps", "quiet", "stall_timeout", "eval_samples", "eval_live", "keep_snapshots", "keep_best", "device", "server_device",
+CHANGEABLE = {"steps", "epochs", "quiet", "stall_timeout", "eval_samples", "eval_live", "keep_snapshots", "keep_best", "device", "server_device",
               "resume", "inject_fault", "out", "threads", "debug", "tensorboard"}
 RECORD_ONLY = {"provenance", "num_params", "train_size", "resumed", "momentum_used",
                "data_fingerprint"}  # config.json keys that are not config
@@ -58,6 +58,8 @@ def resumed_config(asked: dict[str, Any]) -> RunConfig:
         if key not in CHANGEABLE and not _same_setting(key, value, stored.get(key)):
             raise ConfigError(f"resume: {key} cannot change when resuming (run has {stored.get(key)!r}, "
                               f"asked for {value!r})")
+    if stored.get("epochs") and "steps" in asked:
+        raise ConfigError(f"steps: {run_dir} counts epochs ({stored['epochs']}); pass --epochs to train on")
     if asked.get("out") and Path(asked["out"]).resolve() != Path(run_dir).resolve():
         raise ConfigError(f"out: a resume writes into its own run directory {run_dir}, not {asked['out']}")
     if not RunDir(run_dir).checkpoint_path.exists():
@@ -70,8 +72,9 @@ def resumed_config(asked: dict[str, Any]) -> RunConfig:
     cfg = load_config(None, {**stored, **handling, "out": run_dir, "resume": run_dir})
     summary = Path(run_dir) / SUMMARY
     if summary.exists() and _read_record(summary).get("status") == COMPLETE \
-            and cfg.steps <= stored.get("steps", RunConfig.steps):
-        raise ConfigError(f"resume: {run_dir} is complete; pass a larger --steps to train on")
+            and cfg.steps <= stored.get("steps", RunConfig.steps) and cfg.epochs <= stored.get("epochs", 0):
+        raise ConfigError(f"resume: {run_dir} is complete; pass a larger --{'epochs' if cfg.epochs else 'steps'} "
+                          "to train on")
     return cfg
 
 

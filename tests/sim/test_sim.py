@@ -229,3 +229,21 @@ def test_keep_best_keeps_the_curves_best_point_and_export_best_exports_it(tmp_pa
     capsys.readouterr()
     assert main(["export", str(other), "--best"]) == 2
     assert "checkpoint/best.npz" in capsys.readouterr().err
+
+
+def test_epochs_derive_the_steps_every_row_carries_its_epoch_and_a_resume_extends_them(tmp_path, tiny_npz, capsys):
+    """An epoch of a client is its shard's whole minibatches of 32 (of half the training set)."""
+    from clients.data import load_dataset
+
+    per_epoch = len(load_dataset(str(tiny_npz)).train) // 2 // 32
+    run = sim(tmp_path / "run", tiny_npz, "--clients", "2", "--epochs", "2")
+    config, clients = json.loads((run / "config.json").read_text()), rows(run, "clients")
+    assert (config["epochs"], config["steps"]) == (2, 2 * per_epoch) and len(clients) == 4 * per_epoch
+    assert [r["epoch"] for r in clients if r["client"] == 1] == [0] * per_epoch + [1] * per_epoch
+    assert main(["train", "--resume", str(run), "--epochs", "3", "--quiet"]) == 0
+    assert [r["epoch"] for r in rows(run, "clients") if r["client"] == 0] == sorted(list(range(3)) * per_epoch)
+    capsys.readouterr()
+    for argv in (["train", "--resume", str(run), "--steps", "40"],
+                 ["train", "--backend", "sim", "--data", str(tiny_npz), "--epochs", "1", "--steps", "5"]):
+        assert main(argv) == 2
+        assert capsys.readouterr().err.count("\n") == 1
