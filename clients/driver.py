@@ -23,7 +23,7 @@ def run_client(transport: Link, client: Client, plan: ClientPlan,
     loop.take_weights(loop.landing, link.exchange(Outgoing(Tag.PULL, Pull()), loop.landing))
     while not loop.done:
         message, fetch = loop.advance()
-        samples = link.exchange(message, loop.landing if fetch else None)
+        reply = link.exchange(message, loop.landing if fetch else None)
         if fetch:
-            loop.take_weights(loop.landing, samples)
+            loop.take_weights(loop.landing, reply)
     return loop.pushes

@@ -156,9 +156,10 @@ class LiveCurve:
     LIVE_SHARE = 0.25
 
     def __init__(self, run: RunDir, model: nn.Module, read: Callable[[], EvalItems], loss: Loss | None,
-                 live: bool = True):
-        self.run, self.model, self.read, self.loss = run, model, read, loss
+                 live: bool = True, target: float = 0.0):
+        self.run, self.model, self.read, self.loss, self.target = run, model, read, loss, target
         self.measured = {row["version"] for row in run.rows("eval")}
+        self.reached: dict | None = None  # the first point at or below `target` (stop_at_error)
         self.live = 0                     # points measured while the run trained
         self.items: EvalItems | None = None
         self.error: BaseException | None = None
@@ -183,13 +184,28 @@ class LiveCurve:
         new = [(v, p) for v, p in self.run.snapshots() if v not in self.measured]
         for done, (version, path) in enumerate(new, start=1):
             start = time.perf_counter()
-            log.write(curve_row(self.items, self.model, version, path, self.loss))
+            row = curve_row(self.items, self.model, version, path, self.loss)
+            log.write(row)
             log.flush()
             self.measured.add(version)
+            if self.target and self.reached is None and row["test_error"] <= self.target:
+                self.reached = row
             progress(done)
             if rest and self.done.wait((time.perf_counter() - start) * (1 / self.LIVE_SHARE - 1)):
                 return done
         return len(new)
+
+    @property
+    def inline(self) -> bool:
+        """A target with no thread to watch for it: each snapshot is measured as it is taken."""
+        return bool(self.target) and self.thread is None
+
+    def catch_up(self) -> None:
+        """The snapshots on disk measured now, on the caller's thread (a curve that is not
+        live: the simulator's, so that a target stops a run at the same point every time)."""
+        self.items = self.items or self.read()
+        with self.run.writer("eval") as log:
+            self._measure_new(log)
 
     def pending(self) -> int:
         return sum(1 for v, _ in self.run.snapshots() if v not in self.measured)
@@ -206,7 +222,9 @@ class LiveCurve:
         return self.items
 
     def stop(self) -> None:
-        """Training ended (or failed): the thread ends after the point it is measuring."""
+        """Training ended (or failed): the thread ends after the point it is measuring, and
+        a point measured from now on reaches no target (the run can no longer stop at it)."""
+        self.target = 0.0
         self.done.set()
         if self.thread is not None:
             self.thread.join()

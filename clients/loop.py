@@ -21,7 +21,7 @@ from clients.client import Client
 from clients.stragglers import Stragglers
 from paramserver.config import Fault
 from paramserver.wire.compress import ErrorFeedback, make_codec
-from paramserver.wire.protocol import Outgoing, Pull, Push, Stop, Tag
+from paramserver.wire.protocol import Outgoing, Pull, Push, Stop, Tag, Weights
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class ClientLoop:
     step: int = 0
     pushes: int = 0
     done: bool = False
+    stopping: bool = False        # the server said the run reached its target
     rows: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -59,14 +60,16 @@ class ClientLoop:
         # where pulled weights land, as they come over the wire
         self.landing = np.empty(self.client.size, self.codec.wire_dtype) if compressed else self.client.incoming
 
-    def take_weights(self, data: np.ndarray, samples: int | None = None) -> None:
-        """The server's weights, as they came over the wire, at its progress `samples`."""
-        self.client.sync(self.codec.decode(data, self.client.incoming), samples)
+    def take_weights(self, data: np.ndarray, reply: Weights | None = None) -> None:
+        """The server's weights, as they came over the wire, at the progress its `reply`
+        says; a reply saying stop (the run reached its target) ends the loop here."""
+        self.client.sync(self.codec.decode(data, self.client.incoming), reply.samples if reply else None)
+        self.stopping = self.stopping or (reply is not None and reply.stop)
 
     def advance(self) -> tuple[Outgoing, bool]:
         """Train up to the next sync point: (the message to send, whether weights come back)."""
         plan = self.plan
-        while self.step < plan.steps:
+        while self.step < plan.steps and not self.stopping:
             self.step += 1
             start = time.perf_counter()
             result = self.client.step()
@@ -81,6 +84,8 @@ class ClientLoop:
                 return self._push(fetch), fetch
             if fetch:
                 return Outgoing(Tag.PULL, Pull()), True
+        if self.rows:  # told to stop between pushes: the work done goes to the server first
+            return self._push(False), False
         self.done = True
         return Outgoing(Tag.STOP, Stop(self.step, self.pushes)), False
 

@@ -32,9 +32,12 @@ from paramserver.rundir.resume import ResumePoint
 
 def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], average: Average,
                    clock: Callable[[], float], gather: Callable[[list[dict]], list[dict] | None],
-                   straggle: Straggle, point: ResumePoint | None = None) -> int:
+                   straggle: Straggle, point: ResumePoint | None = None,
+                   agree: Callable[[bool], bool] = lambda flag: flag) -> int:
     """Train every local client in lockstep; `gather` returns all rows on the recorder, else
-    None; `straggle` (clients/collective.py) slows the step as the straggler model says."""
+    None; `straggle` (clients/collective.py) slows the step as the straggler model says;
+    `agree`: the recorder's word, on every rank (whether the curve reached stop_at_error,
+    asked at each evaluation step)."""
     cfg = setup.cfg
     k, samples_per_step = setup.clients, setup.clients * cfg.batch_size
     every = eval_every(cfg, cfg.steps)
@@ -67,8 +70,14 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
                     if step % every == 0 or step == cfg.steps:
                         files.submit(_save, life.run, setup, host_copy(clients[0].weights), step, now,
                                      dict(counts), log.lines)
+                        if life.curve.inline:
+                            files.wait()
+                            life.curve.catch_up()
+                if cfg.stop_at_error and step % every == 0 and agree(recorder and life.curve.reached is not None):
+                    break
         life.progress.close()
         if recorder:
+            life.curve.stop()
             files.close()
             dropped = {"gradients_dropped": _dropped(life.run)} if cfg.backup_workers else {}
             life.finish({**counts, **dropped})

@@ -24,7 +24,7 @@ from experiments.inputs import fingerprint
 from experiments.progress import Progress
 from paramserver.config import RunConfig
 from paramserver.rundir.layout import RunDir
-from paramserver.rundir.status import COMPLETE
+from paramserver.rundir.status import COMPLETE, reached_target
 from paramserver.rundir.summary import VIRTUAL, WALL, seconds, training_status, write_failure, write_result
 
 
@@ -75,9 +75,17 @@ def live_curve(run: RunDir, setup: RunSetup) -> LiveCurve:
     cfg, dataset = setup.cfg, setup.dataset
     model = copy.deepcopy(setup.model).to(setup.device)
     samples = curve_samples(len(dataset.test), cfg.eval_samples, cfg.seed)
-    live = cfg.eval_live == "on" or cfg.eval_live == "auto" and spare_core(setup.provenance)
     return LiveCurve(run, model, lambda: EvalItems.read(model, dataset.test, samples, dataset.train, cfg.seed),
-                     loss_function(cfg.loss), live)
+                     loss_function(cfg.loss), live_thread(cfg, setup.provenance), cfg.stop_at_error)
+
+
+def live_thread(cfg: RunConfig, provenance: dict[str, Any]) -> bool:
+    """Whether the curve is measured by its thread: as eval_live says (auto: where a core
+    is spare, or a target must be seen while the run trains); never in the simulator
+    with a target, where each point is measured as its snapshot is taken (`catch_up`)."""
+    if cfg.stop_at_error and cfg.backend == "sim":
+        return False
+    return cfg.eval_live == "on" or cfg.eval_live == "auto" and (bool(cfg.stop_at_error) or spare_core(provenance))
 
 
 def spare_core(provenance: dict[str, Any]) -> bool:
@@ -102,10 +110,15 @@ def finish_run(run: RunDir, setup: RunSetup, curve: LiveCurve, train_s: float, t
     items = curve.finish(progress.update)
     progress.close()
     best = keep_best(run) if cfg.keep_best else {}
+    # a target reached counts where it stopped the run short of its steps
+    early = curve.reached if curve.reached and counts.get("minibatches", 0) < setup.clients * cfg.steps else None
+    reached = {"target_reached": early} if early else {}
     final = final_measurement(run, items, curve.model, setup.dataset.test, curve.loss, keep=cfg.keep_snapshots)
     status = training_status(counts, final, setup.dataset.num_classes)
+    if early and status == COMPLETE:
+        status = reached_target(early, cfg.stop_at_error)
     summary = write_result(run, status, final, train_s, run_clock(cfg), counts, curve_test_samples=items.samples,
-                           curve_points_live=live, **best, train_wall_s=train_wall_s, eval_s=time.perf_counter() - start)
+                           curve_points_live=live, **best, **reached, train_wall_s=train_wall_s, eval_s=time.perf_counter() - start)
     run.close_tap()
     if not setup.cfg.quiet or status != COMPLETE:
         print(f"run {setup.out}: test error {summary['final_test_error']:.4f} after {summary['minibatches']} "

@@ -59,13 +59,17 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
         if life.checkpoint is not None:
             state.store.load_state(life.checkpoint.store_state)
             state.tally, lines = ServerTally.from_checkpoint(life.checkpoint), life.checkpoint.lines
+        curve = life.curve
+        state.stop = lambda: curve.reached is not None  # stop_at_error: replies from then on say stop
         recorder = Recorder(life.run, state, clock, lines, life.progress.update,
-                            _gatherer(link, bounds, cfg.stall_timeout), fault=cfg.fault_for(0, "the server", "version"))
+                            _gatherer(link, bounds, cfg.stall_timeout), fault=cfg.fault_for(0, "the server", "version"),
+                            after_snapshot=curve.catch_up if curve.inline else None)
         life.land_files = recorder.close
         if life.checkpoint is None:
             recorder.start()
         life.started()
         busy_s = drive(state, recorder)
+        curve.stop()  # before the last snapshot: a target it reaches stopped nothing
         life.progress.close()
         recorder.finish()
         noise = {"noise_scale": summarise(life.run.rows("server"))} if state.store.rule.noise is not None else {}

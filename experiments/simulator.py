@@ -160,7 +160,7 @@ class Simulation:
                 self._arrive(server, when, i, item)
             else:
                 if kind == "reply":   # weights reach client i
-                    self.loops[i].take_weights(item.payload, item.header.samples)
+                    self.loops[i].take_weights(item.payload, item.header)
                 self._window(when, i)
         if not server.state.done:
             raise RuntimeError("simulation: events ran out before every client stopped (replay order?)")

@@ -145,6 +145,9 @@ class RunConfig:
     eval_samples: int = _key(0, "test samples per point of the test-error curve, a fixed seeded subset "
                                 "(0: 2,000, or the whole split if smaller); the final weights are always "
                                 "measured on the whole test split")
+    stop_at_error: float = _key(0.0, "end the run (every rank, with its last pushes recorded) once a point of the "
+                                      "test-error curve reaches this error; the summary says complete: reached "
+                                      "target (0: train every step)")
     eval_live: str = _key("auto", "measure the curve while the run trains, on a thread of the recording rank: on, "
                                   "off (after training), or auto (on where its host has a core more than the "
                                   "run's ranks there, so training never shares a core with it)")
@@ -327,6 +330,9 @@ def _check_values(cfg: RunConfig) -> None:
              f"expected {', '.join(OPTIMIZERS)} or package.module:factory, got {cfg.optimizer!r}")
     _require(cfg.clip_grad_norm >= 0, "clip_grad_norm", f"must be non-negative (0: none), got {cfg.clip_grad_norm}")
     _require(cfg.eval_live in ("auto", "on", "off"), "eval_live", f"expected auto, on or off, got {cfg.eval_live!r}")
+    _require(0 <= cfg.stop_at_error < 1, "stop_at_error", f"must be an error in [0, 1) (0: none), got {cfg.stop_at_error}")
+    _require(not cfg.stop_at_error or cfg.eval_live != "off", "stop_at_error",
+             "needs the curve while the run trains: eval_live on or auto, not off")
     _require(cfg.precision in PRECISIONS, "precision", f"expected {', '.join(PRECISIONS)}, got {cfg.precision!r}")
     _require(cfg.seed >= 0, "seed", f"must be non-negative, got {cfg.seed}")
     _require(cfg.warm_start >= 0, "warm_start", f"must be non-negative, got {cfg.warm_start}")

@@ -140,7 +140,9 @@ class ServerState:
     run's lr schedule (paramserver/schedule.py), whose progress the replies carry and
     whose multiplier the rule applies with; None: a constant lr. `clock`: the run's
     (virtual in the simulator), by which a paced rule (`fresh_reply = "auto"`) times the
-    clients to decide who waits (`pace`; otherwise the rule's `defers` decides).
+    clients to decide who waits (`pace`; otherwise the rule's `defers` decides). `stop`:
+    whether the run reached its target (`stop_at_error`): every reply from then on tells
+    its client to stop.
     """
 
     store: Store
@@ -154,6 +156,7 @@ class ServerState:
     schedule: Schedule | None = None
     deferred: list[int] = field(default_factory=list)  # client ranks whose replies wait for a step
     clock: Callable[[], float] = time.monotonic  # the run's clock, which `pace` times the clients by
+    stop: Callable[[], bool] = lambda: False
 
     def __post_init__(self) -> None:
         self.tally = self.tally or ServerTally(len(self.client_ranks))
@@ -273,7 +276,7 @@ def _weights_for(state: ServerState, rank: int) -> Reply:
         state.pace.replied(rank)
     data = state.codec.encode(weights)
     state.wire_bytes[1] += data.nbytes
-    return Reply(rank, Weights(version, weights.size, state.progress), data)
+    return Reply(rank, Weights(version, weights.size, state.progress, state.stop()), data)
 
 
 def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, list[Event]]:

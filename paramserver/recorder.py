@@ -55,14 +55,16 @@ class Recorder:
     `log_lines`: the rows already in the (server, clients) logs (a resumed run's logs,
     cut back to its checkpoint). `gather`: with sharded servers, server 0's way to the
     whole weight vector from its own slice. `fault`: fail on purpose once its
-    version is recorded (the fault-injection tests).
+    version is recorded (the fault-injection tests). `after_snapshot`: called once each
+    snapshot is on disk (the simulator measures the curve's point there, in line).
     """
 
     def __init__(self, run: RunDir, state: ServerState, clock: Callable[[], float],
                  log_lines: tuple[int, int] = (0, 0), progress: Callable[[int], None] = lambda minibatches: None,
-                 gather: Callable[[np.ndarray], np.ndarray] | None = None, fault: Fault | None = None):
+                 gather: Callable[[np.ndarray], np.ndarray] | None = None, fault: Fault | None = None,
+                 after_snapshot: Callable[[], None] | None = None):
         self.run, self.state, self.clock, self.progress = run, state, clock, progress
-        self.gather, self.fault = gather, fault
+        self.gather, self.fault, self.after_snapshot = gather, fault, after_snapshot
         self.server_log = run.writer("server", log_lines[0], FLUSH_EVERY)
         self.client_log = run.writer("clients", log_lines[1], FLUSH_EVERY)
         self.files = Background()
@@ -116,6 +118,9 @@ class Recorder:
                            tally.client_pushes.copy(),
                            {k: np.array(v, copy=True) for k, v in store.state().items() if k != "weights"})
         self.files.submit(save_point, self.run, point)
+        if self.after_snapshot is not None:
+            self.files.wait()
+            self.after_snapshot()
 
     def start(self) -> None:
         """The starting state (version 0) as snapshot and checkpoint, on disk before any

@@ -94,7 +94,7 @@ def _run_role(transport: Transport, started: Started, client: Client | None, ind
         return collective_run(setup, [client], [index], _mpi_average(transport), clock,
                               gather=lambda rows: _flatten(transport.gather(rows)),
                               straggle=_mpi_straggle(transport, Stragglers.for_run(cfg, setup.clients), index,
-                                                     cfg.backup_workers), point=point)
+                                                     cfg.backup_workers), point=point, agree=transport.bcast)
     if transport.rank > 0 and client is None:
         if serve_slice(setup, transport, clock, transport.rank):
             _exit(0)  # clients were lost: see paramserver/wire/farewell.py

@@ -26,6 +26,12 @@ def word(status: str) -> str:
     return status.split(":")[0]
 
 
+def reached_target(point: dict, target: float) -> str:
+    """A run `stop_at_error` ended early: complete, at the curve's point that reached it."""
+    return (f"{COMPLETE}: reached target (test error {point['test_error']:.4f} <= {target:g} at version "
+            f"{point['version']})")
+
+
 def failed(reason: str) -> str:
     return f"{FAILED}: {reason}"
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.wire.protocol import Link, Outgoing, Push
+from paramserver.wire.protocol import Link, Outgoing, Push, Weights
 
 
 class ServerLink:
@@ -27,9 +27,9 @@ class ServerLink:
                  timeout: float):
         self.transport, self.servers, self.bounds, self.timeout = transport, servers, bounds, timeout
 
-    def exchange(self, message: Outgoing, into: np.ndarray | None) -> int | None:
-        """Send `message`; with `into`, the servers' weights come back into it, and the
-        progress server 0 sent with them (the lr schedule's) is returned."""
+    def exchange(self, message: Outgoing, into: np.ndarray | None) -> Weights | None:
+        """Send `message`; with `into`, the servers' weights come back into it, and server
+        0's header is returned (its progress, the lr schedule's; whether to stop)."""
         slices = [] if into is None else [into[lo:hi] for lo, hi in self.bounds]
         replies = self.transport.expect_weights(list(self.servers), slices)
         self.transport.send_many([(server, message.tag, _sliced(message.header, i, lo, hi),
@@ -38,7 +38,7 @@ class ServerLink:
                                  self.timeout)
         if into is None:
             return None
-        return self.transport.complete(replies, list(self.servers), into.nbytes, self.timeout)[0].samples
+        return self.transport.complete(replies, list(self.servers), into.nbytes, self.timeout)[0]
 
 
 def _sliced(header: Any, server: int, lo: int, hi: int) -> Any:

@@ -75,8 +75,8 @@ def write_header(out: np.ndarray, tag: int, header: Push | Weights, rank: int, r
     server's weights share its room.)"""
     if isinstance(header, Push):
         fields = (DTYPES.index(header.dtype), header.fetch, header.step, 0, header.size)
-    else:  # a reply's step field carries the server's progress in samples
-        fields = (0, False, header.samples, header.version, header.size)
+    else:  # a reply's step field carries the server's progress in samples, its fetch byte the stop
+        fields = (0, header.stop, header.samples, header.version, header.size)
     dtype, fetch, step, version, length = fields
     _FIELDS.pack_into(out, 0, MAGIC, FORMAT, tag, dtype, fetch, rank, step, version, length, len(rows))
     _CRC.pack_into(out, _FIELDS.size, zlib.crc32(out[:_FIELDS.size]))
@@ -108,7 +108,7 @@ def decode(tag: int, head: np.ndarray, rows: np.ndarray | bytes, rank: int) -> P
         return Garbled(f"a frame header of format {fmt}, tag {wire_tag}, rank {client}, dtype code {dtype}, "
                        f"fetch {fetch}, {nrows} row bytes ({len(rows)} came) on tag {tag} for rank {rank}")
     if tag == Tag.WEIGHTS:
-        return Weights(version, length, step)
+        return Weights(version, length, step, bool(fetch))
     try:
         decoded = json.loads(bytes(rows)) if nrows else []
     except (UnicodeDecodeError, ValueError):

@@ -13,7 +13,10 @@ Message sequence (one client; the server serves all clients in arrival order):
       |   n_push local minibatches            |
       | -- PUSH(rows, fetch=True) + data ---> |  checks, applies, logs staleness
       | <---------- WEIGHTS(version) + data - |  (only when the push asks to fetch)
-      |   ... until the step budget is done   |
+      |   ... until the step budget is done,  |
+      |   or a WEIGHTS says stop (the run     |
+      |   reached its stop_at_error; work not |
+      |   pushed yet goes in one PUSH first)  |
       | -- STOP(steps, pushes) -------------> |  ends when every client has stopped (or is lost)
       | <---------------------- BYE(lost) --- |  once the run is recorded; then all exit
       | -- FAIL(reason) --------------------> |  on an exception; then the job aborts
@@ -80,6 +83,7 @@ class Weights:
     version: int
     size: int
     samples: int = 0           # the server's progress (paramserver/schedule.py): the lr they train at
+    stop: bool = False         # the run reached its target (stop_at_error): the client stops here
 
 
 @dataclass(frozen=True)

@@ -247,3 +247,22 @@ def test_epochs_derive_the_steps_every_row_carries_its_epoch_and_a_resume_extend
                  ["train", "--backend", "sim", "--data", str(tiny_npz), "--epochs", "1", "--steps", "5"]):
         assert main(argv) == 2
         assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_stop_at_error_ends_every_client_at_the_same_point_each_time_and_resumes(tmp_path, tiny_npz, mode):
+    """The simulator measures each point as its snapshot is taken: the first point at or
+    below 0.3 stops the run there (each client's work pushed, then STOP), in every run
+    of the config alike; a resume without the target trains the rest."""
+    flags = ["--mode", mode, "--clients", "2", "--steps", "60", "--eval-every", "4", "--stop-at-error", "0.3"]
+    runs = [sim(tmp_path / name, tiny_npz, *flags) for name in ("a", "b")]
+    assert (runs[0] / "clients.jsonl").read_bytes() == (runs[1] / "clients.jsonl").read_bytes()
+    summary, curve = json.loads((runs[0] / "summary.json").read_text()), rows(runs[0], "eval")
+    reached = summary["target_reached"]
+    assert summary["status"].startswith("complete: reached target") and reached["test_error"] <= 0.3
+    assert [p["version"] for p in curve if p["test_error"] <= 0.3][0] == reached["version"]
+    steps = [max(r["step"] for r in rows(runs[0], "clients") if r["client"] == c) for c in (0, 1)]
+    assert max(steps) < 60 and summary["minibatches"] == len(rows(runs[0], "clients")) == sum(steps)
+    assert main(["train", "--resume", str(runs[0]), "--stop-at-error", "0", "--quiet"]) == 0
+    resumed = json.loads((runs[0] / "summary.json").read_text())
+    assert resumed["status"] == "complete" and resumed["minibatches"] == 120

@@ -65,3 +65,15 @@ def test_a_vector_from_empty_has_room_around_it_and_its_views_find_it():
     assert frame.around(vector[:5].view(np.uint8), 0) is not None  # a leading slice (a shard's)...
     assert frame.around(vector[:5].view(np.uint8), 1) is None  # ...but rows would overwrite the next
     assert frame.around(np.empty(10, np.float32).view(np.uint8), 0) is None
+
+
+def test_a_reply_says_stop_in_its_header():
+    import numpy as np
+
+    from paramserver.wire import frame
+    from paramserver.wire.protocol import Tag, Weights
+
+    head = np.zeros(frame.HEADER_BYTES, np.uint8)
+    for stop in (False, True):
+        frame.write_header(head, Tag.WEIGHTS, Weights(7, 10, 640, stop), rank=0)
+        assert frame.decode(Tag.WEIGHTS, head, b"", rank=0) == Weights(7, 10, 640, stop)
