@@ -13,7 +13,7 @@ import torch
 from clients.client import classifies
 from clients.models import run_model
 from clients.optimizers import user_optimizer
-from clients.usercode import first_line, loss_function, optimizer_factory
+from clients.usercode import first_line, loss_function, metric_function, optimizer_factory
 from paramserver.config import ConfigError, RunConfig
 
 
@@ -42,6 +42,8 @@ def check_user_code(cfg: RunConfig, dataset: Any) -> None:
         for role, split in (("train", dataset.train), ("test", dataset.test)):
             _check_label_range(_labels(split, role, cfg.seed), role, out.shape[1])
     _check_loss(cfg.loss, out, y)
+    if cfg.metric:
+        _check_metric(cfg.metric, out.detach(), y)
 
 
 def _check_parameters(model: torch.nn.Module, spec: str) -> None:
@@ -66,6 +68,17 @@ def _check_loss(spec: str, out: torch.Tensor, y: torch.Tensor) -> None:
                           f"{tuple(y.shape)} failed: {type(error).__name__}: {first_line(error)}") from None
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise ConfigError(f"loss: {spec or 'cross-entropy'} must return a scalar tensor, got {loss!r}")
+
+
+def _check_metric(spec: str, out: torch.Tensor, y: torch.Tensor) -> None:
+    """The user's metric on two items gives a number (evaluation takes its float)."""
+    try:
+        float(metric_function(spec)(out, y))
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the user's code, in one line
+        raise ConfigError(f"metric: {spec} on outputs {tuple(out.shape)} and targets {tuple(y.shape)} did not give "
+                          f"a number: {type(error).__name__}: {first_line(error)}") from None
 
 
 def _first_items(split: Any, role: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -76,22 +76,32 @@ def curve_samples(size: int, eval_samples: int, seed: int) -> np.ndarray:
 
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Metric = Callable[[torch.Tensor, torch.Tensor], Any]  # the user's (outputs, targets) -> a number
 
 
 @torch.no_grad()
 def test_metrics(model: nn.Module, split: Split, samples: np.ndarray | None = None, batch_size: int = 500,
                  loss: Loss | None = None) -> tuple[float, float]:
     """(error rate, mean loss; cross-entropy by default) over `samples` of the split (None: all)."""
+    scores = split_scores(model, split, samples, batch_size, loss)
+    return scores["test_error"], scores["test_loss"]
+
+
+@torch.no_grad()
+def split_scores(model: nn.Module, split: Split, samples: np.ndarray | None = None, batch_size: int = 500,
+                 loss: Loss | None = None, metric: Metric | None = None) -> dict[str, float]:
+    """test_error, test_loss and, with the user's `metric`, test_metric, over `samples` of
+    the split (None: all)."""
     samples = np.arange(len(split)) if samples is None else samples
     batches = (split.batch(samples[start:start + batch_size]) for start in range(0, len(samples), batch_size))
-    return _metrics(model, batches, len(samples), loss)
+    return _scores(model, batches, len(samples), loss, metric)
 
 
-def _metrics(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], n: int,
-             loss: Loss | None) -> tuple[float, float]:
+def _scores(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], n: int,
+            loss: Loss | None, metric: Metric | None) -> dict[str, float]:
     model.eval()
     device = next(model.parameters()).device
-    errors, total = 0.0, 0.0
+    errors, total, measured = 0.0, 0.0, 0.0
     for x, y in batches:
         x, y = x.to(device), y.to(device)
         outputs = model(x)
@@ -100,7 +110,10 @@ def _metrics(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tenso
         else:  # the user's loss is a mean over the batch, as in training
             total += loss(outputs, y).item() * len(y)
         errors += wrong(outputs, y)
-    return errors / n, total / n
+        if metric is not None:  # the user's metric too: a batch's mean
+            measured += float(metric(outputs, y)) * len(y)
+    scores = {"test_error": errors / n, "test_loss": total / n}
+    return scores if metric is None else {**scores, "test_metric": measured / n}
 
 
 @dataclass
@@ -127,19 +140,20 @@ class EvalItems:
             _update_bn(model, self.calibration)
 
     @torch.no_grad()
-    def measure(self, model: nn.Module, weights: np.ndarray, loss: Loss | None) -> tuple[float, float]:
-        """(error rate, mean loss) of `weights` on the curve's samples."""
+    def measure(self, model: nn.Module, weights: np.ndarray, loss: Loss | None,
+                metric: Metric | None = None) -> dict[str, float]:
+        """The scores of `weights` on the curve's samples."""
         self.load(model, weights)
-        return _metrics(model, self.curve, self.samples, loss)
+        return _scores(model, self.curve, self.samples, loss, metric)
 
 
-def curve_row(items: EvalItems, model: nn.Module, version: int, path: Path, loss: Loss | None) -> dict:
+def curve_row(items: EvalItems, model: nn.Module, version: int, path: Path, loss: Loss | None,
+              metric: Metric | None = None) -> dict:
     """A snapshot's eval.jsonl row: its point of the curve."""
     arrays = load_arrays(path, checksummed=True)
-    error, test_loss = items.measure(model, arrays["weights"], loss)
     at, minibatches = arrays["meta"]
-    return {"version": version, "time": float(at), "minibatches": int(minibatches), "test_error": error,
-            "test_loss": test_loss}
+    return {"version": version, "time": float(at), "minibatches": int(minibatches),
+            **items.measure(model, arrays["weights"], loss, metric)}
 
 
 class LiveCurve:
@@ -156,8 +170,9 @@ class LiveCurve:
     LIVE_SHARE = 0.25
 
     def __init__(self, run: RunDir, model: nn.Module, read: Callable[[], EvalItems], loss: Loss | None,
-                 live: bool = True, target: float = 0.0):
+                 live: bool = True, target: float = 0.0, metric: Metric | None = None):
         self.run, self.model, self.read, self.loss, self.target = run, model, read, loss, target
+        self.metric = metric
         self.measured = {row["version"] for row in run.rows("eval")}
         self.reached: dict | None = None  # the first point at or below `target` (stop_at_error)
         self.live = 0                     # points measured while the run trained
@@ -184,7 +199,7 @@ class LiveCurve:
         new = [(v, p) for v, p in self.run.snapshots() if v not in self.measured]
         for done, (version, path) in enumerate(new, start=1):
             start = time.perf_counter()
-            row = curve_row(self.items, self.model, version, path, self.loss)
+            row = curve_row(self.items, self.model, version, path, self.loss, self.metric)
             log.write(row)
             log.flush()
             self.measured.add(version)
@@ -254,16 +269,16 @@ def _badness(row: dict) -> float:
 
 
 def final_measurement(run: RunDir, items: EvalItems, model: nn.Module, test: Split, loss: Loss | None,
-                      keep: bool) -> dict:
+                      keep: bool, metric: Metric | None = None) -> dict:
     """The last snapshot's weights on the whole test split (test_error, test_loss,
-    samples); the snapshots deleted unless `keep`."""
+    [test_metric,] samples); the snapshots deleted unless `keep`."""
     snapshots = run.snapshots()
     last = run.rows("eval")[-1]
-    whole = (last["test_error"], last["test_loss"])
+    whole = {k: v for k, v in last.items() if k.startswith("test_")}
     if not items.whole:
         items.load(model, load_arrays(snapshots[-1][1], checksummed=True)["weights"])
-        whole = test_metrics(model, test, loss=loss)
+        whole = split_scores(model, test, loss=loss, metric=metric)
     if not keep:
         for _, path in snapshots:
             run.drop_snapshot(path)
-    return {"test_error": whole[0], "test_loss": whole[1], "samples": len(test)}
+    return {**whole, "samples": len(test)}

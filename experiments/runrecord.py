@@ -19,7 +19,7 @@ from torch import nn
 
 from clients.data import Dataset
 from clients.evaluate import EvalItems, LiveCurve, curve_samples, final_measurement, keep_best
-from clients.usercode import loss_function
+from clients.usercode import loss_function, metric_function
 from experiments.inputs import fingerprint
 from experiments.progress import Progress
 from paramserver.config import RunConfig
@@ -76,7 +76,8 @@ def live_curve(run: RunDir, setup: RunSetup) -> LiveCurve:
     model = copy.deepcopy(setup.model).to(setup.device)
     samples = curve_samples(len(dataset.test), cfg.eval_samples, cfg.seed)
     return LiveCurve(run, model, lambda: EvalItems.read(model, dataset.test, samples, dataset.train, cfg.seed),
-                     loss_function(cfg.loss), live_thread(cfg, setup.provenance), cfg.stop_at_error)
+                     loss_function(cfg.loss), live_thread(cfg, setup.provenance), cfg.stop_at_error,
+                     metric_function(cfg.metric))
 
 
 def live_thread(cfg: RunConfig, provenance: dict[str, Any]) -> bool:
@@ -113,12 +114,14 @@ def finish_run(run: RunDir, setup: RunSetup, curve: LiveCurve, train_s: float, t
     # a target reached counts where it stopped the run short of its steps
     early = curve.reached if curve.reached and counts.get("minibatches", 0) < setup.clients * cfg.steps else None
     reached = {"target_reached": early} if early else {}
-    final = final_measurement(run, items, curve.model, setup.dataset.test, curve.loss, keep=cfg.keep_snapshots)
+    final = final_measurement(run, items, curve.model, setup.dataset.test, curve.loss, cfg.keep_snapshots,
+                              curve.metric)
+    metric = {"final_test_metric": final["test_metric"]} if "test_metric" in final else {}
     status = training_status(counts, final, setup.dataset.num_classes)
     if early and status == COMPLETE:
         status = reached_target(early, cfg.stop_at_error)
     summary = write_result(run, status, final, train_s, run_clock(cfg), counts, curve_test_samples=items.samples,
-                           curve_points_live=live, **best, **reached, train_wall_s=train_wall_s, eval_s=time.perf_counter() - start)
+                           curve_points_live=live, **metric, **best, **reached, train_wall_s=train_wall_s, eval_s=time.perf_counter() - start)
     run.close_tap()
     if not setup.cfg.quiet or status != COMPLETE:
         print(f"run {setup.out}: test error {summary['final_test_error']:.4f} after {summary['minibatches']} "

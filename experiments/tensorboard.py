@@ -92,8 +92,8 @@ class Scalars:
                 self._add("server/noise_scale", row["noise_scale"], row["samples"], row["time"])
                 self._add("server/fresh_batch", row.get("fresh_batch"), row["samples"], row["time"])
             elif log == "eval":
-                for key in ("error", "loss"):
-                    self._add(f"test/{key}", row[f"test_{key}"], row["minibatches"], row["time"])
+                for key in ("error", "loss", "metric"):  # metric: the user's, where the run has one
+                    self._add(f"test/{key}", row.get(f"test_{key}"), row["minibatches"], row["time"])
 
     def _minibatch(self, row: dict[str, Any]) -> None:
         self.minibatches += 1

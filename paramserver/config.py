@@ -134,6 +134,9 @@ class RunConfig:
                              "(input_shape, num_classes) or nothing (docs/your-model.md)")
     loss: str = _key("", "package.module:function (or file.py:function) taking (outputs, targets) and returning "
                          "a scalar tensor (default: cross-entropy)")
+    metric: str = _key("", "package.module:function (or file.py:function) taking (outputs, targets) of a test "
+                           "batch and returning a number, its mean over the batch: a column of the curve "
+                           "(eval.jsonl test_metric, TensorBoard test/metric) and final_test_metric in the summary")
     model_args: str = _key("", "keyword arguments for your model factory, a JSON object ('{\"width\": 64}'; a "
                                "table in a config file, a dict in experiments.api.train)")
     threads: int = _key(0, "torch threads per client (0: a node's cores shared by its client ranks; "
@@ -366,7 +369,7 @@ def _check_values(cfg: RunConfig) -> None:
              f"expected cpu or cuda[:N], got {cfg.server_device!r}")
     _require(cfg.server_device == "cpu" or cfg.mode == "async", "server_device",
              "needs --mode async (only async runs have a server)")
-    for name in ("loss",) + tuple(n for n in ("model", "data", "optimizer") if is_user_code(getattr(cfg, n))):
+    for name in ("loss", "metric") + tuple(n for n in ("model", "data", "optimizer") if is_user_code(getattr(cfg, n))):
         value = getattr(cfg, name)
         _require(not value or USER_CODE.fullmatch(value) is not None, name,
                  f"expected package.module:name (or FOLDER:package.module:name) or path/file.py:name, "

@@ -266,3 +266,27 @@ def test_stop_at_error_ends_every_client_at_the_same_point_each_time_and_resumes
     assert main(["train", "--resume", str(runs[0]), "--stop-at-error", "0", "--quiet"]) == 0
     resumed = json.loads((runs[0] / "summary.json").read_text())
     assert resumed["status"] == "complete" and resumed["minibatches"] == 120
+
+
+def test_a_metric_of_yours_is_a_column_of_the_curve_and_in_the_summary(tmp_path, tiny_npz, capsys):
+    from clients.data import load_dataset
+    from clients.models import build_model, load_flat
+    from paramserver.rundir.durable import load_arrays
+
+    code = tmp_path / "metrics.py"
+    code.write_text("def accuracy(outputs, targets):\n    return (outputs.argmax(1) == targets).float().mean()\n\n"
+                    "def words(outputs, targets):\n    return 'seven'\n")
+    run = sim(tmp_path / "run", tiny_npz, "--clients", "2", "--steps", "12", "--metric", f"{code}:accuracy")
+    curve, summary = rows(run, "eval"), json.loads((run / "summary.json").read_text())
+    assert all(r["test_metric"] == pytest.approx(1 - r["test_error"]) for r in curve)
+    dataset = load_dataset(str(tiny_npz))
+    model = build_model("cnn", dataset.shape, dataset.num_classes, 0)
+    load_flat(model, load_arrays(run / "checkpoint" / "latest.npz")["weights"])
+    x, y = dataset.test.batch(np.arange(len(dataset.test)))
+    model.eval()
+    assert summary["final_test_metric"] == pytest.approx(float((model(x).argmax(1) == y).float().mean()))
+    capsys.readouterr()
+    assert main(["train", "--backend", "sim", "--data", str(tiny_npz), "--out", str(tmp_path / "no"),
+                 "--metric", f"{code}:words"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("asgd: error: metric:") and "did not give a number" in err and len(err.splitlines()) == 1

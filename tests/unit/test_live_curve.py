@@ -80,21 +80,22 @@ def test_a_point_is_measured_while_the_run_trains_and_never_twice(parts):
     assert len(run.rows("eval")) == 2
 
 
-def test_a_slow_evaluation_never_holds_up_the_run(parts):
-    """A loss that takes 0.3 s a batch: the curve is handed its work and the run goes
-    on at once, with no point measured yet; finish measures them all."""
+def test_a_slow_metric_never_holds_up_the_run(parts):
+    """A metric of the user's that takes 0.3 s a batch: the curve is handed its work and
+    the run goes on at once, with no point measured yet; finish measures them all."""
     run, net, items, _, _ = parts
     for version in range(2):
         snapshot(run, net, version, 1.0 + version)
 
     def slow(outputs, targets):
         time.sleep(0.3)
-        return nn.functional.cross_entropy(outputs, targets)
+        return (outputs.argmax(1) == targets).float().mean()
 
-    curve = LiveCurve(run, net, lambda: items, loss=slow)
+    curve = LiveCurve(run, net, lambda: items, loss=None, metric=slow)
     assert run.rows("eval") == [] and curve.live == 0
     curve.finish()
-    assert len(run.rows("eval")) == 2
+    curve_rows = run.rows("eval")
+    assert len(curve_rows) == 2 and all(r["test_metric"] == pytest.approx(1 - r["test_error"]) for r in curve_rows)
 
 
 def test_a_failure_of_the_thread_is_raised_when_the_run_finishes(parts):
