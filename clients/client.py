@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from clients.buffers import host_copy, host_empty
-from clients.data import ShardSampler, Split
+from clients.data import Minibatches, ShardSampler, Split
 from clients.optimizers import OptimizerSettings
 from paramserver.rules import EASGDRule
 from paramserver.schedule import Schedule
@@ -104,11 +104,13 @@ class Client:
     """`pushes`: "delta", "gradient" or "weights" (the rule's `pushes`); `elastic`: the
     EASGD coefficient alpha when the client pushes its weights; `schedule`: the run's lr
     schedule, whose lr a window trains at is the one of the progress its weights came
-    with (`sync`), or that the collective modes set each step (`lr`)."""
+    with (`sync`), or that the collective modes set each step (`lr`). `workers`: the
+    DataLoader workers that read its minibatches ahead (clients/data.py's Minibatches)."""
 
     def __init__(self, replica: Replica, train: Split, sampler: ShardSampler, pushes: str = "delta",
-                 elastic: float = 0.0, schedule: Schedule | None = None):
+                 elastic: float = 0.0, schedule: Schedule | None = None, workers: int = 0):
         self.replica, self.train, self.sampler = replica, train, sampler
+        self.batches = Minibatches(train, sampler, workers, pin=replica.device.type == "cuda")
         self.schedule = schedule
         self.lr = schedule.at(0) if schedule else replica.optimizer.lr
         self.weights = replica.initial_weights()
@@ -136,8 +138,7 @@ class Client:
         """Forward and backward on the next minibatch; the gradient lands in `self.grad`."""
         replica = self.replica
         replica.bind(self)
-        epoch = self.sampler.epoch
-        x, y = self.train.batch(self.sampler.next())
+        epoch, x, y = self.batches.next()
         x, y = x.to(replica.device, non_blocking=True), y.to(replica.device, non_blocking=True)
         replica.model.train()
         self.grad.zero_()  # every parameter's grad is a view of it

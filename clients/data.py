@@ -363,3 +363,50 @@ class ShardSampler:
         self.epoch, self._pos = divmod(batches, per_epoch)
         self._pos *= self.batch_size
         self._shuffle()
+
+
+class Minibatches:
+    """A client's minibatches in its sampler's order, each with the epoch it is of: read
+    here when asked (`workers` 0), or ahead by that many DataLoader worker processes, the
+    order still the sampler's alone (so a run, and its resume, read the same batches;
+    with `pin`, into page-locked memory for a GPU). The workers start at the first
+    batch, after the sampler was positioned (`ShardSampler.seek`)."""
+
+    def __init__(self, split: Split, sampler: ShardSampler, workers: int = 0, pin: bool = False):
+        self.split, self.sampler, self.workers, self.pin = split, sampler, workers, pin
+        self._ahead: Any = None
+
+    def next(self) -> tuple[int, torch.Tensor, torch.Tensor]:
+        if not self.workers:
+            epoch = self.sampler.epoch
+            return (epoch, *self.split.batch(self.sampler.next()))
+        if self._ahead is None:
+            from torch.utils.data import DataLoader
+            loader = DataLoader(_Batches(self.split), sampler=_Order(self.sampler), batch_size=None,
+                                num_workers=self.workers, pin_memory=self.pin)
+            self._ahead = iter(loader)
+        epoch, x, y = next(self._ahead)
+        return int(epoch), x, y
+
+
+class _Order:
+    """The sampler's minibatches, with their epochs, for as long as the client asks."""
+
+    def __init__(self, sampler: ShardSampler):
+        self.sampler = sampler
+
+    def __iter__(self):
+        while True:
+            epoch = self.sampler.epoch
+            yield epoch, self.sampler.next()
+
+
+class _Batches(torch.utils.data.Dataset):
+    """A worker's read: one whole minibatch of the split, as the client reads it itself."""
+
+    def __init__(self, split: Split):
+        self.split = split
+
+    def __getitem__(self, key: tuple[int, np.ndarray]) -> tuple[int, torch.Tensor, torch.Tensor]:
+        epoch, idx = key
+        return (epoch, *self.split.batch(idx))

@@ -48,7 +48,7 @@ def make_client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int
     rule = rule_class(cfg.rule if cfg.mode == "async" else "add")  # the collective modes push no rule's way
     pushes, elastic = rule.pushes, rule.client_elastic(cfg, clients)
     return Client(replica, dataset.train, ShardSampler(shard, cfg.batch_size, cfg.seed, index),
-                  pushes=pushes, elastic=elastic, schedule=Schedule.for_run(cfg, clients))
+                  pushes=pushes, elastic=elastic, schedule=Schedule.for_run(cfg, clients), workers=cfg.data_workers)
 
 
 def start_checkpoint(cfg: RunConfig) -> tuple[str, str] | None:

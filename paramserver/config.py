@@ -139,6 +139,9 @@ class RunConfig:
                            "(eval.jsonl test_metric, TensorBoard test/metric) and final_test_metric in the summary")
     model_args: str = _key("", "keyword arguments for your model factory, a JSON object ('{\"width\": 64}'; a "
                                "table in a config file, a dict in experiments.api.train)")
+    data_workers: int = _key(0, "DataLoader worker processes that read each client's next minibatches ahead, in "
+                                "the same order (into pinned memory for a GPU client); 0: the client reads them "
+                                "itself. MPI backend")
     threads: int = _key(0, "torch threads per client (0: a node's cores shared by its client ranks; "
                            "all cores in the simulator)")
     device: str = _key("auto", "auto (cuda:<local rank mod GPUs> with CUDA, else cpu), cpu or cuda[:N]")
@@ -332,6 +335,9 @@ def _check_values(cfg: RunConfig) -> None:
     _require(cfg.optimizer in OPTIMIZERS or is_user_code(cfg.optimizer), "optimizer",
              f"expected {', '.join(OPTIMIZERS)} or package.module:factory, got {cfg.optimizer!r}")
     _require(cfg.clip_grad_norm >= 0, "clip_grad_norm", f"must be non-negative (0: none), got {cfg.clip_grad_norm}")
+    _require(cfg.data_workers >= 0, "data_workers", f"must be non-negative, got {cfg.data_workers}")
+    _require(not cfg.data_workers or cfg.backend == "mpi", "data_workers",
+             "needs --backend mpi (the simulator's clients read on its virtual clock)")
     _require(cfg.eval_live in ("auto", "on", "off"), "eval_live", f"expected auto, on or off, got {cfg.eval_live!r}")
     _require(0 <= cfg.stop_at_error < 1, "stop_at_error", f"must be an error in [0, 1) (0: none), got {cfg.stop_at_error}")
     _require(not cfg.stop_at_error or cfg.eval_live != "off", "stop_at_error",

@@ -281,3 +281,27 @@ def test_sampler_rejects_shard_smaller_than_batch() -> None:
     with pytest.raises(DataError) as err:
         ShardSampler(np.arange(5), 8, seed=0, client=0)
     assert str(err.value) == "data: client shard has 5 samples, fewer than batch_size 8"
+
+
+def test_minibatches_read_ahead_by_a_worker_are_the_clients_own_in_order_and_after_a_seek(tiny_npz):
+    """One DataLoader worker reads the same batches, with their epochs, as the client
+    reading them itself; positioned at a resumed step first, the same from there."""
+    import torch
+
+    from clients.data import Minibatches, ShardSampler, load_dataset, shard_indices
+
+    train = load_dataset(str(tiny_npz)).train
+    shard = shard_indices(len(train), 2, 1, 0)
+
+    def batches(workers: int, seek: int, n: int) -> list:
+        sampler = ShardSampler(shard, 32, 0, 1)
+        sampler.seek(seek)
+        reader = Minibatches(train, sampler, workers)
+        return [reader.next() for _ in range(n)]
+
+    per_epoch = len(shard) // 32
+    for seek in (0, per_epoch - 2):
+        own, ahead = batches(0, seek, per_epoch + 3), batches(1, seek, per_epoch + 3)
+        epochs = [(seek + i) // per_epoch for i in range(per_epoch + 3)]  # across an epoch's end
+        assert [e for e, _, _ in own] == [e for e, _, _ in ahead] == epochs
+        assert all(torch.equal(a[1], b[1]) and torch.equal(a[2], b[2]) for a, b in zip(own, ahead))
