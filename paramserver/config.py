@@ -321,6 +321,7 @@ def _check_values(cfg: RunConfig) -> None:
     _require(cfg.mode in MODES, "mode", f"unknown mode {cfg.mode!r} (choose from {', '.join(MODES)})")
     _require(cfg.clients is None or cfg.clients >= 1, "clients", f"must be at least 1, got {cfg.clients}")
     _require(cfg.epochs >= 0, "epochs", f"must be non-negative (0: steps decides), got {cfg.epochs}")
+    _require(not (cfg.epochs and cfg.replay), "epochs", "a replay repeats a recorded run's steps; leave epochs out")
     for name in ("n_sync", "n_push", "n_fetch", "steps", "batch_size"):
         value = getattr(cfg, name)
         _require(value is None or value >= 1, name, f"must be at least 1, got {value}")
