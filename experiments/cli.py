@@ -276,6 +276,8 @@ def _warn_of_a_gradient_rule(cfg: RunConfig) -> None:
     shapes only their local steps before the next pull (none at n_fetch 1)."""
     from paramserver.rules import rule_class
 
+    if launcher_rank() not in (None, 0):  # said once, by rank 0 (or the command that starts the job)
+        return
     if cfg.optimizer != "sgd" and cfg.mode == "async" and rule_class(cfg.rule).pushes == "gradient":
         print(f"asgd: warning: optimizer: the {cfg.rule} rule steps the server's weights with the clients' "
               f"gradients, so {cfg.optimizer} shapes only their steps between pulls (n_fetch {cfg.fetch_every}); "
