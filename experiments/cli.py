@@ -13,6 +13,7 @@ status 2 and one line saying which field is wrong and why.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -276,7 +277,10 @@ def _warn_of_a_gradient_rule(cfg: RunConfig) -> None:
     shapes only their local steps before the next pull (none at n_fetch 1)."""
     from paramserver.rules import rule_class
 
-    if launcher_rank() not in (None, 0):  # said once, by rank 0 (or the command that starts the job)
+    from experiments.parent.supervise import LOCKED_RUN
+
+    # said once a job: by the command that starts mpiexec, else (a user's mpiexec) by rank 0
+    if launcher_rank() is not None and (launcher_rank() != 0 or LOCKED_RUN in os.environ):
         return
     if cfg.optimizer != "sgd" and cfg.mode == "async" and rule_class(cfg.rule).pushes == "gradient":
         print(f"asgd: warning: optimizer: the {cfg.rule} rule steps the server's weights with the clients' "
