@@ -26,7 +26,8 @@ from paramserver.wire.compress import make_codec
 from paramserver.wire.fanout import ServerLink
 from paramserver.wire.protocol import Link, Outgoing, Pull, Tag, shard_bounds
 
-Drive = Callable[[ServerState, Recorder], float]  # runs the message loop; returns the seconds it was busy
+# runs the message loop; returns what it measured for the summary (server_busy_s, ...)
+Drive = Callable[[ServerState, Recorder], dict[str, Any]]
 
 
 def serve_mpi(setup: RunSetup, link: Link, clock: Callable[[], float]) -> dict[str, Any]:
@@ -34,10 +35,10 @@ def serve_mpi(setup: RunSetup, link: Link, clock: Callable[[], float]) -> dict[s
     cfg = setup.cfg
     hosts = {r["rank"]: r["host"] for r in setup.provenance.get("ranks", [])}
 
-    def drive(state: ServerState, recorder: Recorder) -> float:
+    def drive(state: ServerState, recorder: Recorder) -> dict[str, Any]:
         loop = ServerLoop(link, state, recorder, clock, cfg.stall_timeout, cfg.on_client_failure, hosts)
         loop.serve()
-        return loop.busy_s
+        return {"server_busy_s": loop.busy_s, "server_push_us": loop.cost.medians_us()}
     return serve_run(setup, clock, drive, link)
 
 
@@ -68,12 +69,12 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
         if life.checkpoint is None:
             recorder.start()
         life.started()
-        busy_s = drive(state, recorder)
+        measured = drive(state, recorder)
         curve.stop()  # before the last snapshot: a target it reaches stopped nothing
         life.progress.close()
         recorder.finish()
         noise = {"noise_scale": summarise(life.run.rows("server"))} if state.store.rule.noise is not None else {}
-        return life.finish({**_counts(state), **noise, "server_busy_s": busy_s,
+        return life.finish({**_counts(state), **noise, **measured,
                             "wire_bytes_pushed": state.wire_bytes[0], "wire_bytes_pulled": state.wire_bytes[1]})
 
 

@@ -231,7 +231,8 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
                         step=started.steps[i], pushes=point.client_pushes[i] if point else 0)
              for i, (c, clk) in enumerate(zip(parts.local, clocks))]
     simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order)
-    serve_run(setup, lambda: simulation.now, lambda state, recorder: simulation.run(InProcess(state, recorder)),
+    serve_run(setup, lambda: simulation.now,
+              lambda state, recorder: {"server_busy_s": simulation.run(InProcess(state, recorder))},
               apply_cost=timing.apply_time)
     return 0
 

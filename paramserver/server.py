@@ -13,15 +13,44 @@ or dies (`PeerWatch`) is lost: by default that ends the job, naming it; with
 """
 from __future__ import annotations
 
+import statistics
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from paramserver.handler import ClientLost, ServerState, ServerTally, handle, release, release_due, tag_name
+from paramserver.handler import (Applied, ClientLost, ServerState, ServerTally, handle, release, release_due,
+                                 tag_name)
 from paramserver.recorder import Recorder
 from paramserver.wire.liveness import PeerDied
 from paramserver.wire.protocol import Link, Message, PeerTimeout, Reply, Tag
+
+
+PHASES = ("receive", "check", "apply", "reply", "record")
+
+
+@dataclass
+class PushCost:
+    """The server's own time on each push inside the job, by phase, over the last KEEP
+    pushes: taking it off the wire once it is there (`receive`), the checks and decoding
+    around the rule (`check`), the rule's apply (`apply`), finishing the replies before
+    it and posting its own (`reply`), the log rows and snapshots (`record`). Waiting for
+    a message is not in it."""
+
+    KEEP = 4096
+    seconds: dict[str, deque] = field(default_factory=lambda: {p: deque(maxlen=PushCost.KEEP) for p in PHASES})
+
+    def add(self, **phases: float) -> None:
+        for phase, value in phases.items():
+            self.seconds[phase].append(value)
+
+    def medians_us(self) -> dict[str, float]:
+        """Each phase's median and their sum, in microseconds ({} before any push)."""
+        if not self.seconds["apply"]:
+            return {}
+        medians = {p: round(1e6 * statistics.median(v), 1) for p, v in self.seconds.items()}
+        return {**medians, "total": round(sum(medians.values()), 1)}
 
 
 class ClientStalled(ClientLost):
@@ -48,6 +77,7 @@ class ServerLoop:
     on_client_failure: str = "abort"
     hosts: dict[int, str] = field(default_factory=dict)
     busy_s: float = 0.0  # wall time spent handling messages (the rest is waiting for them)
+    cost: PushCost = field(default_factory=PushCost)
 
     def __post_init__(self) -> None:
         self.heard = {r: (self.clock(), "none") for r in self.state.client_ranks}  # rank -> (when, last tag)
@@ -69,20 +99,33 @@ class ServerLoop:
 
     def answer(self, msg: Message) -> None:
         """Handle one message, start sending the replies, then record what happened: the
-        log rows are written while the weights are on their way, not before."""
+        log rows are written while the weights are on their way, not before. A push's
+        phases are timed (`cost`)."""
+        start = time.perf_counter()
         if msg.tag == Tag.PUSH or (msg.tag == Tag.STOP and self.state.deferred):
             self.finish_replies()  # the apply, or a step a STOP releases, changes the weights they may read
-        self._sent(*handle(self.state, msg))
+        finished = time.perf_counter()
+        replies, events = handle(self.state, msg)
+        handled = time.perf_counter()
+        posted = self._sent(replies, events)
+        if msg.tag == Tag.PUSH:
+            apply = sum(e.apply_s for e in events if isinstance(e, Applied))
+            self.cost.add(receive=getattr(self.link, "receive_s", 0.0), check=handled - finished - apply,
+                          apply=apply, reply=finished - start + posted - handled,
+                          record=time.perf_counter() - posted)
 
     def _release(self) -> None:
         self.finish_replies()
         self._sent(*release(self.state))
 
-    def _sent(self, replies: list[Reply], events: list) -> None:
+    def _sent(self, replies: list[Reply], events: list) -> float:
+        """Post the replies, then record the events; returns when the replies were posted."""
         for reply in replies:
             self._send(reply)
+        posted = time.perf_counter()
         if self.recorder is not None:
             self.recorder.record(events)
+        return posted
 
     def _serve_one(self) -> None:
         msg = self._next_message()

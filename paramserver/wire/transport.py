@@ -52,6 +52,7 @@ class Transport:
     """Point-to-point messages over one communicator (the MPI `Link`)."""
 
     def __init__(self, comm: MPI.Comm, watch: PeerWatch | None = None, timeout: float = 600.0):
+        self.receive_s = 0.0  # the last recv's time from the message found to it taken
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -136,12 +137,16 @@ class Transport:
         landed in `into` when the byte counts match (see `payload_target`). `busy`:
         seconds it is expected soon (see `_poll`)."""
         status = self._wait(source, tag, timeout, busy)
+        start = time.perf_counter()
         sender, got = status.Get_source(), status.Get_tag()
         if got in FRAMED:
             header, payload = self._recv_frame(sender, got, status.Get_count(MPI.BYTE), into)
-            return Message(sender, got, header, payload)
-        header = self._dead_on_error(lambda: self.comm.recv(source=sender, tag=got), [sender])
-        return Message(sender, got, header)
+            message = Message(sender, got, header, payload)
+        else:
+            message = Message(sender, got, self._dead_on_error(lambda: self.comm.recv(source=sender, tag=got),
+                                                               [sender]))
+        self.receive_s = time.perf_counter() - start  # the server's PushCost reads it: taking it, not waiting
+        return message
 
     def _recv_frame(self, sender: int, tag: int, count: int, into: np.ndarray | None) -> tuple[Any, np.ndarray]:
         """A framed message of `count` bytes. When it is as long as `into` says and `into`
