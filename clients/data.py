@@ -377,14 +377,14 @@ class Minibatches:
         self._ahead: Any = None
 
     def next(self) -> tuple[int, torch.Tensor, torch.Tensor]:
-        if not self.workers:
-            epoch = self.sampler.epoch
-            return (epoch, *self.split.batch(self.sampler.next()))
         if self._ahead is None:
-            from torch.utils.data import DataLoader
-            loader = DataLoader(_Batches(self.split), sampler=_Order(self.sampler), batch_size=None,
-                                num_workers=self.workers, pin_memory=self.pin)
-            self._ahead = iter(loader)
+            batches, order = _Batches(self.split), _Order(self.sampler)
+            if self.workers:
+                from torch.utils.data import DataLoader
+                self._ahead = iter(DataLoader(batches, sampler=order, batch_size=None, num_workers=self.workers,
+                                              pin_memory=self.pin))
+            else:
+                self._ahead = (batches[key] for key in order)
         epoch, x, y = next(self._ahead)
         return int(epoch), x, y
 

@@ -79,7 +79,6 @@ Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Metric = Callable[[torch.Tensor, torch.Tensor], Any]  # the user's (outputs, targets) -> a number
 
 
-@torch.no_grad()
 def test_metrics(model: nn.Module, split: Split, samples: np.ndarray | None = None, batch_size: int = 500,
                  loss: Loss | None = None) -> tuple[float, float]:
     """(error rate, mean loss; cross-entropy by default) over `samples` of the split (None: all)."""
@@ -215,12 +214,12 @@ class LiveCurve:
         """A target with no thread to watch for it: each snapshot is measured as it is taken."""
         return bool(self.target) and self.thread is None
 
-    def catch_up(self) -> None:
+    def catch_up(self, progress: Callable[[int], None] = lambda done: None) -> None:
         """The snapshots on disk measured now, on the caller's thread (a curve that is not
         live: the simulator's, so that a target stops a run at the same point every time)."""
         self.items = self.items or self.read()
         with self.run.writer("eval") as log:
-            self._measure_new(log)
+            self._measure_new(log, progress=progress)
 
     def pending(self) -> int:
         return sum(1 for v, _ in self.run.snapshots() if v not in self.measured)
@@ -231,9 +230,7 @@ class LiveCurve:
         self.stop()
         if self.error is not None:
             raise self.error
-        self.items = self.items or self.read()
-        with self.run.writer("eval") as log:
-            self._measure_new(log, progress=progress)
+        self.catch_up(progress)
         return self.items
 
     def stop(self) -> None:

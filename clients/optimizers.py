@@ -64,10 +64,8 @@ class OptimizerSettings:
 
 class ClientOptimizer:
     """`scale(loss)` before backward; `step(grad, lr, summed)`: clip, add the gradient
-    into `summed` (a gradient push under way, or None) and step; False where fp16's
-    scaler found an overflow and skipped the step (the gradient is then not summed)."""
-
-    scaler: torch.amp.GradScaler | None = None
+    into `summed` (a gradient push under way, or None) and step (under fp16, a step whose
+    gradient overflowed is skipped by torch's GradScaler and not summed)."""
 
     def __init__(self, settings: OptimizerSettings, params: Callable[[], list[torch.nn.Parameter]]):
         self.settings, self.params = settings, params
@@ -75,13 +73,12 @@ class ClientOptimizer:
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return loss
 
-    def step(self, grad: torch.Tensor, lr: float, summed: torch.Tensor | None) -> bool:
+    def step(self, grad: torch.Tensor, lr: float, summed: torch.Tensor | None) -> None:
         if self.settings.clip_grad_norm:  # torch's own, on the bound parameters' grads: views of `grad`
             torch.nn.utils.clip_grad_norm_(self.params(), self.settings.clip_grad_norm)
         if summed is not None:
             summed += grad
         self._step(grad, lr)
-        return True
 
     def _step(self, grad: torch.Tensor, lr: float) -> None:
         raise NotImplementedError  # each optimizer's own
@@ -110,24 +107,22 @@ class TorchOptimizer(ClientOptimizer):
                  optimizer: torch.optim.Optimizer):
         super().__init__(settings, params)
         self.optimizer = optimizer
-        if settings.precision == "fp16":
-            device = optimizer.param_groups[0]["params"][0].device.type
-            self.scaler = torch.amp.GradScaler(device)
+        device = optimizer.param_groups[0]["params"][0].device.type
+        self.scaler = torch.amp.GradScaler(device) if settings.precision == "fp16" else None
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return loss if self.scaler is None else self.scaler.scale(loss)
 
-    def step(self, grad: torch.Tensor, lr: float, summed: torch.Tensor | None) -> bool:
+    def step(self, grad: torch.Tensor, lr: float, summed: torch.Tensor | None) -> None:
         if self.scaler is None:
-            return super().step(grad, lr, summed)
+            super().step(grad, lr, summed)
+            return
         self.scaler.unscale_(self.optimizer)  # in place, on the grads: views of `grad`
-        finite = bool(torch.isfinite(grad).all())
-        if finite:
+        if torch.isfinite(grad).all():
             super().step(grad, lr, summed)
         else:
             self._step(grad, lr)  # GradScaler.step skips the step whose gradient overflowed
         self.scaler.update()
-        return finite
 
     def _step(self, grad: torch.Tensor, lr: float) -> None:
         for group in self.optimizer.param_groups:

@@ -115,7 +115,8 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--out", help="the file (default: RUN/model.pt; *.safetensors: safetensors)")
     export.add_argument("--best", action="store_true",
                         help="the weights of the curve's best point (a run trained with keep_best), not the last")
-    board = commands.add_parser("tensorboard", help="TensorBoard scalars and HParams of a run, or of every run of a sweep")
+    board = commands.add_parser("tensorboard",
+                                help="TensorBoard scalars and HParams of a run, or of every run of a sweep")
     board.add_argument("path", help="a run directory or a sweep folder")
     board.add_argument("--out", help="where the event files go (default: PATH/tensorboard)")
     bench = commands.add_parser("bench", help="measure the server, the wire, peers and the simulator (minutes)")

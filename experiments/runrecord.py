@@ -121,7 +121,8 @@ def finish_run(run: RunDir, setup: RunSetup, curve: LiveCurve, train_s: float, t
     if early and status == COMPLETE:
         status = reached_target(early, cfg.stop_at_error)
     summary = write_result(run, status, final, train_s, run_clock(cfg), counts, curve_test_samples=items.samples,
-                           curve_points_live=live, **metric, **best, **reached, train_wall_s=train_wall_s, eval_s=time.perf_counter() - start)
+                           curve_points_live=live, **metric, **best, **reached, train_wall_s=train_wall_s,
+                           eval_s=time.perf_counter() - start)
     run.close_tap()
     if not setup.cfg.quiet or status != COMPLETE:
         print(f"run {setup.out}: test error {summary['final_test_error']:.4f} after {summary['minibatches']} "

@@ -340,7 +340,8 @@ def _check_values(cfg: RunConfig) -> None:
     _require(not cfg.data_workers or cfg.backend == "mpi", "data_workers",
              "needs --backend mpi (the simulator's clients read on its virtual clock)")
     _require(cfg.eval_live in ("auto", "on", "off"), "eval_live", f"expected auto, on or off, got {cfg.eval_live!r}")
-    _require(0 <= cfg.stop_at_error < 1, "stop_at_error", f"must be an error in [0, 1) (0: none), got {cfg.stop_at_error}")
+    _require(0 <= cfg.stop_at_error < 1, "stop_at_error",
+             f"must be an error in [0, 1) (0: none), got {cfg.stop_at_error}")
     _require(not cfg.stop_at_error or cfg.eval_live != "off", "stop_at_error",
              "needs the curve while the run trains: eval_live on or auto, not off")
     _require(cfg.precision in PRECISIONS, "precision", f"expected {', '.join(PRECISIONS)}, got {cfg.precision!r}")
