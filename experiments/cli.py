@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         from experiments.report import report
         return report(args.path, args.window, args.figures, args.target, args.docs)
     except (ConfigError, InputError, RunDirError) as error:
+        if args.command == "train" and launcher_rank() is not None:  # a rank: the job must end, not wait for it
+            from experiments.rank.entry import refuse_job
+            return refuse_job(_one_line(str(error)))
         return _error(str(error))
     except KeyboardInterrupt:  # before a run directory had anything to record
         print("asgd: interrupted", file=sys.stderr)
@@ -329,9 +332,7 @@ def _default_out(cfg: RunConfig) -> str:
 
 
 def _error(message: str) -> int:
-    """One line, printed once per job (by rank 0 when mpiexec started every rank)."""
-    if launcher_rank() in (None, 0):
-        print(f"asgd: error: {_one_line(message)}", file=sys.stderr)
+    print(f"asgd: error: {_one_line(message)}", file=sys.stderr)
     return 2
 
 

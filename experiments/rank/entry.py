@@ -35,6 +35,8 @@ from paramserver.rundir.summary import log_traceback
 from paramserver.wire.farewell import say_bye, tell_recorders, wait_for_bye
 from paramserver.wire.liveness import PeerDied, PeerWatch
 
+START_TIMEOUT_S = 600.0  # how long a refusing rank waits for the others to reach the start
+
 if TYPE_CHECKING:  # the transport imports mpi4py, which starts MPI: only run_mpi loads it
     from paramserver.wire.transport import Transport
 
@@ -49,6 +51,8 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
 
     direct_stdio()
     transport = Transport.world(timeout=cfg.stall_timeout)
+    if refused_anywhere(transport, None):
+        return 2
     servers = cfg.servers if cfg.mode == "async" else 0
     clients = cfg.clients or transport.size - servers
     if clients < 1 or transport.size != clients + servers:
@@ -83,6 +87,31 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
     finally:
         if transport.watch is not None:
             transport.watch.close()
+
+
+def refuse_job(error: str) -> int:
+    """This rank cannot start (its own checks failed: a run directory rank 0 may not
+    write, data missing on its node): the whole job says so and ends, exit status 2,
+    instead of the other ranks waiting for it in their first collective."""
+    from paramserver.wire.transport import Transport
+
+    refused_anywhere(Transport.world(timeout=START_TIMEOUT_S), error)
+    return 2
+
+
+def refused_anywhere(transport: Transport, error: str | None) -> bool:
+    """Every rank's verdict on its own start (None: ready), gathered before any
+    collective that a missing rank would block: whether any refused. Rank 0 says why,
+    once for all (a reason every refusing rank gives is one line, others name their rank)."""
+    verdicts = transport.bcast(transport.gather(error))
+    refusals = {rank: why for rank, why in enumerate(verdicts) if why is not None}
+    if refusals and transport.rank == 0:
+        common = len(refusals) == transport.size and len(set(refusals.values())) == 1
+        for rank, why in refusals.items():
+            print(f"asgd: error: {why}" if common else f"asgd: error: rank {rank}: {why}", file=sys.stderr)
+            if common:
+                break
+    return bool(refusals)
 
 
 def _run_role(transport: Transport, started: Started, client: Client | None, index: int, servers: int,

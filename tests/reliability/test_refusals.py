@@ -1,5 +1,5 @@
 """Bad input found before anything runs: exit 2 and one line, in both backends (issue 12,
-finding 5). In process, except the one that needs a real mpiexec."""
+finding 5). In process, except the two that need a real mpiexec."""
 from __future__ import annotations
 
 import json
@@ -71,3 +71,18 @@ def test_too_few_ranks_say_how_many_are_needed(tiny_npz, tmp_path):
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
         "asgd: error: clients: at least 1 client in async mode need at least 2 MPI ranks (1 server(s) and the "
         "clients), but the job has 1; use mpiexec -n 2"]
+
+
+@pytest.mark.mpi
+def test_a_rank_that_cannot_start_ends_the_job_instead_of_leaving_the_others_waiting(tiny_npz, tmp_path):
+    """Only rank 0 claims the run directory: its refusal once left ranks 1..K in their
+    first collective for good (a blocking MPI call, deaf to SIGTERM)."""
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("not a run")
+    result = run_command([MPIEXEC, "-n", "3", str(BIN / "asgd"), "train", "--data", str(tiny_npz),
+                          "--batch-size", "32", "--steps", "2", "--out", str(taken)], 120)
+    assert result.returncode == 2
+    assert [line for line in result.stderr.splitlines() if line.startswith("asgd:")] == [
+        f"asgd: error: rank 0: out: {taken} already exists and is not an empty directory; choose another --out"]
+    assert (taken / "notes.txt").read_text() == "not a run" and len(list(taken.iterdir())) == 1
