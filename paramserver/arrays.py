@@ -28,6 +28,7 @@ class ServerArrays:
             raise ValueError(f"server_device: {device}, but torch finds no CUDA device here")
         self.on_host = self.device.type == "cpu"
         self._staging: torch.Tensor | None = None  # the weights on their way to the wire (GPU)
+        self._pushes: tuple[np.ndarray | None, torch.Tensor | None] = (None, None)  # the last push, as a tensor
 
     def adopt(self, host: np.ndarray) -> torch.Tensor:
         """A private float32 copy of `host`, to update in place (on the host with room for
@@ -41,6 +42,10 @@ class ServerArrays:
     def upload(self, push: np.ndarray) -> torch.Tensor:
         """The push where the weights are: the same memory on the host; on a GPU a blocking
         copy, so the server may receive the next push into the same buffer once it returns."""
+        if self.on_host:
+            if self._pushes[0] is not push:  # the server lands every push in one buffer: wrap it once
+                self._pushes = (push, torch.from_numpy(push))
+            return self._pushes[1]
         return torch.from_numpy(push).to(self.device)
 
     def stage(self, weights: torch.Tensor) -> np.ndarray:

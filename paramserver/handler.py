@@ -64,11 +64,18 @@ class ServerTally:
     def __post_init__(self) -> None:
         self.client_steps = np.zeros(self.clients, np.int64)   # step of each client's last push handled
         self.client_pushes = np.zeros(self.clients, np.int64)  # pushes handled, per client
+        self.steps = 0  # client_steps' sum, kept as it changes: the lr schedule reads it on every push
+
+    def stepped(self, client: int, step: int) -> None:
+        """`client`'s last push handled came at `step`."""
+        self.steps += step - int(self.client_steps[client])
+        self.client_steps[client] = step
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint) -> "ServerTally":
         tally = cls(len(checkpoint.client_steps), *checkpoint.counts)
         tally.client_steps[:] = checkpoint.client_steps
+        tally.steps = int(tally.client_steps.sum())
         tally.client_pushes[:] = checkpoint.client_pushes
         return tally
 
@@ -174,7 +181,7 @@ class ServerState:
         in the push headers, so every server of a sharded run counts alike (only server 0
         sees the rows), and a checkpoint's client steps restore it."""
         batch = self.schedule.batch_size if self.schedule else 0
-        return batch * int(self.tally.client_steps.sum())
+        return batch * self.tally.steps
 
     @property
     def waiting(self) -> list[int]:
@@ -325,7 +332,7 @@ def _client_rows(state: ServerState, client: int, header: Push, pulled: int, res
     sync point's version and staleness, or why its push was rejected."""
     tally = state.tally
     rows = [dict(r) for r in header.rows]
-    tally.client_steps[client] = header.step
+    tally.stepped(client, header.step)
     tally.client_pushes[client] += 1
     if rows:
         sync = {"version_pulled": pulled, "staleness": result.staleness}

@@ -68,33 +68,40 @@ class Recorder:
         self.server_log = run.writer("server", log_lines[0], FLUSH_EVERY)
         self.client_log = run.writer("clients", log_lines[1], FLUSH_EVERY)
         self.files = Background()
+        self._writers: dict[type, Callable[[Any], None]] = {
+            Applied: self._applied, Rejected: self._rejected, Dropped: self._dropped, NoiseMeasured: self._noise,
+            ClientRows: self._client_rows, SnapshotDue: lambda event: self.snapshot()}
 
     def record(self, events: list[Event]) -> None:
         for event in events:
-            if isinstance(event, Applied):  # a row a push: formatted here, not by json (all finite numbers)
-                row = {"time": self.clock(), "client": event.client, "version": event.version,
-                       "staleness": event.staleness, "apply_s": event.apply_s}
-                self.server_log.write_json(
-                    f'{{"time": {float(row["time"])!r}, "client": {event.client}, "version": {event.version}, '
-                    f'"staleness": {event.staleness}, "apply_s": {float(event.apply_s)!r}}}\n', [row])
-            elif isinstance(event, Rejected):
-                self.server_log.write({"time": self.clock(), "client": event.client, "rank": event.rank,
-                                       "rejected": event.reason})
-                self.server_log.flush()  # rare, and what one looks for first
-            elif isinstance(event, Dropped):  # not an error: no version, no flush
-                self.server_log.write({"time": self.clock(), "client": event.client, "staleness": event.staleness,
-                                       "dropped": event.reason})
-            elif isinstance(event, NoiseMeasured):
-                row = {"time": self.clock(), "samples": event.samples, "noise_scale": event.noise_scale}
-                self.server_log.write(row if event.fresh_batch is None else {**row, "fresh_batch": event.fresh_batch})
-            elif isinstance(event, ClientRows):
-                self.client_log.write_many(event.rows)
-                self.progress(event.minibatches)
-            elif isinstance(event, SnapshotDue):
-                self.snapshot()
-        version = self.state.store.version
+            self._writers[type(event)](event)
         if self.fault is not None:
-            self.fault.strike(version)
+            self.fault.strike(self.state.store.version)
+
+    def _applied(self, event: Applied) -> None:  # a row a push: formatted here, not by json (all finite numbers)
+        now = self.clock()
+        self.server_log.write_json(
+            f'{{"time": {float(now)!r}, "client": {event.client}, "version": {event.version}, '
+            f'"staleness": {event.staleness}, "apply_s": {float(event.apply_s)!r}}}\n',
+            [{"time": now, "client": event.client, "version": event.version, "staleness": event.staleness,
+              "apply_s": event.apply_s}])
+
+    def _rejected(self, event: Rejected) -> None:
+        self.server_log.write({"time": self.clock(), "client": event.client, "rank": event.rank,
+                               "rejected": event.reason})
+        self.server_log.flush()  # rare, and what one looks for first
+
+    def _dropped(self, event: Dropped) -> None:  # not an error: no version, no flush
+        self.server_log.write({"time": self.clock(), "client": event.client, "staleness": event.staleness,
+                               "dropped": event.reason})
+
+    def _noise(self, event: NoiseMeasured) -> None:
+        row = {"time": self.clock(), "samples": event.samples, "noise_scale": event.noise_scale}
+        self.server_log.write(row if event.fresh_batch is None else {**row, "fresh_batch": event.fresh_batch})
+
+    def _client_rows(self, event: ClientRows) -> None:
+        self.client_log.write_many(event.rows)
+        self.progress(event.minibatches)
 
     def lost(self, row: dict[str, Any]) -> None:
         """A server.jsonl row naming a client the run lost (on disk at once)."""

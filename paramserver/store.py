@@ -74,30 +74,24 @@ class Store:
         self.rule.pulled(client, self.array)
         return self.weights, self.version
 
-    def check(self, push: np.ndarray, finite: bool = True) -> str:
-        """Why `push` must be rejected, or "" if it is fine (NaN and Inf only if `finite`)."""
+    def check(self, push: np.ndarray) -> str:
+        """Why `push` must be rejected for its shape, or "" if it fits."""
         if push.dtype != np.float32:
             return f"dtype {push.dtype}, expected float32"
         if push.size != self.size:
             return f"length {push.size}, expected {self.size}"
-        # A NaN or Inf anywhere makes the dot product non-finite; one BLAS pass is the
-        # cheapest read of the vector (a float64 sum costs 5x). Huge finite values can
-        # overflow it too, so only then look element by element.
-        with np.errstate(over="ignore"):
-            if finite and not np.isfinite(np.dot(push, push)) and not np.isfinite(push).all():
-                return "contains NaN or Inf"
         return ""
 
     def apply(self, client: int, push: np.ndarray, minibatches: int = 1) -> ApplyResult:
         """Apply `client`'s push of `minibatches` minibatches (or reject, or drop it)."""
         staleness = self.version - self.pulled.get(client, 0)
-        reason = self.check(push, finite=False)
+        reason = self.check(push)
         dropped = "" if reason else self.rule.drops(staleness)
         if dropped:  # before it is read for NaN/Inf, which the fused path does in its kernel
             self.dropped[client] += 1
             return ApplyResult(False, self.version, staleness, dropped, dropped=True)
-        if not reason and self.fused is None:
-            reason = self.check(push)
+        if not reason and self.fused is None and not finite(push):
+            reason = "contains NaN or Inf"
         self.rule.minibatches = minibatches
         d = None if reason else self.backend.upload(push)
         if d is not None and self.fused:
@@ -167,3 +161,11 @@ class Store:
         for name in ("applied", "rejected", "dropped", "staleness"):
             counts = arrays.get(f"store.{name}", np.zeros((0, 2), np.int64))  # older checkpoints hold no drops
             setattr(self, name, Counter({int(k): int(v) for k, v in counts}))
+
+
+def finite(push: np.ndarray) -> bool:
+    """Whether `push` holds no NaN or Inf. A NaN or Inf anywhere makes the dot product
+    non-finite; one BLAS pass is the cheapest read of the vector (a float64 sum costs 5x).
+    Huge finite values can overflow it too, so only then look element by element."""
+    with np.errstate(over="ignore"):
+        return bool(np.isfinite(np.dot(push, push))) or bool(np.isfinite(push).all())

@@ -44,6 +44,6 @@ class ServerLink:
 def _sliced(header: Any, server: int, lo: int, hi: int) -> Any:
     """The header server number `server` gets: a push's says its slice's size, and only
     server 0 (which writes the run's logs) gets the rows."""
-    if not isinstance(header, Push):
+    if not isinstance(header, Push) or (header.size, server) == (hi - lo, 0):  # one server: as it is
         return header
     return replace(header, size=hi - lo, rows=header.rows if server == 0 else ())

@@ -31,6 +31,7 @@ ANY = MPI.ANY_SOURCE
 _FIRST_SLEEP, _MAX_SLEEP = 50e-6, 1e-3
 _BUSY = 1e-3  # a message the peer sends right after its last one comes within this
 ABORT_GRACE_S = 10.0
+_REMEMBERED = 16  # sends from distinct blocks kept in mind before the finished ones are forgotten
 _PROC_FAILED = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING)  # ULFM: a rank of the communicator died
 
 
@@ -117,8 +118,14 @@ class Transport:
         """Whether a send from `block` (one that starts where it does) is still under way:
         MPI allows no write to a buffer it is sending, not even of the same bytes. (Only
         sends under way are remembered, so the blocks of finished ones can be freed.)"""
-        self._in_place = {a: p for a, p in self._in_place.items() if not MPI.Request.Testall(p)}
-        return block.__array_interface__["data"][0] in self._in_place
+        address = block.__array_interface__["data"][0]
+        posted = self._in_place.get(address)
+        if posted is not None and MPI.Request.Testall(posted):
+            del self._in_place[address]
+            posted = None
+        if len(self._in_place) > _REMEMBERED:  # forget the finished, so their blocks can be freed
+            self._in_place = {a: p for a, p in self._in_place.items() if not MPI.Request.Testall(p)}
+        return posted is not None
 
     def _staged(self, key: tuple[str, int], nbytes: int) -> np.ndarray:
         """A reused block of `nbytes` for a framed message to or from a peer whose vector has
