@@ -27,7 +27,7 @@ from paramserver.wire.liveness import PeerDied
 from paramserver.wire.protocol import Link, Message, PeerTimeout, Reply, Tag
 
 
-PHASES = ("receive", "check", "apply", "reply", "record")
+PHASES = ("receive", "check", "apply", "reply", "record")  # wall time, each push
 
 
 @dataclass
@@ -35,22 +35,27 @@ class PushCost:
     """The server's own time on each push inside the job, by phase, over the last KEEP
     pushes: taking it off the wire once it is there (`receive`), the checks and decoding
     around the rule (`check`), the rule's apply (`apply`), finishing the replies before
-    it and posting its own (`reply`), the log rows and snapshots (`record`). Waiting for
-    a message is not in it."""
+    it and posting its own (`reply`), the log rows and snapshots (`record`), all wall
+    time; and the CPU the server's thread spent on it, all phases (`cpu`: on a machine
+    whose clients share the server's cores, the wall phases include the waits for a
+    core, the CPU does not). Waiting for a message is in neither."""
 
     KEEP = 4096
-    seconds: dict[str, deque] = field(default_factory=lambda: {p: deque(maxlen=PushCost.KEEP) for p in PHASES})
+    seconds: dict[str, deque] = field(default_factory=lambda: {p: deque(maxlen=PushCost.KEEP)
+                                                               for p in (*PHASES, "cpu")})
 
     def add(self, **phases: float) -> None:
         for phase, value in phases.items():
             self.seconds[phase].append(value)
 
     def medians_us(self) -> dict[str, float]:
-        """Each phase's median and their sum, in microseconds ({} before any push)."""
+        """Each phase's median and their sum (`total`), and the CPU's median, in
+        microseconds ({} before any push)."""
         if not self.seconds["apply"]:
             return {}
         medians = {p: round(1e6 * statistics.median(v), 1) for p, v in self.seconds.items()}
-        return {**medians, "total": round(sum(medians.values()), 1)}
+        return {**{p: medians[p] for p in PHASES}, "total": round(sum(medians[p] for p in PHASES), 1),
+                "cpu": medians["cpu"]}
 
 
 class ClientStalled(ClientLost):
@@ -101,7 +106,7 @@ class ServerLoop:
         """Handle one message, start sending the replies, then record what happened: the
         log rows are written while the weights are on their way, not before. A push's
         phases are timed (`cost`)."""
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         if msg.tag == Tag.PUSH or (msg.tag == Tag.STOP and self.state.deferred):
             self.finish_replies()  # the apply, or a step a STOP releases, changes the weights they may read
         finished = time.perf_counter()
@@ -112,7 +117,8 @@ class ServerLoop:
             apply = sum(e.apply_s for e in events if isinstance(e, Applied))
             self.cost.add(receive=getattr(self.link, "receive_s", 0.0), check=handled - finished - apply,
                           apply=apply, reply=finished - start + posted - handled,
-                          record=time.perf_counter() - posted)
+                          record=time.perf_counter() - posted,
+                          cpu=getattr(self.link, "receive_cpu_s", 0.0) + time.thread_time() - start_cpu)
 
     def _release(self) -> None:
         self.finish_replies()

@@ -210,7 +210,8 @@ def _load_figures(loop: ServerLoop, size: int, wall: float, window: float, serve
     warm = [mb for t, mb in rss if t > wall / 10] or [rss_mb()]
     return {"clients": len(state.client_ranks), "servers": servers, "floats": size, "seconds": window, "wall_s": wall,
             "pushes": pushes, "pushes_per_s": pushes / window, "mbytes_per_s": pushes * 2 * 4 * size / window / 1e6,
-            "server_busy": loop.busy_s / wall, "rejected": state.tally.rejected,
+            "server_busy": loop.busy_s / wall, "server_push_us": loop.cost.medians_us(),
+            "rejected": state.tally.rejected,
             "pushes_sent": sum(stop.pushes for stop in state.tally.stops.values()),
             "clients_stopped": len(state.tally.stops),
             "rss_mb_after_warmup": warm[0], "rss_mb_end": warm[-1], "rss_mb_max": max(warm)}

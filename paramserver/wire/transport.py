@@ -53,7 +53,7 @@ class Transport:
     """Point-to-point messages over one communicator (the MPI `Link`)."""
 
     def __init__(self, comm: MPI.Comm, watch: PeerWatch | None = None, timeout: float = 600.0):
-        self.receive_s = 0.0  # the last recv's time from the message found to it taken
+        self.receive_s = self.receive_cpu_s = 0.0  # the last recv's time (wall, CPU) from the message found to it taken
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -144,7 +144,7 @@ class Transport:
         landed in `into` when the byte counts match (see `payload_target`). `busy`:
         seconds it is expected soon (see `_poll`)."""
         status = self._wait(source, tag, timeout, busy)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         sender, got = status.Get_source(), status.Get_tag()
         if got in FRAMED:
             header, payload = self._recv_frame(sender, got, status.Get_count(MPI.BYTE), into)
@@ -152,7 +152,8 @@ class Transport:
         else:
             message = Message(sender, got, self._dead_on_error(lambda: self.comm.recv(source=sender, tag=got),
                                                                [sender]))
-        self.receive_s = time.perf_counter() - start  # the server's PushCost reads it: taking it, not waiting
+        # the server's PushCost reads them: taking it, not waiting for it
+        self.receive_s, self.receive_cpu_s = time.perf_counter() - start, time.thread_time() - start_cpu
         return message
 
     def _recv_frame(self, sender: int, tag: int, count: int, into: np.ndarray | None) -> tuple[Any, np.ndarray]:
