@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from experiments.bench.trials import SPREAD, interleave, ratio_cell
+from experiments.bench.trials import SPREAD, interleave, ratio_cell, summarise
 from experiments.parent.mpiexec import find_mpiexec
 from paramserver.rundir.durable import read_jsonl, write_json_atomic, write_text_atomic
 from paramserver.rundir.layout import RunDir
@@ -129,28 +130,47 @@ def timed_rate(run: Path, clients: int, steps: int, batch: int) -> float:
     return clients * steps * batch / slowest
 
 
+OURS_N1 = "ours: async, n_sync 1"  # the row every peer is compared with
+
+
 def peers(quick: bool, clients: int = 2, batch: int = 64) -> list[dict]:
+    """Every system once a trial, in turn (ours async n_sync 1, DDP, the RPC PS, ours
+    n_sync 10, ours sync), `trials` trials: each row's per-trial ratio is ours async n_sync
+    1 over that system in the same trial, so a machine that drifts between trials moves
+    both sides of a ratio alike."""
     from experiments.bench.peer_setup import fashion_mnist_installed
     from experiments.bench.peers import ddp_throughput, rpc_ps_throughput
     from paramserver.config import RunConfig
 
     if not fashion_mnist_installed():
         return [{"system": "skipped: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)"}]
-    steps = 40 if quick else 150
+    steps, trials = (40, 1) if quick else (150, 4)
     flags = ["--clients", str(clients), "--steps", str(WARMUP + steps), "--threads", "1", "--batch-size", str(batch),
              "--eval-samples", "100"]
-    rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for name, more in (("ours: async, n_sync 1", ["--n-sync", "1"]), ("ours: async, n_sync 10", ["--n-sync", "10"]),
-                           ("ours: sync (allreduce)", ["--mode", "sync"])):
-            run = Path(folder) / name.replace(" ", "_").replace(",", "").replace(":", "").replace("(", "")[:30]
-            asgd_train(run, *flags, *more)
-            rows.append({"system": name, "samples_per_s": timed_rate(run, clients, steps, batch),
-                         "rule": RunConfig().rule})  # asgd train's default: the rule these rows measured
-    for name, measure in (("torch DDP (gloo)", ddp_throughput), ("torch.distributed.rpc PS", rpc_ps_throughput)):
-        result = measure(clients, steps, batch, warmup=WARMUP, threads=1)
-        rows.append({"system": name, "samples_per_s": result["samples_per_s"]})
-    return rows
+        runs = iter(range(10**6))
+
+        def ours(*more: str) -> Callable[[], float]:
+            def rate() -> float:
+                run = Path(folder) / f"run{next(runs)}"
+                asgd_train(run, *flags, *more)
+                return timed_rate(run, clients, steps, batch)
+            return rate
+
+        def peer(measure: Callable[..., dict]) -> Callable[[], float]:
+            return lambda: measure(clients, steps, batch, warmup=WARMUP, threads=1)["samples_per_s"]
+
+        systems = {OURS_N1: ours("--n-sync", "1"), "torch DDP (gloo)": peer(ddp_throughput),
+                   "torch.distributed.rpc PS": peer(rpc_ps_throughput),
+                   "ours: async, n_sync 10": ours("--n-sync", "10"), "ours: sync (allreduce)": ours("--mode", "sync")}
+        rates: dict[str, list[float]] = {name: [] for name in systems}
+        for _ in range(trials):
+            for name, rate in systems.items():
+                rates[name].append(rate())
+    rule = RunConfig().rule  # asgd train's default: the rule our async rows measured
+    return [{"system": name, "samples_per_s": statistics.median(values), "trials": values,
+             "vs": summarise(rates[OURS_N1], values), **({"rule": rule} if name.startswith("ours") else {})}
+            for name, values in rates.items()]
 
 
 def simulator(quick: bool) -> list[dict]:
@@ -268,12 +288,12 @@ def tables(r: dict[str, Any]) -> str:
     lines += server_tables(r["server_bound"], per_trial)
     peers = r["peers"]
     if "samples_per_s" in peers[0]:
-        ours = {p["system"]: p["samples_per_s"] for p in peers}
         rule = next((f"; ours with --rule {p['rule']}" for p in peers if "rule" in p), "")
-        lines += ["", f"| system (2 clients, same model, data, batch{rule}) | samples/s | ours async n_sync 1 / it |",
-                  "|---|---:|---:|"]
-        lines += [f"| {p['system']} | {p['samples_per_s']:.0f} | "
-                  f"{ours['ours: async, n_sync 1'] / p['samples_per_s']:.2f} |" for p in peers]
+        trials = len(peers[0]["trials"])
+        lines += ["", f"| system (2 clients, same model, data, batch{rule}; {trials} trial(s), every system once a "
+                  f"trial) | samples/s (median) | ours async n_sync 1 / it, {per_trial} (target >= 1 against DDP "
+                  "and the RPC PS) |", "|---|---:|---:|"]
+        lines += [f"| {p['system']} | {p['samples_per_s']:.0f} | {ratio_cell(p['vs'])} |" for p in peers]
     else:
         lines += ["", f"peers: {peers[0]['system']}"]
     lines += ["", "| simulated clients | minibatches a trial | sim wall s | pure compute s | sim / compute, "
