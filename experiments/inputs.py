@@ -1,7 +1,7 @@
 """What a run reads, recorded so that its record never names other inputs than it used.
 
 Two things, both checked before MPI starts:
-- `absolute_paths`: every file or folder a config names (data, data_dir, init, replay,
+- `absolute_paths`: every file or folder a config names (data, data_dir, init, replay, sim_calibrate,
   a `file.py:name` of user code) as an absolute path, and a `module:name` of user code
   with the folder it is found in, so config.json names the files themselves and every
   rank, an export or a resume started in another folder reads the same ones;
@@ -24,7 +24,7 @@ from paramserver.config import USER_CODE, USER_CODE_KEYS, ConfigError, is_user_c
 
 SAMPLE = 32  # items of each split hashed for data that is not read from files whole
 PACKAGE = "dataset-fashion-mnist"  # the Debian package of the system's Fashion-MNIST
-PATH_KEYS = ("data_dir", "init", "replay")  # settings that are always a path when given
+PATH_KEYS = ("data_dir", "init", "replay", "sim_calibrate")  # settings that are always a path when given
 
 
 def absolute_paths(values: dict[str, Any]) -> dict[str, Any]:

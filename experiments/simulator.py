@@ -55,6 +55,7 @@ from paramserver.inprocess import InProcess
 from paramserver.recorder import Recorder
 from paramserver.rundir.durable import read_jsonl
 from paramserver.rundir.layout import RunDir
+from paramserver.rundir.lock import RunDirError
 from paramserver.wire.protocol import Message, Outgoing, Pull, Push, Tag
 
 
@@ -278,9 +279,26 @@ def _timing(cfg: RunConfig, replica: Replica, dataset: Dataset, size: int, clien
     measured here, once."""
     profile = PROFILES[cfg.sim_profile]
     step = cfg.sim_step_time or profile.step_time or _measure_step(replica, dataset, cfg.batch_size)
-    apply = cfg.sim_apply_time or profile.apply_time or measure_push(cfg, size, clients)
+    apply = (cfg.sim_apply_time or (cfg.sim_calibrate and calibrated_push(cfg.sim_calibrate)) or profile.apply_time
+             or measure_push(cfg, size, clients))
     return SimTiming(step, apply, cfg.sim_bandwidth or profile.bandwidth, cfg.sim_latency or profile.latency,
                      cfg.sim_push_bytes or profile.push_bytes)
+
+
+def calibrated_push(run: str) -> float:
+    """The server's seconds a push beside the wire's, as a real MPI run's server measured
+    them inside its job (summary.json's `server_push_us`: every phase but `receive`,
+    which the simulated push's transfer stands for), so simulated clients queue where
+    that run's did: on the host, model and rule of that run."""
+    try:
+        cost = RunDir(run).summary().get("server_push_us") or {}
+        seconds = (float(cost["total"]) - float(cost["receive"])) / 1e6
+    except (RunDirError, KeyError, TypeError, ValueError) as error:
+        raise ConfigError(f"sim_calibrate: {run} holds no server time a push (summary.json's server_push_us, "
+                          f"which an MPI run of the async mode writes): {type(error).__name__}: {error}") from None
+    if not seconds > 0:
+        raise ConfigError(f"sim_calibrate: {run}'s server_push_us gives {seconds} s a push; need a positive time")
+    return seconds
 
 
 def measure_timing(cfg: RunConfig, threads: int) -> tuple[float, float]:

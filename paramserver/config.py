@@ -175,6 +175,9 @@ class RunConfig:
     sim_step_time: float = _key(0.0, "sim: seconds per minibatch (0: the profile's; measured: from real steps)")
     sim_apply_time: float = _key(0.0, "sim: server seconds per push, checks, apply and logs (0: the profile's; "
                                       "measured: the real handler's)")
+    sim_calibrate: str = _key("", "sim: the server's time a push as this MPI run directory's server measured it "
+                                  "(its summary's server_push_us, but for taking the push off the wire, which "
+                                  "the simulated transfer stands for); sim_apply_time, when set, comes first")
     sim_bandwidth: float = _key(0.0, "sim: bytes/s of a transfer (0: the profile's; measured: 1.1e10, MPI on "
                                      "the 2-core reference host)")
     sim_latency: float = _key(0.0, "sim: seconds added to every transfer (0: the profile's; measured: 2e-6)")
@@ -357,6 +360,8 @@ def _check_values(cfg: RunConfig) -> None:
     _require(0 <= cfg.speed_jitter < 1, "speed_jitter", f"must be in [0, 1), got {cfg.speed_jitter}")
     _require(not cfg.replay or (cfg.backend == "sim" and cfg.mode == "async"), "replay",
              "needs --backend sim and --mode async")
+    _require(not cfg.sim_calibrate or (cfg.backend == "sim" and cfg.mode == "async"), "sim_calibrate",
+             "needs --backend sim and --mode async (only the async server pushes)")
     _check_schedule(cfg)
     _check_stragglers(cfg)
     _require(cfg.servers >= 1, "servers", f"must be at least 1, got {cfg.servers}")

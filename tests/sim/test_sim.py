@@ -86,6 +86,26 @@ def test_the_servers_push_cost_is_the_real_handlers(tmp_path, tiny_npz):
     assert 0 < json.loads((out / "config.json").read_text())["provenance"]["sim"]["apply_time"] < 1.0
 
 
+def test_the_push_cost_can_come_from_a_real_runs_server(tmp_path, tiny_npz, capsys):
+    """sim_calibrate: every phase the real server measured but taking the push off the
+    wire (the simulated transfer stands for it); a folder without them is one line."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "summary.json").write_text(json.dumps({"status": "complete", "server_push_us": {
+        "receive": 300.0, "check": 100.0, "apply": 550.0, "reply": 50.0, "record": 80.0, "total": 1080.0,
+        "cpu": 1100.0}}))
+    flags = ["--clients", "2", "--steps", "2", "--sim-apply-time", "0", "--sim-calibrate", str(real)]
+    out = sim(tmp_path / "run", tiny_npz, *flags)
+    sim_costs = json.loads((out / "config.json").read_text())["provenance"]["sim"]
+    assert sim_costs["apply_time"] == pytest.approx(780e-6)
+    applies = [r["apply_s"] for r in rows(out, "server") if "apply_s" in r]
+    assert applies and applies == [pytest.approx(780e-6)] * len(applies)
+    assert main(["train", "--backend", "sim", "--data", str(tiny_npz), "--out", str(tmp_path / "none"), *TIMED,
+                 "--sim-apply-time", "0", "--sim-calibrate", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.startswith(f"asgd: error: sim_calibrate: {tmp_path / 'run'} holds no server "
+                                              "time a push")
+
+
 def checkpoint_weights(run: Path):
     from paramserver.rundir.durable import load_arrays
     return load_arrays(run / "checkpoint" / "latest.npz")["weights"]
