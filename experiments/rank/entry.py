@@ -35,7 +35,7 @@ from paramserver.rundir.summary import log_traceback
 from paramserver.wire.farewell import say_bye, tell_recorders, wait_for_bye
 from paramserver.wire.liveness import PeerDied, PeerWatch
 
-START_TIMEOUT_S = 600.0  # how long a refusing rank waits for the others to reach the start
+START_TIMEOUT_S = 600.0  # how long the ranks wait for each other's verdict on their start
 
 if TYPE_CHECKING:  # the transport imports mpi4py, which starts MPI: only run_mpi loads it
     from paramserver.wire.transport import Transport
@@ -50,9 +50,10 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
     from paramserver.wire.transport import Transport, library_version
 
     direct_stdio()
-    transport = Transport.world(timeout=cfg.stall_timeout)
+    transport = Transport.world(timeout=START_TIMEOUT_S)  # ranks reach the start at their own pace: no stall yet
     if refused_anywhere(transport, None):
         return 2
+    transport.timeout = cfg.stall_timeout
     servers = cfg.servers if cfg.mode == "async" else 0
     clients = cfg.clients or transport.size - servers
     if clients < 1 or transport.size != clients + servers:
