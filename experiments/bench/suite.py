@@ -28,6 +28,7 @@ ever copied by hand.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -148,7 +149,7 @@ def peers(quick: bool, clients: int = 2, batch: int = 64) -> list[dict]:
     flags = ["--clients", str(clients), "--steps", str(WARMUP + steps), "--threads", "1", "--batch-size", str(batch),
              "--eval-samples", "100"]
     with tempfile.TemporaryDirectory() as folder:
-        runs = iter(range(10**6))
+        runs = itertools.count()
 
         def ours(*more: str) -> Callable[[], float]:
             def rate() -> float:

@@ -108,10 +108,8 @@ def refused_anywhere(transport: Transport, error: str | None) -> bool:
     refusals = {rank: why for rank, why in enumerate(verdicts) if why is not None}
     if refusals and transport.rank == 0:
         common = len(refusals) == transport.size and len(set(refusals.values())) == 1
-        for rank, why in refusals.items():
-            print(f"asgd: error: {why}" if common else f"asgd: error: rank {rank}: {why}", file=sys.stderr)
-            if common:
-                break
+        lines = [refusals[0]] if common else [f"rank {rank}: {why}" for rank, why in refusals.items()]
+        print("\n".join(f"asgd: error: {line}" for line in lines), file=sys.stderr)
     return bool(refusals)
 
 
