@@ -6,7 +6,7 @@ thread of its own beside the recording rank's work (the server's loop, or rank 0
 client in the collective modes), so eval.jsonl, and TensorBoard with it, grow while the
 run trains; torch's kernels let go of the interpreter, so the thread takes a core's
 time, not the server's turn. The curve's points are measured on one fixed, seeded subset
-of the test split (`curve_samples`: 2,000 by default, as many as `eval_samples` says, or
+of the test split (`curve_samples`: 1,000 by default, as many as `eval_samples` says, or
 the whole split when it is smaller), the final weights once more on the whole split,
 after training: a short run is not dominated by its test passes, and its final number
 is the honest one.
@@ -40,10 +40,11 @@ from clients.models import load_flat
 from paramserver.rundir.durable import load_arrays, save_arrays
 from paramserver.rundir.layout import RunDir
 
-CURVE_SAMPLES = 2000  # test samples per point of the curve unless eval_samples says
+CURVE_SAMPLES = 1000  # test samples per point of the curve unless eval_samples says
 _CURVE_STREAM = 0xC0  # the seeded choice of them
-RECALIBRATE_SAMPLES = 1024  # training samples whose statistics BatchNorm layers take
+RECALIBRATE_SAMPLES = 256  # training samples whose statistics BatchNorm layers take
 _RECALIBRATE_STREAM = 0xB7  # the seeded order they are drawn in: no client's
+EVAL_BATCH = 256  # test items a forward pass
 
 
 def has_running_stats(model: nn.Module) -> bool:
@@ -79,7 +80,7 @@ Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Metric = Callable[[torch.Tensor, torch.Tensor], Any]  # the user's (outputs, targets) -> a number
 
 
-def test_metrics(model: nn.Module, split: Split, samples: np.ndarray | None = None, batch_size: int = 500,
+def test_metrics(model: nn.Module, split: Split, samples: np.ndarray | None = None, batch_size: int = EVAL_BATCH,
                  loss: Loss | None = None) -> tuple[float, float]:
     """(error rate, mean loss; cross-entropy by default) over `samples` of the split (None: all)."""
     scores = split_scores(model, split, samples, batch_size, loss)
@@ -87,7 +88,7 @@ def test_metrics(model: nn.Module, split: Split, samples: np.ndarray | None = No
 
 
 @torch.no_grad()
-def split_scores(model: nn.Module, split: Split, samples: np.ndarray | None = None, batch_size: int = 500,
+def split_scores(model: nn.Module, split: Split, samples: np.ndarray | None = None, batch_size: int = EVAL_BATCH,
                  loss: Loss | None = None, metric: Metric | None = None) -> dict[str, float]:
     """test_error, test_loss and, with the user's `metric`, test_metric, over `samples` of
     the split (None: all)."""
@@ -127,7 +128,7 @@ class EvalItems:
 
     @classmethod
     def read(cls, model: nn.Module, test: Split, samples: np.ndarray, train: Split | None, seed: int,
-             batch_size: int = 500) -> "EvalItems":
+             batch_size: int = EVAL_BATCH) -> "EvalItems":
         curve = [test.batch(samples[i:i + batch_size]) for i in range(0, len(samples), batch_size)]
         calibration = calibration_batches(train, seed) if train is not None and has_running_stats(model) else None
         return cls(curve, len(samples), calibration, len(samples) == len(test))

@@ -42,7 +42,7 @@ import torch
 from clients.client import Client, Replica, StepResult
 from clients.collective import keep_fastest, mean_in_place
 from clients.data import Dataset, ShardSampler
-from clients.devices import pick_device
+from clients.devices import keep_freed_memory, pick_device
 from clients.loop import ClientLoop, ClientPlan
 from clients.stragglers import Stragglers
 from experiments.assemble import build, start
@@ -210,6 +210,7 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     # evaluation takes every core): the same config gives the same floats; --threads as
     # an MPI run's gives that run's.
     torch.set_num_threads(cfg.threads or len(os.sched_getaffinity(0)))
+    keep_freed_memory()
     device = pick_device(cfg.device, local_rank=0)
     parts = build(cfg, device, clients, list(range(clients)))
     cfg = parts.cfg  # its steps, with epochs

@@ -149,7 +149,7 @@ class RunConfig:
                                      "cuda[:N] (a GPU; weights go to MPI through a pinned host buffer)")
     eval_every: int = _key(0, "server versions between test evaluations (0: about 20 a run)")
     eval_samples: int = _key(0, "test samples per point of the test-error curve, a fixed seeded subset "
-                                "(0: 2,000, or the whole split if smaller); the final weights are always "
+                                "(0: 1,000, or the whole split if smaller); the final weights are always "
                                 "measured on the whole test split")
     stop_at_error: float = _key(0.0, "end the run (every rank, with its last pushes recorded) once a point of the "
                                       "test-error curve reaches this error; the summary says complete: reached "

@@ -21,7 +21,7 @@ import torch
 
 from clients.client import Client
 from clients.collective import Straggle, keep_fastest
-from clients.devices import device_name, pick_device
+from clients.devices import device_name, keep_freed_memory, pick_device
 from clients.driver import ClientPlan, run_client
 from clients.stragglers import Stragglers
 from experiments.assemble import Share, Started, build, start
@@ -50,6 +50,7 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
     from paramserver.wire.transport import Transport, library_version
 
     direct_stdio()
+    keep_freed_memory()
     transport = Transport.world(timeout=START_TIMEOUT_S)  # ranks reach the start at their own pace: no stall yet
     if refused_anywhere(transport, None):
         return 2

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from clients.evaluate import EvalItems, LiveCurve, curve_samples, final_measurement
+from clients.evaluate import RECALIBRATE_SAMPLES, EvalItems, LiveCurve, curve_samples, final_measurement
 from clients.models import flat_weights
 from clients.usercode import TorchSplit
 from paramserver.rundir.layout import RunDir
@@ -50,13 +50,13 @@ def snapshot(run: RunDir, net: nn.Module, version: int, scale: float) -> None:
 
 
 def test_the_items_a_point_needs_are_read_once_a_run(parts):
-    """Five points read 100 test items and 1,024 training items (BatchNorm's), once."""
+    """Five points read 100 test items and RECALIBRATE_SAMPLES training items (BatchNorm's), once."""
     run, net, items, train, test = parts
     for version in range(5):
         snapshot(run, net, version, 1.0 + version)
     curve = LiveCurve(run, net, lambda: items, loss=None)
     items = curve.finish()
-    assert (test.reads, train.reads) == (100, 1024)
+    assert (test.reads, train.reads) == (100, RECALIBRATE_SAMPLES)
     assert [row["version"] for row in run.rows("eval")] == list(range(5))
     final = final_measurement(run, items, net, TorchSplit(test), loss=None, keep=False)
     assert test.reads == 400 and final["samples"] == 300  # the whole split once, for the final weights
