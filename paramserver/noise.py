@@ -43,16 +43,14 @@ class NoiseScale:
 
     def add(self, d: Tensor, minibatches: int) -> bool:
         """Count a push of `minibatches` minibatch gradients summed; True when it closed a window."""
-        import torch
-
         n = max(1, minibatches)
-        self.small += float(torch.dot(d.double(), d.double())) / n ** 2
+        self.small += squared_norm(d) / n ** 2
         self.inverse += 1.0 / (n * self.batch_size)
         self.total = d.clone() if self.total is None else self.total.add_(d)
         self.pushes, self.minibatches = self.pushes + 1, self.minibatches + n
         if self.pushes < self.window:
             return False
-        big = float(torch.dot(self.total.double(), self.total.double())) / self.minibatches ** 2
+        big = squared_norm(self.total) / self.minibatches ** 2
         trace, g2 = window_estimates(self.small / self.pushes, self.pushes / self.inverse, big,
                                      self.minibatches * self.batch_size)
         self.trace = DECAY * self.trace + (1 - DECAY) * trace
@@ -80,6 +78,13 @@ class NoiseScale:
             setattr(self, name, int(values.get(name, 0)))
         for name in ("small", "inverse", "g2", "trace"):
             setattr(self, name, float(values.get(name, 0.0)))
+
+
+def squared_norm(v: Tensor) -> float:
+    """|v|^2 summed in float64 (the two norms are subtracted: float32 sums would cancel),
+    from one float64 copy: a copy is most of the time this takes, once a push."""
+    wide = v.double()
+    return float(wide.dot(wide))
 
 
 def window_estimates(small: float, b_small: float, big: float, b_big: float) -> tuple[float, float]:
