@@ -1,5 +1,6 @@
-"""Load: 16 clients (oversubscribed) push a 1e6-float model as fast as they can for 20 s
-through the real server loop, under real mpiexec (about 2,500 pushes on 2 idle cores)."""
+"""Load: 16 clients (oversubscribed) push a 1e6-float model as fast as they can for 10 s
+through the real server loop, under real mpiexec (about 3,400 pushes on 2 idle cores,
+6,900 in 20 s on 2026-12-02: 10 s keeps more than the 2,500 this test was written for)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 def test_sixteen_clients_under_load_lose_nothing_and_the_server_memory_stays_flat(tmp_path):
     out = tmp_path / "load.json"
     result = run_command([MPIEXEC, "-n", "17", str(BIN / "python"), "-m", "experiments.bench.wire",
-                          "load", "--size", "1e6", "--seconds", "20", "--json", str(out)], timeout=240)
+                          "load", "--size", "1e6", "--seconds", "10", "--json", str(out)], timeout=240)
     assert result.returncode == 0, result.stderr
     load = json.loads(out.read_text())
     print(json.dumps(load))  # the numbers, for the record (pytest -s)
