@@ -13,7 +13,8 @@ weight decay 5e-4), on Fashion-MNIST when installed (never downloaded), else on
 synthetic images of the same shape. Each returns samples per second over the timed
 steps: clients * steps * batch_size / the slowest process's time for its `steps`
 minibatches, measured after `warmup` untimed ones, with torch.set_num_threads(threads)
-in every process. Process start-up and data loading are outside the timed window
+and the allocator setting of our ranks (`clients.devices.keep_freed_memory`) in every
+process. Process start-up and data loading are outside the timed window
 (`call_s` in the result includes them).
 
 `rpc_ps_load` is the RPC server without compute, against which `wire.py load` measures ours:
