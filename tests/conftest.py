@@ -46,8 +46,23 @@ def tiny_npz(tmp_path_factory) -> Path:
     return make_tiny_npz(tmp_path_factory.mktemp("data") / "tiny.npz")
 
 
+# Open MPI's launcher now and then fails before any rank starts (a known PMIx startup
+# race; seen once in the 38 Open MPI tests of a CI run on 2026-12-01, and again on
+# 2026-12-02 in a test that launched mpiexec through `env`): nothing of ours ran, so
+# that one failure is launched once more, whichever command started the launcher.
+LAUNCHER_FAILED = "PMIx server's listener thread failed to start"
+
+
 def run_command(args: list[str], timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """Run in a new session; on timeout kill it and its descendants (only them) and fail the test."""
+    """Run in a new session; on timeout kill it and its descendants (only them) and fail
+    the test. A launcher that failed before any rank ran is run once more."""
+    result = _run_once(args, timeout, cwd)
+    if result.returncode and LAUNCHER_FAILED in result.stderr:
+        result = _run_once(args, timeout, cwd)
+    return result
+
+
+def _run_once(args: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess:
     proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -59,19 +74,9 @@ def run_command(args: list[str], timeout: float, cwd: Path = ROOT) -> subprocess
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
-# Open MPI's launcher now and then fails before any rank starts (a known PMIx startup
-# race; seen once in the 38 Open MPI tests of a CI run on 2026-12-01): nothing of ours
-# ran, so that one failure is launched once more.
-LAUNCHER_FAILED = "PMIx server's listener thread failed to start"
-
-
 def mpi_train(ranks: int, *flags: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """`mpiexec -n RANKS asgd train FLAGS` as a user types it."""
-    command = [MPIEXEC, "-n", str(ranks), str(BIN / "asgd"), "train", "--quiet", *flags]
-    result = run_command(command, timeout)
-    if result.returncode and LAUNCHER_FAILED in result.stderr:
-        result = run_command(command, timeout)
-    return result
+    return run_command([MPIEXEC, "-n", str(ranks), str(BIN / "asgd"), "train", "--quiet", *flags], timeout)
 
 
 def assert_logged_once(run: Path, clients: int, steps: int, versions: int) -> None:
