@@ -20,6 +20,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+import numpy as np
 import torch
 
 from paramserver.config import PRECISIONS, ConfigError
@@ -83,6 +84,13 @@ class ClientOptimizer:
     def _step(self, grad: torch.Tensor, lr: float) -> None:
         raise NotImplementedError  # each optimizer's own
 
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """The optimizer's state as named arrays, copied (a checkpoint holds arrays, no pickle)."""
+        return {}
+
+    def load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """The state `state_arrays` gave, back in place: the steps go on as if never stopped."""
+
 
 class FlatSGD(ClientOptimizer):
     """torch's SGD on the flat vectors (its momentum buffer starts at zeros, which is
@@ -97,6 +105,13 @@ class FlatSGD(ClientOptimizer):
     def _step(self, grad: torch.Tensor, lr: float) -> None:
         s = self.settings
         sgd(self.weights, grad, self.buffer, lr=lr, momentum=s.momentum, weight_decay=s.weight_decay)
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        return {} if self.buffer is None else {"momentum_buffer": _array(self.buffer)}
+
+    def load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        if self.buffer is not None and "momentum_buffer" in arrays:
+            self.buffer.copy_(torch.from_numpy(arrays["momentum_buffer"]))
 
 
 class TorchOptimizer(ClientOptimizer):
@@ -124,6 +139,32 @@ class TorchOptimizer(ClientOptimizer):
             self._step(grad, lr)  # GradScaler.step skips the step whose gradient overflowed
         self.scaler.update()
 
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """torch's state_dict flattened: `state.I.NAME` for a tensor of parameter I,
+        `number.I.NAME` for a Python number (a user's optimizer may keep one), `scaler.NAME`
+        for GradScaler's. The groups' settings come from the config, not from here."""
+        arrays = {}
+        for index, values in self.optimizer.state_dict()["state"].items():
+            for name, value in values.items():
+                kind = "state" if torch.is_tensor(value) else "number"
+                arrays[f"{kind}.{index}.{name}"] = _array(value) if kind == "state" else np.array(value)
+        if self.scaler is not None:
+            arrays.update({f"scaler.{k}": np.array(v) for k, v in self.scaler.state_dict().items()})
+        return arrays
+
+    def load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        state: dict[int, dict[str, Any]] = {}
+        for key, value in arrays.items():
+            kind, _, rest = key.partition(".")
+            if kind in ("state", "number"):
+                index, _, name = rest.partition(".")
+                state.setdefault(int(index), {})[name] = torch.from_numpy(value.copy()) if kind == "state" \
+                    else value.item()
+        self.optimizer.load_state_dict({"state": state, "param_groups": self.optimizer.state_dict()["param_groups"]})
+        scaler = {key[len("scaler."):]: value.item() for key, value in arrays.items() if key.startswith("scaler.")}
+        if self.scaler is not None and scaler:
+            self.scaler.load_state_dict(scaler)
+
     def _step(self, grad: torch.Tensor, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -131,6 +172,10 @@ class TorchOptimizer(ClientOptimizer):
             self.optimizer.step()
         else:
             self.scaler.step(self.optimizer)
+
+
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().cpu().numpy().copy()
 
 
 def user_optimizer(factory: Callable[..., torch.optim.Optimizer], params: Iterable[torch.nn.Parameter],

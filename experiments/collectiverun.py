@@ -69,7 +69,7 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
                     life.progress.update(counts["minibatches"])
                     if step % every == 0 or step == cfg.steps:
                         files.submit(_save, life.run, setup, host_copy(clients[0].weights), step, now,
-                                     dict(counts), log.lines)
+                                     dict(counts), log.lines, shared_optimizer(cfg.mode, clients[0]))
                         if life.curve.inline:
                             files.wait()
                             life.curve.catch_up()
@@ -109,12 +109,19 @@ def _opened(life: RunLife, setup: RunSetup) -> tuple[dict[str, Any], int]:
     return {"minibatches": minibatches, "samples": samples}, life.checkpoint.lines[1]
 
 
+def shared_optimizer(mode: str, client: Client) -> dict[str, np.ndarray]:
+    """The optimizer state every client has, copied: in sync mode each steps with the same
+    averaged gradient, so one client's is all of theirs; in local-sgd each has its own
+    (none is kept: they restart as at a run's start)."""
+    return client.optimizer.state_arrays() if mode == "sync" else {}
+
+
 def _save(run: RunDir, setup: RunSetup, weights: np.ndarray, step: int, now: float, counts: dict[str, Any],
-          lines: int) -> None:
+          lines: int, optimizer: dict[str, np.ndarray] | None = None) -> None:
     """A snapshot of client 0's `weights` for the test error and, where every client holds
     the same weights (always in sync mode, at averaging steps in local-sgd), a checkpoint
-    to resume from."""
+    to resume from, with the clients' `optimizer` state where they share it."""
     cfg, k = setup.cfg, setup.clients
     save_point(run, Checkpoint(weights, step, now, (0, lines), (counts["minibatches"], counts["samples"], 0),
-                               np.full(k, step), np.zeros(k, np.int64)),
+                               np.full(k, step), np.zeros(k, np.int64), optimizer=optimizer or {}),
                resumable=cfg.mode == "sync" or step % cfg.n_sync == 0 or step == cfg.steps)

@@ -96,8 +96,11 @@ def starting_weights(cfg: RunConfig, dataset: Dataset, device: str,
 
 def start_client(client: Client, cfg: RunConfig, index: int, point: ResumePoint | None) -> int:
     """Position a client's data order and RNG at its first step (after a resume, its
-    last pushed step); returns that step. Dropout draws differ across clients and steps."""
+    last pushed step, and its optimizer's state where the checkpoint has it); returns
+    that step. Dropout draws differ across clients and steps."""
     step = point.client_steps[index] if point else 0
+    if point and point.optimizer:
+        client.optimizer.load_state_arrays(point.optimizer)
     client.sampler.seek(step)
     torch.manual_seed(int(np.random.SeedSequence([cfg.seed, index, step]).generate_state(1)[0]))
     return step

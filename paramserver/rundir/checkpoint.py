@@ -3,8 +3,9 @@
 `checkpoint/latest.npz` in the run directory holds flat arrays only, so it loads without
 pickle, with the SHA-256 of every array checked on load (paramserver/rundir/durable.py): the
 weights and their version, the run's clock, the rows of the two logs it accounts for,
-the tallies, and in an async run the Store's own arrays (each client's pulled version,
-the counters, the rule's state). Every mode writes this one type; resume reads it.
+the tallies, in an async run the Store's own arrays (each client's pulled version,
+the counters, the rule's state), in a sync run the clients' optimizer state (one for
+all: they step alike). Every mode writes this one type; resume reads it.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from paramserver.rundir.durable import CorruptFile, load_arrays, save_arrays
 from paramserver.rundir.layout import RunDir
 
 OWN = ("weights", "version", "time", "lines", "tally.counts", "tally.client_steps", "tally.client_pushes")
+OPTIMIZER = "optimizer."  # the prefix of the clients' optimizer state's arrays
 
 
 @dataclass
@@ -28,11 +30,14 @@ class Checkpoint:
     client_steps: np.ndarray         # each client's step at its last handled push
     client_pushes: np.ndarray        # each client's pushes handled
     store: dict[str, np.ndarray] = field(default_factory=dict)  # the Store's arrays (async runs)
+    # the clients' optimizer state where every client's is the same (sync mode: each
+    # steps with the same averaged gradient), as `ClientOptimizer.state_arrays` names it
+    optimizer: dict[str, np.ndarray] = field(default_factory=dict)
 
     def save(self, run: RunDir) -> None:
         """Atomically: a crash mid-write leaves the previous checkpoint whole."""
         save_arrays(run.checkpoint_path, {
-            **self.store, "weights": self.weights, "version": np.array(self.version), "time": np.array(self.time),
+            **self.store, **{OPTIMIZER + k: v for k, v in self.optimizer.items()}, "weights": self.weights, "version": np.array(self.version), "time": np.array(self.time),
             "lines": np.array(self.lines, np.int64), "tally.counts": np.array(self.counts, np.int64),
             "tally.client_steps": np.asarray(self.client_steps, np.int64),
             "tally.client_pushes": np.asarray(self.client_pushes, np.int64)})
@@ -53,7 +58,8 @@ class Checkpoint:
                    (int(arrays["lines"][0]), int(arrays["lines"][1])),
                    tuple(int(n) for n in arrays["tally.counts"]),
                    arrays["tally.client_steps"], arrays["tally.client_pushes"],
-                   {k: v for k, v in arrays.items() if k not in OWN})
+                   {k: v for k, v in arrays.items() if k not in OWN and not k.startswith(OPTIMIZER)},
+                   {k[len(OPTIMIZER):]: v for k, v in arrays.items() if k.startswith(OPTIMIZER)})
 
     @property
     def store_state(self) -> dict[str, np.ndarray]:

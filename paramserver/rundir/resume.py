@@ -17,9 +17,11 @@ run (model, data, clients, learning rates...) may not change.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from paramserver.config import USER_CODE, USER_CODE_KEYS, ConfigError, RunConfig, load_config
 from paramserver.rundir.checkpoint import Checkpoint
@@ -45,6 +47,7 @@ class ResumePoint:
     time: float                # the run's clock at the checkpoint
     client_steps: list[int]    # minibatches each client had run and pushed
     client_pushes: list[int]
+    optimizer: dict[str, np.ndarray] = field(default_factory=dict)  # every client's, where one for all
 
 
 def resumed_config(asked: dict[str, Any]) -> RunConfig:
@@ -160,7 +163,7 @@ def _json_object(line: bytes) -> bool:
 def resume_point(run_dir: str) -> ResumePoint:
     checkpoint = Checkpoint.load(RunDir(run_dir))
     return ResumePoint(checkpoint.time, [int(s) for s in checkpoint.client_steps],
-                       [int(p) for p in checkpoint.client_pushes])
+                       [int(p) for p in checkpoint.client_pushes], checkpoint.optimizer)
 
 
 def cut_back(run: RunDir, checkpoint: Checkpoint, steps: int, record: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from experiments.cli import main
@@ -64,3 +65,19 @@ def test_resume_from_a_corrupt_checkpoint_exits_2(tmp_path, tiny_npz, capsys):
     assert main(["train", "--resume", str(run), "--steps", "4"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "resume:" in err and "latest.npz" in err
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_a_sync_run_resumes_with_its_clients_optimizer_state(tmp_path, tiny_npz, optimizer):
+    """One optimizer state for all (they step alike) in the checkpoint: a run stopped at
+    step 7 and resumed ends with the very weights of one that never stopped (SGD's
+    momentum buffer, AdamW's moments and step)."""
+    flags = ["--data", str(tiny_npz), "--mode", "sync", "--clients", "2", "--steps", "10", "--eval-every", "2",
+             "--optimizer", optimizer]
+    assert train(*flags, "--out", str(tmp_path / "whole")) == 0
+    assert train(*flags, "--out", str(tmp_path / "resumed"), "--inject-fault", "1:7") == 1
+    assert train("--resume", str(tmp_path / "resumed")) == 0
+    whole, resumed = (np.load(tmp_path / name / "checkpoint" / "latest.npz") for name in ("whole", "resumed"))
+    assert int(resumed["version"]) == 10
+    np.testing.assert_array_equal(resumed["weights"], whole["weights"])
+    assert any(key.startswith("optimizer.") for key in resumed.files)
