@@ -40,7 +40,7 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
     asked at each evaluation step)."""
     cfg = setup.cfg
     k, samples_per_step = setup.clients, setup.clients * cfg.batch_size
-    every = eval_every(cfg, cfg.steps)
+    every = eval_every(setup, cfg.steps)
     recorder = 0 in indices
     counts: dict[str, Any] = {}
     with RunLife(setup, every, clock, lambda: counts, records=recorder) as life:

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from clients.data import Dataset
-from clients.evaluate import EvalItems, LiveCurve, curve_samples, final_measurement, keep_best
+from clients.evaluate import (RECALIBRATE_SAMPLES, EvalItems, LiveCurve, curve_samples, final_measurement,
+                              has_running_stats, keep_best)
 from clients.usercode import loss_function, metric_function
 from experiments.inputs import fingerprint
 from experiments.progress import Progress
@@ -43,9 +44,25 @@ class RunSetup:
     warm_rows: list[dict] = field(default_factory=list)   # the warm start's minibatches
 
 
-def eval_every(cfg: RunConfig, events: int) -> int:
-    """About 20 evaluations over `events` versions (or steps) unless the config sets it."""
-    return cfg.eval_every or max(1, events // 20)
+CURVE_POINTS = 20      # the curve's points in a run by default, but
+CURVE_SHARE = 0.25     # at most this share of training's compute in forward passes,
+FORWARDS_A_SAMPLE = 3  # counting a training sample (forward and backward) as this many
+
+
+def eval_every(setup: RunSetup, events: int) -> int:
+    """The versions (or steps) between points of the curve, over a run of `events`: as
+    the config sets it, else about CURVE_POINTS a run, fewer where that many would cost
+    more than CURVE_SHARE of training's compute, so a short run is not mostly its curve
+    (each point: the curve's test items, and for BatchNorm the recalibration's forward
+    passes; training: FORWARDS_A_SAMPLE a sample, fewer than it really takes)."""
+    cfg = setup.cfg
+    if cfg.eval_every:
+        return cfg.eval_every
+    point = len(curve_samples(len(setup.dataset.test), cfg.eval_samples, cfg.seed)) + \
+        (RECALIBRATE_SAMPLES if has_running_stats(setup.model) else 0)
+    trained = setup.clients * cfg.steps * cfg.batch_size * FORWARDS_A_SAMPLE
+    points = max(2, min(CURVE_POINTS, int(CURVE_SHARE * trained / point)))
+    return max(1, events // points)
 
 
 def record_dir(setup: RunSetup) -> RunDir:

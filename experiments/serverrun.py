@@ -51,7 +51,7 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
     sim. `link`: server 0's way to the other servers' slices, with sharded servers.
     """
     cfg, clients = setup.cfg, setup.clients
-    every = eval_every(cfg, cfg.async_versions(clients))
+    every = eval_every(setup, cfg.async_versions(clients))
     bounds = shard_bounds(setup.weights.size, cfg.servers)
     state = server_state(cfg, setup.weights[slice(*bounds[0])], clients, eval_every=every, apply_cost=apply_cost,
                          clock=clock)

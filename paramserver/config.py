@@ -147,7 +147,8 @@ class RunConfig:
     device: str = _key("auto", "auto (cuda:<local rank mod GPUs> with CUDA, else cpu), cpu or cuda[:N]")
     server_device: str = _key("cpu", "where the server keeps the weights and applies pushes: cpu (numpy) or "
                                      "cuda[:N] (a GPU; weights go to MPI through a pinned host buffer)")
-    eval_every: int = _key(0, "server versions between test evaluations (0: about 20 a run)")
+    eval_every: int = _key(0, "server versions between test evaluations (0: about 20 a run, fewer where "
+                              "20 would take more than a quarter of training's compute)")
     eval_samples: int = _key(0, "test samples per point of the test-error curve, a fixed seeded subset "
                                 "(0: 1,000, or the whole split if smaller); the final weights are always "
                                 "measured on the whole test split")

@@ -130,3 +130,23 @@ def test_auto_goes_live_only_where_a_core_is_spare(monkeypatch):
     assert not runrecord.spare_core({"ranks": ranks})      # a server and two clients on two cores
     assert runrecord.spare_core({"ranks": ranks[:1]})       # the simulator
     assert runrecord.spare_core({"ranks": ranks[:1] + [{"rank": 1, "host": "elsewhere"}] * 4})
+
+
+def test_a_short_run_gets_fewer_points_of_the_curve_than_a_long_one():
+    """About 20 points, fewer where 20 would cost more than a quarter of training's
+    forward passes; an eval_every set is kept."""
+    from types import SimpleNamespace
+
+    from experiments.runrecord import eval_every
+    from paramserver.config import RunConfig
+
+    def every(steps: int, net: nn.Module, **settings) -> int:
+        setup = SimpleNamespace(cfg=RunConfig(steps=steps, batch_size=32, **settings), clients=2, model=net,
+                                dataset=SimpleNamespace(test=range(2000)))
+        return eval_every(setup, events=2 * steps)
+
+    with_bn, without = model(), nn.Sequential(nn.Linear(5, 3))
+    assert every(300, with_bn) == 600 // 11   # 2 x 300 x 32 x 3 / 4 forward passes, 1,256 a point: 11 points
+    assert every(300, without) == 600 // 14   # 1,000 a point: 14
+    assert every(3000, with_bn) == 6000 // 20  # long enough for all 20
+    assert every(300, with_bn, eval_every=7) == 7
