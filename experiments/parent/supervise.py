@@ -202,13 +202,43 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+GONE_S = 10.0  # how long kill_tree waits for its victims to be gone
+
+
 def kill_tree(pid: int) -> None:
-    """SIGKILL a process and everything below it, nothing else."""
-    for victim in [pid, *descendants(pid)]:
-        try:
-            os.kill(victim, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    """SIGKILL a process and everything below it, nothing else, and return once they are
+    gone (or GONE_S passed). Each is stopped first, until a listing finds none new, so
+    none can start another between the listing and the kill (a sweep starts its next
+    point as one ends); the wait means what they held (a run directory's lock) is free
+    when this returns."""
+    victims: list[int] = []
+    new = [pid]
+    while new:
+        for victim in new:
+            _signal(victim, signal.SIGSTOP)
+        victims += new
+        new = [p for p in descendants(pid) if p not in victims]
+    for victim in victims:
+        _signal(victim, signal.SIGKILL)
+    deadline = time.monotonic() + GONE_S
+    while any(_alive(victim) for victim in victims) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _signal(pid: int, number: signal.Signals) -> None:
+    try:
+        os.kill(pid, number)
+    except ProcessLookupError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    """Running, or dying: not yet a zombie (whose files, locks included, are closed)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def direct_stdio() -> None:

@@ -6,6 +6,8 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,26 @@ def test_a_started_run_that_did_not_finish_failed_whatever_the_launchers_status(
     assert supervise._outcome(RunDir(tmp_path), 0, False, said) == 1  # Open MPI under ULFM ended 0
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == f"failed: {said}"
     assert supervise._outcome(RunDir(tmp_path / "never started"), 0, False, None) == 0
+
+
+def test_kill_tree_leaves_nothing_of_a_tree_that_keeps_starting_processes():
+    """A parent starting a child every few ms (as a sweep starts its next point): none
+    started between the listing and the kill survives, and all are gone on return."""
+    marker = "29.0417"  # a sleep no other process has
+    spawner = subprocess.Popen([sys.executable, "-c", "import subprocess, time\nwhile True:\n"
+                                f"    subprocess.Popen(['sleep', '{marker}'])\n    time.sleep(0.003)"],
+                               start_new_session=True)
+    deadline = time.monotonic() + 30  # a hang guard
+    while len(supervise.descendants(spawner.pid)) < 20 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    supervise.kill_tree(spawner.pid)
+    spawner.wait(timeout=30)
+    left = [p for p in Path("/proc").glob("[0-9]*/cmdline") if _reads(p).split(b"\0")[1:2] == [marker.encode()]]
+    assert left == []
+
+
+def _reads(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
