@@ -37,7 +37,8 @@ class Checkpoint:
     def save(self, run: RunDir) -> None:
         """Atomically: a crash mid-write leaves the previous checkpoint whole."""
         save_arrays(run.checkpoint_path, {
-            **self.store, **{OPTIMIZER + k: v for k, v in self.optimizer.items()}, "weights": self.weights, "version": np.array(self.version), "time": np.array(self.time),
+            **self.store, **{OPTIMIZER + k: v for k, v in self.optimizer.items()},
+            "weights": self.weights, "version": np.array(self.version), "time": np.array(self.time),
             "lines": np.array(self.lines, np.int64), "tally.counts": np.array(self.counts, np.int64),
             "tally.client_steps": np.asarray(self.client_steps, np.int64),
             "tally.client_pushes": np.asarray(self.client_pushes, np.int64)})

@@ -1,5 +1,6 @@
 """The host allocator's setting: made where glibc serves the process, left alone where the
 user chose the allocator or its settings."""
+import os
 import platform
 
 import pytest
@@ -11,7 +12,7 @@ GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's mallopt only")
 def test_glibc_is_told_to_keep_freed_memory(monkeypatch):
-    for name in ("LD_PRELOAD", "GLIBC_TUNABLES", "MALLOC_ARENA_MAX_"):
+    for name in ["LD_PRELOAD", "GLIBC_TUNABLES", *(name for name in os.environ if name.startswith("MALLOC_"))]:
         monkeypatch.delenv(name, raising=False)
     assert keep_freed_memory()
 
