@@ -157,21 +157,24 @@ def curve_row(items: EvalItems, model: nn.Module, version: int, path: Path, loss
 
 
 class LiveCurve:
-    """The curve as the run goes: with `live`, a thread that measures every snapshot once
-    it lands (looking every POLL_S), oldest first, appending its row to eval.jsonl (and, through
-    the run directory's tap, to TensorBoard). While the run trains the thread rests
-    after each point so that it measures at most LIVE_SHARE of the time (a core the
-    clients of a small machine would otherwise lose, and turns at the interpreter the
-    server would wait for); what is left when training ends, `finish` measures at full
-    speed (all of it, without `live`). A snapshot measured before (a resumed run's) is not
-    measured again."""
+    """The curve as the run goes: with a `share`, a thread that measures every snapshot
+    once it lands (looking every POLL_S), oldest first, appending its row to eval.jsonl (and,
+    through the run directory's tap, to TensorBoard). While the run trains the thread rests
+    after each point so that it measures at most `share` of the time (LIVE_SHARE where its
+    host has a core to spare; SHARED_CORE_SHARE, a trickle, where the run's ranks fill the
+    cores, so that the curve shows while a client loses little of its core and the server
+    few turns at the interpreter); what is left when training ends, `finish` measures at
+    full speed (all of it, with a share of 0). A snapshot measured before (a resumed run's)
+    is not measured again."""
 
     POLL_S = 0.5
     LIVE_SHARE = 0.25
+    SHARED_CORE_SHARE = 0.05
 
     def __init__(self, run: RunDir, model: nn.Module, read: Callable[[], EvalItems], loss: Loss | None,
-                 live: bool = True, target: float = 0.0, metric: Metric | None = None):
+                 share: float = LIVE_SHARE, target: float = 0.0, metric: Metric | None = None):
         self.run, self.model, self.read, self.loss, self.target = run, model, read, loss, target
+        self.share = share
         self.metric = metric
         self.measured = {row["version"] for row in run.rows("eval")}
         self.reached: dict | None = None  # the first point at or below `target` (stop_at_error)
@@ -179,7 +182,7 @@ class LiveCurve:
         self.items: EvalItems | None = None
         self.error: BaseException | None = None
         self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="asgd-live-curve", daemon=True) if live else None
+        self.thread = threading.Thread(target=self._run, name="asgd-live-curve", daemon=True) if share else None
         if self.thread is not None:
             self.thread.start()
 
@@ -195,7 +198,7 @@ class LiveCurve:
 
     def _measure_new(self, log, rest: bool = False, progress: Callable[[int], None] = lambda done: None) -> int:
         """Measure the snapshots not measured yet; returns how many. `rest`: pause after
-        each point for (1 / LIVE_SHARE - 1) times its time, ending early when training does."""
+        each point for (1 / share - 1) times its time, ending early when training does."""
         new = [(v, p) for v, p in self.run.snapshots() if v not in self.measured]
         for done, (version, path) in enumerate(new, start=1):
             start = time.perf_counter()
@@ -206,7 +209,7 @@ class LiveCurve:
             if self.target and self.reached is None and row["test_error"] <= self.target:
                 self.reached = row
             progress(done)
-            if rest and self.done.wait((time.perf_counter() - start) * (1 / self.LIVE_SHARE - 1)):
+            if rest and self.done.wait((time.perf_counter() - start) * (1 / self.share - 1)):
                 return done
         return len(new)
 

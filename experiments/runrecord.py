@@ -93,17 +93,21 @@ def live_curve(run: RunDir, setup: RunSetup) -> LiveCurve:
     model = copy.deepcopy(setup.model).to(setup.device)
     samples = curve_samples(len(dataset.test), cfg.eval_samples, cfg.seed)
     return LiveCurve(run, model, lambda: EvalItems.read(model, dataset.test, samples, dataset.train, cfg.seed),
-                     loss_function(cfg.loss), live_thread(cfg, setup.provenance), cfg.stop_at_error,
+                     loss_function(cfg.loss), live_share(cfg, setup.provenance), cfg.stop_at_error,
                      metric_function(cfg.metric))
 
 
-def live_thread(cfg: RunConfig, provenance: dict[str, Any]) -> bool:
-    """Whether the curve is measured by its thread: as eval_live says (auto: where a core
-    is spare, or a target must be seen while the run trains); never in the simulator
-    with a target, where each point is measured as its snapshot is taken (`catch_up`)."""
-    if cfg.stop_at_error and cfg.backend == "sim":
-        return False
-    return cfg.eval_live == "on" or cfg.eval_live == "auto" and (bool(cfg.stop_at_error) or spare_core(provenance))
+def live_share(cfg: RunConfig, provenance: dict[str, Any]) -> float:
+    """The share of its time the curve's thread may measure while the run trains (0: no
+    thread): as eval_live says; auto is on everywhere, at a trickle where the run's ranks
+    fill the host's cores (wall-clock curves are what a time-to-target study measures),
+    in full where a core is spare or a target must be seen promptly. Never in the
+    simulator with a target, where each point is measured as its snapshot is taken
+    (`catch_up`)."""
+    if cfg.stop_at_error and cfg.backend == "sim" or cfg.eval_live == "off":
+        return 0.0
+    full = cfg.eval_live == "on" or bool(cfg.stop_at_error) or spare_core(provenance)
+    return LiveCurve.LIVE_SHARE if full else LiveCurve.SHARED_CORE_SHARE
 
 
 def spare_core(provenance: dict[str, Any]) -> bool:

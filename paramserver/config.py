@@ -155,9 +155,10 @@ class RunConfig:
     stop_at_error: float = _key(0.0, "end the run (every rank, with its last pushes recorded) once a point of the "
                                       "test-error curve reaches this error; the summary says complete: reached "
                                       "target (0: train every step)")
-    eval_live: str = _key("auto", "measure the curve while the run trains, on a thread of the recording rank: on, "
-                                  "off (after training), or auto (on where its host has a core more than the "
-                                  "run's ranks there, so training never shares a core with it)")
+    eval_live: str = _key("auto", "measure the curve while the run trains, on a thread of the recording rank: on "
+                                  "(a quarter of the thread's time), off (after training), or auto (on where its "
+                                  "host has a core more than the run's ranks there; else a trickle, 5%, so the "
+                                  "curve shows while training keeps its cores)")
     stall_timeout: float = _key(600.0, "seconds any rank waits for a peer before failing the job")
     servers: int = _key(1, "server ranks (0..S-1), each holding a contiguous slice of the weights; "
                         "clients push and pull every slice at once")

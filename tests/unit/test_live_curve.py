@@ -113,16 +113,17 @@ def test_without_live_every_point_is_measured_after_training(parts):
     run, net, items, _, _ = parts
     for version in range(3):
         snapshot(run, net, version, 1.0 + version)
-    curve = LiveCurve(run, net, lambda: items, loss=None, live=False)
+    curve = LiveCurve(run, net, lambda: items, loss=None, share=0)
     assert curve.thread is None
     curve.finish()
     assert curve.live == 0 and [row["version"] for row in run.rows("eval")] == [0, 1, 2]
 
 
-def test_auto_goes_live_only_where_a_core_is_spare(monkeypatch):
+def test_auto_is_live_everywhere_at_a_trickle_where_the_ranks_fill_the_cores(monkeypatch):
     import socket
 
     from experiments import runrecord
+    from paramserver.config import RunConfig
 
     host = socket.gethostname()
     monkeypatch.setattr(runrecord.os, "cpu_count", lambda: 2)
@@ -130,6 +131,13 @@ def test_auto_goes_live_only_where_a_core_is_spare(monkeypatch):
     assert not runrecord.spare_core({"ranks": ranks})      # a server and two clients on two cores
     assert runrecord.spare_core({"ranks": ranks[:1]})       # the simulator
     assert runrecord.spare_core({"ranks": ranks[:1] + [{"rank": 1, "host": "elsewhere"}] * 4})
+
+    def share(ranks_on_host: list, **settings) -> float:
+        return runrecord.live_share(RunConfig(**settings), {"ranks": ranks_on_host})
+
+    assert share(ranks) == LiveCurve.SHARED_CORE_SHARE < LiveCurve.LIVE_SHARE
+    assert share(ranks[:1]) == share(ranks, eval_live="on") == share(ranks, stop_at_error=0.2) == LiveCurve.LIVE_SHARE
+    assert share(ranks[:1], eval_live="off") == share(ranks[:1], backend="sim", stop_at_error=0.2) == 0
 
 
 def test_a_short_run_gets_fewer_points_of_the_curve_than_a_long_one():
