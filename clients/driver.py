@@ -23,6 +23,9 @@ def run_client(transport: Link, client: Client, plan: ClientPlan,
     loop.take_weights(loop.landing, link.exchange(Outgoing(Tag.PULL, Pull()), loop.landing))
     while not loop.done:
         message, fetch = loop.advance()
+        state = loop.state_before(message)
+        if state is not None:
+            link.to_first(state)
         reply = link.exchange(message, loop.landing if fetch else None)
         if fetch:
             loop.take_weights(loop.landing, reply)

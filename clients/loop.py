@@ -21,7 +21,7 @@ from clients.client import Client
 from clients.stragglers import Stragglers
 from paramserver.config import Fault
 from paramserver.wire.compress import ErrorFeedback, make_codec
-from paramserver.wire.protocol import Outgoing, Pull, Push, Stop, Tag, Weights
+from paramserver.wire.protocol import Outgoing, Pull, Push, State, Stop, Tag, Weights
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class ClientLoop:
     pushes: int = 0
     done: bool = False
     stopping: bool = False        # the server said the run reached its target
+    state_due: bool = False       # the server asks for the optimizer's state: a checkpoint is due
     rows: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -65,6 +66,16 @@ class ClientLoop:
         says; a reply saying stop (the run reached its target) ends the loop here."""
         self.client.sync(self.codec.decode(data, self.client.incoming), reply.samples if reply else None)
         self.stopping = self.stopping or (reply is not None and reply.stop)
+        self.state_due = reply is not None and reply.state
+
+    def state_before(self, message: Outgoing) -> Outgoing | None:
+        """The optimizer's state, for server 0 just before `message` (MPI keeps one
+        sender's messages in order): before a push while the server asks for it, and
+        before STOP, where the optimizer keeps any."""
+        wanted = message.tag == Tag.STOP or message.tag == Tag.PUSH and self.state_due
+        if not wanted or not self.client.replica.optimizer.keeps_state:
+            return None
+        return Outgoing(Tag.STATE, State(self.step, self.client.optimizer.state_arrays()))
 
     def advance(self) -> tuple[Outgoing, bool]:
         """Train up to the next sync point: (the message to send, whether weights come back)."""

@@ -46,6 +46,12 @@ class OptimizerSettings:
     def autocast(self) -> torch.dtype | None:
         return AUTOCAST[self.precision]
 
+    @property
+    def keeps_state(self) -> bool:
+        """Whether a step depends on the steps before it (momentum, Adam's moments, fp16's
+        loss scale, whatever a user's optimizer keeps): the state a checkpoint must hold."""
+        return self.name != "sgd" or bool(self.momentum) or self.precision == "fp16"
+
     def build(self, weights: torch.Tensor, params: Callable[[], list[torch.nn.Parameter]]) -> "ClientOptimizer":
         """One client's optimizer for its flat `weights`; `params()`: the replica's
         parameters, bound to the client whenever it steps."""

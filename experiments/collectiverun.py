@@ -23,6 +23,7 @@ from clients.client import Client
 from clients.collective import Average, Straggle, collective_step
 from experiments.runlife import RunLife
 from experiments.runrecord import RunSetup, eval_every
+from paramserver.config import RunConfig
 from paramserver.recorder import Background
 from paramserver.rundir.checkpoint import Checkpoint, save_point
 from paramserver.rundir.durable import read_jsonl
@@ -62,14 +63,16 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
                 for fault in faults:
                     fault.strike(step)
                 everyone = gather(rows)
+                due = step % every == 0 or step == cfg.steps
+                states = optimizer_states(cfg, clients, gather, recorder) if due and _resumable(cfg, step) else {}
                 if recorder:
                     log.write_many(everyone)
                     counts["minibatches"] += len(everyone)
                     counts["samples"] += sum(r["samples"] for r in everyone)
                     life.progress.update(counts["minibatches"])
-                    if step % every == 0 or step == cfg.steps:
+                    if due:
                         files.submit(_save, life.run, setup, host_copy(clients[0].weights), step, now,
-                                     dict(counts), log.lines, shared_optimizer(cfg.mode, clients[0]))
+                                     dict(counts), log.lines, states)
                         if life.curve.inline:
                             files.wait()
                             life.curve.catch_up()
@@ -109,19 +112,31 @@ def _opened(life: RunLife, setup: RunSetup) -> tuple[dict[str, Any], int]:
     return {"minibatches": minibatches, "samples": samples}, life.checkpoint.lines[1]
 
 
-def shared_optimizer(mode: str, client: Client) -> dict[str, np.ndarray]:
-    """The optimizer state every client has, copied: in sync mode each steps with the same
-    averaged gradient, so one client's is all of theirs; in local-sgd each has its own
-    (none is kept: they restart as at a run's start)."""
-    return client.optimizer.state_arrays() if mode == "sync" else {}
+def optimizer_states(cfg: RunConfig, clients: list[Client], gather: Callable[[list], list | None],
+                     recorder: bool) -> dict[str, Any]:
+    """The clients' optimizer state for a checkpoint (Checkpoint's fields), copied: in sync
+    mode one for all (each steps with the same averaged gradient, so one client's is all
+    of theirs); in local-sgd each client's own, gathered from every rank (so every rank
+    calls this at the same steps)."""
+    if not clients[0].replica.optimizer.keeps_state:
+        return {}
+    if cfg.mode == "sync":
+        return {"optimizer": clients[0].optimizer.state_arrays()} if recorder else {}
+    states = gather([client.optimizer.state_arrays() for client in clients])
+    return {} if states is None else {"client_optimizers": dict(enumerate(states))}
+
+
+def _resumable(cfg: RunConfig, step: int) -> bool:
+    """Whether every client holds the same weights after `step`: always in sync mode, at
+    averaging steps in local-sgd."""
+    return cfg.mode == "sync" or step % cfg.n_sync == 0 or step == cfg.steps
 
 
 def _save(run: RunDir, setup: RunSetup, weights: np.ndarray, step: int, now: float, counts: dict[str, Any],
-          lines: int, optimizer: dict[str, np.ndarray] | None = None) -> None:
-    """A snapshot of client 0's `weights` for the test error and, where every client holds
-    the same weights (always in sync mode, at averaging steps in local-sgd), a checkpoint
-    to resume from, with the clients' `optimizer` state where they share it."""
-    cfg, k = setup.cfg, setup.clients
+          lines: int, optimizers: dict[str, Any] | None = None) -> None:
+    """A snapshot of client 0's `weights` for the test error and, where the run can go on
+    from it (`_resumable`), a checkpoint, with the clients' `optimizers` state."""
+    k = setup.clients
     save_point(run, Checkpoint(weights, step, now, (0, lines), (counts["minibatches"], counts["samples"], 0),
-                               np.full(k, step), np.zeros(k, np.int64), optimizer=optimizer or {}),
-               resumable=cfg.mode == "sync" or step % cfg.n_sync == 0 or step == cfg.steps)
+                               np.full(k, step), np.zeros(k, np.int64), **(optimizers or {})),
+               resumable=_resumable(setup.cfg, step))

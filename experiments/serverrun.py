@@ -13,6 +13,7 @@ import numpy as np
 
 from experiments.runlife import RunLife
 from experiments.runrecord import RunSetup, eval_every
+from experiments.start import clients_keep_state
 from paramserver.arrays import ServerArrays
 from paramserver.config import RunConfig
 from paramserver.handler import ServerState, ServerTally
@@ -54,7 +55,7 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
     every = eval_every(setup, cfg.async_versions(clients))
     bounds = shard_bounds(setup.weights.size, cfg.servers)
     state = server_state(cfg, setup.weights[slice(*bounds[0])], clients, eval_every=every, apply_cost=apply_cost,
-                         clock=clock)
+                         clock=clock, collects_states=clients_keep_state(cfg, clients))
     with RunLife(setup, every, clock, lambda: _counts(state)) as life:
         lines = (0, 0)
         if life.checkpoint is not None:

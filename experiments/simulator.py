@@ -172,7 +172,7 @@ class Simulation:
 
     def _arrive(self, server: InProcess, when: float, i: int, message: Outgoing) -> None:
         """With a replay order, pulls and pushes wait until the recorded order reaches them."""
-        if self.replay is None:
+        if self.replay is None or message.tag == Tag.STATE:  # a STATE waits for its push in the server
             self._serve(server, when, i, message)
             return
         self.parked[(message.tag, i)].append((when, message))
@@ -197,6 +197,9 @@ class Simulation:
         loop, clock = self.loops[i], self.clocks[i]
         clock.now = when
         message, fetch = loop.advance()
+        state = loop.state_before(message)
+        if state is not None:  # it arrives before the message it precedes
+            self._schedule(clock.now + self.timing.transfer(None), "arrive", i, state)
         sent = clock.now + self.timing.transfer(message.payload)
         self._schedule(sent, "arrive", i, message)
         if not fetch and not loop.done:

@@ -18,6 +18,12 @@ its sender is `deferred`, and the push that completes the step is answered toget
 with every deferred one, so `handle()` may return replies to earlier pushers. When every client
 still running waits so, no push can complete the step: it is taken with what was
 gathered (`release`, also the driver's after it loses a client).
+
+Where the clients' optimizer keeps state (`collects_states`, server 0), a checkpoint
+falls due with its snapshot but is taken only once every client still in the run has
+brought its state (a STATE just before its last push handled, or its STOP): from the
+snapshot on, replies ask for it (`Weights.state`), and the checkpoint then holds each
+client's state at the very step it records for that client. No client waits for it.
 """
 from __future__ import annotations
 
@@ -34,7 +40,7 @@ from paramserver.store import ApplyResult, Store
 from paramserver.wire import frame
 from paramserver.wire.compress import Codec
 from paramserver.wire.frame import Garbled
-from paramserver.wire.protocol import FROM_CLIENTS, Message, Push, Reply, Stop, Tag, Weights, well_formed
+from paramserver.wire.protocol import FROM_CLIENTS, Message, Push, Reply, State, Stop, Tag, Weights, well_formed
 
 
 class ClientLost(RuntimeError):
@@ -129,12 +135,21 @@ class ClientRows:
 
 @dataclass(frozen=True)
 class SnapshotDue:
-    """The version reached a multiple of eval_every: snapshot and checkpoint."""
+    """The version reached a multiple of eval_every: snapshot, and checkpoint unless it
+    waits for the clients' optimizer states (`CheckpointDue` then)."""
+
+    version: int
+    checkpoint: bool = True
+
+
+@dataclass(frozen=True)
+class CheckpointDue:
+    """Every client still in the run has brought its optimizer state since: checkpoint."""
 
     version: int
 
 
-Event = Applied | Rejected | Dropped | NoiseMeasured | ClientRows | SnapshotDue
+Event = Applied | Rejected | Dropped | NoiseMeasured | ClientRows | SnapshotDue | CheckpointDue
 
 
 @dataclass
@@ -149,7 +164,9 @@ class ServerState:
     (virtual in the simulator), by which a paced rule (`fresh_reply = "auto"`) times the
     clients to decide who waits (`pace`; otherwise the rule's `defers` decides). `stop`:
     whether the run reached its target (`stop_at_error`): every reply from then on tells
-    its client to stop.
+    its client to stop. `collects_states`: checkpoints hold the clients' optimizer states
+    (see the module's doc); `client_states`: client -> the state its last push handled (or
+    STOP) came with, where it came with one; `arrived_states`: those awaiting their push.
     """
 
     store: Store
@@ -164,6 +181,10 @@ class ServerState:
     deferred: list[int] = field(default_factory=list)  # client ranks whose replies wait for a step
     clock: Callable[[], float] = time.monotonic  # the run's clock, which `pace` times the clients by
     stop: Callable[[], bool] = lambda: False
+    collects_states: bool = False
+    client_states: dict[int, State] = field(default_factory=dict)
+    arrived_states: dict[int, State] = field(default_factory=dict)
+    checkpoint_due: bool = False
 
     def __post_init__(self) -> None:
         self.tally = self.tally or ServerTally(len(self.client_ranks))
@@ -203,15 +224,22 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
         return [], [_reject(state, msg.source, problem)]
     if msg.tag == Tag.FAIL:
         raise ClientFailed(msg.source, f"failed: {msg.header.reason}")
+    if msg.tag == Tag.STATE:
+        state.arrived_states[state.client(msg.source)] = msg.header
+        return [], []
     if msg.tag == Tag.STOP:
         state.tally.stops[msg.source] = msg.header
-        return release(state)
+        _took_state(state, msg.source, msg.header.steps)
+        replies, events = release(state)
+        return replies, events + _checkpoint_ready(state)
     if msg.tag == Tag.PULL:
         return [_weights_for(state, msg.source)], []
     version = state.store.version
     if state.pace is not None:
         state.pace.pushed(msg.source)
+    _took_state(state, msg.source, msg.header.step)
     result, events = _push(state, msg)
+    events += _checkpoint_ready(state)
     replies = []
     if msg.header.fetch and result.gathered and _waits(state, msg.source):
         state.deferred.append(msg.source)
@@ -283,7 +311,7 @@ def _weights_for(state: ServerState, rank: int) -> Reply:
         state.pace.replied(rank)
     data = state.codec.encode(weights)
     state.wire_bytes[1] += data.nbytes
-    return Reply(rank, Weights(version, weights.size, state.progress, state.stop()), data)
+    return Reply(rank, Weights(version, weights.size, state.progress, state.stop(), state.checkpoint_due), data)
 
 
 def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, list[Event]]:
@@ -324,7 +352,32 @@ def _outcome(state: ServerState, rank: int, client: int, result: ApplyResult, ap
 
 def _snapshot_due(state: ServerState) -> list[Event]:
     version = state.store.version
-    return [SnapshotDue(version)] if state.eval_every and version % state.eval_every == 0 else []
+    if not state.eval_every or version % state.eval_every:
+        return []
+    state.checkpoint_due = state.collects_states
+    return [SnapshotDue(version, checkpoint=not state.collects_states), *_checkpoint_ready(state)]
+
+
+def _took_state(state: ServerState, rank: int, step: int) -> None:
+    """A push or STOP at `step` from `rank` came in: the state sent just before it is
+    that client's now, or (none came, or of another step) it has none the server knows."""
+    client = state.client(rank)
+    arrived = state.arrived_states.pop(client, None)
+    if arrived is not None and arrived.step == step:
+        state.client_states[client] = arrived
+    else:
+        state.client_states.pop(client, None)
+
+
+def _checkpoint_ready(state: ServerState) -> list[Event]:
+    """The checkpoint waiting for the clients' states, once every client still in the run
+    has brought its own."""
+    lost = {state.client(rank) for rank in state.tally.lost}
+    if not state.checkpoint_due or any(c not in state.client_states and c not in lost
+                                       for c in range(len(state.client_ranks))):
+        return []
+    state.checkpoint_due = False
+    return [CheckpointDue(state.store.version)]
 
 
 def _client_rows(state: ServerState, client: int, header: Push, pulled: int, result: ApplyResult) -> ClientRows:

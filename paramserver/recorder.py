@@ -16,7 +16,8 @@ from typing import Any, Callable
 import numpy as np
 
 from paramserver.config import Fault
-from paramserver.handler import Applied, ClientRows, Dropped, Event, NoiseMeasured, Rejected, ServerState, SnapshotDue
+from paramserver.handler import (Applied, CheckpointDue, ClientRows, Dropped, Event, NoiseMeasured, Rejected,
+                                 ServerState, SnapshotDue)
 from paramserver.rundir.checkpoint import Checkpoint, save_point
 from paramserver.rundir.layout import RunDir
 
@@ -70,7 +71,8 @@ class Recorder:
         self.files = Background()
         self._writers: dict[type, Callable[[Any], None]] = {
             Applied: self._applied, Rejected: self._rejected, Dropped: self._dropped, NoiseMeasured: self._noise,
-            ClientRows: self._client_rows, SnapshotDue: lambda event: self.snapshot()}
+            ClientRows: self._client_rows, SnapshotDue: lambda event: self.snapshot(checkpoint=event.checkpoint),
+            CheckpointDue: lambda event: self.snapshot(evaluated=False)}
 
     def record(self, events: list[Event]) -> None:
         for event in events:
@@ -113,9 +115,10 @@ class Recorder:
         own = self.state.store.weights
         return own.copy() if self.gather is None else self.gather(own)
 
-    def snapshot(self) -> None:
-        """The weights for the test error and everything to resume from, copied now and
-        written in the background."""
+    def snapshot(self, evaluated: bool = True, checkpoint: bool = True) -> None:
+        """The weights for the test error (`evaluated`) and everything to resume from
+        (`checkpoint`: with the clients' optimizer states the server holds), copied now
+        and written in the background."""
         state, weights, now = self.state, self.weights(), self.clock()
         tally, store = state.tally, state.store
         self.server_log.flush()  # the rows the checkpoint counts are on disk before it is
@@ -123,9 +126,10 @@ class Recorder:
         point = Checkpoint(weights, store.version, now, (self.server_log.lines, self.client_log.lines),
                            (tally.minibatches, tally.samples, tally.rejected), tally.client_steps.copy(),
                            tally.client_pushes.copy(),
-                           {k: np.array(v, copy=True) for k, v in store.state().items() if k != "weights"})
-        self.files.submit(save_point, self.run, point)
-        if self.after_snapshot is not None:
+                           {k: np.array(v, copy=True) for k, v in store.state().items() if k != "weights"},
+                           client_optimizers={c: s.arrays for c, s in state.client_states.items()})
+        self.files.submit(save_point, self.run, point, checkpoint, evaluated)
+        if evaluated and self.after_snapshot is not None:
             self.files.wait()
             self.after_snapshot()
 

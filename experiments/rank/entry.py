@@ -76,7 +76,7 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
         transport.watch = PeerWatch(ranks, info["host"])
         parts = build(cfg, device, clients, [index] if index >= 0 else [])  # the barrier in `start` waits for it
         prov = provenance(library_version(), ranks) if transport.rank == 0 else {}
-        started = start(parts, out, records=transport.rank == 0, provenance=prov, share=_mpi_share(transport))
+        started = start(parts, out, records=transport.rank == 0, provenance=prov, share=_mpi_share(transport, servers))
         start_s, offset = time.perf_counter(), started.point.time if started.point else 0.0
         return _run_role(transport, started, parts.local[0] if parts.local else None, index, servers,
                      clock=lambda: offset + time.perf_counter() - start_s)
@@ -139,12 +139,15 @@ def _run_role(transport: Transport, started: Started, client: Client | None, ind
     return 0
 
 
-def _mpi_share(transport: Transport) -> Share:
-    """Rank 0's start weights and resume point, on every rank; time starts together on
-    every rank, after all setup (the barrier)."""
+def _mpi_share(transport: Transport, servers: int) -> Share:
+    """Rank 0's start weights and resume point, on every rank (with the optimizer state
+    of its own client alone: K clients' states are no rank's business but the client's);
+    time starts together on every rank, after all setup (the barrier)."""
     def share(weights: np.ndarray, point: ResumePoint | None) -> tuple[np.ndarray, ResumePoint | None]:
         transport.barrier()
-        return transport.bcast_array(weights), transport.bcast(point)
+        points = [point and point.only([rank - servers]) for rank in range(transport.size)] \
+            if transport.rank == 0 else None
+        return transport.bcast_array(weights), transport.scatter(points)
     return share
 
 

@@ -4,8 +4,9 @@
 pickle, with the SHA-256 of every array checked on load (paramserver/rundir/durable.py): the
 weights and their version, the run's clock, the rows of the two logs it accounts for,
 the tallies, in an async run the Store's own arrays (each client's pulled version,
-the counters, the rule's state), in a sync run the clients' optimizer state (one for
-all: they step alike). Every mode writes this one type; resume reads it.
+the counters, the rule's state), and the clients' optimizer state: one for all in a
+sync run (they step alike), each client's own in async and local-sgd runs. Every mode
+writes this one type; resume reads it.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from paramserver.rundir.layout import RunDir
 
 OWN = ("weights", "version", "time", "lines", "tally.counts", "tally.client_steps", "tally.client_pushes")
 OPTIMIZER = "optimizer."  # the prefix of the clients' optimizer state's arrays
+CLIENT_OPTIMIZER = "client_optimizer."  # of one client's: client_optimizer.I.NAME
 
 
 @dataclass
@@ -33,11 +35,15 @@ class Checkpoint:
     # the clients' optimizer state where every client's is the same (sync mode: each
     # steps with the same averaged gradient), as `ClientOptimizer.state_arrays` names it
     optimizer: dict[str, np.ndarray] = field(default_factory=dict)
+    # client -> its own optimizer state, at the step `client_steps` records for it
+    client_optimizers: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
 
     def save(self, run: RunDir) -> None:
         """Atomically: a crash mid-write leaves the previous checkpoint whole."""
+        own = {f"{CLIENT_OPTIMIZER}{c}.{k}": v
+               for c, arrays in self.client_optimizers.items() for k, v in arrays.items()}
         save_arrays(run.checkpoint_path, {
-            **self.store, **{OPTIMIZER + k: v for k, v in self.optimizer.items()},
+            **self.store, **{OPTIMIZER + k: v for k, v in self.optimizer.items()}, **own,
             "weights": self.weights, "version": np.array(self.version), "time": np.array(self.time),
             "lines": np.array(self.lines, np.int64), "tally.counts": np.array(self.counts, np.int64),
             "tally.client_steps": np.asarray(self.client_steps, np.int64),
@@ -55,12 +61,18 @@ class Checkpoint:
         missing = [key for key in OWN if key not in arrays]
         if missing:
             raise CorruptFile(f"{run.checkpoint_path}: not a checkpoint of this tool (no {missing[0]!r})")
+        own: dict[int, dict[str, np.ndarray]] = {}
+        for key, value in arrays.items():
+            if key.startswith(CLIENT_OPTIMIZER):
+                client, _, name = key[len(CLIENT_OPTIMIZER):].partition(".")
+                own.setdefault(int(client), {})[name] = value
         return cls(arrays["weights"], int(arrays["version"]), float(arrays["time"]),
                    (int(arrays["lines"][0]), int(arrays["lines"][1])),
                    tuple(int(n) for n in arrays["tally.counts"]),
                    arrays["tally.client_steps"], arrays["tally.client_pushes"],
-                   {k: v for k, v in arrays.items() if k not in OWN and not k.startswith(OPTIMIZER)},
-                   {k[len(OPTIMIZER):]: v for k, v in arrays.items() if k.startswith(OPTIMIZER)})
+                   {k: v for k, v in arrays.items()
+                    if k not in OWN and not k.startswith((OPTIMIZER, CLIENT_OPTIMIZER))},
+                   {k[len(OPTIMIZER):]: v for k, v in arrays.items() if k.startswith(OPTIMIZER)}, own)
 
     @property
     def store_state(self) -> dict[str, np.ndarray]:
@@ -68,9 +80,11 @@ class Checkpoint:
         return {**self.store, "weights": self.weights, "version": np.array(self.version)}
 
 
-def save_point(run: RunDir, point: Checkpoint, resumable: bool = True) -> None:
-    """The point's weights as a snapshot (for the test error, at its version and time)
-    and, where the run could go on from it, as the checkpoint: every mode records so."""
-    run.save_snapshot(point.weights, point.version, point.time, point.counts[0])
+def save_point(run: RunDir, point: Checkpoint, resumable: bool = True, evaluated: bool = True) -> None:
+    """The point's weights as a snapshot (for the test error, at its version and time:
+    `evaluated`) and, where the run could go on from it, as the checkpoint: every mode
+    records so."""
+    if evaluated:
+        run.save_snapshot(point.weights, point.version, point.time, point.counts[0])
     if resumable:
         point.save(run)

@@ -17,7 +17,7 @@ run (model, data, clients, learning rates...) may not change.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,15 @@ class ResumePoint:
     client_steps: list[int]    # minibatches each client had run and pushed
     client_pushes: list[int]
     optimizer: dict[str, np.ndarray] = field(default_factory=dict)  # every client's, where one for all
+    client_optimizers: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)  # client -> its own
+
+    def optimizer_of(self, client: int) -> dict[str, np.ndarray]:
+        """The optimizer state `client` goes on with ({}: a fresh one)."""
+        return self.client_optimizers.get(client, self.optimizer)
+
+    def only(self, clients: list[int]) -> "ResumePoint":
+        """This point with the own states of `clients` alone (what one rank needs of it)."""
+        return replace(self, client_optimizers={c: s for c, s in self.client_optimizers.items() if c in clients})
 
 
 def resumed_config(asked: dict[str, Any]) -> RunConfig:
@@ -163,7 +172,7 @@ def _json_object(line: bytes) -> bool:
 def resume_point(run_dir: str) -> ResumePoint:
     checkpoint = Checkpoint.load(RunDir(run_dir))
     return ResumePoint(checkpoint.time, [int(s) for s in checkpoint.client_steps],
-                       [int(p) for p in checkpoint.client_pushes], checkpoint.optimizer)
+                       [int(p) for p in checkpoint.client_pushes], checkpoint.optimizer, checkpoint.client_optimizers)
 
 
 def cut_back(run: RunDir, checkpoint: Checkpoint, steps: int, record: dict[str, Any]) -> None:

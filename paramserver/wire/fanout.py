@@ -27,6 +27,10 @@ class ServerLink:
                  timeout: float):
         self.transport, self.servers, self.bounds, self.timeout = transport, servers, bounds, timeout
 
+    def to_first(self, message: Outgoing) -> None:
+        """A message for server 0 alone (which records the run): a client's STATE."""
+        self.transport.send(self.servers[0], message.tag, message.header, timeout=self.timeout)
+
     def exchange(self, message: Outgoing, into: np.ndarray | None) -> Weights | None:
         """Send `message`; with `into`, the servers' weights come back into it, and server
         0's header is returned (its progress, the lr schedule's; whether to stop)."""

@@ -15,7 +15,7 @@ place, with no copy. Any other vector (compressed, GPU-staged, a shard's slice a
 first) is copied into a block first, or out of one after (paramserver/wire/transport.py).
 Not a derived MPI datatype over the parts: MPICH packs those in pieces that move only
 while both sides poll (measured: 8 MB pushes to sharded servers crawled at 2 a second).
-Rare messages (PULL, STOP, FAIL, BYE) stay pickled dataclasses: they cost a message each,
+Rare messages (PULL, STOP, FAIL, BYE, STATE) stay pickled dataclasses: they cost a message each,
 not one per minibatch.
 """
 from __future__ import annotations
@@ -75,8 +75,8 @@ def write_header(out: np.ndarray, tag: int, header: Push | Weights, rank: int, r
     server's weights share its room.)"""
     if isinstance(header, Push):
         fields = (DTYPES.index(header.dtype), header.fetch, header.step, 0, header.size)
-    else:  # a reply's step field carries the server's progress in samples, its fetch byte the stop
-        fields = (0, header.stop, header.samples, header.version, header.size)
+    else:  # a reply's step field carries the server's progress in samples, its fetch byte two flags
+        fields = (0, header.stop | header.state << 1, header.samples, header.version, header.size)
     dtype, fetch, step, version, length = fields
     _FIELDS.pack_into(out, 0, MAGIC, FORMAT, tag, dtype, fetch, rank, step, version, length, len(rows))
     _CRC.pack_into(out, _FIELDS.size, zlib.crc32(out[:_FIELDS.size]))
@@ -104,11 +104,12 @@ def decode(tag: int, head: np.ndarray, rows: np.ndarray | bytes, rank: int) -> P
         return Garbled("a framed message without the frame's magic bytes")
     if _CRC.unpack_from(head, _FIELDS.size)[0] != zlib.crc32(head[:_FIELDS.size]):
         return Garbled("a frame header whose checksum does not match")
-    if (fmt, wire_tag, client) != (FORMAT, tag, rank) or dtype >= len(DTYPES) or fetch > 1 or nrows != len(rows):
+    flags = 3 if tag == Tag.WEIGHTS else 1  # a reply's stop and state, a push's fetch
+    if (fmt, wire_tag, client) != (FORMAT, tag, rank) or dtype >= len(DTYPES) or fetch > flags or nrows != len(rows):
         return Garbled(f"a frame header of format {fmt}, tag {wire_tag}, rank {client}, dtype code {dtype}, "
                        f"fetch {fetch}, {nrows} row bytes ({len(rows)} came) on tag {tag} for rank {rank}")
     if tag == Tag.WEIGHTS:
-        return Weights(version, length, step, bool(fetch))
+        return Weights(version, length, step, bool(fetch & 1), bool(fetch & 2))
     try:
         decoded = json.loads(bytes(rows)) if nrows else []
     except (UnicodeDecodeError, ValueError):

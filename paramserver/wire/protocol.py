@@ -3,7 +3,7 @@
 A message is a header (a frozen dataclass) and, for a push or weights, a payload. On the
 wire a push and its weights reply are each ONE MPI message, a fixed binary header in
 front of the payload's bytes (paramserver/wire/frame.py: no pickle on the hot path); the
-rare messages (PULL, STOP, FAIL, BYE) are pickled dataclasses.
+rare messages (PULL, STOP, FAIL, BYE, STATE) are pickled dataclasses.
 
 Message sequence (one client; the server serves all clients in arrival order):
 
@@ -13,16 +13,23 @@ Message sequence (one client; the server serves all clients in arrival order):
       |   n_push local minibatches            |
       | -- PUSH(rows, fetch=True) + data ---> |  checks, applies, logs staleness
       | <---------- WEIGHTS(version) + data - |  (only when the push asks to fetch)
+      |   while WEIGHTS say `state` (a        |
+      |   checkpoint is due), each push comes |
+      |   after STATE(step, optimizer arrays) |  held until the checkpoint, written once
+      |   ...                                 |  every client's last push brought one
       |   ... until the step budget is done,  |
       |   or a WEIGHTS says stop (the run     |
       |   reached its stop_at_error; work not |
       |   pushed yet goes in one PUSH first)  |
-      | -- STOP(steps, pushes) -------------> |  ends when every client has stopped (or is lost)
+      | -- STATE, STOP(steps, pushes) ------> |  ends when every client has stopped (or is lost)
       | <---------------------- BYE(lost) --- |  once the run is recorded; then all exit
       | -- FAIL(reason) --------------------> |  on an exception; then the job aborts
 
 With n_fetch != n_push a client also sends PUSH(fetch=False) (no reply) or a bare
-PULL at its fetch steps. With S sharded servers (ranks 0..S-1, `shard_bounds`) a
+PULL at its fetch steps. STATE is sent only by clients whose optimizer keeps state
+(momentum, Adam's moments), to server 0 only: a checkpoint of an async run then holds
+each client's state at the step it records for that client, so a resume goes on with
+it. With S sharded servers (ranks 0..S-1, `shard_bounds`) a
 client sends each message to every server, each push carrying that server's slice
 (rows go to server 0 only), and takes WEIGHTS from each; server 0 reads the other
 servers' slices with PULL for snapshots, and says BYE to them last. `rows` carries the client's per-minibatch log rows, so only
@@ -44,8 +51,9 @@ class Tag(IntEnum):
     STOP = 3
     FAIL = 4
     WEIGHTS = 5
-    GATHER = 7     # a small object on its way to a gather's root (startup, sync modes' rows)
+    GATHER = 7     # a small object to or from the root of a gather or scatter (startup, sync modes' rows)
     BYE = 8
+    STATE = 9      # a client's optimizer state, for the checkpoint (before a push or STOP)
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,12 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class State:
+    step: int                  # the client's minibatch count: that of the push or STOP it precedes
+    arrays: dict[str, np.ndarray]  # `ClientOptimizer.state_arrays()`
+
+
+@dataclass(frozen=True)
 class Fail:
     reason: str
 
@@ -84,6 +98,7 @@ class Weights:
     size: int
     samples: int = 0           # the server's progress (paramserver/schedule.py): the lr they train at
     stop: bool = False         # the run reached its target (stop_at_error): the client stops here
+    state: bool = False        # a checkpoint is due: send the optimizer's state before each push
 
 
 @dataclass(frozen=True)
@@ -156,8 +171,9 @@ def shard_bounds(size: int, servers: int) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:]))
 
 
-HEADERS = {Tag.PULL: Pull, Tag.PUSH: Push, Tag.STOP: Stop, Tag.FAIL: Fail, Tag.WEIGHTS: Weights, Tag.BYE: Bye}
-FROM_CLIENTS = (Tag.PULL, Tag.PUSH, Tag.STOP, Tag.FAIL)
+HEADERS = {Tag.PULL: Pull, Tag.PUSH: Push, Tag.STOP: Stop, Tag.FAIL: Fail, Tag.WEIGHTS: Weights, Tag.BYE: Bye,
+           Tag.STATE: State}
+FROM_CLIENTS = (Tag.PULL, Tag.PUSH, Tag.STOP, Tag.FAIL, Tag.STATE)
 _LOGGABLE = (int, float, str, bool, type(None))
 
 
@@ -185,6 +201,9 @@ def well_formed(tag: int, header: Any) -> bool:
                 and all(isinstance(v, _LOGGABLE) for row in header.rows for v in row.values()))
     if isinstance(header, Stop):
         return _is_int(header.steps) and _is_int(header.pushes)
+    if isinstance(header, State):
+        return _is_int(header.step) and isinstance(header.arrays, dict) and all(
+            isinstance(k, str) and isinstance(v, np.ndarray) and v.dtype != object for k, v in header.arrays.items())
     return True
 
 

@@ -327,6 +327,13 @@ class Transport:
             return None
         return [obj if rank == root else self._gathered(rank) for rank in range(self.size)]
 
+    def scatter(self, objs: list[Any] | None, root: int = 0) -> Any:
+        """Each rank its own item of `root`'s list (one a rank), sent to that rank alone."""
+        if self.rank != root:
+            return self._gathered(root)
+        self.send_many([(rank, Tag.GATHER, obj, None) for rank, obj in enumerate(objs) if rank != root], self.timeout)
+        return objs[root]
+
     def _gathered(self, rank: int) -> Any:
         msg = self.recv(self.timeout, source=rank)
         if msg.tag == Tag.FAIL:  # it failed instead of sending its part

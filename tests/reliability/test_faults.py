@@ -142,19 +142,24 @@ def test_with_continue_a_killed_client_is_recorded_and_the_run_completes(tmp_pat
 def test_a_whole_job_killed_mid_run_resumes_with_every_minibatch_once(tmp_path, tiny_npz):
     """mpiexec and every rank SIGKILLed, mid-write perhaps. With DC-ASGD, whose state
     (each client's pulled weights, the mean square) the resumed server must take from
-    the checkpoint."""
+    the checkpoint, and AdamW on the clients, whose state (Adam counts its steps) each
+    client must get back from it, at the step the checkpoint records for that client."""
     run = tmp_path / "run"
     job = start([MPIEXEC, "-n", "4", str(BIN / "asgd"), "train", *flags(tiny_npz, "--lr", "0.01",
-                 "--steps", "400", "--eval-every", "100", "--rule", "dcasgd"), "--out", str(run)])
+                 "--steps", "400", "--eval-every", "100", "--rule", "dcasgd", "--optimizer", "adamw"),
+                 "--out", str(run)])
     rank_pid(job, 0, run, 450)
     kill_tree(job.pid)
     job.communicate()
     assert not (run / "summary.json").exists()
     saved = load_arrays(run / "checkpoint" / "latest.npz")
     assert {"rule.backup.0", "rule.backup.1", "rule.backup.2", "rule.meansquare"} <= set(saved)
+    assert [int(saved[f"client_optimizer.{c}.state.0.step"]) for c in range(3)] == saved["tally.client_steps"].tolist()
     result = mpi_train(4, "--resume", str(run), timeout=180)
     assert result.returncode == 0, result.stderr
     assert_logged_once(run, clients=3, steps=400, versions=1200)
+    final = load_arrays(run / "checkpoint" / "latest.npz")
+    assert [int(final[f"client_optimizer.{c}.state.0.step"]) for c in range(3)] == [400] * 3
 
 
 def test_with_continue_a_failing_client_is_recorded_and_the_run_completes(tmp_path, tiny_npz):

@@ -67,17 +67,38 @@ def test_resume_from_a_corrupt_checkpoint_exits_2(tmp_path, tiny_npz, capsys):
     assert err.count("\n") == 1 and "resume:" in err and "latest.npz" in err
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-def test_a_sync_run_resumes_with_its_clients_optimizer_state(tmp_path, tiny_npz, optimizer):
-    """One optimizer state for all (they step alike) in the checkpoint: a run stopped at
-    step 7 and resumed ends with the very weights of one that never stopped (SGD's
-    momentum buffer, AdamW's moments and step)."""
-    flags = ["--data", str(tiny_npz), "--mode", "sync", "--clients", "2", "--steps", "10", "--eval-every", "2",
-             "--optimizer", optimizer]
+@pytest.mark.parametrize("mode,optimizer", [("sync", "sgd"), ("sync", "adamw"), ("local-sgd", "adamw")])
+def test_a_collective_run_resumes_with_its_clients_optimizer_state(tmp_path, tiny_npz, mode, optimizer):
+    """The optimizer state in the checkpoint: one for all in sync mode (they step alike),
+    each client's own in local-sgd. A run stopped at step 7 (local-sgd: back to its
+    averaging step 6) and resumed ends with the very weights of one that never stopped
+    (SGD's momentum buffer, AdamW's moments and step)."""
+    flags = ["--data", str(tiny_npz), "--mode", mode, "--clients", "2", "--steps", "10", "--eval-every", "2",
+             "--n-sync", "2", "--optimizer", optimizer]
     assert train(*flags, "--out", str(tmp_path / "whole")) == 0
     assert train(*flags, "--out", str(tmp_path / "resumed"), "--inject-fault", "1:7") == 1
     assert train("--resume", str(tmp_path / "resumed")) == 0
     whole, resumed = (np.load(tmp_path / name / "checkpoint" / "latest.npz") for name in ("whole", "resumed"))
     assert int(resumed["version"]) == 10
     np.testing.assert_array_equal(resumed["weights"], whole["weights"])
-    assert any(key.startswith("optimizer.") for key in resumed.files)
+    prefix = "optimizer." if mode == "sync" else "client_optimizer.1."
+    assert any(key.startswith(prefix) for key in resumed.files)
+
+
+def test_an_async_run_resumes_with_each_clients_optimizer_state(tmp_path, tiny_npz):
+    """Each client's AdamW state in the checkpoint, at the step it records for that
+    client (Adam counts its steps: the two agree), and back on the client after a resume:
+    at the end every client's optimizer has counted all its steps, not those since."""
+    from paramserver.rundir.checkpoint import Checkpoint
+    from paramserver.rundir.layout import RunDir
+
+    run = tmp_path / "run"
+    assert train("--data", str(tiny_npz), "--out", str(run), "--clients", "3", "--steps", "12", "--eval-every", "4",
+                 "--rule", "add", "--optimizer", "adamw", "--inject-fault", "0:10") == 1
+    stopped = Checkpoint.load(RunDir(run))
+    assert 0 < stopped.version < 10 and sorted(stopped.client_optimizers) == [0, 1, 2]
+    assert [int(stopped.client_optimizers[c]["state.0.step"]) for c in range(3)] == stopped.client_steps.tolist()
+    assert train("--resume", str(run)) == 0
+    assert_logged_once(run, clients=3, steps=12, versions=36)
+    final = Checkpoint.load(RunDir(run))
+    assert [int(final.client_optimizers[c]["state.0.step"]) for c in range(3)] == [12] * 3

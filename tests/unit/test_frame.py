@@ -67,13 +67,18 @@ def test_a_vector_from_empty_has_room_around_it_and_its_views_find_it():
     assert frame.around(np.empty(10, np.float32).view(np.uint8), 0) is None
 
 
-def test_a_reply_says_stop_in_its_header():
+def test_a_reply_says_stop_and_asks_for_the_optimizer_state_in_its_header():
     import numpy as np
 
     from paramserver.wire import frame
-    from paramserver.wire.protocol import Tag, Weights
+    from paramserver.wire.protocol import Push, Tag, Weights
 
     head = np.zeros(frame.HEADER_BYTES, np.uint8)
     for stop in (False, True):
-        frame.write_header(head, Tag.WEIGHTS, Weights(7, 10, 640, stop), rank=0)
-        assert frame.decode(Tag.WEIGHTS, head, b"", rank=0) == Weights(7, 10, 640, stop)
+        for state in (False, True):
+            frame.write_header(head, Tag.WEIGHTS, Weights(7, 10, 640, stop, state), rank=0)
+            assert frame.decode(Tag.WEIGHTS, head, b"", rank=0) == Weights(7, 10, 640, stop, state)
+    frame.write_header(head, Tag.PUSH, Push(3, 10, True), rank=1)
+    head[7] = 3  # a push's fetch byte holds one flag only
+    head[40:44] = np.frombuffer(frame._CRC.pack(frame.zlib.crc32(head[:frame._FIELDS.size])), np.uint8)
+    assert "fetch 3" in frame.decode(Tag.PUSH, head, b"", rank=1).why

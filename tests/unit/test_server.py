@@ -137,3 +137,56 @@ def test_fresh_auto_times_the_clients_with_one_server_and_waits_with_several():
     assert fresh_state(2, fresh_reply="auto").pace is not None and fresh_state(2, fresh_reply="wait").pace is None
     sharded = make_rule("fresh", RunConfig(fresh_reply="auto", servers=2), 2)
     assert not sharded.paced and sharded.defers
+
+
+def test_a_checkpoint_waits_for_every_clients_optimizer_state_and_no_client_waits_for_it():
+    """Where the clients' optimizer keeps state, the snapshot at the due version goes out
+    at once, the replies from then on ask for the state, and the checkpoint is taken once
+    each client's last push (or STOP) came after its STATE of that step; a STATE of
+    another step does not count. Every push is answered at once all the while."""
+    import numpy as np
+
+    from paramserver.handler import CheckpointDue, ServerState, SnapshotDue, handle
+    from paramserver.rules import make_rule
+    from paramserver.store import Store
+    from paramserver.wire.protocol import Message, Pull, Push, State, Stop
+
+    state = ServerState(Store(np.zeros(4, np.float32), make_rule("add", RunConfig())), [1, 2], eval_every=2,
+                        collects_states=True)
+    moment = {rank: np.full(3, float(rank), np.float32) for rank in (1, 2)}
+
+    def push(rank: int, step: int, with_state: int | None = None):
+        if with_state is not None:
+            assert handle(state, Message(rank, Tag.STATE, State(with_state, {"m": moment[rank]}))) == ([], [])
+        replies, events = handle(state, Message(rank, Tag.PUSH, Push(step, 4, True), np.ones(4, np.float32)))
+        [reply] = replies  # answered at once, whatever the checkpoint waits for
+        return reply.header.state, [e for e in events if isinstance(e, (SnapshotDue, CheckpointDue))]
+
+    for rank in (1, 2):
+        handle(state, Message(rank, Tag.PULL, Pull()))
+    assert push(1, 1) == (False, [])
+    assert push(2, 1) == (True, [SnapshotDue(2, checkpoint=False)])  # due: its replies ask for the states
+    assert push(1, 2, with_state=2) == (True, [])                    # client 2's is still to come
+    assert push(2, 3, with_state=2) == (True, [SnapshotDue(4, checkpoint=False)])  # of step 2, with step 3's push
+    assert push(2, 4, with_state=4) == (False, [CheckpointDue(5)])  # each client's last push brought its own
+    assert push(1, 3) == (True, [SnapshotDue(6, checkpoint=False)])  # without one: client 1's is stale now
+    handle(state, Message(1, Tag.STATE, State(3, {"m": moment[1]})))
+    replies, events = handle(state, Message(1, Tag.STOP, Stop(3, 3)))  # a STOP brings the state too
+    assert events == [CheckpointDue(6)] and not state.checkpoint_due
+    assert {c: s.step for c, s in state.client_states.items()} == {0: 3, 1: 4}
+    assert state.tally.client_steps.tolist() == [3, 4]  # the steps the checkpoint records for them
+
+
+def test_a_malformed_state_is_rejected_and_never_reaches_a_checkpoint():
+    import numpy as np
+
+    from paramserver.handler import Rejected, ServerState, handle
+    from paramserver.rules import make_rule
+    from paramserver.store import Store
+    from paramserver.wire.protocol import Message, State
+
+    state = ServerState(Store(np.zeros(4, np.float32), make_rule("add", RunConfig())), [1], collects_states=True)
+    for bad in (State(1, {"m": np.array([object()])}), State("1", {}), State(1, [np.zeros(2)]), State(1, {3: np.zeros(2)})):
+        [], [event] = handle(state, Message(1, Tag.STATE, bad))
+        assert isinstance(event, Rejected) and "malformed" in event.reason
+    assert state.arrived_states == {} and state.tally.rejected == 4
