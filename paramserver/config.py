@@ -157,8 +157,8 @@ class RunConfig:
                                       "target (0: train every step)")
     eval_live: str = _key("auto", "measure the curve while the run trains, on a thread of the recording rank: on "
                                   "(a quarter of the thread's time), off (after training), or auto (on where its "
-                                  "host has a core more than the run's ranks there; else a trickle, 5%, so the "
-                                  "curve shows while training keeps its cores)")
+                                  "host has a core more than the run's ranks there; else at a trickle, a twentieth, "
+                                  "so the curve shows while training keeps its cores)")
     stall_timeout: float = _key(600.0, "seconds any rank waits for a peer before failing the job")
     servers: int = _key(1, "server ranks (0..S-1), each holding a contiguous slice of the weights; "
                         "clients push and pull every slice at once")

@@ -43,6 +43,9 @@ class StubClient:
     def take_weights(self, weights: np.ndarray, samples: int | None = None) -> None:
         assert weights.shape == (SIZE,)
 
+    def state_before(self, message: Outgoing) -> None:
+        """No optimizer, so no state to send for a checkpoint."""
+
     def advance(self) -> tuple[Outgoing, bool]:
         """1 to 3 minibatches of virtual time, then what a client sends at a sync point."""
         for _ in range(self.rng.integers(1, 4)):
