@@ -15,6 +15,10 @@ can (no compute) for SECONDS, to S servers each holding a slice (`--servers`): p
 fraction of its time the server was busy handling messages, and its resident memory
 after the first tenth of the time and at the end.
 Results go to --json (rank 0). `asgd bench` runs both and prints the table.
+
+A client rank imports no torch (the server's modules are imported where a server is
+made): `load`'s 16 client processes would otherwise spend about 1.5 CPU-seconds each
+importing it, 12 s of wall time on 2 cores before the first push.
 """
 from __future__ import annotations
 
@@ -24,26 +28,21 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 from mpi4py import MPI
 
-import torch
-
-from clients.buffers import host_empty
-from paramserver.config import RunConfig
-from paramserver.handler import ServerState
-from paramserver.recorder import Recorder
-from paramserver.rules import make_rule
-from paramserver.rundir.layout import RunDir
-from paramserver.server import ServerLoop
-from paramserver.store import Store
+from paramserver.wire import frame
 from paramserver.wire.fanout import ServerLink
 from paramserver.wire.protocol import Outgoing, Pull, Push, Stop, Tag, shard_bounds
 from paramserver.wire.transport import Transport
 
 from experiments.bench.trials import interleave
+
+if TYPE_CHECKING:
+    from paramserver.server import ServerLoop
+    from paramserver.store import Store
 
 WARMUP = 3
 
@@ -80,9 +79,13 @@ def serve_clients(transport: Transport, size: int, clients: int, servers: int = 
                   progress: Callable[[int], None] = lambda minibatches: None) -> ServerLoop:
     """A server rank: the real server loop, recording into a scratch run directory, on its
     slice of a `size`-float model, until every client stops."""
+    from paramserver.handler import ServerState
+    from paramserver.recorder import Recorder
+    from paramserver.rundir.layout import RunDir
+    from paramserver.server import ServerLoop
+
     lo, hi = shard_bounds(size, servers)[transport.rank]
-    state = ServerState(Store(np.zeros(hi - lo, np.float32), make_rule("add", RunConfig())),
-                        list(range(servers, servers + clients)))
+    state = ServerState(add_store(hi - lo), list(range(servers, servers + clients)))
     with tempfile.TemporaryDirectory() as folder:
         run = RunDir(folder)
         run.create()
@@ -93,6 +96,15 @@ def serve_clients(transport: Transport, size: int, clients: int, servers: int = 
         finally:
             recorder.close()
     return loop
+
+
+def add_store(size: int) -> Store:
+    """A server's store of `size` zeros with the `add` rule."""
+    from paramserver.config import RunConfig
+    from paramserver.rules import make_rule
+    from paramserver.store import Store
+
+    return Store(np.zeros(size, np.float32), make_rule("add", RunConfig()))
 
 
 def rss_mb() -> float:
@@ -112,8 +124,8 @@ def push_pull(link: ServerLink, payload: np.ndarray, into: np.ndarray, step: int
 
 
 def client_vectors(size: int) -> tuple[np.ndarray, np.ndarray]:
-    """A push and a landing buffer, allocated as a CPU client allocates them."""
-    payload, into = host_empty(size, torch.device("cpu")), host_empty(size, torch.device("cpu"))
+    """A push and a landing buffer, allocated as a CPU client allocates them (`host_empty`)."""
+    payload, into = frame.empty(size, np.float32), frame.empty(size, np.float32)
     payload[:] = 1e-6
     return payload, into
 
@@ -148,7 +160,7 @@ def wire(comm: MPI.Comm, sizes: list[int], repeats: int, trials: int) -> list[di
     transport = Transport(comm)
     rows = []
     for size in sizes:
-        store = Store(np.zeros(size, np.float32), make_rule("add", RunConfig()))
+        store = add_store(size)
         push, target = np.full(size, 1e-6, np.float32), np.empty(size, np.float32)
         raw, applies = [], []  # seconds per trial (rank 1's raw round trip; rank 0's apply)
 
