@@ -12,8 +12,8 @@ from typing import Any, Callable
 import numpy as np
 
 from experiments.runlife import RunLife
+from clients.optimizers import OptimizerSettings
 from experiments.runrecord import RunSetup, eval_every
-from experiments.start import clients_keep_state
 from paramserver.arrays import ServerArrays
 from paramserver.config import RunConfig
 from paramserver.handler import ServerState, ServerTally
@@ -99,6 +99,13 @@ def server_state(cfg: RunConfig, weights: np.ndarray, clients: int, **options: A
     the clients' ranks, the wire's codec, the lr schedule (`options`: ServerState's)."""
     return ServerState(make_store(cfg, weights, clients), client_ranks(cfg, clients), codec=make_codec(cfg.compress),
                        schedule=server_schedule(cfg, clients), **options)
+
+
+def clients_keep_state(cfg: RunConfig, clients: int) -> bool:
+    """Whether the clients' optimizer keeps state, which server 0 then gathers for each
+    checkpoint (paramserver/handler.py)."""
+    settings = OptimizerSettings(name=cfg.optimizer, momentum=cfg.client_momentum(clients), precision=cfg.precision)
+    return settings.keeps_state
 
 
 def client_ranks(cfg: RunConfig, clients: int) -> list[int]:

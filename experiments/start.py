@@ -8,7 +8,7 @@ go to warm_start.jsonl; the run's clock starts after it.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import torch
@@ -18,7 +18,6 @@ from clients.buffers import host_copy
 from clients.client import Client, Replica
 from clients.data import Dataset, ShardSampler, shard_indices
 from clients.models import flat_weights, run_model
-from clients.optimizers import OptimizerSettings
 from clients.usercode import loss_function, optimizer_factory
 from paramserver.config import RunConfig
 from paramserver.rules import rule_class
@@ -37,18 +36,9 @@ class StartError(ValueError):
 def make_replica(cfg: RunConfig, model: nn.Module, device: str, clients: int) -> Replica:
     """The model with the run's client optimizer, for one of `clients` clients (the
     momentum `auto` gives them)."""
-    return Replica(model, device=device, loss=loss_function(cfg.loss), **_optimizer(cfg, clients))
-
-
-def clients_keep_state(cfg: RunConfig, clients: int) -> bool:
-    """Whether the clients' optimizer keeps state, which an async run's checkpoint then
-    gathers from each (paramserver/handler.py)."""
-    return OptimizerSettings(**_optimizer(cfg, clients)).keeps_state
-
-
-def _optimizer(cfg: RunConfig, clients: int) -> dict[str, Any]:
-    return dict(lr=cfg.lr, momentum=cfg.client_momentum(clients), weight_decay=cfg.weight_decay, name=cfg.optimizer,
-                clip_grad_norm=cfg.clip_grad_norm, precision=cfg.precision, factory=optimizer_factory(cfg.optimizer))
+    return Replica(model, lr=cfg.lr, momentum=cfg.client_momentum(clients), weight_decay=cfg.weight_decay,
+                   device=device, loss=loss_function(cfg.loss), name=cfg.optimizer,
+                   clip_grad_norm=cfg.clip_grad_norm, precision=cfg.precision, factory=optimizer_factory(cfg.optimizer))
 
 
 def make_client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int, index: int) -> Client:
