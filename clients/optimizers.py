@@ -148,12 +148,16 @@ class TorchOptimizer(ClientOptimizer):
     def state_arrays(self) -> dict[str, np.ndarray]:
         """torch's state_dict flattened: `state.I.NAME` for a tensor of parameter I,
         `number.I.NAME` for a Python number (a user's optimizer may keep one), `scaler.NAME`
-        for GradScaler's. The groups' settings come from the config, not from here."""
+        for GradScaler's; anything else (torch's SGD keeps `momentum_buffer = None` at
+        momentum 0) is left out, as torch's optimizers take a missing entry for a fresh
+        one. The groups' settings come from the config, not from here."""
         arrays = {}
         for index, values in self.optimizer.state_dict()["state"].items():
             for name, value in values.items():
-                kind = "state" if torch.is_tensor(value) else "number"
-                arrays[f"{kind}.{index}.{name}"] = _array(value) if kind == "state" else np.array(value)
+                if torch.is_tensor(value):
+                    arrays[f"state.{index}.{name}"] = _array(value)
+                elif isinstance(value, (int, float)):
+                    arrays[f"number.{index}.{name}"] = np.array(value)
         if self.scaler is not None:
             arrays.update({f"scaler.{k}": np.array(v) for k, v in self.scaler.state_dict().items()})
         return arrays

@@ -204,3 +204,29 @@ def test_clients_sharing_a_replica_keep_their_own_optimizer_state(dataset):
             c.step()
     for a, b in zip(together, alone):
         np.testing.assert_array_equal(a.weights.numpy(), b.weights.numpy())
+
+
+def test_an_optimizers_state_that_is_no_tensor_or_number_is_left_out_of_its_arrays():
+    """A user's optimizer may keep None or a string beside its tensors: its arrays are
+    plain numbers (a STATE with an object array would be refused and hold every async
+    checkpoint up), and the state loads back."""
+    import torch
+
+    from clients.optimizers import OptimizerSettings, TorchOptimizer
+
+    class Marked(torch.optim.SGD):
+        def step(self, closure=None):
+            super().step(closure)
+            for p in self.param_groups[0]["params"]:
+                self.state[p].update({"note": "seen", "spare": None, "count": self.state[p].get("count", 0) + 1})
+
+    param = torch.nn.Parameter(torch.zeros(3))
+    param.grad = torch.ones(3)
+    optimizer = TorchOptimizer(OptimizerSettings(name="mine:factory"), lambda: [param],
+                               Marked([param], lr=0.1, momentum=0.9))
+    optimizer.step(param.grad, 0.1, None)
+    arrays = optimizer.state_arrays()
+    assert sorted(arrays) == ["number.0.count", "state.0.momentum_buffer"]
+    assert all(a.dtype != object for a in arrays.values())
+    optimizer.load_state_arrays(arrays)
+    assert optimizer.optimizer.state[param]["count"] == 1
