@@ -13,7 +13,7 @@ import numpy as np
 
 from experiments.runlife import RunLife
 from clients.optimizers import OptimizerSettings
-from experiments.runrecord import RunSetup, eval_every
+from experiments.runrecord import RunSetup, eval_every, spare_core
 from paramserver.arrays import ServerArrays
 from paramserver.config import RunConfig
 from paramserver.handler import ServerState, ServerTally
@@ -37,7 +37,8 @@ def serve_mpi(setup: RunSetup, link: Link, clock: Callable[[], float]) -> dict[s
     hosts = {r["rank"]: r["host"] for r in setup.provenance.get("ranks", [])}
 
     def drive(state: ServerState, recorder: Recorder) -> dict[str, Any]:
-        loop = ServerLoop(link, state, recorder, clock, cfg.stall_timeout, cfg.on_client_failure, hosts)
+        loop = ServerLoop(link, state, recorder, clock, cfg.stall_timeout, cfg.on_client_failure, hosts,
+                          spin=spare_core(setup.provenance))
         loop.serve()
         return {"server_busy_s": loop.busy_s, "server_push_us": loop.cost.medians_us()}
     return serve_run(setup, clock, drive, link)

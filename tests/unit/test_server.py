@@ -190,3 +190,32 @@ def test_a_malformed_state_is_rejected_and_never_reaches_a_checkpoint():
         [], [event] = handle(state, Message(1, Tag.STATE, bad))
         assert isinstance(event, Rejected) and "malformed" in event.reason
     assert state.arrived_states == {} and state.tally.rejected == 4
+
+
+@pytest.mark.parametrize("spin", [True, False])
+def test_a_server_that_shares_its_cores_waits_without_spinning(tmp_path, spin):
+    """With a core of its own the server polls closely for the next message and the
+    reply in flight; sharing the cores with clients it goes straight to sleeping polls."""
+    import numpy as np
+
+    from paramserver.server import ServerLoop
+    from paramserver.wire.protocol import Message, Pull, Stop
+    from tests.conftest import make_server
+
+    server = make_server(tmp_path / "run", np.zeros(4, np.float32), clients=1)
+    busy, messages = [], [Message(1, Tag.PULL, Pull()), Message(1, Tag.STOP, Stop(0, 0))]
+
+    class Link:
+        def recv(self, timeout, **options):
+            busy.append(options["busy"])
+            return messages.pop(0)
+
+        def post(self, dest, tag, header, payload):
+            return []
+
+        def complete(self, requests, peers, nbytes, timeout):
+            return []
+
+    ServerLoop(Link(), server.state, server.recorder, clock=lambda: 0.0, stall_timeout=60.0, spin=spin).serve()
+    server.recorder.close()
+    assert busy == ([1e-3, 1e-3 + 16 / 1e9] if spin else [0.0, 0.0])  # the PULL's reply, 16 bytes, in flight
