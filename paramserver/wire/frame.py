@@ -38,7 +38,12 @@ _CRC = struct.Struct("<I")
 DTYPES = ("float32", "float16", "bfloat16")  # a push header's dtype name, by its code on the wire
 FRAMED = (Tag.PUSH, Tag.WEIGHTS)
 ROWS_ROOM = 1 << 16  # bytes kept after a vector from `empty()`, for a push's rows
-_FRAMES: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()  # vector address -> frame
+# vector address -> a weak reference to its frame. Not a WeakValueDictionary: its callback
+# is Python code run wherever a vector is freed (twice a push on a client), and a SIGTERM's
+# KeyboardInterrupt raised inside it is lost ("Exception ignored in: ... remove"), seen in
+# CI. Without a callback, dead references are dropped as the table grows.
+_FRAMES: dict[int, weakref.ref] = {}
+_PRUNE_AT = [1024]  # the table's size at which the dead are dropped: twice the living after
 
 
 def empty(size: int, dtype: np.dtype | type = np.float32) -> np.ndarray:
@@ -47,7 +52,11 @@ def empty(size: int, dtype: np.dtype | type = np.float32) -> np.ndarray:
     nbytes = size * np.dtype(dtype).itemsize
     frame = np.empty(HEADER_BYTES + nbytes + ROWS_ROOM, np.uint8)
     vector = frame[HEADER_BYTES:HEADER_BYTES + nbytes].view(dtype)
-    _FRAMES[vector.__array_interface__["data"][0]] = frame
+    if len(_FRAMES) >= _PRUNE_AT[0]:
+        for address in [a for a, ref in _FRAMES.items() if ref() is None]:
+            del _FRAMES[address]
+        _PRUNE_AT[0] = max(1024, 2 * len(_FRAMES))
+    _FRAMES[vector.__array_interface__["data"][0]] = weakref.ref(frame)
     return vector
 
 
@@ -55,7 +64,8 @@ def around(data: np.ndarray, tail: int) -> np.ndarray | None:
     """The contiguous block [header | `data` | `tail` bytes] when `data` (bytes) starts a
     vector from `empty()` and that much room after it is free (after the whole vector:
     behind a leading slice of it, such as a sharded server's, lies the next slice)."""
-    frame = _FRAMES.get(data.__array_interface__["data"][0])
+    ref = _FRAMES.get(data.__array_interface__["data"][0])
+    frame = ref() if ref is not None else None
     if frame is None:
         return None
     whole = data.nbytes == frame.nbytes - HEADER_BYTES - ROWS_ROOM

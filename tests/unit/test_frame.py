@@ -82,3 +82,18 @@ def test_a_reply_says_stop_and_asks_for_the_optimizer_state_in_its_header():
     head[7] = 3  # a push's fetch byte holds one flag only
     head[40:44] = np.frombuffer(frame._CRC.pack(frame.zlib.crc32(head[:frame._FIELDS.size])), np.uint8)
     assert "fetch 3" in frame.decode(Tag.PUSH, head, b"", rank=1).why
+
+
+def test_the_frames_table_forgets_freed_vectors_without_a_callback():
+    """Freed vectors leave no Python callback to run (a SIGTERM's KeyboardInterrupt raised
+    in one was lost) and the table stays bounded; a live vector keeps its room."""
+    import numpy as np
+
+    from paramserver.wire import frame
+
+    live = frame.empty(10)
+    for _ in range(5000):
+        frame.empty(100)  # freed at once
+    assert len(frame._FRAMES) <= 2 * frame._PRUNE_AT[0]
+    assert frame.around(live.view(np.uint8), 0) is not None
+    assert frame.around(np.zeros(10, np.float32).view(np.uint8), 0) is None
