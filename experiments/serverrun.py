@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from experiments.runlife import RunLife
 from clients.optimizers import OptimizerSettings
+from experiments.runlife import RunLife
 from experiments.runrecord import RunSetup, eval_every, spare_core
 from paramserver.arrays import ServerArrays
 from paramserver.config import RunConfig

@@ -361,6 +361,8 @@ def _snapshot_due(state: ServerState) -> list[Event]:
 def _took_state(state: ServerState, rank: int, step: int) -> None:
     """A push or STOP at `step` from `rank` came in: the state sent just before it is
     that client's now, or (none came, or of another step) it has none the server knows."""
+    if not state.collects_states:  # no state is asked for: nothing to do on every push
+        return
     client = state.client(rank)
     arrived = state.arrived_states.pop(client, None)
     if arrived is not None and arrived.step == step:
@@ -372,9 +374,10 @@ def _took_state(state: ServerState, rank: int, step: int) -> None:
 def _checkpoint_ready(state: ServerState) -> list[Event]:
     """The checkpoint waiting for the clients' states, once every client still in the run
     has brought its own."""
+    if not state.checkpoint_due:
+        return []
     lost = {state.client(rank) for rank in state.tally.lost}
-    if not state.checkpoint_due or any(c not in state.client_states and c not in lost
-                                       for c in range(len(state.client_ranks))):
+    if any(c not in state.client_states and c not in lost for c in range(len(state.client_ranks))):
         return []
     state.checkpoint_due = False
     return [CheckpointDue(state.store.version)]
