@@ -121,7 +121,8 @@ def server_schedule(cfg: RunConfig, clients: int) -> Schedule:
 
 def make_store(cfg: RunConfig, weights: np.ndarray, clients: int) -> Store:
     """The server's store for these weights: its rule for `clients` clients, on its device."""
-    return Store(weights, make_rule(cfg.rule, cfg, clients), backend=ServerArrays(cfg.server_device))
+    return Store(weights, make_rule(cfg.rule, cfg, clients), backend=ServerArrays(cfg.server_device),
+                 kernel=cfg.server_kernel)
 
 
 def _gatherer(link: Link | None, bounds: list[tuple[int, int]], timeout: float):

@@ -147,6 +147,9 @@ class RunConfig:
     device: str = _key("auto", "auto (cuda:<local rank mod GPUs> with CUDA, else cpu), cpu or cuda[:N]")
     server_device: str = _key("cpu", "where the server keeps the weights and applies pushes: cpu (numpy) or "
                                      "cuda[:N] (a GPU; weights go to MPI through a pinned host buffer)")
+    server_kernel: str = _key("auto", "how the server applies a push: auto (the rule's fused formula as one kernel: "
+                                      "compiled by g++ for the CPU where g++ is found, by cupy on a GPU; else "
+                                      "torch) or torch (the rule's torch arithmetic, several passes a push)")
     eval_every: int = _key(0, "server versions between test evaluations (0: about 20 a run, fewer where "
                               "20 would take more than a quarter of training's compute)")
     eval_samples: int = _key(0, "test samples per point of the test-error curve, a fixed seeded subset "
@@ -384,6 +387,8 @@ def _check_values(cfg: RunConfig) -> None:
              f"expected cpu or cuda[:N], got {cfg.server_device!r}")
     _require(cfg.server_device == "cpu" or cfg.mode == "async", "server_device",
              "needs --mode async (only async runs have a server)")
+    _require(cfg.server_kernel in ("auto", "torch"), "server_kernel",
+             f"expected auto or torch, got {cfg.server_kernel!r}")
     for name in ("loss", "metric") + tuple(n for n in ("model", "data", "optimizer") if is_user_code(getattr(cfg, n))):
         value = getattr(cfg, name)
         _require(not value or USER_CODE.fullmatch(value) is not None, name,

@@ -7,8 +7,10 @@ for NaN/Inf. Each rule also writes its update once more, beside its torch arithm
 and Python; constants come in as float32 scalars, a literal 0.5 being a double in C).
 Here such an update is compiled by cupy into one ElementwiseKernel that reads w, d and
 the rule's state once, writes their new values once, and raises a flag where an element
-of d is not finite; nothing here knows a rule. `Store` uses it when the weights are on a GPU and cupy imports
-(`for_store`); anywhere else the torch rules run, unchanged.
+of d is not finite; nothing here knows a rule. `Store` uses it when the weights are on a
+GPU and cupy imports; on the host the same statements compiled by g++ into one C++ loop
+that updates in place once it has read d (paramserver/hostkernel.py), where g++ is
+found (`paramserver.store.kernel_path`); elsewhere, and with `server_kernel = "torch"`, the torch rules run.
 
 A rejected push must leave the weights and the rule's state as they were, and the flag
 is known only after the kernel wrote them. So the kernel writes into second buffers
@@ -32,7 +34,6 @@ from paramserver.rules import RULES, Rule, Update
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from paramserver.arrays import ServerArrays
 
 # Every formula the rules' fused updates use (each rule owns its own: paramserver/rules.py).
 FORMULAS = tuple(dict.fromkeys(code for rule in RULES.values() for code in rule.FORMULAS))
@@ -44,6 +45,8 @@ Kernel = Callable[[Update, "dict[str, Tensor]", "dict[str, Tensor]"], bool]
 
 class Fused:
     """`rule`'s updates run by `kernel`, double-buffered (see the module docstring)."""
+
+    d_squared: float | None = None  # |d|^2 of the last push: these kernels do not sum it (the host's does)
 
     def __init__(self, rule: Rule, kernel: Kernel):
         self.rule, self.kernel = rule, kernel
@@ -133,14 +136,3 @@ class CupyKernel:
                 return True
             flag.fill(0)
             return False
-
-
-def for_store(backend: ServerArrays, rule: Rule) -> Fused | None:
-    """The fused path for a Store, where the weights are on a GPU, cupy imports and the
-    rule has a formula here; None elsewhere (the torch rule runs)."""
-    if backend.on_host or not rule.fusable():
-        return None
-    try:
-        return Fused(rule, CupyKernel())
-    except ImportError:
-        return None

@@ -41,10 +41,11 @@ class NoiseScale:
         self.g2 = self.trace = 0.0        # the moving averages, not yet bias-corrected
         self.windows = 0
 
-    def add(self, d: Tensor, minibatches: int) -> bool:
-        """Count a push of `minibatches` minibatch gradients summed; True when it closed a window."""
+    def add(self, d: Tensor, minibatches: int, squared: float | None = None) -> bool:
+        """Count a push of `minibatches` minibatch gradients summed (`squared`: its |d|^2,
+        where the apply summed it on the way); True when it closed a window."""
         n = max(1, minibatches)
-        self.small += squared_norm(d) / n ** 2
+        self.small += (squared_norm(d) if squared is None else squared) / n ** 2
         self.inverse += 1.0 / (n * self.batch_size)
         self.total = d.clone() if self.total is None else self.total.add_(d)
         self.pushes, self.minibatches = self.pushes + 1, self.minibatches + n

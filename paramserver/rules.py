@@ -273,9 +273,10 @@ class AdagradRule(Rule):
 
     pushes = "gradient"
     EPS = 1e-10  # torch.optim.Adagrad's
+    # torch's addcdiv: w + value * g / denominator, (value * g) rounded first
     FORMULA = """g = d + weight_decay * w;
 sum_out = sum + g * g;
-w_out = w - lr * (g / (sqrt(sum_out) + eps));"""
+w_out = w + neg_lr * g / (sqrt(sum_out) + eps);"""
     FORMULAS = (FORMULA,)
 
     def __init__(self, settings: RuleSettings, clients: int):
@@ -291,7 +292,7 @@ w_out = w - lr * (g / (sqrt(sum_out) + eps));"""
         w.addcdiv_(g, self.sum.sqrt().add_(self.EPS), value=-self.lr)
 
     def fused(self, client: int, staleness: int) -> Update:
-        return Update(self.FORMULA, {"lr": self.lr, "weight_decay": self.weight_decay, "eps": self.EPS},
+        return Update(self.FORMULA, {"neg_lr": -self.lr, "weight_decay": self.weight_decay, "eps": self.EPS},
                       {"sum": self.sum})
 
     def state(self) -> dict[str, Tensor]:

@@ -10,9 +10,11 @@ The weights are a torch tensor where `server_device` says (paramserver/arrays.py
 the CPU it shares a numpy vector's memory), updated by the rule's torch arithmetic.
 Outside the Store they are always a host float32 vector (`weights`), so the server loop
 does not care where they live. The staleness of a push is known before its apply,
-because a rule may depend on it. On a GPU with cupy installed each apply is one fused
-kernel (paramserver/fused.py) whose flag does the NaN/Inf check, and it writes new
-weights beside the old: `array` is then a different tensor after each accepted push.
+because a rule may depend on it. On a GPU with cupy installed, and on the host where
+g++ is found, each apply is one fused kernel (paramserver/fused.py) whose flag does the
+NaN/Inf check, and it writes new weights beside the old: `array` is then a different
+tensor after each accepted push (`server_kernel = "torch"`: the rule's torch
+arithmetic, in place).
 
 A rule may gather pushes before it steps (`fresh`): the version then moves only with a
 step, and a push too stale for it is dropped, which is counted (`dropped`) and changes
@@ -25,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass
 import numpy as np
 
-from paramserver import fused
+from paramserver import fused, hostkernel
 from paramserver.arrays import ServerArrays
 from paramserver.rules import Rule
 
@@ -45,11 +47,11 @@ class Store:
     """Weights plus the bookkeeping the server needs to serve clients in any order."""
 
     def __init__(self, weights: np.ndarray, rule: Rule, version: int = 0,
-                 backend: ServerArrays | None = None):
+                 backend: ServerArrays | None = None, kernel: str = "auto"):
         self.backend = backend or ServerArrays()
         self.array = self.backend.adopt(weights)  # the weights, where the backend keeps them
         self.rule = rule
-        self.fused = fused.for_store(self.backend, rule)  # None: the rule's torch arithmetic
+        self.fused = kernel_path(self.backend, rule, kernel)  # None: the rule's torch arithmetic
         self.version = version
         self.pulled: dict[int, int] = {}
         self.applied: Counter[int] = Counter()
@@ -105,7 +107,8 @@ class Store:
         if reason:
             self.rejected[client] += 1
             return ApplyResult(False, self.version, staleness, reason)
-        measured = self.rule.noise is not None and self.rule.noise.add(d, minibatches)
+        squared = self.fused.d_squared if self.fused else None  # summed by a host kernel on its way
+        measured = self.rule.noise is not None and self.rule.noise.add(d, minibatches, squared)
         gathered = self.rule.pending
         self.version += not gathered
         self.applied[client] += 1
@@ -161,6 +164,20 @@ class Store:
         for name in ("applied", "rejected", "dropped", "staleness"):
             counts = arrays.get(f"store.{name}", np.zeros((0, 2), np.int64))  # older checkpoints hold no drops
             setattr(self, name, Counter({int(k): int(v) for k, v in counts}))
+
+
+def kernel_path(backend: ServerArrays, rule: Rule, kernel: str = "auto") -> fused.Fused | hostkernel.InPlace | None:
+    """The fused path for a Store (`kernel` auto) where the rule has a formula: on the host
+    where g++ is found (paramserver/hostkernel.py), on a GPU where cupy imports; None
+    elsewhere and with `kernel` torch (the rule's torch arithmetic runs)."""
+    if kernel == "torch" or not rule.fusable():
+        return None
+    if backend.on_host:
+        return hostkernel.InPlace(rule, hostkernel.HostKernel()) if hostkernel.available() else None
+    try:
+        return fused.Fused(rule, fused.CupyKernel())
+    except ImportError:
+        return None
 
 
 def finite(push: np.ndarray) -> bool:

@@ -15,9 +15,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from paramserver import fused
+from paramserver import fused, hostkernel
 from paramserver.config import RunConfig
-from paramserver.rules import RULES, Update, make_rule
+from paramserver.rules import RULES, Rule, Update, make_rule
 from paramserver.store import Store
 from tests.conftest import assert_same_store
 
@@ -36,19 +36,35 @@ CASES = [(rule, SETTINGS, 3) for rule in RULES] + [(rule, PLAIN, 3) for rule in 
     ("nesterov", GATHERING, 3)]
 
 
-def fused_store(start: np.ndarray, rule: str, settings: RunConfig, clients: int) -> Store:
-    """A CPU Store whose applies take the fused path, with numpy running the formulas."""
-    store = Store(start, make_rule(rule, settings, clients))
-    assert store.fused is None  # the CPU server runs the torch rule
+HOST = pytest.param("host", marks=pytest.mark.skipif(not hostkernel.available(),
+                                                    reason="needs g++ to compile the host kernels"))
+PATHS = ["numpy", HOST]  # numpy: the formulas as a GPU server's double-buffered kernel runs them
+
+
+def fused_store(start: np.ndarray, rule: str, settings: RunConfig, clients: int, path: str = "numpy") -> Store:
+    """A CPU Store whose applies take a fused path: the formulas in numpy through `Fused`
+    (double-buffered, as on a GPU), or compiled by g++ (`server_kernel` auto, in place)."""
+    if path == "host":
+        store = Store(start, make_rule(rule, settings, clients))
+        assert isinstance(store.fused, hostkernel.InPlace)
+        return store
+    store = Store(start, make_rule(rule, settings, clients), kernel="torch")
     store.fused = fused.Fused(store.rule, fused.numpy_kernel)
     return store
 
 
+def torch_store(start: np.ndarray, rule: str, settings: RunConfig, clients: int) -> Store:
+    store = Store(start, make_rule(rule, settings, clients), kernel="torch")
+    assert store.fused is None
+    return store
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("rule,settings,clients", CASES, ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(CASES)])
-def test_formula_equals_the_torch_rule_push_by_push(rule, settings, clients):
+def test_formula_equals_the_torch_rule_push_by_push(rule, settings, clients, path):
     rng = np.random.default_rng(7)
     start = rng.standard_normal(N).astype(np.float32)
-    ours, reference = fused_store(start, rule, settings, clients), Store(start, make_rule(rule, settings, clients))
+    ours, reference = fused_store(start, rule, settings, clients, path), torch_store(start, rule, settings, clients)
     scale = 1.0 if rule == "easgd" else 0.1  # easgd pushes weights
     for step, (client, pulls) in enumerate(SCHEDULE):
         client %= clients
@@ -63,13 +79,15 @@ def test_formula_equals_the_torch_rule_push_by_push(rule, settings, clients):
     assert max(reference.staleness) >= 2 or sum(reference.dropped.values()) >= 2  # fresh at R = 0 drops them
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_a_non_finite_push_changes_neither_weights_nor_state(rule, bad):
-    """The flag rejects it after the formula ran: the new values went to spare buffers."""
+def test_a_non_finite_push_changes_neither_weights_nor_state(rule, bad, path):
+    """numpy's flag rejects it after the formula ran (the new values went to spare
+    buffers); the host kernel's check before it writes anything."""
     rng = np.random.default_rng(8)
     start = rng.standard_normal(N).astype(np.float32)
-    ours, reference = fused_store(start, rule, SETTINGS, 2), Store(start, make_rule(rule, SETTINGS, 2))
+    ours, reference = fused_store(start, rule, SETTINGS, 2, path), torch_store(start, rule, SETTINGS, 2)
     for push_bad_first in (True, False):  # before the state exists, and after
         for store in (ours, reference):
             store.pull(0)
@@ -95,9 +113,39 @@ def test_every_rule_has_a_formula():
     assert all(rule.fusable() and rule.FORMULAS for rule in RULES.values())
 
 
-def test_cpu_server_never_takes_the_fused_path():
+def test_a_cpu_server_takes_the_host_kernel_where_g_plus_plus_is_and_torch_when_asked():
     store = Store(np.zeros(4, np.float32), make_rule("sgd", SETTINGS))
-    assert store.fused is None and fused.for_store(store.backend, store.rule) is None
+    assert isinstance(store.fused, hostkernel.InPlace) == hostkernel.available()
+    assert Store(np.zeros(4, np.float32), make_rule("sgd", SETTINGS), kernel="torch").fused is None
+
+
+@pytest.mark.skipif(not hostkernel.available(), reason="needs g++ to compile the host kernels")
+@pytest.mark.parametrize("size", [1, 255, 256, 257, 100_003])  # the squares' blocks of 256, and a tail
+def test_the_host_kernel_sums_the_noise_scales_squares_and_checks_every_element(size):
+    """|d|^2 in float64 to 1e-6 (its blocks in float32), and a NaN anywhere, even in the
+    last block, rejects; huge finite values (their float32 squares overflow) pass, as the
+    torch path's check lets them."""
+    rng = np.random.default_rng(9)
+    push = rng.standard_normal(size).astype(np.float32)
+    store = Store(np.zeros(size, np.float32), make_rule("sgd", PLAIN))
+    assert store.apply(0, push).accepted
+    assert store.fused.d_squared == pytest.approx(float(np.dot(push.astype(np.float64), push)), rel=1e-6)
+    huge = push * np.float32(1e20)
+    assert store.apply(0, huge).accepted
+    assert store.fused.d_squared == pytest.approx(float(np.dot(huge.astype(np.float64), huge)), rel=1e-12)
+    before = store.weights.copy()
+    push[-1] = np.nan
+    assert not store.apply(0, push).accepted and np.array_equal(store.weights, before)
+
+
+@pytest.mark.skipif(not hostkernel.available(), reason="needs g++ to compile the host kernels")
+def test_a_kernel_is_compiled_once_into_the_cache_and_a_refused_formula_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("ASGD_KERNEL_CACHE", str(tmp_path))
+    code = hostkernel.source(Update(Rule.ADD), ("w",), ())
+    first = hostkernel.build(code)
+    assert first.parent == tmp_path and hostkernel.build(code) == first and len(list(tmp_path.iterdir())) == 1
+    with pytest.raises(hostkernel.KernelError, match="g\\+\\+ refused a fused update"):
+        hostkernel.build(hostkernel.source(Update("w_out = w + undefined_name;"), ("w",), ()))
 
 
 def every_update() -> list[tuple[str, Update, tuple[str, ...], tuple[str, ...]]]:
