@@ -3,8 +3,8 @@ one pass that updates the weights and the rule's state in place.
 
 On the CPU the torch rules take several passes a push, each a kernel with its own
 set-up, after the NaN/Inf check read the push once more: measured in one process on
-this project's 2-core machine at the proxy CNN's 206,922 floats, `add` about 100 us a
-push and the default `fresh` (server momentum, the gradient noise scale) 0.9-1.0 ms, of
+this project's 2-core machine at the proxy CNN's 206,922 floats, `add` 96-119 us a push
+and the default `fresh` (server momentum, the gradient noise scale) 0.76-1.04 ms, of
 which torch's fused SGD step is 350 us and the noise scale's float64 norm 180 us. Here
 each rule's `Update` (the statements a GPU server hands cupy, paramserver/fused.py) is
 compiled by g++ into one C++ function: it sums |d|^2 in float64 (blocks of 256 summed
@@ -23,7 +23,7 @@ Arithmetic is float32 as in the formulas, without fused multiply-adds
 `-march=native`: a cache in a home directory may be shared by a cluster's different
 nodes). Each kernel is compiled once and cached by its source's hash
 (`$ASGD_KERNEL_CACHE`, else `~/.cache/gpu-asgd/kernels`; written atomically, so
-concurrent ranks share it): a compile takes about 0.3 s, once per machine and formula.
+concurrent ranks share it): a compile takes under a second, once per machine and formula.
 """
 from __future__ import annotations
 
@@ -112,9 +112,11 @@ extern "C" int asgd_update({", ".join(params)}) {{
 
 @functools.cache
 def _compiler_id() -> str:
-    """What the cache key must change with besides the source: the compiler's version."""
-    done = subprocess.run([COMPILER, "--version"], capture_output=True, text=True, timeout=30)
-    return done.stdout.splitlines()[0] if done.stdout else COMPILER
+    """What the cache key must change with besides the source: the compiler's file (an
+    upgrade replaces it), read without starting it in every server process."""
+    path = os.path.realpath(shutil.which(COMPILER) or COMPILER)
+    stat = os.stat(path)
+    return f"{path} {stat.st_size} {stat.st_mtime_ns}"
 
 
 def cache_dir() -> Path:

@@ -10,11 +10,12 @@ The weights are a torch tensor where `server_device` says (paramserver/arrays.py
 the CPU it shares a numpy vector's memory), updated by the rule's torch arithmetic.
 Outside the Store they are always a host float32 vector (`weights`), so the server loop
 does not care where they live. The staleness of a push is known before its apply,
-because a rule may depend on it. On a GPU with cupy installed, and on the host where
-g++ is found, each apply is one fused kernel (paramserver/fused.py) whose flag does the
-NaN/Inf check, and it writes new weights beside the old: `array` is then a different
-tensor after each accepted push (`server_kernel = "torch"`: the rule's torch
-arithmetic, in place).
+because a rule may depend on it. By default each apply is the rule's fused formula as
+one kernel that does the NaN/Inf check too: on the host compiled by g++, where it is
+found, updating in place once the push is checked (paramserver/hostkernel.py); on a GPU
+with cupy installed a cupy kernel that writes new weights beside the old, so `array`
+is then a different tensor after each accepted push (paramserver/fused.py). With
+`server_kernel = "torch"` (or neither) the rule's torch arithmetic runs, in place.
 
 A rule may gather pushes before it steps (`fresh`): the version then moves only with a
 step, and a push too stale for it is dropped, which is counted (`dropped`) and changes
