@@ -18,10 +18,10 @@ weights vector here costs more than it saves (measured: w + d into a third vecto
 us against torch's in-place add 39 us at this size, the three vectors outgrowing a
 core's L2).
 
-Arithmetic is float32 as in the formulas, without fused multiply-adds
-(`-ffp-contract=off`), for the baseline of the machine's architecture (no
-`-march=native`: a cache in a home directory may be shared by a cluster's different
-nodes). Each kernel is compiled once and cached by its source's hash
+Arithmetic is float32 as in the formulas, without fused multiply-adds but where a
+formula asks for one (`fmadd`, paramserver/fused.py; `-ffp-contract=off`), for the
+baseline of the machine's architecture (no `-march=native`: a cache in a home directory
+may be shared by a cluster's different nodes). Each kernel is compiled once and cached by its source's hash
 (`$ASGD_KERNEL_CACHE`, else `~/.cache/gpu-asgd/kernels`; written atomically, so
 concurrent ranks share it): a compile takes under a second, once per machine and formula.
 """
@@ -37,7 +37,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from paramserver.fused import statements
+from paramserver.fused import HOST_FMADD, statements
 from paramserver.rules import Rule, Update
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ def source(update: Update, vectors: tuple[str, ...], reads: tuple[str, ...]) -> 
 #include <cmath>
 #include <cstdint>
 using std::sqrt;
-
+{HOST_FMADD}
 {_SQUARES}
 extern "C" int asgd_update({", ".join(params)}) {{
     const double total = squares(n, d_p);

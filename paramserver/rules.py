@@ -273,9 +273,11 @@ class AdagradRule(Rule):
 
     pushes = "gradient"
     EPS = 1e-10  # torch.optim.Adagrad's
-    # torch's addcdiv: w + value * g / denominator, (value * g) rounded first
-    FORMULA = """g = d + weight_decay * w;
-sum_out = sum + g * g;
+    # torch's add(alpha) and addcmul as its AVX2/AVX-512 kernels compute them (one rounding;
+    # at the default capability torch rounds the product first), its addcdiv: w + value * g /
+    # denominator, (value * g) rounded first
+    FORMULA = """g = fmadd(weight_decay, w, d);
+sum_out = fmadd(g, g, sum);
 w_out = w + neg_lr * g / (sqrt(sum_out) + eps);"""
     FORMULAS = (FORMULA,)
 

@@ -170,7 +170,7 @@ def every_update() -> list[tuple[str, Update, tuple[str, ...], tuple[str, ...]]]
 def test_every_kernel_compiles_as_cpp(tmp_path):
     """The operation cupy would hand NVRTC, in a host C++ function with the same
     parameters (cupy's: const inputs and scalars, float& outputs, a raw int array)."""
-    units = ["#include <cmath>", "using std::isfinite; using std::sqrt;"]
+    units = ["#include <cmath>", "#define __device__", "using std::isfinite; using std::sqrt;", fused.CUDA_FMADD]
     for rule, update, inputs, outputs in every_update():
         in_params, out_params, body = fused.kernel_source(update, inputs, outputs)
         params = [p.replace("float32 ", "const float ") for p in in_params.split(", ")]
