@@ -2,16 +2,16 @@
 
     asgd sweep experiments/configs/proxy/fig2.toml [--out DIR] [--jobs N] [--retry-failed]
 
-Each point is one `asgd train` in a subprocess (the simulator, or `mpiexec` per point),
-with a timeout, writing its own run directory under DIR/runs/. DIR/index.json lists
+Each point is one `asgd train` in a process of its own (the simulator, or `mpiexec` per
+point), forked from one that imported torch once (experiments/parent/forked.py), with a timeout, writing its own run directory under DIR/runs/. DIR/index.json lists
 the points, their settings and status (`running` while one runs), rewritten atomically
 as each starts and ends. The folder is bound to the spec it was started with
 (experiments/sweepfolder.py: a later spec may only add points). Run the sweep again
 after a kill and it finishes only what is missing: a finished point (complete, diverged,
 untrained) is skipped, one with a checkpoint is resumed (`--resume`), one without is
 started over; a failed point keeps its reason and is retried only with --retry-failed.
-The sweep holds its folder's lock, each point its run's; the points end with the sweep
-(`lifeline`), and Ctrl-C or SIGTERM ends the running ones as it ends a run
+The sweep holds its folder's lock, each point its run's; the points end with the sweep,
+and Ctrl-C or SIGTERM ends the running ones as it ends a run
 (`interrupted`, resumed by the next run of the sweep).
 
 A spec (TOML):
@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.parent.lifeline import lifeline
+from experiments.parent.forked import Forked
 from experiments.parent.supervise import STOP_GRACE_S, kill_tree
 from experiments.progress import Progress
 from paramserver.config import ConfigError, RunConfig, field_types, load_config
@@ -260,7 +260,7 @@ class SweepRunner:
         self.jobs = jobs or (cores if spec.backend == "sim" else 1)
         self.threads = max(1, cores // self.jobs)
         self.lock = threading.Lock()
-        self.running: dict[str, subprocess.Popen] = {}  # point id -> its `asgd train`
+        self.running: dict[str, Forked] = {}  # point id -> its `asgd train`
         self.stopping = False  # Ctrl-C or SIGTERM: start nothing more
         self.index = self._load_index()
         self.progress = Progress(len(spec.points), quiet=quiet, label="sweep", unit="points")
@@ -356,7 +356,7 @@ class SweepRunner:
             config.write_text(_toml(_config_with(point.config, {"threads": self.threads}).to_dict()))
             command = ["train", str(config), "--out", str(run), "--quiet"]
         # mpi points launch themselves (under the supervisor, which names a dead rank)
-        status = self._execute(point.id, [sys.executable, "-m", "experiments.cli", *command], run)
+        status = self._execute(point.id, command, run)
         with self.lock:
             self._entry(point.id)["status"] = status
             if finished(status):  # epochs in the figures need the training-set size
@@ -366,36 +366,35 @@ class SweepRunner:
         return status
 
     def _execute(self, point: str, argv: list[str], run: Path) -> str:
-        """Run one point, ending with this process (`lifeline`); its status: the run's own
-        when it ran to its end, `interrupted` or `locked: ...` (both tried again on the next
-        run of the sweep), or failed with the reason."""
+        """Run one point, ending with this process (experiments/parent/forked.py); its
+        status: the run's own when it ran to its end, `interrupted` or `locked: ...` (both
+        tried again on the next run of the sweep), or failed with the reason."""
         with self.lock:
             if self.stopping:
                 return PENDING
-            proc = subprocess.Popen(lifeline(argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                    start_new_session=True)
+            proc = Forked("experiments.cli", argv)
             self.running[point] = proc
             self._entry(point)["status"] = RUNNING  # the index is true while the sweep runs
             self._save()
         try:
-            _, err = proc.communicate(timeout=self.spec.timeout)
+            code = proc.wait(timeout=self.spec.timeout)
         except subprocess.TimeoutExpired:
             kill_tree(proc.pid)  # mpiexec's ranks end with it
-            proc.communicate()
+            proc.wait()
             return failed(f"timeout after {self.spec.timeout:g} s")
         finally:
             with self.lock:
                 self.running.pop(point, None)
         record = RunDir(run)
-        if proc.returncode == 0 and record.finished():
+        if code == 0 and record.finished():
             return record.status()
-        lines = [line for line in err.splitlines() if line.strip()]
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
         last = lines[-1].strip() if lines else "no message"
-        if proc.returncode == 130 or self.stopping or was_interrupted(record.status()):
+        if code == 130 or self.stopping or was_interrupted(record.status()):
             return INTERRUPTED
         if (holder := record.lock().holder()) is not None:
             return f"{LOCKED}: {holder}"
-        return failed(f"exit {proc.returncode}: {last}")
+        return failed(f"exit {code}: {last}")
 
     def _entry(self, point: str) -> dict[str, Any]:
         return next(e for e in self.index["points"] if e["id"] == point)

@@ -221,7 +221,7 @@ def kill_tree(pid: int) -> None:
     for victim in victims:
         _signal(victim, signal.SIGKILL)
     deadline = time.monotonic() + GONE_S
-    while any(_alive(victim) for victim in victims) and time.monotonic() < deadline:
+    while any(alive(victim) for victim in victims) and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
@@ -232,7 +232,7 @@ def _signal(pid: int, number: signal.Signals) -> None:
         pass
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Running, or dying: not yet a zombie (whose files, locks included, are closed)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.parent.supervise import descendants, kill_tree
+from experiments.parent.supervise import alive, descendants, kill_tree
 from paramserver.rundir.durable import load_arrays
 from paramserver.rundir.lock import FolderLock
+from paramserver.rundir.status import was_interrupted
 from tests.conftest import BIN, run_command
 from tests.sim.test_sim import TIMED
 
@@ -62,12 +63,15 @@ def wait_for(condition, what: str, guard: float = 60) -> None:
         time.sleep(0.05)
 
 
-def interrupt(args: list[str], ready, what: str, how: signal.Signals) -> tuple[int, str]:
+def interrupt(args: list[str], ready, what: str, how: signal.Signals,
+              below: list[int] | None = None) -> tuple[int, str]:
     """`asgd ARGS` in a session of its own (so SIGINT is not ignored), sent `how` once
-    `ready()`; its exit status and stderr."""
+    `ready()`; its exit status and stderr. `below`: gets the processes under it then."""
     job = subprocess.Popen([str(BIN / "asgd"), *args], stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         wait_for(ready, what)
+        if below is not None:
+            below += descendants(job.pid)
         job.send_signal(how)
         _, err = job.communicate(timeout=60)
     finally:
@@ -208,24 +212,51 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-def test_an_interrupted_sweep_ends_its_point_and_goes_on_when_rerun(tmp_path, tiny_npz):
+def long_sweep(tmp_path: Path, tiny_npz: Path) -> tuple[Path, Path]:
+    """A simulated sweep of two points of 400 steps each, and its folder."""
     spec = tmp_path / "spec.toml"
     spec.write_text(f'name = "s"\nbackend = "sim"\ntimeout = 300\n[base]\nsteps = 400\ndata = "{tiny_npz}"\n'
                     f'batch_size = 32\neval_samples = 50\neval_every = 10\nsim_step_time = 0.01\n'
                     f'sim_apply_time = 0.001\n[grid]\nclients = [1, 2]\n')
-    out = tmp_path / "out"
+    return spec, tmp_path / "out"
+
+
+def test_an_interrupted_sweep_ends_its_point_and_goes_on_when_rerun(tmp_path, tiny_npz):
+    spec, out = long_sweep(tmp_path, tiny_npz)
+    below: list[int] = []
     returncode, err = interrupt(["sweep", str(spec), "--out", str(out), "--quiet", "--jobs", "1"],
                                 lambda: list(out.glob("runs/*/checkpoint/latest.npz")), "a point's first checkpoint",
-                                signal.SIGTERM)
+                                signal.SIGTERM, below)
     said = [line for line in err.strip().splitlines() if not line.startswith("asgd: warning: ")]  # the step timing's
     assert returncode == 130 and said == [f"asgd: sweep {out} interrupted; run the same command again to go on"]
-    wait_for(lambda: not job_processes(str(out)), "the sweep's point gone")
+    assert below  # the point (and the process it was forked from) ran under the sweep
+    wait_for(lambda: not job_processes(str(out)) and not any(map(alive, below)), "the sweep's point gone")
     points = json.loads((out / "index.json").read_text())["points"]
     assert [p["status"] for p in points] == ["interrupted", "pending"]
     assert asgd("sweep", str(spec), "--out", str(out), "--quiet", timeout=300).returncode == 0
     for point in json.loads((out / "index.json").read_text())["points"]:
         assert sorted((r["client"], r["step"]) for r in rows(out / point["run"], "clients")) == \
             [(c, s) for c in range(point["clients"]) for s in range(1, 401)]
+
+
+def test_sigkill_of_a_sweep_ends_its_point_which_records_the_interruption(tmp_path, tiny_npz):
+    """The points are forked from a process the sweep started (experiments/parent/forked.py):
+    none outlives the sweep, killed without a chance to stop them."""
+    spec, out = long_sweep(tmp_path, tiny_npz)
+    job = subprocess.Popen([str(BIN / "asgd"), "sweep", str(spec), "--out", str(out), "--quiet", "--jobs", "1"],
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: list(out.glob("runs/*/checkpoint/latest.npz")), "a point's first checkpoint")
+        below = descendants(job.pid)
+        job.kill()
+        job.wait()
+    finally:
+        job.kill()
+    assert below
+    wait_for(lambda: not any(map(alive, below)), "every process under the sweep gone after its SIGKILL")
+    (run,) = [r.parent.parent for r in out.glob("runs/*/checkpoint/latest.npz")]
+    assert was_interrupted(json.loads((run / "summary.json").read_text())["status"])  # by the SIGTERM it got
+    FolderLock(run).acquire().release()  # and the point is free to resume
 
 
 def test_ctrl_c_in_the_simulator_is_one_line_and_resumable(tmp_path, tiny_npz):
