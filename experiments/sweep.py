@@ -3,7 +3,10 @@
     asgd sweep experiments/configs/proxy/fig2.toml [--out DIR] [--jobs N] [--retry-failed]
 
 Each point is one `asgd train` in a process of its own (the simulator, or `mpiexec` per
-point), forked from one that imported torch once (experiments/parent/forked.py), with a timeout, writing its own run directory under DIR/runs/. DIR/index.json lists
+point), forked from one that imported torch once (experiments/parent/forked.py), with a
+timeout, writing its own run directory under DIR/runs/, its config and whole stderr
+under DIR/configs/ (ID.toml, ID.stderr; the reason of a failure, its last line, goes
+into the index). DIR/index.json lists
 the points, their settings and status (`running` while one runs), rewritten atomically
 as each starts and ends. The folder is bound to the spec it was started with
 (experiments/sweepfolder.py: a later spec may only add points). Run the sweep again
@@ -372,7 +375,7 @@ class SweepRunner:
         with self.lock:
             if self.stopping:
                 return PENDING
-            proc = Forked("experiments.cli", argv)
+            proc = Forked("experiments.cli", argv, self.out / "configs" / f"{point}.stderr")
             self.running[point] = proc
             self._entry(point)["status"] = RUNNING  # the index is true while the sweep runs
             self._save()

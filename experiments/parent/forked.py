@@ -8,7 +8,7 @@ each point first spent about 2 s of CPU importing torch (measured on the project
 them once and forks each point from itself: a process of its own as before, in a session
 of its own, with the caller's working directory and environment of the moment it is
 started (not the server's: a sweep started from a notebook or a test sees the variables
-set since), its stdout discarded and its stderr kept in a file the caller reads. Its
+set since), its stdout discarded and its stderr kept in a file the caller names. Its
 command line is the server's; its name (`ps -o comm`, top) says `asgd train`.
 
 A point ends with the process that started it: it gets SIGTERM when the server ends
@@ -25,7 +25,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -40,16 +39,16 @@ PRELOAD = ["torch", "experiments.cli", "clients.check", "experiments.inputs", "e
 class Forked:
     """One started command: `pid`, `wait()`, then `stderr`."""
 
-    def __init__(self, module: str, argv: list[str]):
-        """`python -m MODULE ARGV...` (the module's `main(argv)`), forked."""
+    def __init__(self, module: str, argv: list[str], stderr: Path):
+        """`python -m MODULE ARGV...` (the module's `main(argv)`), forked, its stderr
+        written to the file `stderr` (and kept there)."""
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(PRELOAD)
-        handle, path = tempfile.mkstemp(prefix="asgd-stderr-")
-        os.close(handle)
-        self.stderr_path = Path(path)
+        stderr.write_bytes(b"")
+        self.stderr_path = stderr
         self.stderr = ""
         self.lock = threading.Lock()
-        self.process = context.Process(target=_run, args=(module, argv, os.getcwd(), dict(os.environ), path))
+        self.process = context.Process(target=_run, args=(module, argv, os.getcwd(), dict(os.environ), str(stderr)))
         self.process.start()
         self.pid: int = self.process.pid
 
@@ -62,9 +61,7 @@ class Forked:
             raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
         with self.lock:
             self.process.join()
-            if self.stderr_path.exists():
-                self.stderr = self.stderr_path.read_text(errors="replace")
-                self.stderr_path.unlink()
+            self.stderr = self.stderr_path.read_text(errors="replace")
         return self.process.exitcode
 
 

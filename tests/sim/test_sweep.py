@@ -91,6 +91,8 @@ def test_a_failed_point_keeps_its_reason_and_is_retried_only_on_request(tmp_path
     assert main(["sweep", str(failing), "--out", str(out), "--quiet"]) == 1
     [point] = index(out)["points"]
     assert point["status"].startswith("failed: exit 1") and "InjectedFault" in point["status"]
+    said = (out / "configs" / f"{point['id']}.stderr").read_text()  # the point's whole stderr, kept
+    assert said.startswith(f"asgd: run {out / point['run']} failed: InjectedFault") and "--resume" in said
     fixed = spec(tmp_path, tiny_npz, "clients = [2]", base="eval_every = 2", name="s2")
     assert main(["sweep", str(fixed), "--out", str(out), "--quiet"]) == 1  # not retried
     assert index(out)["points"][0]["status"] == point["status"]
