@@ -21,9 +21,9 @@ core's L2).
 Arithmetic is float32 as in the formulas, without fused multiply-adds but where a
 formula asks for one (`fmadd`, paramserver/fused.py; `-ffp-contract=off`), for the
 baseline of the machine's architecture (no `-march=native`: a cache in a home directory
-may be shared by a cluster's different nodes). Each kernel is compiled once and cached by its source's hash
-(`$ASGD_KERNEL_CACHE`, else `~/.cache/gpu-asgd/kernels`; written atomically, so
-concurrent ranks share it): a compile takes under a second, once per machine and formula.
+may be shared by a cluster's different nodes). Each kernel is compiled once and cached
+by its source's hash (`$ASGD_KERNEL_CACHE`, else `~/.cache/gpu-asgd/kernels`; written
+atomically, so concurrent ranks share it): a compile takes under a second, once per machine and formula.
 """
 from __future__ import annotations
 

@@ -22,14 +22,13 @@ import importlib
 import multiprocessing
 import multiprocessing.connection
 import os
-import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-from experiments.parent.lifeline import PR_SET_PDEATHSIG
+from experiments.parent.lifeline import die_with
 
 PR_SET_NAME = 15
 # what the server imports before it forks: all a point would import first
@@ -69,13 +68,9 @@ def _run(module: str, argv: list[str], cwd: str, environ: dict[str, Any], stderr
     """In the fork: become the caller's command (see the module docstring), then run it."""
     os.setsid()
     _let_the_server_end()
-    server = os.getppid()
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != server:  # the server ended before the signal was armed
-            os._exit(143)
-        libc.prctl(PR_SET_NAME, ctypes.c_char_p(b"asgd " + argv[0].encode()[:10]), 0, 0, 0)  # what ps and top show
+    die_with(os.getppid())
+    if sys.platform.startswith("linux"):  # the name ps and top show
+        ctypes.CDLL(None).prctl(PR_SET_NAME, ctypes.c_char_p(b"asgd " + argv[0].encode()[:10]), 0, 0, 0)
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(environ)

@@ -23,12 +23,18 @@ def lifeline(command: list[str]) -> list[str]:
     return [sys.executable, "-m", "experiments.parent.lifeline", str(os.getpid()), *command]
 
 
-def main(argv: list[str]) -> None:
-    parent, command = int(argv[0]), argv[1:]
+def die_with(parent: int) -> None:
+    """From now on this process gets SIGTERM when `parent` (its parent now) ends; it
+    exits 143 at once if that already happened. Linux only; elsewhere nothing."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() != parent:  # it died before the signal was armed
-            sys.exit(143)
+            os._exit(143)
+
+
+def main(argv: list[str]) -> None:
+    parent, command = int(argv[0]), argv[1:]
+    die_with(parent)
     os.execvp(command[0], command)
 
 
