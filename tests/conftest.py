@@ -9,15 +9,21 @@ environment that launcher needs (Open MPI as root) is set here for the whole ses
 as its user would set it."""
 from __future__ import annotations
 
+import contextlib
 import json
+import multiprocessing.connection
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from experiments.parent.forked import Forked
 from experiments.parent.mpiexec import Launcher, find_mpiexec
 from experiments.parent.supervise import kill_tree
 from paramserver.wire.protocol import Push, Tag
@@ -62,9 +68,59 @@ def run_command(args: list[str], timeout: float, cwd: Path = ROOT) -> subprocess
     return result
 
 
-def _run_once(args: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess:
-    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+class Asgd:
+    """`asgd ARGV` as a user's shell starts it (in a session of its own, with this
+    process's environment, in `cwd`), forked from the process that imported torch once
+    for a sweep's points (experiments/parent/forked.py) rather than exec'd: the same
+    `experiments.cli.main` and exit status, without the ~2 s of CPU a fresh interpreter
+    spends importing torch (tests/reliability/test_faults.py, test_ownership.py,
+    test_record.py, tests/sim/test_sweep.py and tests/mpi/test_mpi.py: 317 -> 232 s). The
+    part of subprocess.Popen (text mode) the tests use."""
+
+    def __init__(self, argv: list[str], cwd: Path | None = None):
+        self.folder = Path(tempfile.mkdtemp(prefix="asgd-command-"))
+        self.forked = Forked("experiments.cli", argv, self.folder / "stderr", self.folder / "stdout", cwd)
+        self.pid = self.forked.pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and multiprocessing.connection.wait([self.forked.process.sentinel], 0):
+            self.wait()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self.forked.wait(timeout)
+            shutil.rmtree(self.folder, ignore_errors=True)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self.wait(timeout)
+        return self.forked.stdout, self.forked.stderr
+
+    def send_signal(self, how: signal.Signals) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, how)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.send_signal(signal.SIGKILL)
+
+
+Started = Asgd | subprocess.Popen
+
+
+def start(args: list[str], cwd: Path = ROOT) -> Started:
+    """`args` started in a session of its own, its stdout and stderr read by communicate:
+    this venv's `asgd` forked (Asgd), any other command exec'd."""
+    if args[0] == str(BIN / "asgd"):
+        return Asgd(args[1:], cwd)
+    return subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
+
+
+def _run_once(args: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess:
+    proc = start(args, cwd)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

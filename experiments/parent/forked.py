@@ -36,35 +36,42 @@ PRELOAD = ["torch", "experiments.cli", "clients.check", "experiments.inputs", "e
 
 
 class Forked:
-    """One started command: `pid`, `wait()`, then `stderr`."""
+    """One started command: `pid`, `wait()`, then `stderr` (and `stdout`)."""
 
-    def __init__(self, module: str, argv: list[str], stderr: Path):
+    def __init__(self, module: str, argv: list[str], stderr: Path, stdout: Path | None = None,
+                 cwd: str | Path | None = None):
         """`python -m MODULE ARGV...` (the module's `main(argv)`), forked, its stderr
-        written to the file `stderr` (and kept there)."""
+        written to the file `stderr` (and kept there), its stdout to `stdout` (else
+        discarded), run in `cwd` (else the caller's working directory)."""
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(PRELOAD)
-        stderr.write_bytes(b"")
-        self.stderr_path = stderr
-        self.stderr = ""
+        for path in (stderr, stdout):
+            if path is not None:
+                path.write_bytes(b"")
+        self.stderr_path, self.stdout_path = stderr, stdout
+        self.stderr = self.stdout = ""
         self.lock = threading.Lock()
-        self.process = context.Process(target=_run, args=(module, argv, os.getcwd(), dict(os.environ), str(stderr)))
+        self.process = context.Process(target=_run, args=(module, argv, str(cwd or os.getcwd()), dict(os.environ),
+                                                          str(stderr), str(stdout or os.devnull)))
         self.process.start()
         self.pid: int = self.process.pid
 
     def wait(self, timeout: float | None = None) -> int:
         """The exit status (negative: the signal that ended it), once it has ended and its
-        stderr is read; raises subprocess.TimeoutExpired if it runs past `timeout`. Safe
-        from two threads at once (a sweep's point and its Ctrl-C), as Popen.wait is: the
-        status is read from the server once."""
+        stderr (and stdout, where kept) is read; raises subprocess.TimeoutExpired if it
+        runs past `timeout`. Safe from two threads at once (a sweep's point and its
+        Ctrl-C), as Popen.wait is: the status is read from the server once."""
         if not multiprocessing.connection.wait([self.process.sentinel], timeout):
             raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
         with self.lock:
             self.process.join()
             self.stderr = self.stderr_path.read_text(errors="replace")
+            if self.stdout_path is not None:
+                self.stdout = self.stdout_path.read_text(errors="replace")
         return self.process.exitcode
 
 
-def _run(module: str, argv: list[str], cwd: str, environ: dict[str, Any], stderr: str) -> None:
+def _run(module: str, argv: list[str], cwd: str, environ: dict[str, Any], stderr: str, stdout: str) -> None:
     """In the fork: become the caller's command (see the module docstring), then run it."""
     os.setsid()
     _let_the_server_end()
@@ -74,8 +81,8 @@ def _run(module: str, argv: list[str], cwd: str, environ: dict[str, Any], stderr
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(environ)
-    for fd, path, flags in ((1, os.devnull, os.O_WRONLY), (2, stderr, os.O_WRONLY | os.O_TRUNC)):
-        opened = os.open(path, flags)
+    for fd, path in ((1, stdout), (2, stderr)):
+        opened = os.open(path, os.O_WRONLY)
         os.dup2(opened, fd)
         os.close(opened)
     sys.exit(importlib.import_module(module).main(argv))

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pytest
 
 from experiments.parent.supervise import descendants, kill_tree, rank_of
 from paramserver.rundir.durable import load_arrays
-from tests.conftest import BIN, LAUNCHER, MPIEXEC, assert_logged_once, mpi_train, run_command
+from tests.conftest import BIN, LAUNCHER, MPIEXEC, Started, assert_logged_once, mpi_train, run_command, start
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -38,12 +37,7 @@ def flags(tiny_npz: Path, *more: str) -> list[str]:
     return ["--quiet", "--data", str(tiny_npz), "--batch-size", "32", "--eval-samples", "50", "--rule", "easgd", *more]
 
 
-def start(command: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-
-
-def rank_pid(job: subprocess.Popen, rank: int, run: Path, pushes: int) -> int:
+def rank_pid(job: Started, rank: int, run: Path, pushes: int) -> int:
     """The process of `rank`, once the server has logged `pushes` rows."""
     deadline = time.monotonic() + 120  # a hang guard only
     while not (run / "server.jsonl").exists() or (run / "server.jsonl").read_bytes().count(b"\n") < pushes:
@@ -52,7 +46,7 @@ def rank_pid(job: subprocess.Popen, rank: int, run: Path, pushes: int) -> int:
     return next(pid for pid in descendants(job.pid) if rank_of(pid) == rank)
 
 
-def hurt(job: subprocess.Popen, pid: int, how: signal.Signals) -> str:
+def hurt(job: Started, pid: int, how: signal.Signals) -> str:
     """Signal one rank; the job's stderr once it ended (a generous timeout: a hang guard)."""
     try:
         os.kill(pid, how)
@@ -62,7 +56,7 @@ def hurt(job: subprocess.Popen, pid: int, how: signal.Signals) -> str:
 
 
 def hurt_a_job(tmp_path: Path, flags: list[str], rank: int, rows_first: int,
-               how: signal.Signals) -> tuple[Path, subprocess.Popen, str]:
+               how: signal.Signals) -> tuple[Path, Started, str]:
     """Start `asgd train FLAGS`, hurt `rank` once the server logged `rows_first` rows.
     Launched by asgd, whose ranks write to our stderr directly (hydra may drop what it
     forwards at an abort), under -disable-auto-cleanup: the survivors name the rank."""

@@ -21,7 +21,7 @@ from experiments.parent.supervise import alive, descendants, kill_tree
 from paramserver.rundir.durable import load_arrays
 from paramserver.rundir.lock import FolderLock
 from paramserver.rundir.status import was_interrupted
-from tests.conftest import BIN, run_command
+from tests.conftest import BIN, run_command, start
 from tests.sim.test_sim import TIMED
 
 pytestmark = pytest.mark.slow
@@ -67,7 +67,7 @@ def interrupt(args: list[str], ready, what: str, how: signal.Signals,
               below: list[int] | None = None) -> tuple[int, str]:
     """`asgd ARGS` in a session of its own (so SIGINT is not ignored), sent `how` once
     `ready()`; its exit status and stderr. `below`: gets the processes under it then."""
-    job = subprocess.Popen([str(BIN / "asgd"), *args], stderr=subprocess.PIPE, text=True, start_new_session=True)
+    job = start([str(BIN / "asgd"), *args])
     try:
         wait_for(ready, what)
         if below is not None:
@@ -180,9 +180,8 @@ def test_sigterm_ends_the_whole_mpi_job_and_it_resumes_exactly(tmp_path, tiny_np
 
 def test_sigkill_of_the_command_takes_its_job_down(tmp_path, tiny_npz):
     run = tmp_path / "run"
-    job = subprocess.Popen([str(BIN / "asgd"), "train", "--clients", "2", "--steps", "100000", "--data",
-                            str(tiny_npz), "--batch-size", "32", "--eval-samples", "50", "--quiet", "--out",
-                            str(run)], stderr=subprocess.DEVNULL, start_new_session=True)
+    job = start([str(BIN / "asgd"), "train", "--clients", "2", "--steps", "100000", "--data", str(tiny_npz),
+                 "--batch-size", "32", "--eval-samples", "50", "--quiet", "--out", str(run)])
     wait_for(lambda: (run / "clients.jsonl").exists(), "the job training")
     job.kill()
     job.wait()
@@ -194,9 +193,8 @@ def test_the_lock_is_held_until_the_last_process_of_the_job_is_gone(tmp_path, ti
     """The launcher SIGKILLed alone: its ranks (Open MPI's cannot hold the lock's descriptor,
     and outlive their launcher by a second or so) are gone before asgd lets the lock go."""
     run = tmp_path / "run"
-    job = subprocess.Popen([str(BIN / "asgd"), "train", "--clients", "2", "--steps", "100000", "--data",
-                            str(tiny_npz), "--batch-size", "32", "--eval-samples", "50", "--quiet", "--out",
-                            str(run)], stderr=subprocess.DEVNULL, start_new_session=True)
+    job = start([str(BIN / "asgd"), "train", "--clients", "2", "--steps", "100000", "--data", str(tiny_npz),
+                 "--batch-size", "32", "--eval-samples", "50", "--quiet", "--out", str(run)])
     try:
         wait_for(lambda: (run / "clients.jsonl").exists(), "the job training")
         [launcher] = [pid for pid in descendants(job.pid) if _parent(pid) == job.pid]
@@ -243,8 +241,7 @@ def test_sigkill_of_a_sweep_ends_its_point_which_records_the_interruption(tmp_pa
     """The points are forked from a process the sweep started (experiments/parent/forked.py):
     none outlives the sweep, killed without a chance to stop them."""
     spec, out = long_sweep(tmp_path, tiny_npz)
-    job = subprocess.Popen([str(BIN / "asgd"), "sweep", str(spec), "--out", str(out), "--quiet", "--jobs", "1"],
-                           stderr=subprocess.DEVNULL, start_new_session=True)
+    job = start([str(BIN / "asgd"), "sweep", str(spec), "--out", str(out), "--quiet", "--jobs", "1"])
     try:
         wait_for(lambda: list(out.glob("runs/*/checkpoint/latest.npz")), "a point's first checkpoint")
         below = descendants(job.pid)

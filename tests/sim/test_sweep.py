@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
 import time
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 from experiments.cli import main
 from experiments.parent.supervise import kill_tree
 from paramserver.rundir.status import finished
-from tests.conftest import BIN
+from tests.conftest import BIN, start
 
 
 def spec(tmp_path: Path, data: Path, grid: str, base: str = "", name: str = "s", steps: int = 8) -> Path:
@@ -65,7 +64,7 @@ def test_a_killed_sweep_finishes_only_what_is_missing(tmp_path, tiny_npz):
     out = tmp_path / "out"
     path = spec(tmp_path, tiny_npz, "clients = [1, 2]\nn_sync = [1, 2]", base="eval_every = 5", steps=40)
     command = [str(BIN / "asgd"), "sweep", str(path), "--out", str(out), "--quiet", "--jobs", "2"]
-    first = subprocess.Popen(command, start_new_session=True, stderr=subprocess.DEVNULL)
+    first = start(command)
     deadline = time.monotonic() + 120
     while not (out / "index.json").exists() or \
             sum(finished(p["status"]) for p in index(out)["points"]) < 2:
