@@ -8,8 +8,9 @@ each point first spent about 2 s of CPU importing torch (measured on the project
 them once and forks each point from itself: a process of its own as before, in a session
 of its own, with the caller's working directory and environment of the moment it is
 started (not the server's: a sweep started from a notebook or a test sees the variables
-set since), its stdout discarded and its stderr kept in a file the caller names. Its
-command line is the server's; its name (`ps -o comm`, top) says `asgd train`.
+set since), its stdout discarded (or kept, as the tests keep their commands') and its
+stderr kept in a file the caller names, in the caller's working directory or another.
+Its command line is the server's; its name (`ps -o comm`, top) says `asgd train`.
 
 A point ends with the process that started it: it gets SIGTERM when the server ends
 (Linux's parent-death signal), and the server ends when the last process that asked it
