@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import multiprocessing.connection
 import os
 import shutil
 import signal
@@ -84,8 +83,8 @@ class Asgd:
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
-        if self.returncode is None and multiprocessing.connection.wait([self.forked.process.sentinel], 0):
-            self.wait()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.wait(0)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
