@@ -9,7 +9,9 @@ environment that launcher needs (Open MPI as root) is set here for the whole ses
 as its user would set it."""
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -17,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +28,7 @@ import pytest
 from experiments.parent.forked import Forked
 from experiments.parent.mpiexec import Launcher, find_mpiexec
 from experiments.parent.supervise import kill_tree
+from experiments.rank import preloaded
 from paramserver.wire.protocol import Push, Tag
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,8 +134,40 @@ def _run_once(args: list[str], timeout: float, cwd: Path) -> subprocess.Complete
 
 
 def mpi_train(ranks: int, *flags: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`mpiexec -n RANKS asgd train FLAGS` as a user types it."""
-    return run_command([MPIEXEC, "-n", str(ranks), str(BIN / "asgd"), "train", "--quiet", *flags], timeout)
+    """`mpiexec -n RANKS asgd train FLAGS` as a user types it; under MPICH each rank is
+    forked from a server that imported torch once (experiments/rank/preloaded.py: the
+    same `experiments.cli.main`, 1.5-2 s of CPU less a rank; tests/mpi/test_mpi.py
+    114 -> 65 s). Open MPI's PMIx runtime is not known to take a rank it did not start:
+    there the ranks are exec'd."""
+    if LAUNCHER.kind == "hydra":
+        asgd = ["-genv", preloaded.SOCKET, rank_server().socket, *preloaded.command(["train"])]
+    else:
+        asgd = [str(BIN / "asgd"), "train"]
+    return run_command([MPIEXEC, "-n", str(ranks), *asgd, "--quiet", *flags], timeout)
+
+
+@dataclass(frozen=True)
+class RankServer:
+    socket: str
+    pid: int
+
+
+@functools.cache
+def rank_server() -> RankServer:
+    """This session's rank server (experiments/rank/preloaded.py), started once, ending
+    with this process."""
+    folder = tempfile.mkdtemp(prefix="asgd-ranks-")
+    socket = os.path.join(folder, "socket")
+    server = subprocess.Popen([sys.executable, "-m", "experiments.rank.preloaded", "--serve"], cwd=ROOT,
+                              env={**os.environ, preloaded.SOCKET: socket}, start_new_session=True)
+    atexit.register(_end_rank_server, server, folder)
+    return RankServer(socket, server.pid)
+
+
+def _end_rank_server(server: subprocess.Popen, folder: str) -> None:
+    server.kill()
+    server.wait()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def assert_logged_once(run: Path, clients: int, steps: int, versions: int) -> None:
