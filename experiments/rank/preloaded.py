@@ -27,6 +27,8 @@ does for a user.
 """
 from __future__ import annotations
 
+import fcntl
+import importlib
 import json
 import os
 import select
@@ -34,6 +36,7 @@ import signal
 import socket
 import struct
 import sys
+import threading
 
 SOCKET = "ASGD_RANK_SERVER"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
@@ -80,8 +83,6 @@ def stand_in(argv: list[str]) -> int:
 def serve(path: str) -> dict:
     """Fork a rank for each stand-in that connects to `path`, report each one's end to its
     stand-in; returns only in a forked rank: what its stand-in sent."""
-    import importlib
-
     from experiments.parent.forked import PRELOAD  # what an `asgd` command imports first
     from experiments.parent.lifeline import die_with
 
@@ -132,16 +133,12 @@ def _take_over(conn: socket.socket, server_sockets: list[socket.socket], server_
     os.environ.clear()
     os.environ.update(request["environ"])
     watch.sendall(NUMBER.pack(os.getpid()))
-    import threading
-
     threading.Thread(target=_die_with, args=(watch,), daemon=True, name="rank-watch").start()
     return request
 
 
 def _park(fd: int) -> int:
     """`fd` moved to a number at or above HIGH_FD, out of the way of the stand-in's."""
-    import fcntl
-
     moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, HIGH_FD)
     os.close(fd)
     return moved
@@ -149,14 +146,11 @@ def _park(fd: int) -> int:
 
 def _die_with(watch: socket.socket) -> None:
     """End this rank when its stand-in is gone: the launcher killed what it started."""
-    while True:
-        try:
-            if not watch.recv(1):
-                break
-        except InterruptedError:
-            continue
-        except OSError:
-            break
+    try:
+        while watch.recv(1):
+            pass
+    except OSError:
+        pass
     os.kill(os.getpid(), signal.SIGKILL)
 
 
