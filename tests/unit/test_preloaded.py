@@ -14,7 +14,9 @@ from experiments.parent.supervise import alive, descendants
 from experiments.rank import preloaded
 from tests.conftest import rank_server
 
-SIM = ["train", "--backend", "sim", "--quiet", "--batch-size", "32", "--rule", "add", "--eval-samples", "50"]
+# Fixed simulated times: a measured step on a busy host warns on stderr, which the first test reads.
+SIM = ["train", "--backend", "sim", "--quiet", "--batch-size", "32", "--rule", "add", "--eval-samples", "50",
+       "--sim-step-time", "0.01", "--sim-apply-time", "0.001"]
 
 
 def stand_in(argv: list[str], cwd: Path, **environ: str) -> subprocess.Popen:
