@@ -22,7 +22,7 @@ from clients.buffers import host_copy
 from clients.client import Client
 from clients.collective import Average, Straggle, collective_step
 from experiments.runlife import RunLife
-from experiments.runrecord import RunSetup, eval_every
+from experiments.runrecord import RunSetup
 from paramserver.config import RunConfig
 from paramserver.recorder import Background
 from paramserver.rundir.checkpoint import Checkpoint, save_point
@@ -41,11 +41,10 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
     asked at each evaluation step)."""
     cfg = setup.cfg
     k, samples_per_step = setup.clients, setup.clients * cfg.batch_size
-    every = eval_every(setup, cfg.steps)
     recorder = 0 in indices
-    counts: dict[str, Any] = {}
-    with RunLife(setup, every, clock, lambda: counts, records=recorder) as life:
+    with RunLife(setup, cfg.steps, clock, records=recorder) as life:
         counts, lines = _opened(life, setup)
+        life.counts, every = lambda: counts, life.every
         first = point.client_steps[0] + 1 if point else 1
         faults = [f for i in indices if (f := cfg.fault_for(i, f"client {i}")) is not None]
         files = Background() if recorder else None
@@ -83,7 +82,7 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
             life.curve.stop()
             files.close()
             dropped = {"gradients_dropped": _dropped(life.run)} if cfg.backup_workers else {}
-            life.finish({**counts, **dropped})
+            life.finish(dropped)
     return 0
 
 

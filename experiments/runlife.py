@@ -17,21 +17,23 @@ import time
 from typing import Any, Callable
 
 from experiments.progress import Progress
-from experiments.runrecord import RunSetup, finish_run, live_curve, open_run, record_dir, record_failure
+from experiments.runrecord import RunSetup, eval_every, finish_run, live_curve, open_run, record_dir, record_failure
 from paramserver.rundir.checkpoint import Checkpoint
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.resume import cut_back
 
 
 class RunLife:
-    """`with RunLife(...) as life:` train, then `life.finish(counts)`. `counts()`: what
-    the run has counted so far, for a failure's summary; `land_files`: should training
-    fail, lands the files it was writing in the background (set once they exist)."""
+    """`with RunLife(...) as life:` train, then `life.finish(measured)`. `every`: the
+    versions (or steps) between the curve's points, of a run of `events`. Set once they
+    exist: `counts()`, what the run has counted so far, for a failure's summary;
+    `land_files`, should training fail, lands the files it was writing in the background."""
 
-    def __init__(self, setup: RunSetup, every: int, clock: Callable[[], float], counts: Callable[[], dict[str, Any]],
-                 records: bool = True):
+    def __init__(self, setup: RunSetup, events: int, clock: Callable[[], float], records: bool = True):
         cfg = setup.cfg
-        self.setup, self.clock, self.counts = setup, clock, counts
+        self.setup, self.clock = setup, clock
+        self.every = eval_every(setup, events)
+        self.counts: Callable[[], dict[str, Any]] = dict
         self.checkpoint: Checkpoint | None = None  # where a resumed run goes on from
         self.run: RunDir | None = None
         if records and cfg.resume:
@@ -39,7 +41,7 @@ class RunLife:
             self.checkpoint = Checkpoint.load(self.run)
             cut_back(self.run, self.checkpoint, cfg.steps, setup.provenance)
         elif records:
-            self.run = open_run(setup, every)
+            self.run = open_run(setup, self.every)
         self.curve = live_curve(self.run, setup) if self.run is not None else None
         self.progress = Progress(setup.clients * cfg.steps, quiet=cfg.quiet or not records)
         self.land_files: Callable[[], None] = lambda: None
@@ -52,14 +54,15 @@ class RunLife:
         """Training starts now (its wall time is counted from here)."""
         self.wall = time.perf_counter()
 
-    def finish(self, counts: dict[str, Any]) -> dict[str, Any] | None:
+    def finish(self, measured: dict[str, Any]) -> dict[str, Any] | None:
         """Training is over and its files are out: the snapshots are evaluated, the summary
-        is written; returns it (None on a rank that records nothing)."""
+        (`counts()` and what else was `measured`) is written; returns it (None on a rank
+        that records nothing)."""
         wall = time.perf_counter() - self.wall
         self.progress.close()
         if self.run is None:
             return None
-        return finish_run(self.run, self.setup, self.curve, self.clock(), wall, counts)
+        return finish_run(self.run, self.setup, self.curve, self.clock(), wall, {**self.counts(), **measured})
 
     def __exit__(self, kind: type | None, error: BaseException | None, trace: Any) -> bool:
         if error is None:

@@ -48,7 +48,7 @@ from clients.stragglers import Stragglers
 from experiments.assemble import build, start
 from experiments.collectiverun import collective_run
 from experiments.provenance import provenance
-from experiments.serverrun import make_store, serve_run
+from experiments.serverrun import serve_run
 from paramserver.config import ConfigError, RunConfig
 from paramserver.handler import ServerState, handle
 from paramserver.inprocess import InProcess
@@ -56,6 +56,7 @@ from paramserver.recorder import Recorder
 from paramserver.rundir.durable import read_jsonl
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.lock import RunDirError
+from paramserver.store import Store
 from paramserver.wire.protocol import Message, Outgoing, Pull, Push, Tag
 
 
@@ -344,7 +345,7 @@ def measure_push(cfg: RunConfig, size: int, clients: int) -> float:
     with tempfile.TemporaryDirectory() as scratch:
         run = RunDir(scratch)
         run.create()
-        state = ServerState(make_store(cfg, np.zeros(size, np.float32), clients), [1])
+        state = ServerState(Store.for_run(cfg, np.zeros(size, np.float32), clients), [1])
         recorder = Recorder(run, state, time.perf_counter)
         row = StepResult(2.3, 0.9, cfg.batch_size, cfg.lr).row(0, 1, 0.0)
         state.landing[:] = 0

@@ -33,12 +33,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from paramserver.config import RunConfig
 from paramserver.pace import Pace
 from paramserver.rundir.checkpoint import Checkpoint
 from paramserver.schedule import Schedule
 from paramserver.store import ApplyResult, Store
 from paramserver.wire import frame
-from paramserver.wire.compress import Codec
+from paramserver.wire.compress import Codec, make_codec
 from paramserver.wire.frame import Garbled
 from paramserver.wire.protocol import FROM_CLIENTS, Message, Push, Reply, State, Stop, Tag, Weights, well_formed
 
@@ -192,6 +193,35 @@ class ServerState:
         compressed = self.codec.wire_dtype != np.float32
         self.landing = frame.empty(self.store.size, self.codec.wire_dtype) if compressed else self.buffer  # as they come
         self.pace = Pace(self.clock) if self.store.rule.paced else None
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig, weights: np.ndarray, clients: int, **options: Any) -> ServerState:
+        """A server's state for its slice `weights` of a run of `clients` clients: its store,
+        the clients' ranks (after the servers'), the wire's codec, the lr schedule the server
+        counts progress for and applies its rule's lr by (`options`: the other fields)."""
+        return cls(Store.for_run(cfg, weights, clients), list(range(cfg.servers, cfg.servers + clients)),
+                   codec=make_codec(cfg.compress),
+                   schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr), **options)
+
+    def counts(self) -> dict[str, Any]:
+        """What the server counted, for the run's summary."""
+        store, tally = self.store, self.tally
+        return {
+            "minibatches": tally.minibatches,
+            "samples": tally.samples,
+            "version": store.version,
+            # a stopped client says how many it sent; of one that failed or was lost, what came
+            "pushes_sent": sum(max(int(tally.client_pushes[i]), tally.stops[r].pushes if r in tally.stops else 0)
+                               for i, r in enumerate(self.client_ranks)),
+            "pushes_applied": sum(store.applied.values()),
+            "pushes_rejected": tally.rejected,
+            "pushes_dropped": sum(store.dropped.values()),
+            "dropped_per_client": {str(c): n for c, n in sorted(store.dropped.items())},
+            "staleness": store.staleness_stats(),
+            # memory the rule's state takes beside the weights (DC-ASGD's copies, momentum, sums)
+            "rule_state_bytes": sum(t.numel() * t.element_size() for t in store.rule.state().values()),
+            "lost_clients": sorted(tally.lost.values(), key=lambda lost: lost["client"]),
+        }
 
     def client(self, rank: int) -> int:
         return self.client_ranks.index(rank)

@@ -668,8 +668,3 @@ def rule_class(name: str) -> type[Rule]:
 def make_rule(name: str, settings: RuleSettings, clients: int = 1) -> Rule:
     """The rule called `name` for a run of `clients` clients (`settings`: a RunConfig)."""
     return rule_class(name)(settings, clients)
-
-
-def state_bytes(rule: Rule) -> int:
-    """Memory the rule's state takes beside the weights (DC-ASGD's copies, momentum, sums)."""
-    return sum(t.numel() * t.element_size() for t in rule.state().values())

@@ -30,7 +30,8 @@ import numpy as np
 
 from paramserver import fused, hostkernel
 from paramserver.arrays import ServerArrays
-from paramserver.rules import Rule
+from paramserver.config import RunConfig
+from paramserver.rules import Rule, make_rule
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,12 @@ class Store:
         self.rejected: Counter[int] = Counter()
         self.dropped: Counter[int] = Counter()
         self.staleness: Counter[int] = Counter()
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig, weights: np.ndarray, clients: int) -> Store:
+        """The server's store for these weights: its rule for `clients` clients, on its device."""
+        return cls(weights, make_rule(cfg.rule, cfg, clients), backend=ServerArrays(cfg.server_device),
+                   kernel=cfg.server_kernel)
 
     @property
     def size(self) -> int:

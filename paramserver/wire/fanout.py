@@ -6,11 +6,11 @@ Typed against `Link`, so importing this starts no MPI.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from paramserver.wire.protocol import Link, Outgoing, Push, Weights
+from paramserver.wire.protocol import Link, Outgoing, Pull, Push, Tag, Weights
 
 
 class ServerLink:
@@ -51,3 +51,19 @@ def _sliced(header: Any, server: int, lo: int, hi: int) -> Any:
     if not isinstance(header, Push) or (header.size, server) == (hi - lo, 0):  # one server: as it is
         return header
     return replace(header, size=hi - lo, rows=header.rows if server == 0 else ())
+
+
+def gatherer(link: Link | None, bounds: list[tuple[int, int]],
+             timeout: float) -> Callable[[np.ndarray], np.ndarray] | None:
+    """Server 0's way to the whole vector from its own slice, the other servers' read with
+    PULL; None with one server."""
+    if len(bounds) == 1:
+        return None
+    servers = ServerLink(link, tuple(range(1, len(bounds))), bounds[1:], timeout)
+
+    def gather(own: np.ndarray) -> np.ndarray:
+        whole = np.empty(bounds[-1][1], np.float32)
+        whole[:bounds[0][1]] = own
+        servers.exchange(Outgoing(Tag.PULL, Pull()), whole)
+        return whole
+    return gather
