@@ -2,13 +2,14 @@
 
     .venv/bin/mpiexec -n 2 .venv/bin/python scripts/push_path.py [asgd train flags]
 
-Trains one client against one server (`asgd train`, the defaults unless flags say
-otherwise; the curve's snapshots and checkpoints, which come every few hundred pushes,
-only at the start and the end) and, for the push it traces (PUSH, after the first few),
-lists each project function called, in the order first called, on each side: the client from building the
-push to taking the weights back, the server from waiting for the push to recording it.
-Then the modules that makes. For a newcomer reading one push (docs/architecture.md) and
-for the house's one-push measure; a measurement, not a test: nothing is asserted.
+Trains one client against one server for 40 minibatches (`asgd train`, the defaults
+unless flags say otherwise; `--eval-every 80` keeps the curve's snapshots and
+checkpoints, which would fall on every other push of so short a run, to its start and
+end) into runs/push_path-PID (the launcher's), and for the push it traces (PUSH, after the first few)
+lists each function of ours called, in the order first called, on each side: the client
+from building the push to taking the weights back, the server from waiting for the push
+to recording it; then the modules that makes. For a newcomer reading one push
+(docs/architecture.md) and for the house's one-push measure; a measurement, not a test.
 """
 import os
 import sys
