@@ -44,7 +44,8 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
     recorder = 0 in indices
     with RunLife(setup, cfg.steps, clock, records=recorder) as life:
         counts, lines = _opened(life, setup)
-        life.counts, every = lambda: counts, life.every
+        life.counts = lambda: counts
+        every = life.every
         first = point.client_steps[0] + 1 if point else 1
         faults = [f for i in indices if (f := cfg.fault_for(i, f"client {i}")) is not None]
         files = Background() if recorder else None
