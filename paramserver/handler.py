@@ -88,7 +88,7 @@ class ServerTally:
 
 
 # The events handle() returns, for the Recorder, in the order they happened.
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Applied:
     """A push was applied: a server.jsonl row."""
 
@@ -126,7 +126,7 @@ class NoiseMeasured:
     fresh_batch: int | None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ClientRows:
     """A push's minibatch rows (clients.jsonl); `minibatches`: the run's count after them."""
 

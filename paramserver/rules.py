@@ -64,7 +64,7 @@ class RuleSettings(Protocol):
     servers: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Update:
     """One push's update as a fused kernel runs it (paramserver/fused.py): `code`, a few
     `name = expr;` statements in the common ground of C and Python (names, + - * /,

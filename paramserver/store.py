@@ -34,7 +34,7 @@ from paramserver.config import RunConfig
 from paramserver.rules import Rule, make_rule
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ApplyResult:
     accepted: bool
     version: int          # the version after this push (unchanged if rejected)

@@ -39,7 +39,7 @@ class JsonlWriter:
         self.write_many([row])
 
     def write_many(self, rows: list[dict[str, Any]]) -> None:
-        self.write_json("".join(json.dumps(r, default=_plain) + "\n" for r in rows), rows)
+        self.write_json("".join(_ROW.encode(r) + "\n" for r in rows), rows)
 
     def write_json(self, text: str, rows: list[dict[str, Any]]) -> None:
         """`rows`, already written as JSON lines in `text` (the server's hot path formats
@@ -90,6 +90,11 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     raise TypeError(f"cannot write {type(value).__name__} to a log row")
+
+
+# One encoder for every row: json.dumps with `default` makes one a call (0.7 us of a
+# push's clients.jsonl row).
+_ROW = json.JSONEncoder(default=_plain)
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:

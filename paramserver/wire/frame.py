@@ -20,6 +20,7 @@ not one per minibatch.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import struct
 import weakref
@@ -53,18 +54,28 @@ def empty(size: int, dtype: np.dtype | type = np.float32) -> np.ndarray:
     frame = np.empty(HEADER_BYTES + nbytes + ROWS_ROOM, np.uint8)
     vector = frame[HEADER_BYTES:HEADER_BYTES + nbytes].view(dtype)
     if len(_FRAMES) >= _PRUNE_AT[0]:
-        for address in [a for a, ref in _FRAMES.items() if ref() is None]:
-            del _FRAMES[address]
+        for dead in [a for a, ref in _FRAMES.items() if ref() is None]:
+            del _FRAMES[dead]
         _PRUNE_AT[0] = max(1024, 2 * len(_FRAMES))
-    _FRAMES[vector.__array_interface__["data"][0]] = weakref.ref(frame)
+    _FRAMES[address(vector)] = weakref.ref(frame)
     return vector
+
+
+def address(array: np.ndarray) -> int:
+    """Where `array`'s bytes start. Read through ctypes (0.4 us), not numpy's
+    `__array_interface__` (1.0 us: it builds a dict of six entries), since a round trip
+    asks it eight times; a read-only or empty array the numpy way."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(array))
+    except (TypeError, ValueError, BufferError):
+        return array.__array_interface__["data"][0]
 
 
 def around(data: np.ndarray, tail: int) -> np.ndarray | None:
     """The contiguous block [header | `data` | `tail` bytes] when `data` (bytes) starts a
     vector from `empty()` and that much room after it is free (after the whole vector:
     behind a leading slice of it, such as a sharded server's, lies the next slice)."""
-    ref = _FRAMES.get(data.__array_interface__["data"][0])
+    ref = _FRAMES.get(address(data))
     frame = ref() if ref is not None else None
     if frame is None:
         return None
@@ -92,8 +103,11 @@ def write_header(out: np.ndarray, tag: int, header: Push | Weights, rank: int, r
     _CRC.pack_into(out, _FIELDS.size, zlib.crc32(out[:_FIELDS.size]))
 
 
+_ROWS = json.JSONEncoder(separators=(",", ":"))  # one, not one a push as json.dumps makes (0.7 of its 3.2 us)
+
+
 def rows_bytes(header: Push) -> bytes:
-    return json.dumps(header.rows, allow_nan=True, separators=(",", ":")).encode() if header.rows else b""
+    return _ROWS.encode(header.rows).encode() if header.rows else b""
 
 
 def rows_length(head: np.ndarray) -> int:

@@ -1,9 +1,17 @@
 """Every message between clients and the server: tags and headers, in one place.
 
-A message is a header (a frozen dataclass) and, for a push or weights, a payload. On the
+A message is a header (a dataclass) and, for a push or weights, a payload. On the
 wire a push and its weights reply are each ONE MPI message, a fixed binary header in
 front of the payload's bytes (paramserver/wire/frame.py: no pickle on the hot path); the
 rare messages (PULL, STOP, FAIL, BYE, STATE) are pickled dataclasses.
+
+The rare headers are frozen. What one push builds (`Push`, `Weights`, `Outgoing`,
+`Message`, `Reply`; the server's `ApplyResult`, `Applied`, `ClientRows` and the rule's
+`Update`) are slotted dataclasses that nothing changes once built, not frozen ones: a
+frozen dataclass sets each field through `object.__setattr__`, 0.7 us more a build
+than a slotted one (1.0 against 0.27 us for seven fields, measured), and a round trip
+builds eleven (measured in a 2-rank job at 1e4 floats: 9,500-10,200 round trips/s
+frozen, 11,000-11,500 slotted).
 
 Message sequence (one client; the server serves all clients in arrival order):
 
@@ -61,7 +69,7 @@ class Pull:
     pass
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Push:
     step: int                  # the client's minibatch count at this push
     size: int                  # payload length, in elements
@@ -92,7 +100,7 @@ class Bye:
     lost: int                  # clients the run went on without
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Weights:
     version: int
     size: int
@@ -101,7 +109,7 @@ class Weights:
     state: bool = False        # a checkpoint is due: send the optimizer's state before each push
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Outgoing:
     """A message a client (or server 0, reading the other slices) is about to send."""
     tag: Tag
@@ -109,7 +117,7 @@ class Outgoing:
     payload: np.ndarray | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Message:
     """A header as received, with the rank it came from and, for a push, its payload
     (`carries_payload`) as it landed: in the receiver's buffer when the byte count was
@@ -121,7 +129,7 @@ class Message:
     payload: np.ndarray | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Reply:
     """What the server sends back: weights (header and payload) to `dest`."""
 
@@ -192,7 +200,7 @@ def well_formed(tag: int, header: Any) -> bool:
     """True when `header` is the header type that `tag` announces, with fields of the
     declared types (a push's rows come as JSON from the wire, so nothing else guarantees
     them)."""
-    if tag not in HEADERS or not isinstance(header, HEADERS[Tag(tag)]):
+    if not isinstance(header, HEADERS.get(tag, ())):  # an unknown tag: () is no header type
         return False
     if isinstance(header, Push):
         return (_is_int(header.step) and _is_int(header.size) and isinstance(header.fetch, bool)
