@@ -17,39 +17,33 @@ the copy. A measurement, not a test.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
 import numpy as np
 from mpi4py import MPI
 
+from experiments.bench.wire import add_store, finish
+
 MODES = ("none", "reply", "copy")
-
-
-def _finish(request: MPI.Request) -> None:
-    while not request.Test():
-        os.sched_yield()
 
 
 def serve(comm: MPI.Comm, size: int, mode: str, repeats: int) -> tuple[float, float]:
     """Rank 0: median apply and copy seconds over `repeats` pushes in `mode`."""
-    from experiments.bench.wire import add_store
-
     store, push, spare = add_store(size), np.empty(size, np.float32), np.empty(size, np.float32)
     applies, copies = [], []
     for _ in range(repeats):
-        _finish(comm.Irecv([push, MPI.FLOAT], source=1))
+        finish(comm.Irecv([push, MPI.FLOAT], source=1))
         start = time.perf_counter()
         store.apply(0, push)
         applies.append(time.perf_counter() - start)
         if mode == "reply":
-            _finish(comm.Isend([store.weights, MPI.FLOAT], dest=1))
+            finish(comm.Isend([store.weights, MPI.FLOAT], dest=1))
         elif mode == "copy":
             start = time.perf_counter()
             np.copyto(spare, store.weights)
             copies.append(time.perf_counter() - start)
-            _finish(comm.Isend([spare, MPI.FLOAT], dest=1))
+            finish(comm.Isend([spare, MPI.FLOAT], dest=1))
     return statistics.median(applies), statistics.median(copies) if copies else 0.0
 
 
@@ -57,9 +51,9 @@ def push(comm: MPI.Comm, size: int, mode: str, repeats: int) -> None:
     """Rank 1: `repeats` pushes of `size` floats, taking the weights back where `mode` sends them."""
     data, weights = np.full(size, 1e-6, np.float32), np.empty(size, np.float32)
     for _ in range(repeats):
-        _finish(comm.Isend([data, MPI.FLOAT], dest=0))
+        finish(comm.Isend([data, MPI.FLOAT], dest=0))
         if mode != "none":
-            _finish(comm.Irecv([weights, MPI.FLOAT], source=0))
+            finish(comm.Irecv([weights, MPI.FLOAT], source=0))
 
 
 def main() -> None:

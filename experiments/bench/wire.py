@@ -61,16 +61,17 @@ def raw_round_trips(comm: MPI.Comm, data: np.ndarray, repeats: int) -> list[floa
         comm.Barrier()
         start = time.perf_counter()
         if comm.rank == 1:
-            _finish(comm.Isend([data, MPI.FLOAT], dest=0))
-            _finish(comm.Irecv([data, MPI.FLOAT], source=0))
+            finish(comm.Isend([data, MPI.FLOAT], dest=0))
+            finish(comm.Irecv([data, MPI.FLOAT], source=0))
         else:
-            _finish(comm.Irecv([data, MPI.FLOAT], source=1))
-            _finish(comm.Isend([data, MPI.FLOAT], dest=1))
+            finish(comm.Irecv([data, MPI.FLOAT], source=1))
+            finish(comm.Isend([data, MPI.FLOAT], dest=1))
         times.append(time.perf_counter() - start)
     return times[WARMUP:]
 
 
-def _finish(request: MPI.Request) -> None:
+def finish(request: MPI.Request) -> None:
+    """Wait for `request`, polling and yielding the core (raw MPI, none of our transport)."""
     while not request.Test():
         os.sched_yield()
 
