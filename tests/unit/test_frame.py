@@ -97,3 +97,14 @@ def test_the_frames_table_forgets_freed_vectors_without_a_callback():
     assert len(frame._FRAMES) <= 2 * frame._PRUNE_AT[0]
     assert frame.around(live.view(np.uint8), 0) is not None
     assert frame.around(np.zeros(10, np.float32).view(np.uint8), 0) is None
+
+
+def test_an_address_is_where_the_arrays_bytes_start_whatever_the_array():
+    """Read through ctypes where it can, numpy's way where it cannot (read-only, empty,
+    strided): the same number either way, which the frames' lookup depends on."""
+    vector = frame.empty(8)
+    read_only = np.frombuffer(b"abcd", np.uint8)
+    for array in (vector, vector.view(np.uint8), vector[2:], read_only, np.empty(0, np.float32),
+                  np.arange(8.0)[::2], torch.zeros(4).numpy()):
+        assert frame.address(array) == array.__array_interface__["data"][0]
+    assert frame.around(vector.view(np.uint8), 0) is not None  # found by its address
