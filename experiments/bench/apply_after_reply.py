@@ -6,8 +6,9 @@ Why the apply inside a job costs more than in one process: rank 1 sends a push o
 `size` floats (raw MPI, none of our wire), rank 0 receives it and applies it with the
 `add` rule's compiled kernel, timing only the apply; then, by mode,
 - `none`: nothing more (the push just landed, the weights were last written here);
-- `reply`: it sends the weights back to rank 1, as the server's reply does: rank 1's
-  core reads them, so the next apply writes lines another core holds;
+- `reply`: it sends the weights back to rank 1, as the server's reply does (most
+  likely leaving their cache lines shared with rank 1's core, which the next apply's
+  writes must take back first);
 - `copy`: it copies the weights into a buffer of their own and sends that (the
   weights stay this core's alone; the copy pays instead).
 Each trial runs every mode once, in turn (`repeats` round trips each); rank 0 prints

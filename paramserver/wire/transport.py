@@ -102,7 +102,7 @@ class Transport:
         rows = rows_bytes(header) if isinstance(header, Push) else b""
         data = _as_bytes(payload if payload is not None else np.empty(0, np.uint8))
         block = frame.around(data, len(rows))
-        if block is not None and self._reading(frame.address(block)):
+        if block is not None and self._reading(block):
             block = None  # its header is being sent (replies to several clients): not rewritten under MPI
         if block is None:
             block = self._staged(("to", dest), HEADER_BYTES + data.nbytes + len(rows))
@@ -114,11 +114,11 @@ class Transport:
         self._in_place[frame.address(block)] = posted
         return posted
 
-    def _reading(self, address: int) -> bool:
-        """Whether a send from the block at `address` (one that starts where it does) is
-        still under way: MPI allows no write to a buffer it is sending, not even of the
-        same bytes. (Only sends under way are remembered, so the blocks of finished ones
-        can be freed.)"""
+    def _reading(self, block: np.ndarray) -> bool:
+        """Whether a send from `block` (one that starts where it does) is still under way:
+        MPI allows no write to a buffer it is sending, not even of the same bytes. (Only
+        sends under way are remembered, so the blocks of finished ones can be freed.)"""
+        address = frame.address(block)
         posted = self._in_place.get(address)
         if posted is not None and MPI.Request.Testall(posted):
             del self._in_place[address]
@@ -134,7 +134,7 @@ class Transport:
         only while both sides poll. A new block while a send from the last is still
         under way."""
         block = self._staging.get(key)
-        if block is None or block.nbytes < nbytes or self._reading(frame.address(block)):
+        if block is None or block.nbytes < nbytes or self._reading(block):
             block = self._staging[key] = np.empty(nbytes, np.uint8)
         return block[:nbytes]
 
