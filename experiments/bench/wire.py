@@ -202,6 +202,13 @@ def load(comm: MPI.Comm, size: int, seconds: float, servers: int) -> dict | None
             (time.perf_counter() - start, rss_mb())))
         wall = time.perf_counter() - start
         return None if comm.rank else _load_figures(loop, size, wall, seconds, servers, rss)
+    client_pushes(transport, size, servers, seconds)
+    return None
+
+
+def client_pushes(transport: Transport, size: int, servers: int, seconds: float) -> int:
+    """A client rank: its pushes of `size` floats (and pulls) for `seconds`, then its STOP;
+    how many it pushed."""
     payload, into = client_vectors(size)
     link = client_link(transport, size, servers)
     link.exchange(Outgoing(Tag.PULL, Pull()), into)
@@ -210,7 +217,7 @@ def load(comm: MPI.Comm, size: int, seconds: float, servers: int) -> dict | None
         step += 1
         push_pull(link, payload, into, step)
     link.exchange(Outgoing(Tag.STOP, Stop(step, step)), None)
-    return None
+    return step
 
 
 def _load_figures(loop: ServerLoop, size: int, wall: float, window: float, servers: int,
