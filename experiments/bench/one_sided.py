@@ -1,22 +1,28 @@
 """Our server's push + pull against MPI one-sided communication, for a rule that is an MPI
 operation (`add`): what a push would cost if the clients wrote into the server's memory.
 
-    mpiexec -n 1+K python -m experiments.bench.one_sided [--sizes 1e4,206922,1e6] [--trials 5] [--seconds 0.5] [--json OUT]
+    mpiexec -n 1+K python -m experiments.bench.one_sided [--sizes 1e4,206922,1e6] [--trials 5] [--seconds 0.5]
+        [--window shared|private] [--server sleeps|spins] [--torn-checks 200] [--json OUT]
 
 Rank 0 is the server, ranks 1..K no-compute clients. Per size, trials interleave
 (trials.py) two windows of `seconds`, every client pushing throughout:
 - `ours`: the real server loop with the `add` rule (wire.py's `serve_clients`), each
   client pushing P floats and taking the weights back (`push_pull`), as the load
   section does;
-- `one-sided`: the weights live in an MPI window on rank 0 (`MPI_Win_allocate`, one
-  passive-target epoch a client a window: `Lock_all`). A push is what keeps the
+- `one-sided`: the weights live in an MPI window on rank 0 (one passive-target epoch a
+  client a window: `Lock_all`). A push is what keeps the
   guarantees one-sided communication can keep: the client checks its own push for NaN
   and Inf (a dot product; the server never sees a push to check it), counts it on the
   server's version counter (`Fetch_and_op`, whose answer is what staleness needs), adds
   it into the weights while fetching what they were (`Get_accumulate` with `MPI_SUM`,
   atomic element by element only), `Flush`es both, and adds its own push to what came
   back, so it holds the weights just after its push as our reply gives them. Rank 0
-  only waits, polling a non-blocking barrier every millisecond.
+  only waits for the clients' end (a non-blocking barrier).
+`--window shared` (the default): memory MPI allocates (`MPI_Win_allocate`), which both
+MPI libraries share between the ranks of one host, so a client's own CPU does the add;
+`private`: the server's own array (`MPI_Win_create`), as a window is between hosts, so
+the server's MPI does the add, only while rank 0 is inside MPI: `--server sleeps` (the
+default) calls into MPI every millisecond, as an idle server waits; `spins` stays in it.
 Per trial: pushes/s of all clients together over the window, and the server's process
 CPU over the window a push (ours: also the median CPU of handling one push). Ratio per
 trial = ours / one-sided, so below 1 means one-sided is faster.
@@ -223,9 +229,9 @@ def main() -> None:
         return
     for row in rows:
         s = row["ours_vs_one_sided"]
-        print(f"{row['floats']:>9,} floats {row['clients']} clients, {row['window']} window, server {row['server']}: ours {s['ours_median']:8,.0f} /s, "
-              f"one-sided {s['other_median']:8,.0f} /s, ours/one-sided {s['ratio']:.2f} "
-              f"({s['ratio_q1']:.2f}-{s['ratio_q3']:.2f}); server CPU a push ours "
+        print(f"{row['floats']:>9,} floats {row['clients']} clients, {row['window']} window, server "
+              f"{row['server']}: ours {s['ours_median']:8,.0f} /s, one-sided {s['other_median']:8,.0f} /s, "
+              f"ours/one-sided {s['ratio']:.2f} ({s['ratio_q1']:.2f}-{s['ratio_q3']:.2f}); server CPU a push ours "
               f"{row['ours_server_cpu_us_a_push']:.0f} us (handling {row['ours_handling_cpu_us_a_push']:.0f}), "
               f"one-sided {row['one_sided_server_cpu_us_a_push']:.1f} us; torn {row['torn']}/{row['torn_checks']}; "
               f"counted {row['pushes_counted']} of {row['pushes_sent']} sent, weights equal it: "
