@@ -10,14 +10,14 @@ Rank 0 is the server, ranks 1..K no-compute clients. Per size, trials interleave
   client pushing P floats and taking the weights back (`push_pull`), as the load
   section does;
 - `one-sided`: the weights live in an MPI window on rank 0 (one passive-target epoch a
-  client a window: `Lock_all`). A push is what keeps the
-  guarantees one-sided communication can keep: the client checks its own push for NaN
-  and Inf (a dot product; the server never sees a push to check it), counts it on the
-  server's version counter (`Fetch_and_op`, whose answer is what staleness needs), adds
-  it into the weights while fetching what they were (`Get_accumulate` with `MPI_SUM`,
-  atomic element by element only), `Flush`es both, and adds its own push to what came
-  back, so it holds the weights just after its push as our reply gives them. Rank 0
-  only waits for the clients' end (a non-blocking barrier).
+  client a window: `Lock_all`). A push is what keeps the guarantees one-sided
+  communication can keep: the client checks its own push for NaN and Inf (a dot
+  product; the server never sees a push to check it), counts it on the server's version
+  counter (`Fetch_and_op`, whose answer is what staleness needs), adds it into the
+  weights while fetching what they were (`Get_accumulate` with `MPI_SUM`, atomic element
+  by element only), `Flush`es both, and adds its own push to what came back, so it
+  holds the weights just after its push as our reply gives them. Rank 0 only waits for
+  the clients' end (a non-blocking barrier).
 `--window shared` (the default): memory MPI allocates (`MPI_Win_allocate`), which both
 MPI libraries share between the ranks of one host, so a client's own CPU does the add;
 `private`: the server's own array (`MPI_Win_create`), as a window is between hosts, so
