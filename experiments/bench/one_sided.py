@@ -46,7 +46,7 @@ import numpy as np
 from mpi4py import MPI
 
 from experiments.bench.trials import interleave
-from experiments.bench.wire import client_pushes, serve_clients
+from experiments.bench.wire import bench_transport, client_pushes, serve_clients
 from paramserver.wire.transport import Transport
 
 PROXY_FLOATS = 206922  # the proxy CNN's size (versus.py counts it from the model; no torch on clients here)
@@ -167,7 +167,7 @@ def one_sided_window(windows: Windows, seconds: float, spins: bool) -> tuple[flo
 def measure(comm: MPI.Comm, size: int, trials: int, seconds: float, torn_checks: int, shared: bool,
             spins: bool) -> dict | None:
     """One size: the interleaved trials, then the torn reads and the final count."""
-    transport, windows = Transport(comm), Windows(comm, size, shared)
+    transport, windows = bench_transport(comm, servers=1), Windows(comm, size, shared)
     ours_cpu, ours_handling, other_cpu, sent = [], [], [], [0]
 
     def ours() -> float:

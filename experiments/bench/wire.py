@@ -76,6 +76,16 @@ def finish(request: MPI.Request) -> None:
         os.sched_yield()
 
 
+def bench_transport(comm: MPI.Comm, servers: int) -> Transport:
+    """A rank's transport, ranks `servers` and up waiting as `asgd train`'s clients wait
+    on this host (`Transport.wait_as_client`), so the bench measures what a run does."""
+    transport = Transport(comm)
+    local_clients = transport.this_node(is_client=comm.rank >= servers)[2]
+    if comm.rank >= servers:
+        transport.wait_as_client(local_clients)
+    return transport
+
+
 def serve_clients(transport: Transport, size: int, clients: int, servers: int = 1,
                   progress: Callable[[int], None] = lambda minibatches: None) -> ServerLoop:
     """A server rank: the real server loop, recording into a scratch run directory, on its
@@ -158,7 +168,7 @@ def wire(comm: MPI.Comm, sizes: list[int], repeats: int, trials: int) -> list[di
     """Per size, `trials` interleaved trials after one warm-up: `repeats` push + pull round
     trips through a fresh server loop, then `repeats` raw MPI round trips and applies, the
     ratio per trial; then the apply against a memcpy, interleaved the same way (rank 0)."""
-    transport = Transport(comm)
+    transport = bench_transport(comm, servers=1)
     rows = []
     for size in sizes:
         store = add_store(size)
@@ -193,7 +203,7 @@ def wire(comm: MPI.Comm, sizes: list[int], repeats: int, trials: int) -> list[di
 
 def load(comm: MPI.Comm, size: int, seconds: float, servers: int) -> dict | None:
     """K clients pushing and pulling without compute for `seconds`, to `servers` servers."""
-    transport = Transport(comm)
+    transport = bench_transport(comm, servers)
     clients = comm.size - servers
     comm.Barrier()
     if comm.rank < servers:

@@ -69,6 +69,8 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
     try:
         local_rank, local_ranks, local_clients = transport.this_node(is_client=index >= 0)
         _set_threads(index >= 0, cfg.threads, local_ranks, local_clients)
+        if index >= 0 and cfg.mode == "async":
+            transport.wait_as_client(local_clients)
         device = pick_device(cfg.device, local_rank)
         info = {"rank": transport.rank, "role": "client" if index >= 0 else "server",
                 "host": socket.gethostname(), "pid": os.getpid(), "device": device_name(device)}

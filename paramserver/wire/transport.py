@@ -5,7 +5,8 @@ MPI both do), which on a small machine steals the CPU the clients train on; here
 wait for a message is `Iprobe` plus a sleep that backs off from 50 us to 1 ms, so an
 idle rank costs about 1% of a core and a message waits at most ~1 ms longer to be
 noticed. A transfer already under way is polled busily for about as long as its bytes
-should take, then with the same backoff. Every wait has a timeout, sends and
+should take, then with the same backoff (a client whose host has more clients than
+cores sleeps from the start: `Transport.wait_as_client`). Every wait has a timeout, sends and
 collectives included, so a silent peer becomes an error that names it instead of a
 hang, and every wait asks the `PeerWatch` (when there is one) whether a peer it waits
 for has died.
@@ -61,6 +62,7 @@ class Transport:
         self.timeout = timeout  # for collectives, whose callers have no better bound
         self._staging: dict[tuple[str, int], np.ndarray] = {}  # see _staged
         self._in_place: dict[int, Posted] = {}  # block address -> the send from it still under way
+        self.yields = True  # a transfer is polled, yielding the core, while its bytes should move (`wait_as_client`)
 
     @classmethod
     def world(cls, timeout: float) -> Transport:
@@ -75,6 +77,19 @@ class Transport:
             return local.Get_rank(), local.Get_size(), local.allreduce(int(is_client))
         finally:
             local.Free()
+
+    def wait_as_client(self, local_clients: int) -> None:
+        """This rank is a client of parameter servers, one of `local_clients` on its host:
+        where they outnumber the host's cores, its waits for its transfers sleep from the
+        start, without the yielding polls. There each polling client takes a share of
+        the CPU the server needs for the replies they all wait on. Measured on 2 cores
+        (2026-12-04, MPICH): no-compute clients, 4 at the proxy CNN's size 921-1,007 ->
+        1,938-2,158 pushes/s, 8 at 1e6 floats 246-248 -> 581; training the default CNN,
+        async, after / before 0.97-1.07 with 4 clients (median 1.04, 9 pairs) and
+        1.09-1.17 with 3 (2 pairs). Not where the clients fit the cores: 2 clients
+        training on 2 cores lost 3.5% so (a client's polls move its transfers sooner),
+        nor in sync mode, whose allreduce lost with 4 (0.92-1.02, 3 pairs)."""
+        self.yields = local_clients <= (os.cpu_count() or 1)
 
     def send(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None,
              timeout: float = 600.0) -> None:
@@ -217,12 +232,12 @@ class Transport:
     def _complete(self, requests: list[MPI.Request], timeout: float, peers: list[int] | None,
                   nbytes: int) -> None:
         """Wait for transfers with `peers` (None: every rank, for a collective), busily for
-        as long as the bytes should take at 1 GB/s plus 10 ms: MPI moves a large message
-        only while we call into it."""
+        as long as the bytes should take at 1 GB/s plus 10 ms (MPI moves a large message
+        only while we call into it), unless this rank does not yield (`wait_as_client`)."""
         if self._test(requests, peers):  # often done already: skip the polling's set-up
             return
         self._poll(lambda: self._test(requests, peers), timeout,
-                   lambda: self._check(peers, collective=peers is None), 0.01 + nbytes / 1e9,
+                   lambda: self._check(peers, collective=peers is None), 0.01 + nbytes / 1e9 if self.yields else 0.0,
                    lambda: "no transfer with " + ("every rank" if peers is None else
                                                   "rank " + ", ".join(map(str, peers))), peers)
 
