@@ -6,10 +6,10 @@ wait for a message is `Iprobe` plus a sleep that backs off from 50 us to 1 ms, s
 idle rank costs about 1% of a core and a message waits at most ~1 ms longer to be
 noticed. A transfer already under way is polled busily for about as long as its bytes
 should take, then with the same backoff (a client whose host has more clients than
-cores sleeps from the start: `Transport.wait_as_client`). Every wait has a timeout, sends and
-collectives included, so a silent peer becomes an error that names it instead of a
-hang, and every wait asks the `PeerWatch` (when there is one) whether a peer it waits
-for has died.
+cores sleeps from the start: `Transport.wait_as_client`). Every wait has a timeout,
+sends and collectives included, so a silent peer becomes an error that names it instead
+of a hang, and every wait asks the `PeerWatch` (when there is one) whether a peer it
+waits for has died.
 """
 from __future__ import annotations
 
