@@ -183,16 +183,16 @@ def measure(comm: MPI.Comm, size: int, trials: int, seconds: float, torn_checks:
         return rate
 
     summary = interleave(ours, other, trials)
-    torn = 0
+    checked, torn = 0, 0
     if comm.size > 2 and torn_checks:
         comm.Barrier()
         if comm.rank == 0:
             wait_as_server(comm, spins)
         else:
             payload, into = np.ones(size, np.float32), np.empty(size, np.float32)
-            torn = client_window(windows, payload, into, 0.0, torn_checks)[1]
-        sent[0] += (comm.size - 1) * torn_checks
-    torn = comm.reduce(torn)
+            checked, torn = client_window(windows, payload, into, 0.0, torn_checks)
+    checked, torn = comm.allreduce(checked), comm.reduce(torn)
+    sent[0] += checked
     if comm.rank == 0:
         counted, exact = windows.server_view(lambda w, c: (int(c[0]), bool((w == c[0]).all())))
     windows.free()
@@ -205,7 +205,7 @@ def measure(comm: MPI.Comm, size: int, trials: int, seconds: float, torn_checks:
             "ours_server_cpu_us_a_push": 1e6 * float(np.median(ours_cpu[keep])),
             "ours_handling_cpu_us_a_push": 1e6 * float(np.median(ours_handling[keep])),
             "one_sided_server_cpu_us_a_push": 1e6 * float(np.median(other_cpu[keep])),
-            "torn_checks": (comm.size - 1) * torn_checks if comm.size > 2 else 0, "torn": torn,
+            "torn_checks": checked, "torn": torn,
             "pushes_sent": sent[0], "pushes_counted": counted, "every_weight_equals_the_count": exact}
 
 

@@ -216,9 +216,8 @@ def load(comm: MPI.Comm, size: int, seconds: float, servers: int) -> dict | None
     return None
 
 
-def client_pushes(transport: Transport, size: int, servers: int, seconds: float) -> int:
-    """A client rank: its pushes of `size` floats (and pulls) for `seconds`, then its STOP;
-    how many it pushed."""
+def client_pushes(transport: Transport, size: int, servers: int, seconds: float) -> None:
+    """A client rank: its pushes of `size` floats (and pulls) for `seconds`, then its STOP."""
     payload, into = client_vectors(size)
     link = client_link(transport, size, servers)
     link.exchange(Outgoing(Tag.PULL, Pull()), into)
@@ -227,7 +226,6 @@ def client_pushes(transport: Transport, size: int, servers: int, seconds: float)
         step += 1
         push_pull(link, payload, into, step)
     link.exchange(Outgoing(Tag.STOP, Stop(step, step)), None)
-    return step
 
 
 def _load_figures(loop: ServerLoop, size: int, wall: float, window: float, servers: int,
