@@ -52,6 +52,7 @@ class Fused:
     """`rule`'s updates run by `kernel`, double-buffered (see the module docstring)."""
 
     d_squared: float | None = None  # |d|^2 of the last push: these kernels do not sum it (the host's does)
+    sums_noise = False  # nor the noise scale's window (the host's does)
 
     def __init__(self, rule: Rule, kernel: Kernel):
         self.rule, self.kernel = rule, kernel

@@ -18,11 +18,18 @@ window of W pushes (G_W = sum d_i / sum n_i over sum B_i samples). Over each win
 
 and, as the paper does, each of tr and g2 is smoothed by an exponential moving average
 over windows (bias-corrected, `DECAY` a window) before the ratio is taken, since one
-window's g2 is noisy. Norms are summed in float64.
+window's g2 is noisy. Norms are summed in float64 (a host kernel's in float32 blocks of
+256 first, paramserver/hostkernel.py).
+
+The window's sum `total` is not cleared when a window closes: the next window's first
+push replaces it (a pass over the weights saved a window). Where the server's host
+kernel applies the pushes (paramserver/hostkernel.py), it sums each push into `total`
+in the same pass as the update and sets `norm` to its own squares, so no push is read
+here again.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -35,29 +42,40 @@ class NoiseScale:
 
     def __init__(self, batch_size: int, window: int):
         self.batch_size, self.window = batch_size, max(2, window)
-        self.total: Tensor | None = None  # the window's pushes summed
+        self.total: Tensor | None = None  # the window's pushes summed (the last window's, before a push)
+        self.norm: Callable[[Tensor], float] = squared_norm  # of `total`, as a window closes
         self.pushes = self.minibatches = 0
         self.small = self.inverse = 0.0   # the window's sums of |G_i|^2 and of 1 / B_i
         self.g2 = self.trace = 0.0        # the moving averages, not yet bias-corrected
         self.windows = 0
 
-    def add(self, d: Tensor, minibatches: int, squared: float | None = None) -> bool:
+    @property
+    def starts(self) -> bool:
+        """Whether the next push starts a window (and replaces `total` rather than adds to it)."""
+        return self.pushes == 0
+
+    def add(self, d: Tensor, minibatches: int, squared: float | None = None, summed: bool = False) -> bool:
         """Count a push of `minibatches` minibatch gradients summed (`squared`: its |d|^2,
-        where the apply summed it on the way); True when it closed a window."""
+        where the apply summed it on the way; `summed`: the apply put d in `total` too);
+        True when it closed a window."""
         n = max(1, minibatches)
         self.small += (squared_norm(d) if squared is None else squared) / n ** 2
         self.inverse += 1.0 / (n * self.batch_size)
-        self.total = d.clone() if self.total is None else self.total.add_(d)
+        if self.total is None:
+            self.total = d.clone()
+        elif self.starts and not summed:
+            self.total.copy_(d)
+        elif not summed:
+            self.total.add_(d)
         self.pushes, self.minibatches = self.pushes + 1, self.minibatches + n
         if self.pushes < self.window:
             return False
-        big = squared_norm(self.total) / self.minibatches ** 2
+        big = self.norm(self.total) / self.minibatches ** 2
         trace, g2 = window_estimates(self.small / self.pushes, self.pushes / self.inverse, big,
                                      self.minibatches * self.batch_size)
         self.trace = DECAY * self.trace + (1 - DECAY) * trace
         self.g2 = DECAY * self.g2 + (1 - DECAY) * g2
         self.windows += 1
-        self.total.zero_()
         self.pushes = self.minibatches = 0
         self.small = self.inverse = 0.0
         return True

@@ -116,7 +116,8 @@ class Store:
             self.rejected[client] += 1
             return ApplyResult(False, self.version, staleness, reason)
         squared = self.fused.d_squared if self.fused else None  # summed by a host kernel on its way
-        measured = self.rule.noise is not None and self.rule.noise.add(d, minibatches, squared)
+        summed = self.fused is not None and self.fused.sums_noise  # d in the noise's window too, likewise
+        measured = self.rule.noise is not None and self.rule.noise.add(d, minibatches, squared, summed)
         gathered = self.rule.pending
         self.version += not gathered
         self.applied[client] += 1

@@ -9,15 +9,17 @@ kernel's operation must compile as host C++. This runs without a GPU; tests/sim/
 """
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 
 import numpy as np
 import pytest
+import torch
 
 from paramserver import fused, hostkernel
 from paramserver.config import RunConfig
-from paramserver.rules import RULES, Rule, Update, make_rule
+from paramserver.rules import RULES, FreshRule, Rule, Update, make_rule
 from paramserver.store import Store
 from tests.conftest import assert_same_store
 
@@ -136,6 +138,26 @@ def test_the_host_kernel_sums_the_noise_scales_squares_and_checks_every_element(
     before = store.weights.copy()
     push[-1] = np.nan
     assert not store.apply(0, push).accepted and np.array_equal(store.weights, before)
+
+
+@pytest.mark.skipif(not hostkernel.available(), reason="needs g++ to compile the host kernels")
+def test_the_host_kernels_squares_are_a_vectors_norm_or_inf():
+    """What the noise scale takes its window's norm with, where the host kernel sums the window."""
+    vector = np.random.default_rng(10).standard_normal(100_003).astype(np.float32)
+    kernel = hostkernel.HostKernel()
+    assert kernel.squares(torch.from_numpy(vector)) == pytest.approx(float(np.dot(vector.astype(np.float64), vector)),
+                                                                      rel=1e-6)
+    vector[7] = np.inf
+    assert kernel.squares(torch.from_numpy(vector)) == math.inf
+    store = Store(np.zeros(4, np.float32), make_rule("fresh", SETTINGS))
+    assert store.fused.sums_noise and store.rule.noise.norm == store.fused.kernel.squares
+
+
+def test_a_vector_the_update_leaves_as_it_was_is_not_written_back():
+    """fresh's gathering push copies w through: in place, writing it back would only move it through memory."""
+    code = hostkernel.source(Update(FreshRule.GATHER), ("w", "total"), ())
+    assert "total_p[i] = total_out;" in code and "w_p[i] =" not in code
+    assert "w_p[i] = w_out;" in hostkernel.source(Update(Rule.ADD), ("w",), ())
 
 
 @pytest.mark.skipif(not hostkernel.available(), reason="needs g++ to compile the host kernels")
