@@ -12,7 +12,8 @@ in float32, so the loop vectorises), which is finite exactly when every element 
 is (where it is not, an exact pass says which: a NaN or Inf rejects the push before
 anything is written; huge finite values are let through, as the torch path's check
 does), and hands that sum to the noise scale; then one loop reads w, d, the rule's state
-and reads once and writes the new w and state over the old. In place, not
+and reads once and writes the new w and state over the old, summing d into the noise
+scale's window on the way where the rule measures it (`InPlace`). In place, not
 double-buffered as on a GPU (whose flag comes only after the kernel wrote): a second
 weights vector here costs more than it saves (measured: w + d into a third vector 75-97
 us against torch's in-place add 39 us at this size, the three vectors outgrowing a
