@@ -36,6 +36,11 @@ BIN = Path(sys.executable).parent
 MPIEXEC = find_mpiexec() or str(BIN / "mpiexec")
 LAUNCHER = Launcher.of(MPIEXEC)
 os.environ.update(LAUNCHER.environment())
+# A shell without job control starts its background jobs (`(make test &)`) with SIGINT
+# ignored, and every process started from here would inherit that: the Ctrl-C tests'
+# jobs would run on as if never interrupted. Interrupted is what a user's Ctrl-C means.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def make_tiny_npz(path: Path, n: int = 768, seed: int = 0) -> Path:
