@@ -7,10 +7,10 @@ every message) would take time off the push path, where our transport makes a fr
 `Irecv` or `Isend` for each message. Rank 1 sends `size` floats to rank 0 and takes them
 back, `repeats` round trips a trial, the receive posted before the send as our clients
 do, every wait polled as wire.py's raw bound polls; `fresh` makes each request anew,
-`persistent` starts the same four requests again. The two take turns trial by trial
+`persistent` starts the same two requests a rank again. The two take turns trial by trial
 (trials.py), rank 1 checking after each trial that the floats came back, and prints
-each one's median round trip and the median of the per-trial ratios persistent / fresh
-with their interquartile range. A measurement, not a test: what it found is in
+each one's median over trials of its mean round trip and the median of the per-trial
+ratios persistent / fresh with their interquartile range. A measurement, not a test: what it found is in
 docs/performance.md.
 """
 from __future__ import annotations
