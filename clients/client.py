@@ -35,7 +35,7 @@ from torch import nn
 from clients.buffers import host_copy, host_empty
 from clients.data import Minibatches, ShardSampler, Split
 from clients.optimizers import OptimizerSettings
-from paramserver.rules import EASGDRule
+from paramserver.rules.easgd import EASGDRule
 from paramserver.schedule import Schedule
 
 

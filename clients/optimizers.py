@@ -1,7 +1,7 @@
 """A client's optimizer: what turns the gradient in its flat vector into a step.
 
 `sgd` (the default) is torch's SGD arithmetic called on the client's flat vectors at once
-(`paramserver.rules.sgd`), with no `torch.optim.Optimizer`: that class's first step
+(`paramserver.rules.sgd.sgd`), with no `torch.optim.Optimizer`: that class's first step
 imports torch._dynamo, about a CPU-second in every process that trains. `adam`, `adamw`
 and a factory of the user's are `torch.optim` optimizers over the replica's parameters,
 which are views of the bound client's vectors (clients/client.py), so the optimizer
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from paramserver.config import PRECISIONS, ConfigError
-from paramserver.rules import sgd
+from paramserver.rules.sgd import sgd
 
 AUTOCAST = dict(zip(PRECISIONS, (None, torch.bfloat16, torch.float16)))  # precision -> autocast's dtype
 

@@ -1,7 +1,7 @@
 """Where the server's weights live: a torch tensor on `server_device`, and the host
 vectors MPI, the push checks and the checkpoints see.
 
-The rules (paramserver/rules.py) are written once on torch tensors; this class owns the
+The rules (paramserver/rules/) are written once on torch tensors; this class owns the
 storage around them:
 - on the CPU (`server_device = "cpu"`, the default) the tensor shares the memory of a
   numpy vector: the wire buffer, the weights and each push are the same bytes, nothing

@@ -437,7 +437,7 @@ def model_args_text(value: Any) -> str:
 
 def _check_rule_keys(cfg: RunConfig) -> None:
     """Each rule's own keys (whichever runs, as every key is checked), then the chosen
-    rule's refusals: "field: reason" lines the rules write (paramserver/rules.py)."""
+    rule's refusals: "field: reason" lines the rules write (paramserver/rules/)."""
     try:
         chosen = rule_class(cfg.rule)
     except ValueError as error:  # an unknown name: the rules' own line

@@ -1,6 +1,6 @@
 """Each update rule as one fused elementwise kernel, for a server whose weights are on a GPU.
 
-paramserver/rules.py writes each rule on torch tensors: several kernels a push (DC-ASGD's
+paramserver/rules/ writes each rule on torch tensors: several kernels a push (DC-ASGD's
 takes about eight), each a pass over memory, after the host read the push once more
 for NaN/Inf. Each rule also writes its update once more, beside its torch arithmetic
 (`Rule.fused`, an `Update`: a few `name = expr;` statements in the common ground of C
@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from paramserver.rules import RULES, Rule, Update
+from paramserver.rules import RULES
+from paramserver.rules.base import Rule, Update
 
 if TYPE_CHECKING:
     from torch import Tensor
 
 
-# Every formula the rules' fused updates use (each rule owns its own: paramserver/rules.py).
+# Every formula the rules' fused updates use (each rule owns its own: paramserver/rules/).
 FORMULAS = tuple(dict.fromkeys(code for rule in RULES.values() for code in rule.FORMULAS))
 STATEMENT = re.compile(r"\s*([A-Za-z]\w*)\s*=\s*([^;=]+);")
 # `fmadd(a, b, c)`: a * b + c rounded once, as torch's vectorised CPU kernels (AVX2, AVX-512;

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paramserver.fused import HOST_FMADD, statements
-from paramserver.rules import Rule, Update
+from paramserver.rules.base import Rule, Update
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -17,7 +17,7 @@ steps (tested against it).
              p = min(1, (s - lr_warmup) / (planned - lr_warmup)) after the warmup, else 0
     step:    decay(s) = lr_step_factor ** (milestones <= s)
 
-`batch_scale` is the batch-size scaling rule (`rules.batch_scale`): with `lr_scaling =
+`batch_scale` is the batch-size scaling rule (`rules.scaling.batch_scale`): with `lr_scaling =
 "linear"` the client minibatches n one update averages (K in sync mode, K -
 backup_workers with backup workers, 1 otherwise; `fresh` applies it to the minibatches
 each step gathers), with "sqrt" its root. `lr_scale_warmup` ramps it in from one
@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 
 from paramserver.config import RunConfig, parse_milestones
-from paramserver.rules import ramped_scale
+from paramserver.rules.scaling import ramped_scale
 
 
 @dataclass(frozen=True)

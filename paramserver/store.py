@@ -31,7 +31,8 @@ import numpy as np
 from paramserver import fused, hostkernel
 from paramserver.arrays import ServerArrays
 from paramserver.config import RunConfig
-from paramserver.rules import Rule, make_rule
+from paramserver.rules import make_rule
+from paramserver.rules.base import Rule
 
 
 @dataclass(slots=True)

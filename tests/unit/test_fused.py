@@ -1,6 +1,6 @@
 """The fused kernels' formulas (paramserver/fused.py) against the torch rules, in numpy.
 
-Each rule is written twice: on torch tensors (paramserver/rules.py, the CPU server) and
+Each rule is written twice: on torch tensors (paramserver/rules/, the CPU server) and
 as the statements a GPU server compiles into one cupy kernel. Here the statements run in
 float32 numpy inside a real Store (through `Fused`, as on a GPU: double-buffered, the
 flag rejecting NaN/Inf), push by push beside a Store running the torch rule, and after

@@ -1,0 +1,150 @@
+"""What every update rule shares: the settings it reads (`RuleSettings`), the update it
+hands a fused kernel (`Update`), and `Rule`, which is the `add` rule (w += d, the paper's)
+and the base of the others.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Protocol
+
+from paramserver.noise import NoiseScale
+
+if TYPE_CHECKING:  # torch loads with the server's weights, not with the config that names a rule
+    from torch import Tensor
+
+
+class RuleSettings(Protocol):
+    """The run config's keys a rule reads (paramserver.config.RunConfig has them)."""
+
+    effective_server_lr: float
+    effective_server_momentum: float
+    lr: float
+    weight_decay: float
+    dc_lambda: float
+    easgd_beta: float
+    batch_size: int
+    push_every: int
+    fetch_every: int
+    lr_scaling: str
+    fresh_batch: int | str
+    max_staleness: int
+    fresh_reply: str
+    nesterov_every: int
+    nesterov_momentum: float
+    servers: int
+
+
+@dataclass(slots=True)
+class Update:
+    """One push's update as a fused kernel runs it (paramserver/fused.py): `code`, a few
+    `name = expr;` statements in the common ground of C and Python (names, + - * /,
+    brackets and sqrt), over w, d, `state` (None: a vector not made yet, read as zeros),
+    `reads` and float32 `scalars`, writing w_out and NAME_out for each state vector
+    (other names are float temporaries); `after`: the rule's own counting, once the push
+    is known to be finite (fresh's and nesterov's)."""
+
+    code: str
+    scalars: dict[str, float] = field(default_factory=dict)
+    state: dict[str, Tensor | None] = field(default_factory=dict)
+    reads: dict[str, Tensor] = field(default_factory=dict)
+    after: Callable[[], object] | None = None
+
+
+def refusals(*checks: tuple[bool, str]) -> str:
+    """The first failed check's "field: reason", or ""."""
+    return next((reason for ok, reason in checks if not ok), "")
+
+
+class Rule:
+    """w += d: the paper's rule, and the base of the others. Stateless."""
+
+    ADD = "w_out = w + d;"
+    FORMULAS: tuple[str, ...] = (ADD,)  # every fused formula the rule's updates use
+
+    pushes = "delta"   # what a client sends: its weight change ("delta"), "gradient" sums or "weights"
+    defers = False     # whether a reply may wait for a step being gathered (fresh's "wait")
+    paced = False      # whether the clients' pace decides that (fresh's "auto", paramserver/pace.py)
+    step_batch: int | None = None  # the minibatches a step gathers, for rules that gather (fresh)
+
+    def __init__(self, settings: RuleSettings, clients: int):
+        self.clients = clients
+        self.base_lr = settings.effective_server_lr
+        # The lr schedule's multiplier at the server's progress, set before each apply
+        # (paramserver/schedule.py): rules with an lr of their own follow the same curve
+        # as the clients.
+        self.lr_factor = 1.0
+        # How far the batch-size scaling has ramped in (`lr_scale_warmup`), set with it.
+        self.scale_ramp = 1.0
+        # The minibatches the push being applied covers (the Store sets it from the push
+        # header's step, which every server of a sharded run gets).
+        self.minibatches = 1
+        # Pushed gradients carry the gradient noise scale; other pushes do not.
+        self.noise = NoiseScale(settings.batch_size, clients) if self.pushes == "gradient" else None
+
+    @classmethod
+    def check_keys(cls, settings: RuleSettings) -> str:
+        """Why the rule's own keys are out of range (a ConfigError line), or "": checked
+        whichever rule runs, as every key of the config is."""
+        return ""
+
+    @classmethod
+    def check(cls, settings: RuleSettings) -> str:
+        """Why these settings cannot run this rule (a ConfigError line), or ""."""
+        return ""
+
+    @classmethod
+    def client_elastic(cls, settings: RuleSettings, clients: int) -> float:
+        """The elastic step a client takes back towards the server's answer (EASGD's), or 0."""
+        return 0.0
+
+    @classmethod
+    def versions(cls, settings: RuleSettings, pushes: int, clients: int) -> int:
+        """The versions `pushes` applied pushes make (each makes one, but for fresh's)."""
+        return pushes
+
+    @property
+    def lr(self) -> float:
+        return self.base_lr * self.lr_factor
+
+    @property
+    def pending(self) -> bool:
+        """Pushes taken in that no step has applied yet: the version waits for them."""
+        return False
+
+    def drops(self, staleness: int) -> str:
+        """Why a push this stale is left out (counted, not applied, not an error), or ""."""
+        return ""
+
+    def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
+        w.add_(d)
+
+    def fused(self, client: int, staleness: int) -> Update:
+        """`apply` as one fused kernel's update."""
+        return Update(self.ADD)
+
+    @classmethod
+    def fusable(cls) -> bool:
+        """Whether `fused` is this rule's own arithmetic: a rule that overrides `apply`
+        but not `fused` runs its torch arithmetic on a GPU too."""
+        def owner(name: str) -> type:
+            return next(k for k in cls.__mro__ if name in vars(k))
+        return issubclass(owner("fused"), owner("apply"))
+
+    def step(self, w: Tensor) -> None:
+        """Apply what is pending now (the Store's `flush`: no more pushes can come for it)."""
+
+    def pulled(self, client: int, w: Tensor) -> None:
+        """`client` now holds the weights `w` (called before they are sent)."""
+
+    def state(self) -> dict[str, Tensor]:
+        return {}
+
+    def load_state(self, state: dict[str, Tensor]) -> None:
+        pass
+
+    def scalars(self) -> dict[str, float]:
+        """Numbers of the rule's state (saved in float64 beside `state`'s vectors)."""
+        return {}
+
+    def load_scalars(self, values: dict[str, float]) -> None:
+        pass

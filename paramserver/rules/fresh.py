@@ -1,0 +1,165 @@
+"""The `fresh` rule: gather gradient pushes at most R versions old until they cover S
+minibatches, then one SGD step on their mean (Rennala / Ringmaster ASGD).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from paramserver.rules.base import RuleSettings, Update, refusals
+from paramserver.rules.scaling import ramped_scale
+from paramserver.rules.sgd import SGDRule
+
+if TYPE_CHECKING:  # as in base.py: torch loads with the weights
+    from torch import Tensor
+
+
+class FreshRule(SGDRule):
+    """A step on fresh gradients only (Rennala SGD, Tyurin & Richtarik 2023, arXiv
+    2305.12387; Ringmaster ASGD, Maranjyan, Tyurin & Richtarik 2025, arXiv 2501.16168).
+
+    Pushed gradient sums computed at most R = `max_staleness` versions ago are summed
+    until they cover S = `fresh_batch` minibatches; then one SGD step (server momentum,
+    weight decay) on their mean, at the lr for that many minibatches (times their count
+    with `lr_scaling = "linear"`, its root with "sqrt") and at the schedule's factor of
+    the gather's first push, the progress its gradients were computed at. Staler pushes
+    are dropped. The version moves only at a step, so staleness counts steps. With `fresh_reply = "wait"` a client
+    whose push was gathered gets its reply at the step (S = K, R = 0 at equal speeds is
+    then synchronous SGD); with "again" it gets the weights at once and computes there
+    again, as a fast Rennala worker does; with "auto" it waits when the step is due
+    before it could push again, else computes again (paramserver/pace.py; with sharded
+    servers, which would time the clients apart, it waits). `fresh_batch = "auto"`: S =
+    B_simple / b from the gradient noise scale, in [1, 4K] (K x n_push until it is
+    measured)."""
+
+    REPLIES = ("wait", "again", "auto")
+    # a push gathered (the weights copied through), or the one that completes the step:
+    # the SGD step on the mean of the gathered pushes and this one
+    GATHER = """total_out = total + d;
+w_out = w;"""
+    STEP_PLAIN = """g = (total + d) * inv_count + weight_decay * w;
+total_out = 0;
+w_out = w - lr * g;"""
+    STEP = """g = (total + d) * inv_count + weight_decay * w;
+momentum_buffer_out = momentum * momentum_buffer + g;
+total_out = 0;
+w_out = w - lr * momentum_buffer_out;"""
+    FORMULAS = (GATHER, STEP_PLAIN, STEP)
+
+    def __init__(self, settings: RuleSettings, clients: int):
+        super().__init__(settings, clients)
+        self.max_staleness = settings.max_staleness
+        self.auto = settings.fresh_batch == "auto"
+        self.fixed = fixed_batch(settings, clients)
+        self.scaling = settings.lr_scaling
+        # auto times the clients; sharded servers would each time them apart and could
+        # answer one client differently, so there it waits
+        self.paced = settings.fresh_reply == "auto" and settings.servers == 1
+        self.defers = settings.fresh_reply != "again" and not self.paced
+        self.batch_size = settings.batch_size
+        self.total: Tensor | None = None  # the gathered pushes, summed
+        self.covered = 0                  # the minibatches they cover
+        self.gather_factor = 1.0          # the lr factor at the gather's first push
+        self.gather_ramp = 1.0            # and the scaling's ramp there
+
+    @classmethod
+    def check_keys(cls, settings: RuleSettings) -> str:
+        batch = settings.fresh_batch
+        return refusals(
+            (batch == "auto" or batch >= 0,
+             f"fresh_batch: must be a positive number of minibatches, 0 (clients) or auto, got {batch!r}"),
+            (settings.max_staleness >= 0, f"max_staleness: must be non-negative, got {settings.max_staleness}"),
+            (settings.fresh_reply in cls.REPLIES,
+             f"fresh_reply: expected {' or '.join(cls.REPLIES)}, got {settings.fresh_reply!r}"))
+
+    @classmethod
+    def check(cls, settings: RuleSettings) -> str:
+        return refusals((settings.fresh_batch != "auto" or settings.servers == 1,
+                          "fresh_batch: auto needs servers = 1 (each server sees only its slice's gradient norms)"))
+
+    @classmethod
+    def versions(cls, settings: RuleSettings, pushes: int, clients: int) -> int:
+        return max(1, pushes * settings.push_every // fixed_batch(settings, clients))  # a push covers n_push
+
+    @property
+    def step_batch(self) -> int:
+        """S, the minibatches a step gathers: fixed, or from the noise scale."""
+        if not self.auto or not self.noise.windows:
+            return self.fixed
+        estimate = self.noise.estimate
+        wanted = 4 * self.clients if estimate is None else round(estimate / self.batch_size)
+        return min(4 * self.clients, max(1, wanted))
+
+    @property
+    def pending(self) -> bool:
+        return self.covered > 0
+
+    @property
+    def remaining(self) -> int:
+        """The minibatches the step being gathered still needs."""
+        return max(1, self.step_batch - self.covered)
+
+    def drops(self, staleness: int) -> str:
+        return f"staleness {staleness} > max_staleness {self.max_staleness}" if staleness > self.max_staleness else ""
+
+    def step_lr(self, covered: int, factor: float, ramp: float) -> float:
+        return self.base_lr * factor * ramped_scale(self.scaling, covered, ramp)
+
+    def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
+        if self.total is None:
+            self.total = w.new_zeros(w.shape)
+        self.total.add_(d)
+        self.gathered()
+        if self.covered >= self.step_batch:
+            self.step(w)
+
+    def fused(self, client: int, staleness: int) -> Update:
+        covered = self.covered + self.minibatches
+        if covered < self.step_batch:
+            return Update(self.GATHER, {}, {"total": self.total}, after=self.gathered)
+        factor, ramp = (self.gather_factor, self.gather_ramp) if self.covered else (self.lr_factor, self.scale_ramp)
+
+        def after() -> None:
+            self.gathered()
+            self.covered = 0
+        scalars = {"lr": self.step_lr(covered, factor, ramp), "inv_count": 1.0 / covered,
+                   "weight_decay": self.weight_decay}
+        if not self.momentum:
+            return Update(self.STEP_PLAIN, scalars, {"total": self.total}, after=after)
+        return Update(self.STEP, {**scalars, "momentum": self.momentum},
+                      {"total": self.total, "momentum_buffer": self.buffer}, after=after)
+
+    def gathered(self) -> None:
+        """Count the push just summed; the gather's first push fixes its lr factor."""
+        if not self.covered:
+            self.gather_factor, self.gather_ramp = self.lr_factor, self.scale_ramp
+        self.covered += self.minibatches
+
+    def step(self, w: Tensor) -> None:
+        lr = self.step_lr(self.covered, self.gather_factor, self.gather_ramp)
+        self.sgd_step(w, self.total.div_(self.covered), lr)
+        self.total.zero_()
+        self.covered = 0
+
+    def state(self) -> dict[str, Tensor]:
+        return {**super().state(), **({} if self.total is None else {"total": self.total})}
+
+    def load_state(self, state: dict[str, Tensor]) -> None:
+        super().load_state(state)
+        self.total = state.get("total")
+
+    def scalars(self) -> dict[str, float]:
+        return {"covered": self.covered, "gather_factor": self.gather_factor, "gather_ramp": self.gather_ramp}
+
+    def load_scalars(self, values: dict[str, float]) -> None:
+        self.covered = int(values.get("covered", 0))
+        self.gather_factor = float(values.get("gather_factor", 1.0))
+        self.gather_ramp = float(values.get("gather_ramp", 1.0))
+
+
+def fixed_batch(settings: RuleSettings, clients: int) -> int:
+    """fresh's S as set: `fresh_batch`, or a push of every client, K x n_push minibatches
+    (0, and `auto` until the noise is measured): the step of synchronous SGD at equal
+    speeds whatever n_sync."""
+    if settings.fresh_batch in (0, "auto"):
+        return clients * settings.push_every
+    return int(settings.fresh_batch)
