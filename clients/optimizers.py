@@ -10,9 +10,10 @@ steps the client's weights in place; each client owns its optimizer and so its s
 `torch.optim.SGD`, since torch's GradScaler steps an Optimizer.
 
 The lr of every step is the client's (its schedule's), set on the optimizer's groups;
-`clip_grad_norm` clips the step's whole gradient, after the fp16 scale is taken off it,
-before it is summed into a gradient push, so what a gradient rule receives is what the
-client stepped with.
+`clip_grad_norm` clips the step's whole gradient, after the fp16 scale is taken off it.
+A gradient push sums the gradients unclipped: the server clips their mean before its
+own step, as synchronous data parallelism clips the averaged gradient, so one client at
+n_sync 1 is torch's loop exactly.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 
 from paramserver.config import PRECISIONS, ConfigError
-from paramserver.rules.sgd import sgd
+from paramserver.rules.optimizer import flat_state, load_flat_state, sgd
 
 AUTOCAST = dict(zip(PRECISIONS, (None, torch.bfloat16, torch.float16)))  # precision -> autocast's dtype
 
@@ -38,6 +39,7 @@ class OptimizerSettings:
     lr: float = 0.03
     momentum: float = 0.0
     weight_decay: float = 0.0
+    nesterov: bool = False
     clip_grad_norm: float = 0.0
     precision: str = "fp32"
     factory: Callable[..., torch.optim.Optimizer] | None = None  # the user's, for a spec `name`
@@ -64,7 +66,8 @@ class OptimizerSettings:
             return user_optimizer(self.factory, params, self.name, lr=self.lr, momentum=self.momentum,
                                   weight_decay=self.weight_decay)
         if self.name == "sgd":
-            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay,
+                                   nesterov=self.nesterov)
         kind = torch.optim.AdamW if self.name == "adamw" else torch.optim.Adam
         return kind(params, lr=self.lr, weight_decay=self.weight_decay)
 
@@ -81,10 +84,10 @@ class ClientOptimizer:
         return loss
 
     def step(self, grad: torch.Tensor, lr: float, summed: torch.Tensor | None) -> None:
-        if self.settings.clip_grad_norm:  # torch's own, on the bound parameters' grads: views of `grad`
-            torch.nn.utils.clip_grad_norm_(self.params(), self.settings.clip_grad_norm)
         if summed is not None:
             summed += grad
+        if self.settings.clip_grad_norm:  # torch's own, on the bound parameters' grads: views of `grad`
+            torch.nn.utils.clip_grad_norm_(self.params(), self.settings.clip_grad_norm)
         self._step(grad, lr)
 
     def _step(self, grad: torch.Tensor, lr: float) -> None:
@@ -110,7 +113,8 @@ class FlatSGD(ClientOptimizer):
 
     def _step(self, grad: torch.Tensor, lr: float) -> None:
         s = self.settings
-        sgd(self.weights, grad, self.buffer, lr=lr, momentum=s.momentum, weight_decay=s.weight_decay)
+        sgd(self.weights, grad, self.buffer, lr=lr, momentum=s.momentum, weight_decay=s.weight_decay,
+            nesterov=s.nesterov)
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         return {} if self.buffer is None else {"momentum_buffer": _array(self.buffer)}
@@ -146,31 +150,16 @@ class TorchOptimizer(ClientOptimizer):
         self.scaler.update()
 
     def state_arrays(self) -> dict[str, np.ndarray]:
-        """torch's state_dict flattened: `state.I.NAME` for a tensor of parameter I,
-        `number.I.NAME` for a Python number (a user's optimizer may keep one), `scaler.NAME`
-        for GradScaler's; anything else (torch's SGD keeps `momentum_buffer = None` at
-        momentum 0) is left out, as torch's optimizers take a missing entry for a fresh
-        one. The groups' settings come from the config, not from here."""
-        arrays = {}
-        for index, values in self.optimizer.state_dict()["state"].items():
-            for name, value in values.items():
-                if torch.is_tensor(value):
-                    arrays[f"state.{index}.{name}"] = _array(value)
-                elif isinstance(value, (int, float)):
-                    arrays[f"number.{index}.{name}"] = np.array(value)
+        """torch's state_dict flattened (`paramserver.rules.optimizer.flat_state`: `state.I.NAME`
+        tensors, `number.I.NAME` numbers) and `scaler.NAME` for GradScaler's."""
+        arrays = {k: _array(v) if torch.is_tensor(v) else np.array(v) for k, v in flat_state(self.optimizer).items()}
         if self.scaler is not None:
             arrays.update({f"scaler.{k}": np.array(v) for k, v in self.scaler.state_dict().items()})
         return arrays
 
     def load_state_arrays(self, arrays: dict[str, np.ndarray]) -> None:
-        state: dict[int, dict[str, Any]] = {}
-        for key, value in arrays.items():
-            kind, _, rest = key.partition(".")
-            if kind in ("state", "number"):
-                index, _, name = rest.partition(".")
-                state.setdefault(int(index), {})[name] = torch.from_numpy(value.copy()) if kind == "state" \
-                    else value.item()
-        self.optimizer.load_state_dict({"state": state, "param_groups": self.optimizer.state_dict()["param_groups"]})
+        load_flat_state(self.optimizer, {k: torch.from_numpy(v.copy()) if k.startswith("state.") else v.item()
+                                         for k, v in arrays.items() if k.startswith(("state.", "number."))})
         scaler = {key[len("scaler."):]: value.item() for key, value in arrays.items() if key.startswith("scaler.")}
         if self.scaler is not None and scaler:
             self.scaler.load_state_dict(scaler)

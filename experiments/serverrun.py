@@ -12,6 +12,7 @@ from typing import Any, Callable
 from clients.optimizers import OptimizerSettings
 from experiments.runlife import RunLife
 from experiments.runrecord import RunSetup, spare_core
+from experiments.start import server_optimizer_factory
 from paramserver.handler import ServerState, ServerTally
 from paramserver.noise import summarise
 from paramserver.recorder import Recorder
@@ -50,7 +51,8 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
     keeps_state = OptimizerSettings(name=cfg.optimizer, momentum=cfg.client_momentum(clients),
                                     precision=cfg.precision).keeps_state
     with RunLife(setup, cfg.async_versions(clients), clock) as life:
-        state = ServerState.for_run(cfg, setup.weights[slice(*bounds[0])], clients, eval_every=life.every,
+        state = ServerState.for_run(cfg, setup.weights[slice(*bounds[0])], clients, server_optimizer_factory(cfg),
+                                    eval_every=life.every,
                                     apply_cost=apply_cost, clock=clock, collects_states=keeps_state)
         life.counts = state.counts
         lines = (0, 0)
@@ -81,7 +83,7 @@ def serve_slice(setup: RunSetup, link: Link, clock: Callable[[], float], shard: 
     nothing: server 0 records the run."""
     cfg = setup.cfg
     lo, hi = shard_bounds(setup.weights.size, cfg.servers)[shard]
-    state = ServerState.for_run(cfg, setup.weights[lo:hi], setup.clients, peers=(0,))
+    state = ServerState.for_run(cfg, setup.weights[lo:hi], setup.clients, server_optimizer_factory(cfg), peers=(0,))
     loop = ServerLoop(link, state, None, clock, cfg.stall_timeout, cfg.on_client_failure)
     loop.serve()
     while (msg := link.recv(math.inf, source=0)).tag == Tag.PULL:

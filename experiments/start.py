@@ -7,6 +7,7 @@ go to warm_start.jsonl; the run's clock starts after it.
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable
 
@@ -18,6 +19,7 @@ from clients.buffers import host_copy
 from clients.client import Client, Replica
 from clients.data import Dataset, ShardSampler, shard_indices
 from clients.models import flat_weights, run_model
+from clients.optimizers import user_optimizer
 from clients.usercode import loss_function, optimizer_factory
 from paramserver.config import RunConfig
 from paramserver.rules import rule_class
@@ -37,8 +39,18 @@ def make_replica(cfg: RunConfig, model: nn.Module, device: str, clients: int) ->
     """The model with the run's client optimizer, for one of `clients` clients (the
     momentum `auto` gives them)."""
     return Replica(model, lr=cfg.lr, momentum=cfg.client_momentum(clients), weight_decay=cfg.weight_decay,
-                   device=device, loss=loss_function(cfg.loss), name=cfg.optimizer,
+                   device=device, loss=loss_function(cfg.loss), name=cfg.optimizer, nesterov=cfg.nesterov,
                    clip_grad_norm=cfg.clip_grad_norm, precision=cfg.precision, factory=optimizer_factory(cfg.optimizer))
+
+
+def server_optimizer_factory(cfg: RunConfig) -> Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None:
+    """The user's optimizer for the server's step (a gradient rule's), with the server's lr,
+    momentum and weight decay bound; None for one of ours."""
+    factory = optimizer_factory(cfg.optimizer)
+    if factory is None:
+        return None
+    return functools.partial(user_optimizer, factory, spec=cfg.optimizer, lr=cfg.effective_server_lr,
+                             momentum=cfg.effective_server_momentum, weight_decay=cfg.weight_decay)
 
 
 def make_client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int, index: int) -> Client:

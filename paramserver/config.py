@@ -98,12 +98,16 @@ class RunConfig:
     momentum: float = _key(0.9, "client SGD momentum (the buffer stays on the client), or auto: lowered "
                                 "with the number of clients to offset the momentum asynchrony adds")
     weight_decay: float = _key(5e-4, "client weight decay (L2 in sgd and adam, decoupled in adamw)")
-    optimizer: str = _key("sgd", "the clients' optimizer: sgd, adam, adamw (torch's, at lr and weight_decay; "
-                                 "momentum is sgd's), or package.module:factory (or file.py:factory) called "
-                                 "as factory(params, lr=, momentum=, weight_decay=) with the keywords it takes, "
-                                 "returning a torch.optim.Optimizer")
-    clip_grad_norm: float = _key(0.0, "clip each minibatch's gradient to this total L2 norm before the client's "
-                                      "step, as torch.nn.utils.clip_grad_norm_ (0: no clipping)")
+    optimizer: str = _key("sgd", "the optimizer where the step is taken: the server's under a gradient rule "
+                                 "(sgd, fresh), the clients' under a delta rule, both in local steps: sgd, adam, "
+                                 "adamw (torch's, at lr and weight_decay; momentum is sgd's), or "
+                                 "package.module:factory (or file.py:factory) called as factory(params, lr=, "
+                                 "momentum=, weight_decay=) with the keywords it takes, returning a "
+                                 "torch.optim.Optimizer")
+    nesterov: bool = _key(False, "sgd: Nesterov momentum (torch.optim.SGD's nesterov), at the clients and the server")
+    clip_grad_norm: float = _key(0.0, "clip a step's gradient to this total L2 norm, as "
+                                      "torch.nn.utils.clip_grad_norm_: each local step's, and under a gradient "
+                                      "rule the gathered gradient the server steps with (0: no clipping)")
     precision: str = _key("fp32", "the clients' forward and loss: fp32, bf16 (torch.autocast, CPU or GPU) or "
                                   "fp16 (torch.autocast with torch's GradScaler; for GPUs)")
     rule: str = _key("fresh", "server update rule: " + ", ".join(RULES) + " (docs/rules.md)")
@@ -344,6 +348,8 @@ def _check_values(cfg: RunConfig) -> None:
     _require(cfg.optimizer in OPTIMIZERS or is_user_code(cfg.optimizer), "optimizer",
              f"expected {', '.join(OPTIMIZERS)} or package.module:factory, got {cfg.optimizer!r}")
     _require(cfg.clip_grad_norm >= 0, "clip_grad_norm", f"must be non-negative (0: none), got {cfg.clip_grad_norm}")
+    _require(not cfg.nesterov or cfg.optimizer == "sgd", "nesterov", f"is sgd's, not {cfg.optimizer}'s")
+    _require(not cfg.nesterov or cfg.momentum != 0, "nesterov", "needs momentum (torch's SGD refuses it at 0)")
     _require(cfg.data_workers >= 0, "data_workers", f"must be non-negative, got {cfg.data_workers}")
     _require(not cfg.data_workers or cfg.backend == "mpi", "data_workers",
              "needs --backend mpi (the simulator's clients read on its virtual clock)")

@@ -195,11 +195,13 @@ class ServerState:
         self.pace = Pace(self.clock) if self.store.rule.paced else None
 
     @classmethod
-    def for_run(cls, cfg: RunConfig, weights: np.ndarray, clients: int, **options: Any) -> ServerState:
-        """A server's state for its slice `weights` of a run of `clients` clients: its store,
-        the clients' ranks (after the servers'), the wire's codec, the lr schedule the server
-        counts progress for and applies its rule's lr by (`options`: the other fields)."""
-        return cls(Store.for_run(cfg, weights, clients), list(range(cfg.servers, cfg.servers + clients)),
+    def for_run(cls, cfg: RunConfig, weights: np.ndarray, clients: int, optimizer_factory: Callable | None = None,
+                **options: Any) -> ServerState:
+        """A server's state for its slice `weights` of a run of `clients` clients: its store
+        (`optimizer_factory`: the user's optimizer, for its rule), the clients' ranks (after
+        the servers'), the wire's codec, the lr schedule the server counts progress for and
+        applies its rule's lr by (`options`: the other fields)."""
+        return cls(Store.for_run(cfg, weights, clients, optimizer_factory), list(range(cfg.servers, cfg.servers + clients)),
                    codec=make_codec(cfg.compress),
                    schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr), **options)
 

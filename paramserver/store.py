@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 
 from paramserver import fused, hostkernel
@@ -63,9 +65,10 @@ class Store:
         self.staleness: Counter[int] = Counter()
 
     @classmethod
-    def for_run(cls, cfg: RunConfig, weights: np.ndarray, clients: int) -> Store:
-        """The server's store for these weights: its rule for `clients` clients, on its device."""
-        return cls(weights, make_rule(cfg.rule, cfg, clients), backend=ServerArrays(cfg.server_device),
+    def for_run(cls, cfg: RunConfig, weights: np.ndarray, clients: int, optimizer_factory: Callable | None = None) -> Store:
+        """The server's store for these weights: its rule for `clients` clients, on its device
+        (`optimizer_factory`: the user's optimizer, where the rule steps with it)."""
+        return cls(weights, make_rule(cfg.rule, cfg, clients, optimizer_factory), backend=ServerArrays(cfg.server_device),
                    kernel=cfg.server_kernel)
 
     @property
@@ -180,7 +183,7 @@ def kernel_path(backend: ServerArrays, rule: Rule, kernel: str = "auto") -> fuse
     """The fused path for a Store (`kernel` auto) where the rule has a formula: on the host
     where g++ is found (paramserver/hostkernel.py), on a GPU where cupy imports; None
     elsewhere and with `kernel` torch (the rule's torch arithmetic runs)."""
-    if kernel == "torch" or not rule.fusable():
+    if kernel == "torch" or not rule.fusable() or not rule.formulas_fit:
         return None
     if backend.on_host:
         return hostkernel.InPlace(rule, hostkernel.HostKernel()) if hostkernel.available() else None

@@ -13,7 +13,7 @@ from clients.models import build_model
 def plain_sgd(dataset: Dataset, steps: int, *, model: str = "cnn", seed: int = 0, batch_size: int = 32,
               lr: float = 0.05, momentum: float = 0.9, weight_decay: float = 5e-4, clients: int = 1,
               optimizer: str = "SGD", lr_lambda: Callable[[int], float] | None = None,
-              clip_grad_norm: float = 0.0, autocast: torch.dtype | None = None) -> np.ndarray:
+              clip_grad_norm: float = 0.0, autocast: torch.dtype | None = None, nesterov: bool = False) -> np.ndarray:
     """Final weights, flattened, of `steps` minibatches of torch.optim.SGD (or of another
     torch.optim class named by `optimizer`, at the same lr and weight decay), the gradient
     clipped by torch.nn.utils.clip_grad_norm_ to `clip_grad_norm` (0: not), the forward
@@ -25,7 +25,8 @@ def plain_sgd(dataset: Dataset, steps: int, *, model: str = "cnn", seed: int = 0
     `lr_lambda`: a torch LambdaLR multiplier of the steps taken, stepped after each."""
     net = build_model(model, dataset.shape, dataset.num_classes, seed)
     if optimizer == "SGD":
-        optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+        optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay,
+                                    nesterov=nesterov)
     else:
         optimizer = getattr(torch.optim, optimizer)(net.parameters(), lr=lr, weight_decay=weight_decay)
     scaler = torch.amp.GradScaler("cpu") if autocast == torch.float16 else None

@@ -33,6 +33,8 @@ Where clients push gradients, the server also measures the gradient noise scale
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from paramserver.rules.adagrad import AdagradRule
 from paramserver.rules.base import Rule, RuleSettings, Update
 from paramserver.rules.dcasgd import DCASGDRule
@@ -44,8 +46,6 @@ from paramserver.rules.scaling import batch_scale, ramped_scale
 from paramserver.rules.sgd import SGDRule
 from paramserver.rules.staleness import StalenessRule, staleness_factor
 
-# `sgd`, torch's SGD arithmetic, is not re-exported: the name is the sgd rule's module
-# (`from paramserver.rules.sgd import sgd`).
 __all__ = ["RULES", "AdagradRule", "DCASGDRule", "EASGDRule", "FreshRule", "NesterovRule", "Rule", "RuleSettings",
            "SGDRule", "ScaledRule", "StalenessRule", "Update", "batch_scale", "easgd_alpha", "fixed_batch",
            "make_rule", "ramped_scale", "rule_class", "staleness_factor"]
@@ -62,6 +62,10 @@ def rule_class(name: str) -> type[Rule]:
         raise ValueError(f"rule: unknown rule {name!r} (choose from {', '.join(RULES)})") from None
 
 
-def make_rule(name: str, settings: RuleSettings, clients: int = 1) -> Rule:
-    """The rule called `name` for a run of `clients` clients (`settings`: a RunConfig)."""
-    return rule_class(name)(settings, clients)
+def make_rule(name: str, settings: RuleSettings, clients: int = 1, optimizer_factory: Callable | None = None) -> Rule:
+    """The rule called `name` for a run of `clients` clients (`settings`: a RunConfig);
+    `optimizer_factory`: the user's optimizer, for a rule whose server steps with it."""
+    cls = rule_class(name)
+    if cls.steps_with_optimizer:
+        return cls(settings, clients, optimizer_factory)
+    return cls(settings, clients)

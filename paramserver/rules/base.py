@@ -32,6 +32,9 @@ class RuleSettings(Protocol):
     nesterov_every: int
     nesterov_momentum: float
     servers: int
+    optimizer: str
+    nesterov: bool
+    clip_grad_norm: float
 
 
 @dataclass(slots=True)
@@ -65,6 +68,10 @@ class Rule:
     defers = False     # whether a reply may wait for a step being gathered (fresh's "wait")
     paced = False      # whether the clients' pace decides that (fresh's "auto", paramserver/pace.py)
     step_batch: int | None = None  # the minibatches a step gathers, for rules that gather (fresh)
+    steps_with_optimizer = False  # whether the server's step is the run's optimizer (sgd, fresh)
+    # whether this rule's FORMULAS are its update with these settings (not, for the server's
+    # Adam: then the fused paths stand aside and `apply` runs)
+    formulas_fit = True
 
     def __init__(self, settings: RuleSettings, clients: int):
         self.clients = clients

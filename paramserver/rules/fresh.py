@@ -1,9 +1,9 @@
 """The `fresh` rule: gather gradient pushes at most R versions old until they cover S
-minibatches, then one SGD step on their mean (Rennala / Ringmaster ASGD).
+minibatches, then one step of the run's optimizer on their mean (Rennala / Ringmaster ASGD).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from paramserver.rules.base import RuleSettings, Update, refusals
 from paramserver.rules.scaling import ramped_scale
@@ -18,8 +18,8 @@ class FreshRule(SGDRule):
     2305.12387; Ringmaster ASGD, Maranjyan, Tyurin & Richtarik 2025, arXiv 2501.16168).
 
     Pushed gradient sums computed at most R = `max_staleness` versions ago are summed
-    until they cover S = `fresh_batch` minibatches; then one SGD step (server momentum,
-    weight decay) on their mean, at the lr for that many minibatches (times their count
+    until they cover S = `fresh_batch` minibatches; then one step of the run's optimizer
+    (SGD with the server's momentum by default; paramserver/rules/optimizer.py) on their mean, at the lr for that many minibatches (times their count
     with `lr_scaling = "linear"`, its root with "sqrt") and at the schedule's factor of
     the gather's first push, the progress its gradients were computed at. Staler pushes
     are dropped. The version moves only at a step, so staleness counts steps. With `fresh_reply = "wait"` a client
@@ -45,8 +45,8 @@ total_out = 0;
 w_out = w - lr * momentum_buffer_out;"""
     FORMULAS = (GATHER, STEP_PLAIN, STEP)
 
-    def __init__(self, settings: RuleSettings, clients: int):
-        super().__init__(settings, clients)
+    def __init__(self, settings: RuleSettings, clients: int, optimizer_factory: Callable | None = None):
+        super().__init__(settings, clients, optimizer_factory)
         self.max_staleness = settings.max_staleness
         self.auto = settings.fresh_batch == "auto"
         self.fixed = fixed_batch(settings, clients)
@@ -136,7 +136,7 @@ w_out = w - lr * momentum_buffer_out;"""
 
     def step(self, w: Tensor) -> None:
         lr = self.step_lr(self.covered, self.gather_factor, self.gather_ramp)
-        self.sgd_step(w, self.total.div_(self.covered), lr)
+        self.optimizer.step(w, self.total.div_(self.covered), lr)
         self.total.zero_()
         self.covered = 0
 
@@ -148,9 +148,11 @@ w_out = w - lr * momentum_buffer_out;"""
         self.total = state.get("total")
 
     def scalars(self) -> dict[str, float]:
-        return {"covered": self.covered, "gather_factor": self.gather_factor, "gather_ramp": self.gather_ramp}
+        return {**super().scalars(), "covered": self.covered, "gather_factor": self.gather_factor,
+                "gather_ramp": self.gather_ramp}
 
     def load_scalars(self, values: dict[str, float]) -> None:
+        super().load_scalars(values)
         self.covered = int(values.get("covered", 0))
         self.gather_factor = float(values.get("gather_factor", 1.0))
         self.gather_ramp = float(values.get("gather_ramp", 1.0))

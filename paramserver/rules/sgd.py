@@ -1,36 +1,22 @@
-"""The `sgd` rule: torch.optim.SGD on a pushed gradient sum (server lr, momentum, decay),
-and `sgd`, torch's SGD arithmetic on one flat vector, which every client step uses too.
-"""
+"""The `sgd` rule: the run's optimizer, at the server, on a pushed gradient sum (server lr,
+momentum, weight decay; paramserver/rules/optimizer.py)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from paramserver.rules.base import Rule, RuleSettings, Update
+from paramserver.rules.optimizer import ServerOptimizer
 
 if TYPE_CHECKING:  # as in base.py: torch loads with the weights
     from torch import Tensor
 
 
-def sgd(w: Tensor, g: Tensor, buffer: Tensor | None, *, lr: float, momentum: float,
-        weight_decay: float) -> Tensor | None:
-    """torch.optim.SGD's own arithmetic (its fused kernel; dampening 0, no nesterov) on one
-    flat vector, in place; returns the momentum buffer (torch starts one at the first
-    gradient when given None; None without momentum). The server's sgd rule and every
-    client step with it: called directly, it skips torch.optim.Optimizer, whose first
-    step imports torch._dynamo, a start-up cost in every process that trains
-    (docs/performance.md)."""
-    from torch.optim.sgd import sgd as torch_sgd
-
-    buffers = [buffer]
-    torch_sgd([w], [g], buffers, fused=True, lr=lr, momentum=momentum, weight_decay=weight_decay,
-              dampening=0.0, nesterov=False, maximize=False)
-    return buffers[0]
-
-
 class SGDRule(Rule):
-    """torch.optim.SGD's update, applied by the server to a pushed gradient sum."""
+    """The server's optimizer (torch.optim.SGD's update by default) applied to each pushed
+    gradient sum; the base of `fresh`, which steps the same way on a gathered mean."""
 
     pushes = "gradient"
+    steps_with_optimizer = True
     PLAIN = "w_out = w - lr * (d + weight_decay * w);"  # torch's SGD without momentum
     # torch's fused SGD (dampening 0, no nesterov). Its first step sets the buffer to g:
     # the buffer starts at zeros here, and momentum * 0 + g is exactly g.
@@ -39,14 +25,23 @@ momentum_buffer_out = momentum * momentum_buffer + g;
 w_out = w - lr * momentum_buffer_out;"""
     FORMULAS = (PLAIN, MOMENTUM)
 
-    def __init__(self, settings: RuleSettings, clients: int):
+    def __init__(self, settings: RuleSettings, clients: int, optimizer_factory: Callable | None = None):
         super().__init__(settings, clients)
-        self.momentum = settings.effective_server_momentum
-        self.weight_decay = settings.weight_decay
-        self.buffer: Tensor | None = None  # torch starts it at the first gradient
+        self.optimizer = ServerOptimizer.for_settings(settings, optimizer_factory)
+        self.momentum = self.optimizer.momentum
+        self.weight_decay = self.optimizer.weight_decay
+
+    @property
+    def formulas_fit(self) -> bool:
+        return self.optimizer.formulas_fit
+
+    @property
+    def buffer(self) -> Tensor | None:
+        """SGD's momentum buffer (None before the first step, and without momentum)."""
+        return self.optimizer.vectors.get("momentum_buffer")
 
     def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
-        self.sgd_step(w, d, self.lr)
+        self.optimizer.step(w, d, self.lr)
 
     def fused(self, client: int, staleness: int) -> Update:
         scalars = {"lr": self.lr, "weight_decay": self.weight_decay}
@@ -54,11 +49,14 @@ w_out = w - lr * momentum_buffer_out;"""
             return Update(self.PLAIN, scalars)
         return Update(self.MOMENTUM, {**scalars, "momentum": self.momentum}, {"momentum_buffer": self.buffer})
 
-    def sgd_step(self, w: Tensor, g: Tensor, lr: float) -> None:
-        self.buffer = sgd(w, g, self.buffer, lr=lr, momentum=self.momentum, weight_decay=self.weight_decay)
-
     def state(self) -> dict[str, Tensor]:
-        return {} if self.buffer is None else {"momentum_buffer": self.buffer}
+        return self.optimizer.state()
 
     def load_state(self, state: dict[str, Tensor]) -> None:
-        self.buffer = state.get("momentum_buffer")
+        self.optimizer.load_state(state)
+
+    def scalars(self) -> dict[str, float]:
+        return self.optimizer.scalars()
+
+    def load_scalars(self, values: dict[str, float]) -> None:
+        self.optimizer.load_scalars(values)

@@ -140,8 +140,9 @@ def one_client_with(run_path, dataset, rule="add", **optimizer):
     def model():
         return build_model("cnn", dataset.shape, dataset.num_classes, seed=0)
 
-    state = ServerState(Store(flat_weights(model()), make_rule(rule, RunConfig(lr=LR, server_momentum=MOMENTUM,
-                                                                                weight_decay=WD))), [1])
+    server = RunConfig(lr=LR, server_momentum=MOMENTUM, weight_decay=WD,
+                       clip_grad_norm=optimizer.get("clip_grad_norm", 0.0))  # a gradient rule's server clips
+    state = ServerState(Store(flat_weights(model()), make_rule(rule, server)), [1])
     run = RunDir(run_path)
     run.create()
     recorder = Recorder(run, state, clock=lambda: 0.0)
@@ -178,8 +179,8 @@ def test_one_client_with_each_optimizer_clipping_and_precision_equals_plain_torc
 
 
 def test_a_gradient_rule_receives_the_clipped_gradient(tmp_path, dataset):
-    """The sgd rule steps the server with the pushed gradient: clipped on the client, it
-    is torch's SGD with clipping."""
+    """The sgd rule steps the server with the pushed gradient, which the server clips
+    (the client pushes what it computed): torch's SGD with clipping."""
     weights = one_client_with(tmp_path / "run", dataset, rule="sgd", clip_grad_norm=0.5)
     expected = plain_sgd(dataset, STEPS, batch_size=BATCH, lr=LR, momentum=MOMENTUM, weight_decay=WD,
                          clip_grad_norm=0.5)

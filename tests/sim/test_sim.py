@@ -151,6 +151,22 @@ def test_the_optimizer_clipping_and_precision_keys_are_the_clients(tmp_path, tin
         assert json.loads((run / "config.json").read_text())["optimizer"] == optimizer
 
 
+def test_the_default_rule_steps_with_the_runs_optimizer(tmp_path, tiny_npz):
+    """Under the default rule the server takes the step: with one client at n_sync 1 the
+    run is plain torch's loop with that optimizer (AdamW, clipped; SGD with Nesterov)."""
+    from clients.data import load_dataset
+    from tests.reference import plain_sgd
+
+    dataset = load_dataset(str(tiny_npz))
+    for name, flags, expected in [
+            ("adamw", ["--optimizer", "adamw", "--clip-grad-norm", "0.5"],
+             plain_sgd(dataset, 10, batch_size=32, lr=0.01, optimizer="AdamW", clip_grad_norm=0.5)),
+            ("nesterov", ["--nesterov"], plain_sgd(dataset, 10, batch_size=32, lr=0.01, nesterov=True))]:
+        run = sim(tmp_path / name, tiny_npz, "--clients", "1", "--steps", "10", *flags)
+        np.testing.assert_allclose(checkpoint_weights(run), expected, atol=2e-6, rtol=0)
+        assert json.loads((run / "config.json").read_text())["rule"] == "fresh"
+
+
 def test_an_optimizer_factory_that_fails_is_refused_before_launch(tmp_path, tiny_npz, capsys):
     factory = tmp_path / "opt.py"
     factory.write_text("def nothing(params):\n    return 3\n")

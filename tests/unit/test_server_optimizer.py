@@ -1,0 +1,129 @@
+"""The server's optimizer under a gradient rule (paramserver/rules/optimizer.py): torch's
+Adam, AdamW, SGD with Nesterov and a user's factory, on the gathered gradient, with
+clipping, and their state through a checkpoint."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from paramserver.config import RunConfig
+from paramserver.rules import make_rule
+from paramserver.rundir.durable import load_arrays, save_arrays
+from paramserver.store import Store
+
+SIZE, LR, DECAY, CLIP = 50, 0.01, 0.1, 0.5
+
+
+def adam_reference(w: np.ndarray, grads: list[np.ndarray], *, decoupled: bool, clip: float) -> np.ndarray:
+    """Adam / AdamW written from their papers' formulas in float64 (torch's bias-corrected
+    form; AdamW's decay decoupled, Adam's added to the gradient), the gradient clipped to a
+    total norm first."""
+    w = w.astype(np.float64)
+    m, v = np.zeros_like(w), np.zeros_like(w)
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    for t, g in enumerate(grads, start=1):
+        g = g.astype(np.float64)
+        if clip:
+            g = g * min(1.0, clip / (np.linalg.norm(g) + 1e-6))
+        if decoupled:
+            w = w * (1 - LR * DECAY)
+        else:
+            g = g + DECAY * w
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        w = w - LR / (1 - b1 ** t) * m / (np.sqrt(v) / math.sqrt(1 - b2 ** t) + eps)
+    return w
+
+
+def push(store: Store, g: np.ndarray) -> bool:
+    """Client 0 pulls and pushes `g`, as one client at n_sync 1 does (fresh drops a stale push)."""
+    store.pull(0)
+    return store.apply(0, g).accepted
+
+
+def gradients(count: int, seed: int = 1) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(SIZE).astype(np.float32) for _ in range(count)]
+
+
+@pytest.mark.parametrize("rule", ["sgd", "fresh"])
+@pytest.mark.parametrize("optimizer,clip", [("adamw", 0.0), ("adamw", CLIP), ("adam", 0.0)])
+def test_the_servers_adam_is_the_papers_arithmetic(rule, optimizer, clip):
+    start = np.random.default_rng(0).standard_normal(SIZE).astype(np.float32)
+    store = Store(start, make_rule(rule, RunConfig(lr=LR, weight_decay=DECAY, optimizer=optimizer, clip_grad_norm=clip)))
+    grads = gradients(6)
+    for g in grads:
+        assert push(store, g)
+    expected = adam_reference(start, grads, decoupled=optimizer == "adamw", clip=clip)
+    np.testing.assert_allclose(store.weights, expected, rtol=1e-5, atol=1e-6)
+    assert store.rule.formulas_fit is False  # torch's arithmetic runs, not the SGD kernel
+
+
+def test_the_servers_adamw_equals_torch_adamw_on_the_same_gradients():
+    start = np.random.default_rng(0).standard_normal(SIZE).astype(np.float32)
+    param = torch.nn.Parameter(torch.from_numpy(start.copy()))
+    reference = torch.optim.AdamW([param], lr=LR, weight_decay=DECAY)
+    store = Store(start, make_rule("fresh", RunConfig(lr=LR, weight_decay=DECAY, optimizer="adamw")))
+    for g in gradients(5):
+        param.grad = torch.from_numpy(g.copy())
+        reference.step()
+        push(store, g)
+    np.testing.assert_array_equal(store.weights, param.detach().numpy())
+
+
+def test_sgd_with_nesterov_equals_torch():
+    start = np.random.default_rng(0).standard_normal(SIZE).astype(np.float32)
+    param = torch.nn.Parameter(torch.from_numpy(start.copy()))
+    reference = torch.optim.SGD([param], lr=LR, momentum=0.9, nesterov=True, weight_decay=DECAY)
+    store = Store(start, make_rule("sgd", RunConfig(lr=LR, momentum=0.9, nesterov=True, weight_decay=DECAY)))
+    for g in gradients(5):
+        param.grad = torch.from_numpy(g.copy())
+        reference.step()
+        push(store, g)
+    np.testing.assert_allclose(store.weights, param.detach().numpy(), rtol=0, atol=1e-6)
+
+
+def test_a_users_optimizer_steps_the_server():
+    start = np.random.default_rng(0).standard_normal(SIZE).astype(np.float32)
+    param = torch.nn.Parameter(torch.from_numpy(start.copy()))
+    reference = torch.optim.RMSprop([param], lr=LR)
+    factory = lambda params: torch.optim.RMSprop(params, lr=LR)  # noqa: E731 - settings bound, as the run binds them
+    store = Store(start, make_rule("sgd", RunConfig(lr=LR), optimizer_factory=factory))
+    for g in gradients(5):
+        param.grad = torch.from_numpy(g.copy())
+        reference.step()
+        push(store, g)
+    np.testing.assert_allclose(store.weights, param.detach().numpy(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "rmsprop"])
+def test_the_server_optimizers_state_survives_a_checkpoint(tmp_path, optimizer):
+    """Three steps, a checkpoint written and loaded into a new store, three more: the same
+    weights as six steps without the stop (Adam's moments and step count; a factory's state)."""
+    factory = (lambda params: torch.optim.RMSprop(params, lr=LR, momentum=0.5)) if optimizer == "rmsprop" else None
+    settings = RunConfig(lr=LR, weight_decay=DECAY, optimizer="adamw" if factory is None else "sgd")
+    start = np.random.default_rng(0).standard_normal(SIZE).astype(np.float32)
+    grads = gradients(6)
+    straight = Store(start, make_rule("fresh", settings, optimizer_factory=factory))
+    stopped = Store(start, make_rule("fresh", settings, optimizer_factory=factory))
+    for g in grads:
+        push(straight, g)
+    for g in grads[:3]:
+        push(stopped, g)
+    save_arrays(tmp_path / "ckpt.npz", stopped.state())
+    resumed = Store(np.zeros(SIZE, np.float32), make_rule("fresh", settings, optimizer_factory=factory))
+    resumed.load_state(load_arrays(tmp_path / "ckpt.npz"))
+    for g in grads[3:]:
+        push(resumed, g)
+    np.testing.assert_array_equal(resumed.weights, straight.weights)
+
+
+def test_sgd_keeps_its_fast_path_and_its_checkpoint_names():
+    rule = make_rule("fresh", RunConfig(lr=LR, momentum=0.9))
+    assert rule.formulas_fit
+    store = Store(np.zeros(SIZE, np.float32), rule)
+    push(store, gradients(1)[0])
+    assert set(rule.state()) == {"momentum_buffer", "total"} and "opt_step" not in rule.scalars()
