@@ -16,8 +16,9 @@ from torch import nn
 
 from clients.buffers import host_copy
 from clients.client import Client, Replica
-from clients.data import Dataset, ShardSampler, shard_indices
+from clients.data import Dataset
 from clients.models import flat_weights, run_model
+from clients.sampling import ShardSampler, shard_indices
 from clients.usercode import loss_function, optimizer_factory
 from paramserver.config import RunConfig
 from paramserver.rules import rule_class
