@@ -1,11 +1,11 @@
 """The server's reaction to one message, as a pure function: `handle(state, msg)`.
 
 `handle` checks the message, applies a push with the Store's rule, counts what it must,
-and returns the replies to send and the events to record; it does no I/O. Moving
-messages is the driver's (`serve()` over MPI, the simulator's event loop, `InProcess`
-in tests); writing logs, snapshots and checkpoints is the `Recorder`'s. So the
-simulator, the tests and an MPI run share every decision the server makes, and the
-handler's cost is the apply's, not the disk's.
+and returns the replies to send and the events to record (paramserver/events.py); it
+does no I/O. Moving messages is the driver's (`serve()` over MPI, the simulator's event
+loop, `InProcess` in tests); writing logs, snapshots and checkpoints is the `Recorder`'s.
+So the simulator, the tests and an MPI run share every decision the server makes, and
+the handler's cost is the apply's, not the disk's.
 
 A malformed message is rejected (a `Rejected` event) and never reaches the weights. A
 reply's payload may be the live weights: the driver sends it before the next push is

@@ -61,9 +61,9 @@ def tiny_npz(tmp_path_factory) -> Path:
 
 
 # Open MPI's launcher now and then fails before any rank starts (a known PMIx startup
-# race; seen once in the 38 Open MPI tests of a CI run on 2026-12-01, and again on
-# 2026-12-02 in a test that launched mpiexec through `env`): nothing of ours ran, so
-# that one failure is launched once more, whichever command started the launcher.
+# race, seen in the Open MPI tier, also with mpiexec launched through `env`): nothing of
+# ours ran, so that one failure is launched once more, whichever command started the
+# launcher.
 LAUNCHER_FAILED = "PMIx server's listener thread failed to start"
 
 
