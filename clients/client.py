@@ -33,8 +33,9 @@ import torch
 from torch import nn
 
 from clients.buffers import host_copy, host_empty
-from clients.data import Minibatches, ShardSampler, Split
+from clients.data import Split
 from clients.optimizers import OptimizerSettings
+from clients.sampling import Minibatches, ShardSampler
 from paramserver.rules.easgd import EASGDRule
 from paramserver.schedule import Schedule
 
@@ -105,7 +106,7 @@ class Client:
     EASGD coefficient alpha when the client pushes its weights; `schedule`: the run's lr
     schedule, whose lr a window trains at is the one of the progress its weights came
     with (`sync`), or that the collective modes set each step (`lr`). `workers`: the
-    DataLoader workers that read its minibatches ahead (clients/data.py's Minibatches)."""
+    DataLoader workers that read its minibatches ahead (clients/sampling.py's Minibatches)."""
 
     def __init__(self, replica: Replica, train: Split, sampler: ShardSampler, pushes: str = "delta",
                  elastic: float = 0.0, schedule: Schedule | None = None, workers: int = 0):

@@ -313,7 +313,7 @@ def _check_start_weights(cfg: RunConfig, dataset) -> None:
     """The checkpoint a run starts from (--resume's own, else --init's) fits the model this
     config builds: refused here in one line, not on every rank after MPI started."""
     from clients.models import flat_weights, run_model
-    from experiments.start import StartError, checkpoint_weights, start_checkpoint
+    from experiments.assemble import StartError, checkpoint_weights, start_checkpoint
 
     size = flat_weights(run_model(cfg, dataset)).size
     try:

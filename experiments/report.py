@@ -165,7 +165,7 @@ def _measured(sweep) -> str:
 
 
 def _stamp(start_time: str) -> str:
-    """2026-11-30T13:33:58+0000 (the provenance's local time and offset) as 2026-11-30 13:33 +0000."""
+    """A provenance start time, YYYY-MM-DDTHH:MM:SS+HHMM (local time and offset), as YYYY-MM-DD HH:MM +HHMM."""
     return f"{start_time[:10]} {start_time[11:16]} {start_time[19:]}".rstrip()
 
 

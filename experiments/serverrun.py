@@ -10,9 +10,9 @@ import math
 from typing import Any, Callable
 
 from clients.optimizers import OptimizerSettings
+from experiments.assemble import server_optimizer_factory
 from experiments.runlife import RunLife
 from experiments.runrecord import RunSetup, spare_core
-from experiments.start import server_optimizer_factory
 from paramserver.handler import ServerState, ServerTally
 from paramserver.noise import summarise
 from paramserver.recorder import Recorder

@@ -41,9 +41,10 @@ import torch
 
 from clients.client import Client, Replica, StepResult
 from clients.collective import keep_fastest, mean_in_place
-from clients.data import Dataset, ShardSampler
+from clients.data import Dataset
 from clients.devices import keep_freed_memory, pick_device
 from clients.loop import ClientLoop, ClientPlan
+from clients.sampling import ShardSampler
 from clients.stragglers import Stragglers
 from experiments.assemble import build, start
 from experiments.collectiverun import collective_run

@@ -1,11 +1,11 @@
 """The server's reaction to one message, as a pure function: `handle(state, msg)`.
 
 `handle` checks the message, applies a push with the Store's rule, counts what it must,
-and returns the replies to send and the events to record; it does no I/O. Moving
-messages is the driver's (`serve()` over MPI, the simulator's event loop, `InProcess`
-in tests); writing logs, snapshots and checkpoints is the `Recorder`'s. So the
-simulator, the tests and an MPI run share every decision the server makes, and the
-handler's cost is the apply's, not the disk's.
+and returns the replies to send and the events to record (paramserver/events.py); it
+does no I/O. Moving messages is the driver's (`serve()` over MPI, the simulator's event
+loop, `InProcess` in tests); writing logs, snapshots and checkpoints is the `Recorder`'s.
+So the simulator, the tests and an MPI run share every decision the server makes, and
+the handler's cost is the apply's, not the disk's.
 
 A malformed message is rejected (a `Rejected` event) and never reaches the weights. A
 reply's payload may be the live weights: the driver sends it before the next push is
@@ -34,6 +34,8 @@ from typing import Any, Callable
 import numpy as np
 
 from paramserver.config import RunConfig
+from paramserver.events import (Applied, CheckpointDue, ClientRows, Dropped, Event, NoiseMeasured, Rejected,
+                                 SnapshotDue)
 from paramserver.pace import Pace
 from paramserver.rundir.checkpoint import Checkpoint
 from paramserver.schedule import Schedule
@@ -87,70 +89,6 @@ class ServerTally:
         return tally
 
 
-# The events handle() returns, for the Recorder, in the order they happened.
-@dataclass(slots=True)
-class Applied:
-    """A push was applied: a server.jsonl row."""
-
-    client: int
-    version: int
-    staleness: int
-    apply_s: float
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """A message was refused, and why: a server.jsonl row."""
-
-    client: int | None
-    rank: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class Dropped:
-    """A push too stale for the rule was left out (not an error): a server.jsonl row."""
-
-    client: int
-    staleness: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class NoiseMeasured:
-    """A window of the gradient noise scale closed: a server.jsonl row. `fresh_batch`:
-    the step size the fresh rule gathers from now on (None: another rule)."""
-
-    samples: int
-    noise_scale: float | None
-    fresh_batch: int | None
-
-
-@dataclass(slots=True)
-class ClientRows:
-    """A push's minibatch rows (clients.jsonl); `minibatches`: the run's count after them."""
-
-    rows: list[dict[str, Any]]
-    minibatches: int
-
-
-@dataclass(frozen=True)
-class SnapshotDue:
-    """The version reached a multiple of eval_every: snapshot, and checkpoint unless it
-    waits for the clients' optimizer states (`CheckpointDue` then)."""
-
-    version: int
-    checkpoint: bool = True
-
-
-@dataclass(frozen=True)
-class CheckpointDue:
-    """Every client still in the run has brought its optimizer state since: checkpoint."""
-
-    version: int
-
-
-Event = Applied | Rejected | Dropped | NoiseMeasured | ClientRows | SnapshotDue | CheckpointDue
 
 
 @dataclass

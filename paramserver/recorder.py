@@ -16,8 +16,9 @@ from typing import Any, Callable
 import numpy as np
 
 from paramserver.config import Fault
-from paramserver.handler import (Applied, CheckpointDue, ClientRows, Dropped, Event, NoiseMeasured, Rejected,
-                                 ServerState, SnapshotDue)
+from paramserver.events import (Applied, CheckpointDue, ClientRows, Dropped, Event, NoiseMeasured, Rejected,
+                                SnapshotDue)
+from paramserver.handler import ServerState
 from paramserver.rundir.checkpoint import Checkpoint, save_point
 from paramserver.rundir.layout import RunDir
 

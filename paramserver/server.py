@@ -20,8 +20,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from paramserver.handler import (Applied, ClientLost, ServerState, ServerTally, handle, release, release_due,
-                                 tag_name)
+from paramserver.events import Applied
+from paramserver.handler import ClientLost, ServerState, ServerTally, handle, release, release_due, tag_name
 from paramserver.recorder import Recorder
 from paramserver.wire.liveness import PeerDied
 from paramserver.wire.protocol import Link, Message, PeerTimeout, Reply, Tag

@@ -28,8 +28,8 @@ import pytest
 from experiments.parent.forked import Forked
 from experiments.parent.mpiexec import Launcher, find_mpiexec
 from experiments.parent.supervise import kill_tree
-from experiments.rank import preloaded
 from paramserver.wire.protocol import Push, Tag
+from tests import preloaded
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -61,8 +61,8 @@ def tiny_npz(tmp_path_factory) -> Path:
 
 
 # Open MPI's launcher now and then fails before any rank starts (a known PMIx startup
-# race; seen once in the 38 Open MPI tests of a CI run on 2026-12-01, and again on
-# 2026-12-02 in a test that launched mpiexec through `env`): nothing of ours ran, so
+# race; seen in a CI run of the Open MPI tests, and again in a test that launched
+# mpiexec through `env`; docs/reliability.md): nothing of ours ran, so
 # that one failure is launched once more, whichever command started the launcher.
 LAUNCHER_FAILED = "PMIx server's listener thread failed to start"
 
@@ -140,10 +140,10 @@ def _run_once(args: list[str], timeout: float, cwd: Path) -> subprocess.Complete
 
 def mpi_train(ranks: int, *flags: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """`mpiexec -n RANKS asgd train FLAGS` as a user types it; under MPICH each rank is
-    forked from a server that imported torch once (experiments/rank/preloaded.py: the
-    same `experiments.cli.main`, 1.5-2 s of CPU less a rank; tests/mpi/test_mpi.py
-    114 -> 65 s). Open MPI's PMIx runtime is not known to take a rank it did not start:
-    there the ranks are exec'd."""
+    forked from a server that imported torch once (tests/preloaded.py: the same
+    `experiments.cli.main`, without a fresh interpreter's `import torch`). Open MPI's
+    PMIx runtime is not known to take a rank it did not start: there the ranks are
+    exec'd."""
     if LAUNCHER.kind == "hydra":
         asgd = ["-genv", preloaded.SOCKET, rank_server().socket, *preloaded.command(["train"])]
     else:
@@ -159,11 +159,11 @@ class RankServer:
 
 @functools.cache
 def rank_server() -> RankServer:
-    """This session's rank server (experiments/rank/preloaded.py), started once, ending
+    """This session's rank server (tests/preloaded.py), started once, ending
     with this process."""
     folder = tempfile.mkdtemp(prefix="asgd-ranks-")
     socket = os.path.join(folder, "socket")
-    server = subprocess.Popen([sys.executable, "-m", "experiments.rank.preloaded", "--serve"], cwd=ROOT,
+    server = subprocess.Popen([sys.executable, "-m", "tests.preloaded", "--serve"], cwd=ROOT,
                               env={**os.environ, preloaded.SOCKET: socket}, start_new_session=True)
     atexit.register(_end_rank_server, server, folder)
     return RankServer(socket, server.pid)

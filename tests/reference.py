@@ -6,8 +6,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from clients.data import Dataset, ShardSampler, shard_indices
+from clients.data import Dataset
 from clients.models import build_model
+from clients.sampling import ShardSampler, shard_indices
 
 
 def plain_sgd(dataset: Dataset, steps: int, *, model: str = "cnn", seed: int = 0, batch_size: int = 32,

@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from clients.data import (FASHION_MNIST_DIRS, FASHION_MNIST_FILES, ArraySplit, ShardSampler, Split,
-                          load_dataset, shard_indices)
+from clients.data import FASHION_MNIST_DIRS, FASHION_MNIST_FILES, ArraySplit, Split, load_dataset
 from clients.devices import keep_freed_memory
 from clients.models import build_model
+from clients.sampling import ShardSampler, shard_indices
 from paramserver.config import RunConfig
 
 DEFAULTS = RunConfig()  # lr, momentum, weight_decay and seed exactly as an `asgd train` client has them

@@ -211,7 +211,7 @@ def compute_steps() -> Callable[[int], float]:
 
     from clients.data import load_dataset
     from clients.models import run_model
-    from experiments.start import make_client, make_replica
+    from experiments.assemble import make_client, make_replica
     from paramserver.config import RunConfig
 
     torch.set_num_threads(1)

@@ -82,13 +82,9 @@ class Transport:
         """This rank is a client of parameter servers, one of `local_clients` on its host:
         where they outnumber the host's cores, its waits for its transfers sleep from the
         start, without the yielding polls. There each polling client takes a share of
-        the CPU the server needs for the replies they all wait on. Measured on 2 cores
-        (2026-12-04, MPICH): no-compute clients, 4 at the proxy CNN's size 921-1,007 ->
-        1,938-2,158 pushes/s, 8 at 1e6 floats 246-248 -> 581; training the default CNN,
-        async, after / before 0.97-1.07 with 4 clients (median 1.04, 9 pairs) and
-        1.09-1.17 with 3 (2 pairs). Not where the clients fit the cores: 2 clients
-        training on 2 cores lost 3.5% so (a client's polls move its transfers sooner),
-        nor in sync mode, whose allreduce lost with 4 (0.92-1.02, 3 pairs)."""
+        the CPU the server needs for the replies they all wait on. Not where the clients
+        fit the cores (a client's polls move its transfers sooner), nor in sync mode,
+        whose allreduce lost by it: docs/performance.md ("Waiting") has the measurements."""
         self.yields = local_clients <= (os.cpu_count() or 1)
 
     def send(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None,

@@ -33,7 +33,7 @@ import experiments.sweepfolder
 from clients.data import load_dataset
 from clients.models import build_model, flat_weights
 from experiments.cli import main
-from experiments.sweep import OWN_KEYS
+from experiments.sweepspec import OWN_KEYS
 from paramserver.config import RunConfig, field_types
 from paramserver.rundir.checkpoint import Checkpoint
 from paramserver.rundir.durable import CorruptFile, load_arrays, save_arrays

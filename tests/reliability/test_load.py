@@ -1,7 +1,6 @@
 """Load: 16 clients (oversubscribed) push a 1e6-float model as fast as they can for 10 s
-through the real server loop, under real mpiexec (2,500-3,100 pushes on 2 idle cores in
-three runs on 2026-12-02, the 2,500 this test was written for; 13.5 s in all now that a
-client rank of the bench imports no torch, 33.5 s before)."""
+through the real server loop, under real mpiexec (a client rank of the bench imports no
+torch, so the test's time is the load's). What it measured: docs/reliability.md (load)."""
 from __future__ import annotations
 
 import json

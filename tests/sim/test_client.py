@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from clients.client import Client, Replica
-from clients.data import ShardSampler, load_dataset, shard_indices
+from clients.data import load_dataset
 from clients.loop import ClientLoop, ClientPlan
 from clients.models import build_model, flat_weights
+from clients.sampling import ShardSampler, shard_indices
 from experiments.simulator import Simulation, SimTiming, StepClock
 from paramserver.config import RunConfig
 from paramserver.handler import ServerState

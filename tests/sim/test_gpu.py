@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from clients.client import Client, Replica
-from clients.data import ShardSampler, load_dataset
+from clients.data import load_dataset
 from clients.models import build_model
+from clients.sampling import ShardSampler
 from experiments.cli import main
 from experiments.provenance import provenance
 from paramserver import gpu

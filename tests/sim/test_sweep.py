@@ -77,7 +77,7 @@ def test_a_killed_sweep_finishes_only_what_is_missing(tmp_path, tiny_npz):
     done_before = {p["id"]: (out / p["run"] / "summary.json").stat().st_mtime
                    for p in index(out)["points"] if finished(p["status"])}
     assert 2 <= len(done_before) < 4
-    # seen once (2026-12-03): a point of the killed sweep wrote on; who, and whether it was in the tree
+    # seen once: a point of the killed sweep wrote on; who, and whether it was in the tree
     assert main(["sweep", str(path), "--out", str(out), "--quiet"]) == 0, \
         (f"the sweep's processes at the kill: {killed}; its points' locks now: "
          f"{[RunDir(out / p['run']).lock().holder() for p in index(out)['points']]}")

@@ -17,9 +17,10 @@ from tests.conftest import ROOT
 
 BLOCK_MPI = "import sys; sys.modules['mpi4py'] = None\n"
 CORE = ["paramserver.config", "paramserver.wire.protocol", "paramserver.store", "paramserver.rules",
-        "paramserver.handler", "paramserver.recorder", "paramserver.server", "paramserver.inprocess",
+        "paramserver.events", "paramserver.handler", "paramserver.recorder", "paramserver.server",
+        "paramserver.inprocess",
         "clients.loop", "clients.driver", "experiments.simulator", "experiments.rank.entry", "experiments.cli",
-        "experiments.sweep", "experiments.parent.claim", "experiments.assemble",
+        "experiments.sweepspec", "experiments.sweeprun", "experiments.parent.claim", "experiments.assemble",
         "plots.analysis", "plots.scaling", "paramserver.schedule", "clients.stragglers"]
 
 

@@ -1,6 +1,7 @@
-"""Ranks forked from a preloaded server (experiments/rank/preloaded.py): a stand-in's command run by a fork of the
-server, in the stand-in's directory, environment and descriptors, ending as the rank
-ends; the rank ends with its stand-in; without a server the stand-in is the command."""
+"""Ranks forked from a preloaded server (tests/preloaded.py): a stand-in's command run by
+a fork of the server, in the stand-in's directory, environment and descriptors, ending
+as the rank ends; the rank ends with its stand-in; without a server the stand-in is the
+command."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 
 from experiments.parent.supervise import alive, descendants
-from experiments.rank import preloaded
+from tests import preloaded
 from tests.conftest import rank_server
 
 # Fixed simulated times: a measured step on a busy host warns on stderr, which the first test reads.

@@ -18,7 +18,8 @@ def test_handle_returns_replies_and_events_and_touches_no_disk():
     """The handler has no run directory to write to: what it did comes back as events."""
     import numpy as np
 
-    from paramserver.handler import Applied, ClientRows, ServerState, SnapshotDue, handle
+    from paramserver.events import Applied, ClientRows, SnapshotDue
+    from paramserver.handler import ServerState, handle
     from paramserver.rules import make_rule
     from paramserver.store import Store
     from paramserver.wire.protocol import Message, Pull, Push
@@ -100,7 +101,8 @@ def test_fresh_wait_answers_a_gathered_push_at_the_step_with_the_others():
 def test_fresh_wait_takes_the_step_when_every_running_client_waits():
     """Client 2 stopped; client 1's push cannot be joined by another: a STOP releases it
     (the step with what was gathered, and the reply)."""
-    from paramserver.handler import SnapshotDue, handle
+    from paramserver.events import SnapshotDue
+    from paramserver.handler import handle
     from paramserver.wire.protocol import Message, Pull, Stop
 
     state = fresh_state(3, fresh_batch=3, fresh_reply="wait")
@@ -146,7 +148,8 @@ def test_a_checkpoint_waits_for_every_clients_optimizer_state_and_no_client_wait
     another step does not count. Every push is answered at once all the while."""
     import numpy as np
 
-    from paramserver.handler import CheckpointDue, ServerState, SnapshotDue, handle
+    from paramserver.events import CheckpointDue, SnapshotDue
+    from paramserver.handler import ServerState, handle
     from paramserver.rules import make_rule
     from paramserver.store import Store
     from paramserver.wire.protocol import Message, Pull, Push, State, Stop
@@ -180,7 +183,8 @@ def test_a_checkpoint_waits_for_every_clients_optimizer_state_and_no_client_wait
 def test_a_malformed_state_is_rejected_and_never_reaches_a_checkpoint():
     import numpy as np
 
-    from paramserver.handler import Rejected, ServerState, handle
+    from paramserver.events import Rejected
+    from paramserver.handler import ServerState, handle
     from paramserver.rules import make_rule
     from paramserver.store import Store
     from paramserver.wire.protocol import Message, State

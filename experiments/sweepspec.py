@@ -1,21 +1,4 @@
-"""`asgd sweep SPEC.toml`: a grid of runs (clients x n_sync x start x mode x seed), resumable.
-
-    asgd sweep experiments/configs/proxy/fig2.toml [--out DIR] [--jobs N] [--retry-failed]
-
-Each point is one `asgd train` in a process of its own (the simulator, or `mpiexec` per
-point), forked from one that imported torch once (experiments/parent/forked.py), with a
-timeout, writing its own run directory under DIR/runs/, its config and whole stderr
-under DIR/configs/ (ID.toml, ID.stderr; the reason of a failure, its last line, goes
-into the index). DIR/index.json lists
-the points, their settings and status (`running` while one runs), rewritten atomically
-as each starts and ends. The folder is bound to the spec it was started with
-(experiments/sweepfolder.py: a later spec may only add points). Run the sweep again
-after a kill and it finishes only what is missing: a finished point (complete, diverged,
-untrained) is skipped, one with a checkpoint is resumed (`--resume`), one without is
-started over; a failed point keeps its reason and is retried only with --retry-failed.
-The sweep holds its folder's lock, each point its run's; the points end with the sweep,
-and Ctrl-C or SIGTERM ends the running ones as it ends a run
-(`interrupted`, resumed by the next run of the sweep).
+"""A sweep's spec (TOML) and the points it plans, each a validated `RunConfig`.
 
 A spec (TOML):
 
@@ -49,35 +32,21 @@ A spec (TOML):
 full grid for some rules, a smaller one for others), each point once.
 
 In the simulator every point uses one step time, measured once for the sweep (unless
-`sim_step_time` is in [base]), so the points' virtual clocks are comparable.
+`sim_step_time` is in [base]), so the points' virtual clocks are comparable
+(experiments/sweeprun.py measures it).
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
-import json
 import math
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import threading
 import tomllib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.parent.forked import Forked
-from experiments.parent.supervise import STOP_GRACE_S, kill_tree
-from experiments.progress import Progress
 from paramserver.config import ConfigError, RunConfig, field_types, load_config
-from paramserver.rundir.durable import write_json_atomic
-from paramserver.rundir.layout import RunDir
 from paramserver.rundir.resume import CHANGEABLE
 from paramserver.rundir.smoothing import WINDOW
-from paramserver.rundir.status import FAILED, INTERRUPTED, LOCKED, PENDING, RUNNING, failed, finished, was_interrupted, word
 
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")
 # Grid keys that are config keys as such: these five always in the index, with their
@@ -247,163 +216,11 @@ def _in_samples(config: RunConfig, raw: dict[str, Any], base_batch: int, own_ste
     step of every client)."""
     k, batch = config.clients or 1, config.batch_size
     total = config.steps * k * batch if own_steps else budget(raw["samples"], k, batch, base_batch)
-    config = _config_with(config, {"steps": max(1, math.ceil(total / (k * batch)))})
+    config = config_with(config, {"steps": max(1, math.ceil(total / (k * batch)))})
     if "evaluations" not in raw:
         return config
     versions = config.async_versions(k) if config.mode == "async" else config.steps
-    return _config_with(config, {"eval_every": max(1, round(versions / raw["evaluations"]))})
-
-
-class SweepRunner:
-    """Runs the missing points of a spec into one folder, keeping index.json current."""
-
-    def __init__(self, spec: Spec, out: Path, jobs: int, retry_failed: bool, quiet: bool):
-        self.spec, self.out, self.retry_failed = spec, out, retry_failed
-        cores = len(os.sched_getaffinity(0))
-        self.jobs = jobs or (cores if spec.backend == "sim" else 1)
-        self.threads = max(1, cores // self.jobs)
-        self.lock = threading.Lock()
-        self.running: dict[str, Forked] = {}  # point id -> its `asgd train`
-        self.stopping = False  # Ctrl-C or SIGTERM: start nothing more
-        self.index = self._load_index()
-        self.progress = Progress(len(spec.points), quiet=quiet, label="sweep", unit="points")
-
-    def _load_index(self) -> dict[str, Any]:
-        path = self.out / "index.json"
-        try:
-            old = json.loads(path.read_text()) if path.exists() else {}
-            status = {p["id"]: str(p["status"]) for p in old.get("points", [])}
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
-            raise ConfigError(f"sweep: cannot read {path} ({type(error).__name__}: {error}); "
-                              "remove it to rebuild the index from the runs") from None
-        points = [{"id": p.id, **p.settings, "config": run_settings(p.config), "run": f"runs/{p.id}",
-                   "status": status.get(p.id, PENDING)} for p in self.spec.points]
-        meta = {k: v for k, v in old.items() if k != "points"}
-        return {**meta, "name": self.spec.name, "scale": self.spec.scale, "backend": self.spec.backend,
-                "window": self.spec.window, **self.spec.meta, "points": points}
-
-    def run(self) -> int:
-        for sub in ("runs", "configs"):
-            (self.out / sub).mkdir(parents=True, exist_ok=True)
-        if self.spec.backend == "sim":
-            self._fix_sim_timings()
-        entries = {e["id"]: e for e in self.index["points"]}
-        todo = [p for p in self.spec.points if self._wanted(entries[p.id])]
-        self.progress.update(len(self.spec.points) - len(todo))
-        self._save()
-        with ThreadPoolExecutor(self.jobs) as pool:
-            futures = [pool.submit(self._run_point, point) for point in todo]
-            try:
-                for future in futures:
-                    future.result()
-            except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (cli.Interrupted)
-                self._stop()
-                self.progress.close()
-                print(f"asgd: sweep {self.out} interrupted; run the same command again to go on",
-                      file=sys.stderr)
-                return 130
-        self.progress.close()
-        failed = [e["id"] for e in self.index["points"] if not finished(e["status"])]
-        return 1 if failed else 0
-
-    def _wanted(self, entry: dict[str, Any]) -> bool:
-        run = RunDir(self.out / entry["run"])
-        if run.finished():
-            entry["status"] = run.status()
-            return False
-        return word(entry["status"]) != FAILED or self.retry_failed
-
-    def _fix_sim_timings(self) -> None:
-        """One step and push time for every point of the measured cost profile, measured
-        once and kept in index.json (a point's own sim_* keys and other profiles' values stand)."""
-        measured = [p for p in self.spec.points if p.config.sim_profile == "measured"]
-        if not measured:
-            return
-        if "sim_step_time" not in self.index:
-            from experiments.simulator import measure_timing
-            step, push = measure_timing(measured[-1].config, self.threads)
-            self.index.update(sim_step_time=step, sim_apply_time=push)
-        base = {"sim_step_time": self.index["sim_step_time"], "sim_apply_time": self.index["sim_apply_time"]}
-        points = [PlannedPoint(p.id, p.settings,
-                               _config_with(p.config, {k: getattr(p.config, k) or v for k, v in base.items()}))
-                  if p.config.sim_profile == "measured" else p for p in self.spec.points]
-        self.spec = Spec(self.spec.name, self.spec.scale, self.spec.backend, self.spec.timeout, self.spec.window,
-                         points, self.spec.meta)
-
-    def _stop(self) -> None:
-        """End the running points as Ctrl-C ends a run (each records `interrupted` and can
-        resume), and wait for them; start no other."""
-        with self.lock:
-            self.stopping = True
-            running = list(self.running.values())
-        for proc in running:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGTERM)
-        for proc in running:
-            try:
-                proc.wait(timeout=2 * STOP_GRACE_S)
-            except (subprocess.TimeoutExpired, KeyboardInterrupt):
-                kill_tree(proc.pid)
-
-    def _run_point(self, point: PlannedPoint) -> str:
-        if self.stopping:
-            return PENDING
-        run = self.out / "runs" / point.id
-        if RunDir(run).checkpoint_path.exists():
-            # this sweep's thread share, not the one it was started with: more torch
-            # threads than cores slow every point by far more than their share
-            command = ["train", "--resume", str(run), "--quiet", "--threads", str(self.threads)]
-        else:
-            shutil.rmtree(run, ignore_errors=True)
-            config = self.out / "configs" / f"{point.id}.toml"
-            config.write_text(_toml(_config_with(point.config, {"threads": self.threads}).to_dict()))
-            command = ["train", str(config), "--out", str(run), "--quiet"]
-        # mpi points launch themselves (under the supervisor, which names a dead rank)
-        status = self._execute(point.id, command, run)
-        with self.lock:
-            self._entry(point.id)["status"] = status
-            if finished(status):  # epochs in the figures need the training-set size
-                self.index["train_size"] = RunDir(run).record("config")["train_size"]
-            self._save()
-            self.progress.update(self.progress.done + 1)
-        return status
-
-    def _execute(self, point: str, argv: list[str], run: Path) -> str:
-        """Run one point, ending with this process (experiments/parent/forked.py); its
-        status: the run's own when it ran to its end, `interrupted` or `locked: ...` (both
-        tried again on the next run of the sweep), or failed with the reason."""
-        with self.lock:
-            if self.stopping:
-                return PENDING
-            proc = Forked("experiments.cli", argv, self.out / "configs" / f"{point}.stderr")
-            self.running[point] = proc
-            self._entry(point)["status"] = RUNNING  # the index is true while the sweep runs
-            self._save()
-        try:
-            code = proc.wait(timeout=self.spec.timeout)
-        except subprocess.TimeoutExpired:
-            kill_tree(proc.pid)  # mpiexec's ranks end with it
-            proc.wait()
-            return failed(f"timeout after {self.spec.timeout:g} s")
-        finally:
-            with self.lock:
-                self.running.pop(point, None)
-        record = RunDir(run)
-        if code == 0 and record.finished():
-            return record.status()
-        lines = [line for line in proc.stderr.splitlines() if line.strip()]
-        last = lines[-1].strip() if lines else "no message"
-        if code == 130 or self.stopping or was_interrupted(record.status()):
-            return INTERRUPTED
-        if (holder := record.lock().holder()) is not None:
-            return f"{LOCKED}: {holder}"
-        return failed(f"exit {code}: {last}")
-
-    def _entry(self, point: str) -> dict[str, Any]:
-        return next(e for e in self.index["points"] if e["id"] == point)
-
-    def _save(self) -> None:
-        write_json_atomic(self.out / "index.json", self.index)
+    return config_with(config, {"eval_every": max(1, round(versions / raw["evaluations"]))})
 
 
 def run_settings(config: RunConfig) -> dict[str, Any]:
@@ -413,12 +230,5 @@ def run_settings(config: RunConfig) -> dict[str, Any]:
     return {key: value for key, value in config.to_dict().items() if key not in CHANGEABLE - {"steps"}}
 
 
-def _config_with(config: RunConfig, changes: dict[str, Any]) -> RunConfig:
+def config_with(config: RunConfig, changes: dict[str, Any]) -> RunConfig:
     return RunConfig(**{**config.to_dict(), **changes})
-
-
-def _toml(values: dict[str, Any]) -> str:
-    """A flat TOML table of plain values (None means: leave the key out)."""
-    skip = {"out", "resume", "quiet"}
-    return "".join(f"{key} = {json.dumps(value)}\n" for key, value in values.items()
-                   if value is not None and key not in skip)

@@ -1,12 +1,12 @@
-"""Ranks forked from a server that imported torch once: for a host that starts many small jobs.
+"""A test fixture: ranks forked from a server that imported torch once, for the test
+suite, which starts many small jobs through `mpiexec`. Not part of the package.
 
-    ASGD_RANK_SERVER=SOCKET python -m experiments.rank.preloaded --serve   # the server, once a host
-    mpiexec -n K python -m experiments.rank.preloaded train ...            # each rank: `asgd train ...`
+    ASGD_RANK_SERVER=SOCKET python -m tests.preloaded --serve   # the server (in the checkout)
+    mpiexec -n K python tests/preloaded.py train ...            # each rank: `asgd train ...`
 
-A rank started as `asgd train` first spends 1.5-2 s of CPU importing torch (measured on
-the project's 2-core machine), most of a small job's time; the test suite starts about
-25 such jobs through `mpiexec`. Here the process the launcher starts is a stand-in that
-imports only the standard library: it hands its command line, environment, working
+A rank started as `asgd train` first imports torch, most of a small job's CPU time
+(docs/architecture.md, "Tests, by tier", gives the measure). Here the process the
+launcher starts is a stand-in that imports only the standard library: it hands its command line, environment, working
 directory and every descriptor it holds (its stdio, the launcher's PMI socket) over the
 Unix socket `$ASGD_RANK_SERVER` to the server, which forks the rank from itself; the rank
 takes them on at the same numbers and runs `experiments.cli.main`, as `asgd` would have,
@@ -37,6 +37,7 @@ import socket
 import struct
 import sys
 import threading
+from pathlib import Path
 
 SOCKET = "ASGD_RANK_SERVER"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
@@ -46,8 +47,9 @@ NUMBER = struct.Struct("q")
 
 
 def command(argv: list[str]) -> list[str]:
-    """What a launcher runs, a rank each, for `asgd ARGV`."""
-    return [sys.executable, "-m", "experiments.rank.preloaded", *argv]
+    """What a launcher runs, a rank each, for `asgd ARGV`: this file by its path, as the
+    tests are not installed and a rank may start in any directory."""
+    return [sys.executable, str(Path(__file__).resolve()), *argv]
 
 
 def stand_in(argv: list[str]) -> int:

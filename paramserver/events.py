@@ -1,0 +1,74 @@
+"""What the server decided, as `handle()` (paramserver/handler.py) returns it: the events
+the Recorder (paramserver/recorder.py) turns into log rows, snapshots and checkpoints, in
+the order they happened. Kept apart from the handler so the recorder and the drivers name
+what happened without reading how it was decided.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(slots=True)
+class Applied:
+    """A push was applied: a server.jsonl row."""
+
+    client: int
+    version: int
+    staleness: int
+    apply_s: float
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A message was refused, and why: a server.jsonl row."""
+
+    client: int | None
+    rank: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A push too stale for the rule was left out (not an error): a server.jsonl row."""
+
+    client: int
+    staleness: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class NoiseMeasured:
+    """A window of the gradient noise scale closed: a server.jsonl row. `fresh_batch`:
+    the step size the fresh rule gathers from now on (None: another rule)."""
+
+    samples: int
+    noise_scale: float | None
+    fresh_batch: int | None
+
+
+@dataclass(slots=True)
+class ClientRows:
+    """A push's minibatch rows (clients.jsonl); `minibatches`: the run's count after them."""
+
+    rows: list[dict[str, Any]]
+    minibatches: int
+
+
+@dataclass(frozen=True)
+class SnapshotDue:
+    """The version reached a multiple of eval_every: snapshot, and checkpoint unless it
+    waits for the clients' optimizer states (`CheckpointDue` then)."""
+
+    version: int
+    checkpoint: bool = True
+
+
+@dataclass(frozen=True)
+class CheckpointDue:
+    """Every client still in the run has brought its optimizer state since: checkpoint."""
+
+    version: int
+
+
+Event = Applied | Rejected | Dropped | NoiseMeasured | ClientRows | SnapshotDue | CheckpointDue
