@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from experiments.inputs import absolute_paths
 from experiments.parent.mpiexec import launcher_rank
-from paramserver.config import ConfigError, RunConfig, config_values, field_types, flag_type
+from paramserver.config import GROUPS, ConfigError, RunConfig, config_values, field_types, flag_type, group_of
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.lock import RunDirError
 from paramserver.rundir.smoothing import WINDOW
@@ -99,14 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train one run (on MPI)")
     train.add_argument("config", nargs="?", help="TOML config file; flags override it")
-    kinds = field_types()
-    for key in fields(RunConfig):
-        flag = "--" + key.name.replace("_", "-")
-        text = argparse.SUPPRESS if key.name == "inject_fault" else _help(key)
-        if kinds[key.name] is bool:
-            train.add_argument(flag, action="store_const", const=True, default=None, help=text)
-        else:
-            train.add_argument(flag, type=flag_type(key.name), default=None, help=text, metavar=key.name.upper())
+    _add_settings(train)
     sweep = commands.add_parser("sweep", help="run a grid of runs from a spec (resumable)")
     sweep.add_argument("spec", help="sweep spec (TOML); see experiments/configs/")
     sweep.add_argument("--out", help="sweep folder (default results/sweeps/<name>)")
@@ -139,6 +132,22 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--docs", help="also write a sweep's tables and findings, with where its runs were measured, "
                                        "to this Markdown page (the make targets: docs/results/<scale>/<figure>.md)")
     return parser
+
+
+def _add_settings(train: argparse.ArgumentParser) -> None:
+    """A flag for every config key, in a section for each of its groups (the common
+    settings first), as a config file's tables group them."""
+    kinds = field_types()
+    sections = {name: train.add_argument_group(title, f"[{name}] in a config file") for name, title in GROUPS.items()}
+    groups = group_of()
+    for key in fields(RunConfig):
+        flag = "--" + key.name.replace("_", "-")
+        text = argparse.SUPPRESS if key.name == "inject_fault" else _help(key)
+        section = sections[groups[key.name]]
+        if kinds[key.name] is bool:
+            section.add_argument(flag, action="store_const", const=True, default=None, help=text)
+        else:
+            section.add_argument(flag, type=flag_type(key.name), default=None, help=text, metavar=key.name.upper())
 
 
 def _count(text: str) -> int:
@@ -273,23 +282,6 @@ def _check_inputs(cfg: RunConfig) -> None:
     if cfg.resume:
         from experiments.inputs import check_fingerprint
         check_fingerprint(RunDir(cfg.resume).record("config").get("data_fingerprint"), dataset)
-    _warn_of_a_gradient_rule(cfg)
-
-
-def _warn_of_a_gradient_rule(cfg: RunConfig) -> None:
-    """A gradient rule steps the server's weights itself: the clients' optimizer then
-    shapes only their local steps before the next pull (none at n_fetch 1)."""
-    from paramserver.rules import rule_class
-
-    from experiments.parent.supervise import LOCKED_RUN
-
-    # said once a job: by the command that starts mpiexec, else (a user's mpiexec) by rank 0
-    if launcher_rank() is not None and (launcher_rank() != 0 or LOCKED_RUN in os.environ):
-        return
-    if cfg.optimizer != "sgd" and cfg.mode == "async" and rule_class(cfg.rule).pushes == "gradient":
-        print(f"asgd: warning: optimizer: the {cfg.rule} rule steps the server's weights with the clients' "
-              f"gradients, so {cfg.optimizer} shapes only their steps between pulls (n_fetch {cfg.fetch_every}); "
-              "a delta rule (add, scaled, staleness, nesterov) applies the clients' own steps", file=sys.stderr)
 
 
 def _resume_hint(out: str) -> str:
