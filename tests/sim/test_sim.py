@@ -151,9 +151,10 @@ def test_the_optimizer_clipping_and_precision_keys_are_the_clients(tmp_path, tin
         assert json.loads((run / "config.json").read_text())["optimizer"] == optimizer
 
 
-def test_the_default_rule_steps_with_the_runs_optimizer(tmp_path, tiny_npz):
+def test_the_default_rule_steps_with_the_runs_optimizer(tmp_path, tiny_npz, capsys):
     """Under the default rule the server takes the step: with one client at n_sync 1 the
-    run is plain torch's loop with that optimizer (AdamW, clipped; SGD with Nesterov)."""
+    run is plain torch's loop with that optimizer (AdamW, clipped; SGD with Nesterov), and
+    nothing warns that the setting means something else."""
     from clients.data import load_dataset
     from tests.reference import plain_sgd
 
@@ -165,6 +166,7 @@ def test_the_default_rule_steps_with_the_runs_optimizer(tmp_path, tiny_npz):
         run = sim(tmp_path / name, tiny_npz, "--clients", "1", "--steps", "10", *flags)
         np.testing.assert_allclose(checkpoint_weights(run), expected, atol=2e-6, rtol=0)
         assert json.loads((run / "config.json").read_text())["rule"] == "fresh"
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_an_optimizer_factory_that_fails_is_refused_before_launch(tmp_path, tiny_npz, capsys):
@@ -234,16 +236,6 @@ def test_replay_of_a_run_that_does_not_fit_is_refused(tmp_path, tiny_npz, capsys
                  "--replay", str(recorded), "--out", str(tmp_path / "bad")])
     assert code == 2 and "replay:" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
-
-
-def test_a_client_optimizer_under_a_gradient_rule_is_warned_of(capsys):
-    from experiments.cli import _warn_of_a_gradient_rule
-    from paramserver.config import RunConfig
-
-    for cfg, warned in [(RunConfig(optimizer="adamw"), True), (RunConfig(optimizer="adamw", rule="add"), False),
-                        (RunConfig(optimizer="adamw", mode="sync"), False), (RunConfig(), False)]:
-        _warn_of_a_gradient_rule(cfg)
-        assert ("the fresh rule steps the server's weights" in capsys.readouterr().err) == warned
 
 
 def test_keep_best_keeps_the_curves_best_point_and_export_best_exports_it(tmp_path, tiny_npz, capsys):
