@@ -120,6 +120,9 @@ class RunConfig:
                                        "measured pace says comes first (auto; wait with several servers)")
     nesterov_every: int = _server(0, "nesterov: pushes between the server's momentum updates (0: clients)")
     nesterov_momentum: float = _server(0.9, "nesterov: the server's momentum beta (0: w += d / nesterov_every)")
+    outer_lr: float = _server(1.0, "nesterov: the outer lr eps of delayed Nesterov (asynchronous DiLoCo's outer step)")
+    nesterov_activation: float = _server(0.0, "nesterov: the activation c of delayed Nesterov, in [0, 1]: the share "
+                                              "of the momentum's look-ahead taken at every push, not only the N-th")
 
     # learning-rate schedule ([schedule] in a config file)
     lr_warmup: int = _schedule(0, "samples over which the lr ramps linearly up to its value (0: none); samples the "

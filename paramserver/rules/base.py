@@ -31,6 +31,8 @@ class RuleSettings(Protocol):
     fresh_reply: str
     nesterov_every: int
     nesterov_momentum: float
+    outer_lr: float
+    nesterov_activation: float
     servers: int
     optimizer: str
     nesterov: bool

@@ -1,5 +1,5 @@
-"""The `nesterov` rule: w += d / N each push; every N pushes w += beta * m, m = beta m + mean d
-(delayed Nesterov, Liu et al. 2024).
+"""The `nesterov` rule: delayed Nesterov (Liu et al. 2024), the outer step of asynchronous
+DiLoCo: w += eps d / N each push; every N pushes m = beta m + mean d, w += eps beta m.
 """
 from __future__ import annotations
 
@@ -12,56 +12,88 @@ if TYPE_CHECKING:  # as in base.py: torch loads with the weights
 
 
 class NesterovRule(Rule):
-    """Delayed Nesterov momentum at the server (Liu et al. 2024, arXiv 2401.09135, for
-    asynchronous local SGD): each pushed weight change d moves the weights by d / N at
-    once, and every N = `nesterov_every` pushes (default K) the momentum, fed the mean of
-    those N pushes, adds its look-ahead term: m = beta m + mean d, w += beta m. So a stale
-    push is applied once, as a plain step, and never compounded by the momentum between
-    its updates; with N = K equal-speed clients a round is one Nesterov step of the
-    averaged client change (synchronous local SGD with a Nesterov server step); with one
-    client, N = 1 and beta = 0 it is `add`."""
+    """Delayed Nesterov momentum at the server (Liu et al. 2024, arXiv 2401.09135, Algorithm
+    3, for asynchronous local SGD; the outer step of asynchronous DiLoCo): the clients push
+    their local change d = -g (g: the pseudo-gradient, pulled minus local weights); every
+    push moves the weights by its own share, and every N = `nesterov_every` pushes (default
+    K) the momentum, fed the mean of those N pushes, adds its look-ahead term. With outer lr
+    eps = `outer_lr`, beta = `nesterov_momentum`, activation c = `nesterov_activation`:
+        each push         Delta += g
+        the N-th push     m = beta m + Delta / N; w -= eps ((1 - cN + c) beta m + g / N); Delta = 0
+        the others        w -= eps (c beta m + g / N)
+    (kept here in terms of d, so `total` is -Delta and `momentum` is -m). So a stale push
+    is applied once, as a plain step, and never compounded by the momentum between its
+    updates; with N = K equal-speed clients a round is one Nesterov step of the averaged
+    client change (synchronous local SGD with a Nesterov server step); with one client,
+    N = 1, eps = 1 and beta = 0 it is `add`. eps = 1 and c = 0 are the defaults, the
+    arithmetic of the rule before it had them, bit for bit."""
 
-    # a plain step of d / N, and at every N-th push the momentum's look-ahead
+    # a plain step of eps d / N (plus, with c > 0, a share of the momentum's look-ahead), and
+    # at every N-th push the momentum's update and the rest of its look-ahead
     PLAIN = """total_out = total + d;
-w_out = w + inv_n * d;"""
+w_out = w + step_d * d;"""
+    ACTIVE = """total_out = total + d;
+w_out = (w + step_d * d) + look * momentum;"""
     LOOK_AHEAD = """momentum_out = beta * momentum + inv_n * (total + d);
 total_out = 0;
-w_out = (w + inv_n * d) + beta * momentum_out;"""
-    FORMULAS = (PLAIN, LOOK_AHEAD)
+w_out = (w + step_d * d) + look * momentum_out;"""
+    FORMULAS = (PLAIN, ACTIVE, LOOK_AHEAD)
 
     @classmethod
     def check_keys(cls, settings: RuleSettings) -> str:
         return refusals(
             (settings.nesterov_every >= 0, f"nesterov_every: must be non-negative (0: clients), got {settings.nesterov_every}"),
             (0 <= settings.nesterov_momentum < 1,
-             f"nesterov_momentum: must be in [0, 1), got {settings.nesterov_momentum}"))
+             f"nesterov_momentum: must be in [0, 1), got {settings.nesterov_momentum}"),
+            (settings.outer_lr > 0, f"outer_lr: must be positive, got {settings.outer_lr}"),
+            (0 <= settings.nesterov_activation <= 1,
+             f"nesterov_activation: must be in [0, 1], got {settings.nesterov_activation}"))
 
     def __init__(self, settings: RuleSettings, clients: int):
         super().__init__(settings, clients)
         self.every = settings.nesterov_every or clients
         self.beta = settings.nesterov_momentum
+        self.outer_lr = settings.outer_lr
+        self.activation = settings.nesterov_activation
         self.total: Tensor | None = None     # the pushes since the last momentum update, summed
         self.momentum: Tensor | None = None
         self.count = 0                       # how many
 
+    @property
+    def step_d(self) -> float:
+        """A push's own share: eps / N."""
+        return self.outer_lr / self.every
+
+    def look(self, due: bool) -> float:
+        """The momentum's share in this push's step: eps (1 - cN + c) beta at the N-th push,
+        eps c beta at the others."""
+        c = self.activation
+        return self.outer_lr * ((1 - c * self.every + c) if due else c) * self.beta
+
     def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
         if self.total is None:
             self.total = w.new_zeros(w.shape)
-        w.add_(d, alpha=1.0 / self.every)
+        w.add_(d, alpha=self.step_d)
         self.total.add_(d)
         if self.counted():
             if self.momentum is None:
                 self.momentum = w.new_zeros(w.shape)
             self.momentum.mul_(self.beta).add_(self.total, alpha=1.0 / self.every)
-            w.add_(self.momentum, alpha=self.beta)
+            w.add_(self.momentum, alpha=self.look(True))
             self.total.zero_()
+        elif self.activation and self.momentum is not None:
+            w.add_(self.momentum, alpha=self.look(False))
 
     def fused(self, client: int, staleness: int) -> Update:
-        scalars = {"inv_n": 1.0 / self.every}
+        scalars = {"step_d": self.step_d}
         if not self.due():
-            return Update(self.PLAIN, scalars, {"total": self.total}, after=self.counted)
-        return Update(self.LOOK_AHEAD, {**scalars, "beta": self.beta}, {"total": self.total, "momentum": self.momentum},
-                      after=self.counted)
+            if not self.activation or self.momentum is None:  # no look-ahead yet
+                return Update(self.PLAIN, scalars, {"total": self.total}, after=self.counted)
+            return Update(self.ACTIVE, {**scalars, "look": self.look(False)}, {"total": self.total},
+                          {"momentum": self.momentum}, after=self.counted)  # the momentum read, not written
+        return Update(self.LOOK_AHEAD, {**scalars, "inv_n": 1.0 / self.every, "beta": self.beta,
+                                        "look": self.look(True)},
+                      {"total": self.total, "momentum": self.momentum}, after=self.counted)
 
     def due(self) -> bool:
         """Whether the push being applied is the N-th, which updates the momentum."""

@@ -33,9 +33,11 @@ SCHEDULE = [(0, True), (1, True), (0, True), (2, False), (1, False), (0, True), 
 # fresh taking stale pushes too (S = 2 minibatches, R = 2, linear lr) and nesterov every 2 pushes
 GATHERING = RunConfig(lr=0.05, server_momentum=0.9, weight_decay=1e-3, fresh_batch=2, max_staleness=2,
                       lr_scaling="linear", nesterov_every=2)
+# delayed Nesterov with an outer lr and its activation c > 0 (asynchronous DiLoCo's outer step)
+DILOCO = RunConfig(nesterov_every=2, outer_lr=0.7, nesterov_activation=0.25)
 CASES = [(rule, SETTINGS, 3) for rule in RULES] + [(rule, PLAIN, 3) for rule in ("sgd", "adagrad", "dcasgd", "fresh")] + [
     ("easgd", SETTINGS, 1), ("staleness", SETTINGS, 1), ("scaled", SETTINGS, 1), ("fresh", GATHERING, 3),
-    ("nesterov", GATHERING, 3)]
+    ("nesterov", GATHERING, 3), ("nesterov", DILOCO, 3)]
 
 
 HOST = pytest.param("host", marks=pytest.mark.skipif(not hostkernel.available(),
@@ -176,11 +178,12 @@ def every_update() -> list[tuple[str, Update, tuple[str, ...], tuple[str, ...]]]
     copy pulled."""
     found = []
     cases = [(rule, SETTINGS) for rule in RULES] + [("sgd", PLAIN), ("fresh", PLAIN), ("fresh", GATHERING),
-                                                    ("nesterov", GATHERING)]
+                                                    ("nesterov", GATHERING), ("nesterov", DILOCO)]
     for rule, settings in cases:
         store = fused_store(np.zeros(4, np.float32), rule, settings, 2)
         store.pull(0)
-        for _ in range(2):  # fresh and nesterov: a push gathered, then the one that steps
+        for _ in range(3):  # fresh and nesterov: a push gathered, then the one that steps, then (its
+            # momentum made) one that reads it
             store.apply(0, np.ones(4, np.float32))
             update = store.rule.fused(0, 1)
             found.append((rule, update, ("w", "d", *update.state, *update.reads), ("w", *update.state)))

@@ -127,3 +127,43 @@ def test_sgd_keeps_its_fast_path_and_its_checkpoint_names():
     store = Store(np.zeros(SIZE, np.float32), rule)
     push(store, gradients(1)[0])
     assert set(rule.state()) == {"momentum_buffer", "total"} and "opt_step" not in rule.scalars()
+
+
+def delayed_nesterov_reference(w: np.ndarray, pushes: list[np.ndarray], *, eps: float, beta: float, every: int,
+                               c: float) -> np.ndarray:
+    """Liu et al. 2024 (arXiv 2401.09135), Algorithm 3, in float64 and in its own terms:
+    g is the pseudo-gradient (minus the pushed change d); each push adds g to Delta; at
+    every N-th push m = beta m + Delta / N and w -= eps ((1 - cN + c) beta m + g / N),
+    Delta = 0; otherwise w -= eps (c beta m + g / N)."""
+    w, m, delta = w.astype(np.float64), np.zeros(w.size), np.zeros(w.size)
+    for t, d in enumerate(pushes, start=1):
+        g = -d.astype(np.float64)
+        delta += g
+        if t % every == 0:
+            m = beta * m + delta / every
+            w = w - eps * ((1 - c * every + c) * beta * m + g / every)
+            delta = np.zeros(w.size)
+        else:
+            w = w - eps * (c * beta * m + g / every)
+    return w
+
+
+@pytest.mark.parametrize("kernel", ["torch", "auto"])
+@pytest.mark.parametrize("eps,beta,every,c,clients", [(1.0, 0.9, 3, 0.0, 3), (0.7, 0.8, 2, 0.3, 3),
+                                                      (0.5, 0.9, 4, 0.25, 2)])
+def test_delayed_nesterov_is_algorithm_3(kernel, eps, beta, every, c, clients):
+    """c = 0 and c > 0, N = K and N != K, on the torch arithmetic and the fused kernel."""
+    start = np.random.default_rng(0).standard_normal(SIZE).astype(np.float32)
+    settings = RunConfig(rule="nesterov", outer_lr=eps, nesterov_momentum=beta, nesterov_every=every,
+                         nesterov_activation=c)
+    store = Store(start, make_rule("nesterov", settings, clients), kernel=kernel)
+    pushes = [0.1 * g for g in gradients(11)]
+    for i, d in enumerate(pushes):
+        assert push_as(store, i % clients, d)
+    expected = delayed_nesterov_reference(start, pushes, eps=eps, beta=beta, every=every, c=c)
+    np.testing.assert_allclose(store.weights, expected, rtol=1e-5, atol=1e-6)
+
+
+def push_as(store: Store, client: int, d: np.ndarray) -> bool:
+    store.pull(client)
+    return store.apply(client, d).accepted
