@@ -134,10 +134,12 @@ class RunConfig:
     lr_step_factor: float = _schedule(0.1, "step: what the lr is multiplied by at each milestone")
     lr_scaling: str = _schedule("sqrt", "none, linear (the lr times the client minibatches n one update averages: K "
                                         "in sync mode, K - backup_workers with backup workers, fresh's gathered "
-                                        "minibatches, 1 otherwise) or sqrt (the lr times sqrt(n))")
+                                        "minibatches, 1 otherwise), sqrt (the lr times sqrt(n)) or adascale (async, "
+                                        "one server: fresh's step times AdaScale's gain from the measured gradient "
+                                        "noise, 1 to n, and the schedule's progress counted in gain-weighted steps)")
     lr_scale_warmup: int = _schedule(80, "updates (steps of the server, or of sync) over which lr_scaling's "
                                          "multiplier ramps linearly in from 1 (one minibatch's lr; Goyal et al.'s "
-                                         "gradual warmup) to its value (0: at once)")
+                                         "gradual warmup) to its value (0: at once; adascale has none)")
 
     # the optimizer's details ([client] in a config file)
     nesterov: bool = _client(False, "sgd: Nesterov momentum (torch.optim.SGD's nesterov), on the clients and the server")

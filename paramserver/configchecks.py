@@ -26,7 +26,7 @@ MODES = ("async", "sync", "local-sgd")
 FAILURE_POLICIES = ("abort", "continue")
 AUTO_KEYS = ("momentum", "fresh_batch")  # keys that also take the word "auto"
 LR_SCHEDULES = ("constant", "cosine", "step")
-LR_SCALINGS = ("none", "linear", "sqrt")
+LR_SCALINGS = ("none", "linear", "sqrt", "adascale")
 SIM_PROFILES = ("measured", "paper")  # their values: experiments/simulator.py
 # user code named in a config (clients/usercode.py imports it): a .py file, or a module (recorded with
 # the folder it was found in, FOLDER:module:name, so it imports again from any working directory), a name in it
@@ -158,6 +158,10 @@ def _check_schedule(cfg: Any) -> None:
     _require(0 < cfg.lr_step_factor <= 1, "lr_step_factor", f"must be in (0, 1], got {cfg.lr_step_factor}")
     _require(cfg.lr_scaling in LR_SCALINGS, "lr_scaling",
              f"unknown scaling {cfg.lr_scaling!r} (choose from {', '.join(LR_SCALINGS)})")
+    _require(cfg.lr_scaling != "adascale" or cfg.mode == "async", "lr_scaling",
+             "adascale needs --mode async (its gain is from the gradient noise the server measures)")
+    _require(cfg.lr_scaling != "adascale" or cfg.servers == 1, "lr_scaling",
+             "adascale needs servers = 1 (each server sees only its slice's gradient norms)")
     try:
         milestones = parse_milestones(cfg.lr_milestones)
     except ValueError:

@@ -170,9 +170,12 @@ class ServerState:
     def progress(self) -> int:
         """Samples the clients have pushed so far: the lr schedule's clock. From the steps
         in the push headers, so every server of a sharded run counts alike (only server 0
-        sees the rows), and a checkpoint's client steps restore it."""
+        sees the rows), and a checkpoint's client steps restore it. Where the rule counts
+        progress itself (`fresh` under adascale: its steps' gains, one server, checkpointed
+        with the rule), that count in samples."""
         batch = self.schedule.batch_size if self.schedule else 0
-        return batch * self.tally.steps
+        gained = self.store.rule.gained
+        return batch * self.tally.steps if gained is None else round(batch * gained)
 
     @property
     def waiting(self) -> list[int]:

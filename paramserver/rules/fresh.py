@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from paramserver.rules.base import RuleSettings, Update, refusals
-from paramserver.rules.scaling import ramped_scale
+from paramserver.rules.scaling import gain, ramped_scale
 from paramserver.rules.sgd import SGDRule
 
 if TYPE_CHECKING:  # as in base.py: torch loads with the weights
@@ -29,7 +29,13 @@ class FreshRule(SGDRule):
     before it could push again, else computes again (paramserver/pace.py; with sharded
     servers, which would time the clients apart, it waits). `fresh_batch = "auto"`: S =
     B_simple / b from the gradient noise scale, in [1, 4K] (K x n_push until it is
-    measured)."""
+    measured).
+
+    `lr_scaling = "adascale"`: the step's lr is times AdaScale's gain r = (1 + B/b) /
+    (1 + B/(S b)) from the noise scale B measured so far (rules/scaling.py `gain`; 1
+    before the first window closes), not ramped, and the rule counts the schedule's
+    progress itself: `gained`, the steps' gains summed (AdaScale's tau), in minibatches,
+    whose samples (x b) the replies carry, so warmup and decay stretch as AdaScale's do."""
 
     REPLIES = ("wait", "again", "auto")
     # a push gathered (the weights copied through), or the one that completes the step:
@@ -60,6 +66,8 @@ w_out = w - lr * momentum_buffer_out;"""
         self.covered = 0                  # the minibatches they cover
         self.gather_factor = 1.0          # the lr factor at the gather's first push
         self.gather_ramp = 1.0            # and the scaling's ramp there
+        self.adascale = settings.lr_scaling == "adascale"
+        self.gained = 0.0 if self.adascale else None
 
     @classmethod
     def check_keys(cls, settings: RuleSettings) -> str:
@@ -101,8 +109,23 @@ w_out = w - lr * momentum_buffer_out;"""
     def drops(self, staleness: int) -> str:
         return f"staleness {staleness} > max_staleness {self.max_staleness}" if staleness > self.max_staleness else ""
 
-    def step_lr(self, covered: int, factor: float, ramp: float) -> float:
-        return self.base_lr * factor * ramped_scale(self.scaling, covered, ramp)
+    def step_scale(self, covered: int, ramp: float) -> float:
+        """The lr multiplier of a step of `covered` minibatches: `lr_scaling`'s, ramped in;
+        with adascale the gain from the noise measured before this step (the windows that
+        closed; the server's window is K pushes, a step at equal speeds, so it lags by one
+        step and costs no pass over the gathered sum, which a fused step clears in its own).
+        Before the first window there is no measurement: 1, one minibatch's lr, the gain's
+        floor, which cannot overshoot and costs a single step."""
+        if not self.adascale:
+            return ramped_scale(self.scaling, covered, ramp)
+        return gain(covered, self.noise.estimate, self.batch_size) if self.noise.windows else 1.0
+
+    def stepped(self, scale: float) -> None:
+        """A step was taken at lr x `scale`: the gather starts afresh; adascale's progress
+        moves by the step's gain."""
+        self.covered = 0
+        if self.gained is not None:
+            self.gained += scale
 
     def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
         if self.total is None:
@@ -117,11 +140,12 @@ w_out = w - lr * momentum_buffer_out;"""
         if covered < self.step_batch:
             return Update(self.GATHER, {}, {"total": self.total}, after=self.gathered)
         factor, ramp = (self.gather_factor, self.gather_ramp) if self.covered else (self.lr_factor, self.scale_ramp)
+        scale = self.step_scale(covered, ramp)
 
         def after() -> None:
             self.gathered()
-            self.covered = 0
-        scalars = {"lr": self.step_lr(covered, factor, ramp), "inv_count": 1.0 / covered,
+            self.stepped(scale)
+        scalars = {"lr": self.base_lr * factor * scale, "inv_count": 1.0 / covered,
                    "weight_decay": self.weight_decay}
         if not self.momentum:
             return Update(self.STEP_PLAIN, scalars, {"total": self.total}, after=after)
@@ -135,10 +159,10 @@ w_out = w - lr * momentum_buffer_out;"""
         self.covered += self.minibatches
 
     def step(self, w: Tensor) -> None:
-        lr = self.step_lr(self.covered, self.gather_factor, self.gather_ramp)
-        self.optimizer.step(w, self.total.div_(self.covered), lr)
+        scale = self.step_scale(self.covered, self.gather_ramp)
+        self.optimizer.step(w, self.total.div_(self.covered), self.base_lr * self.gather_factor * scale)
         self.total.zero_()
-        self.covered = 0
+        self.stepped(scale)
 
     def state(self) -> dict[str, Tensor]:
         return {**super().state(), **({} if self.total is None else {"total": self.total})}
@@ -148,14 +172,17 @@ w_out = w - lr * momentum_buffer_out;"""
         self.total = state.get("total")
 
     def scalars(self) -> dict[str, float]:
+        gained = {} if self.gained is None else {"gained": self.gained}
         return {**super().scalars(), "covered": self.covered, "gather_factor": self.gather_factor,
-                "gather_ramp": self.gather_ramp}
+                "gather_ramp": self.gather_ramp, **gained}
 
     def load_scalars(self, values: dict[str, float]) -> None:
         super().load_scalars(values)
         self.covered = int(values.get("covered", 0))
         self.gather_factor = float(values.get("gather_factor", 1.0))
         self.gather_ramp = float(values.get("gather_ramp", 1.0))
+        if self.gained is not None:
+            self.gained = float(values.get("gained", 0.0))
 
 
 def fixed_batch(settings: RuleSettings, clients: int) -> int:

@@ -43,6 +43,19 @@ def test_one_client_with_warmup_and_cosine_is_torch_lambdalr(tmp_path, tiny_npz,
         np.testing.assert_allclose(checkpoint_weights(run), expected, atol=1e-6, rtol=0)
 
 
+def test_adascale_with_one_client_is_torch_sgd_on_its_schedule(tmp_path, tiny_npz):
+    """The default rule under adascale at one client and n_sync 1: every step's gain is 1,
+    so its progress is the samples pushed and the run is torch's SGD under LambdaLR."""
+    steps, warmup = 12, 5 * BATCH
+    run = sim(tmp_path / "run", tiny_npz, "--clients", "1", "--steps", str(steps), "--lr-scaling", "adascale",
+              "--lr-warmup", str(warmup), "--lr-schedule", "cosine", "--lr-floor", "0.1")
+    factor = cosine_after_warmup(warmup, steps * BATCH, 0.1)
+    expected = plain_sgd(load_dataset(str(tiny_npz)), steps, batch_size=BATCH, lr=0.01, lr_lambda=factor)
+    np.testing.assert_allclose(checkpoint_weights(run), expected, atol=1e-6, rtol=0)
+    assert [r["lr"] for r in rows(run, "clients")] == pytest.approx([0.01 * factor(e) for e in range(steps)],
+                                                                     rel=1e-12)
+
+
 def test_sync_with_linear_scaling_and_steps_is_the_large_batch_loop(tmp_path, tiny_npz):
     run = sim(tmp_path / "run", tiny_npz, "--mode", "sync", "--clients", "3", "--steps", "10", "--lr-scaling", "linear",
               "--lr-scale-warmup", "0", "--lr-schedule", "step", "--lr-milestones", str(4 * 3 * BATCH),
