@@ -21,8 +21,9 @@ with its final test error and time as metrics.
   clients, in arrival order (window: a twentieth of the run, at most 400).
 - `train/lr`: the lr each minibatch trained with (the schedule's), as its row says.
 - `test/error`, `test/loss`: eval.jsonl (written after training, from snapshots).
-- `server/noise_scale` (B_simple, where pushes are gradients) and `server/fresh_batch`
-  (the fresh rule's step) at each window, against samples pushed.
+- `server/noise_scale` (B_simple, where pushes are gradients), `server/fresh_batch`
+  (the fresh rule's step) and `server/gain` (its lr gain under adascale) at each window,
+  against samples pushed (under adascale, the gain-weighted progress).
 - `server/staleness` per push; `server/pushes_per_s` and `server/busy` (the fraction of
   time spent applying pushes) over the last `RATE_PUSHES` pushes.
 """
@@ -91,6 +92,7 @@ class Scalars:
             elif log == "server" and "noise_scale" in row:  # the gradient noise scale, at the samples pushed
                 self._add("server/noise_scale", row["noise_scale"], row["samples"], row["time"])
                 self._add("server/fresh_batch", row.get("fresh_batch"), row["samples"], row["time"])
+                self._add("server/gain", row.get("gain"), row["samples"], row["time"])
             elif log == "eval":
                 for key in ("error", "loss", "metric"):  # metric: the user's, where the run has one
                     self._add(f"test/{key}", row.get(f"test_{key}"), row["minibatches"], row["time"])

@@ -40,11 +40,13 @@ class Dropped:
 @dataclass(frozen=True)
 class NoiseMeasured:
     """A window of the gradient noise scale closed: a server.jsonl row. `fresh_batch`:
-    the step size the fresh rule gathers from now on (None: another rule)."""
+    the step size the fresh rule gathers from now on (None: another rule); `gain`: the lr
+    multiplier of such a step under adascale from now on (None: another scaling)."""
 
     samples: int
     noise_scale: float | None
     fresh_batch: int | None
+    gain: float | None = None
 
 
 @dataclass(slots=True)

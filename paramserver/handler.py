@@ -309,7 +309,7 @@ def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, list[Event]]:
     events.append(_client_rows(state, client, header, pulled, result))
     if result.measured:
         rule = store.rule
-        events.append(NoiseMeasured(state.progress, rule.noise.estimate, rule.step_batch))
+        events.append(NoiseMeasured(state.progress, rule.noise.estimate, rule.step_batch, rule.gain))
     if store.version != version:
         events += _snapshot_due(state)
     return result, events

@@ -100,7 +100,10 @@ class Recorder:
 
     def _noise(self, event: NoiseMeasured) -> None:
         row = {"time": self.clock(), "samples": event.samples, "noise_scale": event.noise_scale}
-        self.server_log.write(row if event.fresh_batch is None else {**row, "fresh_batch": event.fresh_batch})
+        for name in ("fresh_batch", "gain"):
+            if getattr(event, name) is not None:
+                row[name] = getattr(event, name)
+        self.server_log.write(row)
 
     def _client_rows(self, event: ClientRows) -> None:
         self.client_log.write_many(event.rows)

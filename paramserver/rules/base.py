@@ -70,6 +70,7 @@ class Rule:
     defers = False     # whether a reply may wait for a step being gathered (fresh's "wait")
     paced = False      # whether the clients' pace decides that (fresh's "auto", paramserver/pace.py)
     step_batch: int | None = None  # the minibatches a step gathers, for rules that gather (fresh)
+    gain: float | None = None      # the lr gain of such a step now, under adascale (fresh)
     steps_with_optimizer = False  # whether the server's step is the run's optimizer (sgd, fresh)
     # the lr schedule's progress where the rule counts its own, in minibatches: the steps'
     # gains summed (fresh under adascale); None: the samples pushed are the progress

@@ -98,6 +98,12 @@ w_out = w - lr * momentum_buffer_out;"""
         return min(4 * self.clients, max(1, wanted))
 
     @property
+    def gain(self) -> float | None:
+        """Under adascale, the gain of a whole step if one were taken now (the noise
+        rows state it); else None."""
+        return self.step_scale(self.step_batch, 1.0) if self.adascale else None
+
+    @property
     def pending(self) -> bool:
         return self.covered > 0
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from paramserver.config import ConfigError, RunConfig, load_config
+from paramserver.events import NoiseMeasured
 from paramserver.handler import ServerState, handle
 from paramserver.rules import make_rule
 from paramserver.rules.scaling import gain
@@ -100,8 +101,10 @@ def test_progress_counts_gain_weighted_steps_and_the_warmup_stretches_with_it():
         warm = min(1.0, (round(BATCH * gained) + BATCH) / warmup)
         step_grads = [next(stream) for _ in range(2)]
         assert handle(state, Message(1, Tag.PUSH, Push(step, N, True), step_grads[0]))[0] == []  # waits
-        replies, _ = handle(state, Message(2, Tag.PUSH, Push(step, N, True), step_grads[1]))
+        replies, events = handle(state, Message(2, Tag.PUSH, Push(step, N, True), step_grads[1]))
         gained += r
+        [noise] = [e for e in events if isinstance(e, NoiseMeasured)]  # a window a step
+        assert noise.gain == gain(2, rule.noise.estimate, BATCH) == rule.gain and noise.samples == state.progress
         assert [reply.header.samples for reply in replies] == [round(BATCH * gained)] * 2
         mean = np.mean(step_grads, axis=0, dtype=np.float64)
         lr = float(np.dot(before - state.store.weights, mean) / np.dot(mean, mean))
