@@ -4,10 +4,11 @@ Progress is what the whole run has done before an update: in async mode the samp
 the server has taken in pushes (`batch_size` times the sum of the clients' pushed
 steps, which every server of a sharded run knows alike), so a client trains each
 window at the lr of the weights it pulled and the server's own lr (the `sgd` and
-`adagrad` rules) follows the same curve; in the collective modes `(step - 1) x K x
-batch_size` before step `step`. With one client either is `(t - 1) x batch_size`
-before step t, so `factor(e * batch_size)` is torch's `LambdaLR` multiplier after e
-steps (tested against it).
+`adagrad` rules) follows the same curve (under `lr_scaling = "adascale"`, `fresh`'s steps'
+gains summed, times `batch_size`: AdaScale's gain-weighted progress, rules/fresh.py); in
+the collective modes `(step - 1) x K x batch_size` before step `step`. With one client
+either is `(t - 1) x batch_size` before step t, so `factor(e * batch_size)` is torch's
+`LambdaLR` multiplier after e steps (tested against it).
 
     lr(s) = lr x scale(s) x warmup(s) x decay(s)
     warmup(s) = min(1, (s + batch_size) / lr_warmup)         (1 without warmup)
@@ -20,9 +21,10 @@ steps (tested against it).
 `batch_scale` is the batch-size scaling rule (`rules.scaling.batch_scale`): with `lr_scaling =
 "linear"` the client minibatches n one update averages (K in sync mode, K -
 backup_workers with backup workers, 1 otherwise; `fresh` applies it to the minibatches
-each step gathers), with "sqrt" its root. `lr_scale_warmup` ramps it in from one
-minibatch's lr over that many updates (Goyal et al. 2017's gradual warmup), so one
-client's lr is untouched; `lr_warmup` ramps the whole lr up from 0 over samples.
+each step gathers), with "sqrt" its root; "adascale" is 1 here and the measured gain in
+`fresh`'s step, unramped. `lr_scale_warmup` ramps it in from one minibatch's lr over
+that many updates (Goyal et al. 2017's gradual warmup), so one client's lr is
+untouched; `lr_warmup` ramps the whole lr up from 0 over samples.
 """
 from __future__ import annotations
 
