@@ -11,6 +11,7 @@ import pytest
 
 from clients.data import load_dataset
 from experiments.cli import main
+from paramserver.rundir.durable import load_arrays
 from tests.reference import plain_sgd
 from tests.sim.test_sim import TIMED, checkpoint_weights, rows, sim
 
@@ -54,6 +55,25 @@ def test_adascale_with_one_client_is_torch_sgd_on_its_schedule(tmp_path, tiny_np
     np.testing.assert_allclose(checkpoint_weights(run), expected, atol=1e-6, rtol=0)
     assert [r["lr"] for r in rows(run, "clients")] == pytest.approx([0.01 * factor(e) for e in range(steps)],
                                                                      rel=1e-12)
+
+
+def test_adascale_resumes_its_gain_weighted_progress(tmp_path, tiny_npz):
+    """Killed past a checkpoint and resumed: the progress the noise rows state goes on from
+    the checkpoint's gains (b x rule_scalar.gained), neither from zero nor from the
+    samples pushed (each step of 2 minibatches counts its r, about 1.1 on these blobs)."""
+    run = tmp_path / "run"
+    flags = ["--clients", "2", "--steps", "12", "--eval-every", "4", "--lr-scaling", "adascale", "--lr-warmup", "400"]
+    assert main(["train", "--backend", "sim", "--data", str(tiny_npz), "--out", str(run), *TIMED, *flags,
+                 "--inject-fault", "0:7"]) == 1
+    gained = float(load_arrays(run / "checkpoint" / "latest.npz")["rule_scalar.gained"])
+    assert gained > 0
+    assert main(["train", "--resume", str(run), "--quiet"]) == 0
+    noise = [r for r in rows(run, "server") if "noise_scale" in r]
+    assert len(noise) == 12 and all(1 <= r["gain"] <= 2 for r in noise)  # a window of 2 pushes a step
+    samples = [r["samples"] for r in noise]
+    assert samples == sorted(samples) and round(BATCH * gained) in samples
+    assert all(BATCH * (i + 1) <= s <= 2 * BATCH * (i + 1) for i, s in enumerate(samples))
+    assert samples[0] == BATCH and samples[-1] < 1.5 * BATCH * 12  # r = 1 at the first step; 768 pushed
 
 
 def test_sync_with_linear_scaling_and_steps_is_the_large_batch_loop(tmp_path, tiny_npz):
