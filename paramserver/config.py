@@ -135,8 +135,9 @@ class RunConfig:
     loss: str = _key("", "package.module:function (or file.py:function) taking (outputs, targets) and returning "
                          "a scalar tensor (default: cross-entropy)")
     metric: str = _key("", "package.module:function (or file.py:function) taking (outputs, targets) of a test "
-                           "batch and returning a number, its mean over the batch: a column of the curve "
-                           "(eval.jsonl test_metric, TensorBoard test/metric) and final_test_metric in the summary")
+                           "batch and returning its mean, or a (total, count) pair summed over the test pass: a "
+                           "column of the curve (eval.jsonl test_metric) and final_test_metric in the summary, "
+                           "the curve's measure without classes (docs/your-model.md)")
     model_args: str = _key("", "keyword arguments for your model factory, a JSON object ('{\"width\": 64}'; a "
                                "table in a config file, a dict in experiments.api.train)")
     data_workers: int = _key(0, "DataLoader worker processes that read each client's next minibatches ahead, in "
@@ -157,7 +158,12 @@ class RunConfig:
                                 "measured on the whole test split")
     stop_at_error: float = _key(0.0, "end the run (every rank, with its last pushes recorded) once a point of the "
                                       "test-error curve reaches this error; the summary says complete: reached "
-                                      "target (0: train every step)")
+                                      "target (0: train every step); refused for outputs that do not classify")
+    stop_at_loss: float = _key(0.0, "end the run as stop_at_error does once a point of the curve's test loss is at "
+                                     "or below this (0: none)")
+    stop_at_metric: float = _key(0.0, "end the run as stop_at_error does once a point of the curve's metric (your "
+                                       "--metric) reaches this: at or below it, or at or above where the metric says "
+                                       "higher_is_better (0: none; docs/your-model.md)")
     eval_live: str = _key("auto", "measure the curve while the run trains, on a thread of the recording rank: on "
                                   "(a quarter of the thread's time), off (after training), or auto (on where its "
                                   "host has a core more than the run's ranks there; else at a trickle, a twentieth, "
@@ -170,8 +176,8 @@ class RunConfig:
     on_client_failure: str = _key("abort", "abort (end the job naming the client; resumable) or continue "
                                   "(the server carries on with the other clients; async mode)")
     keep_snapshots: bool = _key(False, "keep the weight snapshots after evaluating them")
-    keep_best: bool = _key(False, "keep the weights of the curve's point with the lowest test error in "
-                                  "RUN/checkpoint/best.npz (asgd export --best exports them)")
+    keep_best: bool = _key(False, "keep the weights of the curve's best point (test error; without classes, the "
+                                  "metric or the loss) in RUN/checkpoint/best.npz (asgd export --best exports them)")
     quiet: bool = _key(False, "no progress bar or final line")
     debug: bool = _key(False, "on a failure, print the full traceback too (it always goes to RUN/error.log)")
     tensorboard: bool = _key(False, "also write TensorBoard scalars to RUN/tensorboard/ as the run goes")
@@ -350,8 +356,12 @@ def _check_values(cfg: RunConfig) -> None:
     _require(cfg.eval_live in ("auto", "on", "off"), "eval_live", f"expected auto, on or off, got {cfg.eval_live!r}")
     _require(0 <= cfg.stop_at_error < 1, "stop_at_error",
              f"must be an error in [0, 1) (0: none), got {cfg.stop_at_error}")
-    _require(not cfg.stop_at_error or cfg.eval_live != "off", "stop_at_error",
-             "needs the curve while the run trains: eval_live on or auto, not off")
+    _require(not cfg.stop_at_metric or cfg.metric, "stop_at_metric", "needs a metric to stop at (--metric)")
+    for name in ("stop_at_error", "stop_at_loss", "stop_at_metric"):
+        value = getattr(cfg, name)
+        _require(math.isfinite(value), name, f"must be a finite number (0: none), got {value}")
+        _require(not value or cfg.eval_live != "off", name,
+                 "needs the curve while the run trains: eval_live on or auto, not off")
     _require(cfg.precision in PRECISIONS, "precision", f"expected {', '.join(PRECISIONS)}, got {cfg.precision!r}")
     _require(cfg.seed >= 0, "seed", f"must be non-negative, got {cfg.seed}")
     _require(cfg.warm_start >= 0, "warm_start", f"must be non-negative, got {cfg.warm_start}")

@@ -19,7 +19,7 @@ import numpy as np
 from paramserver.rundir.lock import RunDirError
 from paramserver.rundir.smoothing import WINDOW
 from paramserver.rundir.status import finished
-from plots.rundata import load_json, load_log, smoothed_error
+from plots.rundata import load_json, load_log, smoothed_curve
 
 ROOT = Path(__file__).resolve().parents[1]  # relative sweep paths in notebooks start here
 
@@ -121,7 +121,7 @@ def curve(point: SweepRun, window: int = WINDOW) -> Curve:
 
 @functools.lru_cache(maxsize=256)
 def _curve(run: Path, window: int, train_size: int, _stamp: tuple[int, int]) -> Curve:
-    time, minibatches, error = smoothed_error(load_log(run, "clients"), window)
+    time, minibatches, error = smoothed_curve(load_log(run, "clients"), window)
     batch_size = load_json(run, "config").get("batch_size", 64)
     arrays = [time, minibatches.astype(np.float64), error, minibatches * batch_size / train_size]
     for a in arrays:
