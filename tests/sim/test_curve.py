@@ -155,6 +155,7 @@ def test_a_stop_rule_that_cannot_fire_is_refused_before_launch(code, tmp_path, c
 
 def test_report_on_a_loss_only_run_draws_the_loss(code, tmp_path, capsys):
     from paramserver.rundir.smoothing import smoothed
+    from plots import analysis
     from plots.curves import run_series
 
     run = tmp_path / "run"
@@ -168,6 +169,10 @@ def test_report_on_a_loss_only_run_draws_the_loss(code, tmp_path, capsys):
     clients = sorted(rows(run, "clients"), key=lambda r: r["time"])
     np.testing.assert_allclose(series.train_y, smoothed(np.array([r["loss"] for r in clients]), 4))
     assert np.isfinite(series.train_y).all()
+    point = analysis.SweepRun("p", "async", 2, 1, "cold", 0, run, "complete", train_size=120)
+    c = analysis.curve(point, 4)  # a sweep's tables and figures: the training loss too
+    assert (c.column, c.label) == ("loss", "training loss")
+    np.testing.assert_allclose(c.error, series.train_y)
 
 
 def test_tensorboard_names_the_metric_and_takes_the_runs_measure_as_its_hparam(code, tmp_path):
