@@ -80,7 +80,8 @@ def open_run(setup: RunSetup, every: int) -> RunDir:
     run.create()
     run.write_config({**setup.cfg.to_dict(), "out": setup.out, "clients": setup.clients, "eval_every": every,
                       "momentum_used": round(setup.cfg.client_momentum(setup.clients), 6),
-                      **metric_traits(setup.cfg.metric), "num_params": setup.weights.size, "train_size": len(setup.dataset.train),
+                      **metric_traits(setup.cfg.metric), "num_params": setup.weights.size,
+                      "train_size": len(setup.dataset.train),
                       "data_fingerprint": fingerprint(setup.dataset), "provenance": setup.provenance})
     if setup.warm_rows:
         with run.writer("warm_start") as log:

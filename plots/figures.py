@@ -114,7 +114,8 @@ def fig1_single_client(sweep: Sweep, window: int = WINDOW, ax: Axes | None = Non
         epochs = [e["minibatches"] * batch / point.train_size for e in evals]
         ax.plot(epochs, [c.scale * e[f"test_{c.column}"] for e in evals], "o-", ms=3, color="tab:red",
                 label=f"test {c.column}")
-    ax.set(xlabel="epochs", ylabel=c.label.removeprefix("training "), title=f"Fig. 1: one client (n_sync {point.n_sync}, seed {point.seed})")
+    ax.set(xlabel="epochs", ylabel=c.label.removeprefix("training "),
+           title=f"Fig. 1: one client (n_sync {point.n_sync}, seed {point.seed})")
     ax.grid(alpha=0.3)
     ax.legend()
     return _finish(fig, owned, sweep, [point], window)

@@ -35,8 +35,8 @@ from paramserver.rundir.summary import SUMMARY, discard
 # The one list of settings a resume may change: how the run is handled, never what it
 # trains (every other config key, whoever adds it, must keep the run's recorded value).
 CHANGEABLE = {"steps", "epochs", "quiet", "stall_timeout", "eval_samples", "eval_live", "metric", "stop_at_error",
-              "stop_at_loss", "stop_at_metric", "keep_snapshots", "keep_best", "device", "server_device", "server_kernel", "resume", "inject_fault", "out",
-              "threads", "debug", "tensorboard"}
+              "stop_at_loss", "stop_at_metric", "keep_snapshots", "keep_best", "device", "server_device",
+              "server_kernel", "resume", "inject_fault", "out", "threads", "debug", "tensorboard"}
 RECORD_ONLY = {"provenance", "num_params", "train_size", "resumed", "momentum_used",
                "data_fingerprint", METRIC_NAME, METRIC_HIGHER}  # config.json keys that are not config
 
