@@ -89,13 +89,14 @@ def test_a_model_without_classes_has_the_loss_as_its_curve(code, tmp_path, capsy
     assert "nan" not in line and curve[-1]["test_loss"] < curve[0]["test_loss"]
 
 
-def test_stop_at_loss_ends_a_run_without_classes_at_the_first_point_that_reaches_it(code, tmp_path):
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_stop_at_loss_ends_a_run_without_classes_at_the_first_point_that_reaches_it(code, tmp_path, mode):
     run = tmp_path / "run"
     full = tmp_path / "full"
-    assert train(code, full, "--steps", "40", "--quiet") == 0
-    target = rows(full, "eval")[3]["test_loss"]  # reached at the fourth point (version 12), perhaps earlier
+    assert train(code, full, "--steps", "40", "--mode", mode, "--quiet") == 0
+    target = rows(full, "eval")[3]["test_loss"]  # reached at the fourth point, perhaps earlier
     first = next(p for p in rows(full, "eval") if p["test_loss"] <= target)
-    assert train(code, run, "--steps", "40", "--stop-at-loss", f"{target!r}", "--quiet") == 0
+    assert train(code, run, "--steps", "40", "--mode", mode, "--stop-at-loss", f"{target!r}", "--quiet") == 0
     result = summary(run)
     assert result["target_reached"]["version"] == first["version"] < rows(full, "eval")[-1]["version"]
     assert result["status"] == (f"complete: reached target (test loss {first['test_loss']:.4f} <= {target:g} "

@@ -98,3 +98,17 @@ def test_the_whole_test_pass_sums_a_pair_over_batches_and_averages_a_number_over
 def test_a_stop_rule_the_config_cannot_fire_is_refused(settings, message):
     with pytest.raises(ConfigError, match=message):
         RunConfig(**settings)
+
+
+def test_a_metrics_name_and_direction_are_its_attributes_and_bad_ones_are_refused(tmp_path):
+    from clients.metric import metric_traits
+
+    code = tmp_path / "metrics.py"
+    code.write_text("def accuracy(outputs, targets):\n    return 1.0\n\naccuracy.higher_is_better = True\n\n"
+                    "def plain(outputs, targets):\n    return 1.0\n\n"
+                    "def odd(outputs, targets):\n    return 1.0\n\nodd.higher_is_better = 'yes'\n")
+    assert metric_traits(f"{code}:accuracy") == {"metric_name": "accuracy", "metric_higher_is_better": True}
+    assert metric_traits(f"{code}:plain") == {"metric_name": "plain", "metric_higher_is_better": False}
+    assert metric_traits("") == {}
+    with pytest.raises(ConfigError, match="^metric: .*higher_is_better \\(a bool\\)"):
+        metric_traits(f"{code}:odd")
