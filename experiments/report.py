@@ -24,7 +24,7 @@ from pathlib import Path
 from experiments.sweepfolder import refuse_mixed
 from paramserver.rundir.durable import write_json_atomic, write_text_atomic
 from paramserver.rundir.lock import RunDirError
-from paramserver.rundir.measure import curve_measure
+from paramserver.rundir.measure import recorded_measure
 from paramserver.rundir.smoothing import window_for
 from paramserver.rundir.summary import clock_of, seconds
 from plots.curves import plot_run
@@ -49,7 +49,7 @@ def report(path: str, window: int | None = None, figures: str | None = None, tar
         return 2
     if not isinstance(summary.get("status"), str):
         raise RunDirError(f"{Path(path) / 'summary.json'} is not a run's summary (it has no status)")
-    measure = curve_measure(load_json(path, "config"), summary.get("final_test_error"))
+    measure = recorded_measure(path)
     minibatches, time_s, final = (_number(summary, key) for key in ("minibatches", "time_s", f"final_{measure.key}"))
     window = window or window_for(1, int(minibatches or 1))  # fits the run, as TensorBoard's
     png = plot_run(path, Path(path) / "training_error.png", window)

@@ -42,7 +42,7 @@ from typing import Any
 from experiments.provenance import START_TIME
 from paramserver.config import ConfigError, RunConfig
 from paramserver.rundir.layout import RunDir
-from paramserver.rundir.measure import ERROR, LOSS, METRIC, curve_measure, metric_measure
+from paramserver.rundir.measure import ERROR, LOSS, METRIC, metric_measure, recorded_measure
 from paramserver.rundir.smoothing import TrailingMean, window_for
 
 RATE_PUSHES = 50
@@ -137,7 +137,7 @@ class Scalars:
         config = self.run.record("config")
         if config:
             summary = self.run.summary()
-            final = f"final_{curve_measure(config, summary.get('final_test_error')).key}"
+            final = f"final_{recorded_measure(self.run.path).key}"
             metrics = {f"hparam/{k}": summary[k] for k in (final, "time_s")
                        if isinstance(summary.get(k), (int, float)) and math.isfinite(summary[k])}
             self._hparams(settings(config) if self.hparams is None else self.hparams, metrics,

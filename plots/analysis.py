@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from paramserver.rundir.lock import RunDirError
-from paramserver.rundir.measure import curve_measure
+from paramserver.rundir.measure import recorded_measure
 from paramserver.rundir.smoothing import WINDOW
 from paramserver.rundir.status import finished
 from plots.rundata import load_json, load_log, smoothed_curve
@@ -139,10 +139,10 @@ def curve(point: SweepRun, window: int = WINDOW) -> Curve:
 
 @functools.lru_cache(maxsize=256)
 def _curve(run: Path, window: int, train_size: int, _stamp: tuple[int, int]) -> Curve:
-    config = load_json(run, "config")
-    column = curve_measure(config, load_json(run, "summary").get("final_test_error")).train_key
+    column = recorded_measure(run).train_key
     time, minibatches, error = smoothed_curve(load_log(run, "clients"), window, column)
-    arrays = [time, minibatches.astype(np.float64), error, minibatches * config.get("batch_size", 64) / train_size]
+    batch_size = load_json(run, "config").get("batch_size", 64)
+    arrays = [time, minibatches.astype(np.float64), error, minibatches * batch_size / train_size]
     for a in arrays:
         a.flags.writeable = False
     return Curve(*arrays, column=column)

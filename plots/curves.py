@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from paramserver.rundir.measure import METRIC, Measure, curve_measure
+from paramserver.rundir.measure import METRIC, Measure, recorded_measure
 from paramserver.rundir.smoothing import WINDOW
 from plots.backend import plt
 from plots.rundata import load_json, load_log, smoothed_curve
@@ -54,9 +54,7 @@ class RunSeries:
 
 
 def run_series(run_dir: str | Path, window: int = WINDOW) -> RunSeries:
-    config, evals = load_json(run_dir, "config"), load_log(run_dir, "eval")
-    error = evals[0]["test_error"] if evals else load_json(run_dir, "summary").get("final_test_error")
-    measure = curve_measure(config, error)
+    evals, measure = load_log(run_dir, "eval"), recorded_measure(run_dir)
     time, _, train = smoothed_curve(load_log(run_dir, "clients"), window, measure.train_key)
     return RunSeries(measure, window, time, train, [e["time"] for e in evals], [e[measure.key] for e in evals])
 

@@ -7,9 +7,9 @@ loss. Error first, because the paper's figures, the sweeps' targets and every cl
 run recorded so far are read in error, and a classifier's metric (top-5 accuracy, say)
 stays a column beside it; on a model without classes the user's metric comes before the
 loss because the user chose it as the number that matters (perplexity, a token-weighted
-mean). Everything after training reads the run's measure through `curve_measure`: the
-best point (`keep_best`), the final console line, the summary, `asgd report`'s line and
-figure, TensorBoard's HParams.
+mean). Everything after training reads the run's measure through `curve_measure` (a
+recorded run's, `recorded_measure`): the best point (`keep_best`), the final console
+line, the summary, `asgd report`'s line and figure, a sweep's curves, TensorBoard's HParams.
 
 The metric's name and direction are the metric function's own (clients/usercode.py's
 `metric_traits`), recorded in config.json as `metric_name` and `metric_higher_is_better`,
@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
+
+from paramserver.rundir.layout import RunDir
 
 ERROR, LOSS, METRIC = "test_error", "test_loss", "test_metric"  # eval.jsonl's columns
 METRIC_NAME, METRIC_HIGHER = "metric_name", "metric_higher_is_better"  # config.json's record of the metric
@@ -74,6 +77,15 @@ def curve_measure(config: Mapping[str, Any], error: Any) -> Measure:
     if config.get("metric"):
         return metric_measure(config)
     return Measure(LOSS, "test loss")
+
+
+def recorded_measure(run_dir: str | Path) -> Measure:
+    """The measure of a recorded run: from its config.json and its first point's test error
+    (the summary's final one where the curve has no point, as a run that failed early)."""
+    run = RunDir(run_dir)
+    points = run.rows("eval")
+    error = points[0]["test_error"] if points else run.summary().get("final_test_error")
+    return curve_measure(run.record("config"), error)
 
 
 @dataclass(frozen=True)
