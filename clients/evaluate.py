@@ -260,7 +260,7 @@ def keep_best(run: RunDir, config: Mapping[str, Any]) -> dict:
     if not rows:
         return {}
     measure = curve_measure(config, rows[0]["test_error"])
-    points = [row for row in rows if row["version"] in snapshots]
+    points = [row for row in rows if row["version"] in snapshots and measure.key in row]  # a resume's new metric
     kept = load_arrays(run.best_path, checksummed=True) if run.best_path.exists() else None
     best = min(points, key=lambda row: (measure.badness(row[measure.key]), row["version"]), default=None)
     if best is not None and (kept is None or

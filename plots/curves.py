@@ -56,6 +56,7 @@ class RunSeries:
 def run_series(run_dir: str | Path, window: int = WINDOW) -> RunSeries:
     evals, measure = load_log(run_dir, "eval"), recorded_measure(run_dir)
     time, _, train = smoothed_curve(load_log(run_dir, "clients"), window, measure.train_key)
+    evals = [e for e in evals if measure.key in e]  # a metric a resume added: from its points on
     return RunSeries(measure, window, time, train, [e["time"] for e in evals], [e[measure.key] for e in evals])
 
 

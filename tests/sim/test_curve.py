@@ -189,3 +189,16 @@ def test_tensorboard_names_the_metric_and_takes_the_runs_measure_as_its_hparam(c
     assert not {"test/error", "test/metric", "hparam/final_test_error"} & tags
     [final] = events.Scalars("hparam/final_test_metric")
     assert final.value == pytest.approx(summary(run)["final_test_metric"], rel=1e-6)
+
+
+def test_a_resume_may_add_a_metric_and_the_run_is_then_read_in_it(code, tmp_path):
+    run = tmp_path / "run"
+    assert train(code, run, "--steps", "8", "--quiet") == 0
+    assert main(["train", "--resume", str(run), "--steps", "12", "--metric", f"{code}:accuracy", "--quiet"]) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert (config["metric"], config["metric_name"], config["metric_higher_is_better"]) == \
+        (f"{code}:accuracy", "token accuracy", True)
+    assert summary(run)["curve_measure"]["name"] == "token accuracy"
+    from plots.curves import run_series
+    series = run_series(run, 4)
+    assert series.measure.name == "token accuracy" and len(series.test_y) == 1  # the resumed run's last point
