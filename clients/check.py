@@ -1,5 +1,6 @@
 """Before launch: the model (the user's or ours), training items through it and the loss,
-test items read, a classifier's labels in range on both splits, the user's optimizer factory.
+test items read, a classifier's labels in range on both splits, the user's optimizer factory
+and metric, and a stop rule that the run's outputs can reach (no stop_at_error without classes).
 
 Whatever does not fit is one ConfigError line before any MPI process starts.
 """
@@ -13,7 +14,8 @@ import torch
 from clients.client import classifies
 from clients.models import run_model
 from clients.optimizers import user_optimizer
-from clients.usercode import first_line, loss_function, metric_function, optimizer_factory
+from clients.metric import MetricTally, metric_function, metric_traits
+from clients.usercode import first_line, loss_function, optimizer_factory
 from paramserver.config import ConfigError, RunConfig
 
 
@@ -41,6 +43,10 @@ def check_user_code(cfg: RunConfig, dataset: Any) -> None:
     if classifies(out, y):  # before the loss, which would fail on a first label out of range less clearly
         for role, split in (("train", dataset.train), ("test", dataset.test)):
             _check_label_range(_labels(split, role, cfg.seed), role, out.shape[1])
+    elif cfg.stop_at_error:
+        raise ConfigError(f"stop_at_error: outputs {tuple(out.shape)} against targets {tuple(y.shape)} are no "
+                          "classification, so the run has no error rate to stop at; use stop_at_loss or "
+                          "stop_at_metric")
     _check_loss(cfg.loss, out, y)
     if cfg.metric:
         _check_metric(cfg.metric, out.detach(), y)
@@ -71,14 +77,17 @@ def _check_loss(spec: str, out: torch.Tensor, y: torch.Tensor) -> None:
 
 
 def _check_metric(spec: str, out: torch.Tensor, y: torch.Tensor) -> None:
-    """The user's metric on two items gives a number (evaluation takes its float)."""
+    """The user's metric on two items gives a number or a (total, count) pair, through its
+    `finish` where it has one, as evaluation sums it (clients/metric.py); its name and
+    direction are a str and a bool."""
+    metric_traits(spec)
+    tally = MetricTally(metric_function(spec))
     try:
-        float(metric_function(spec)(out, y))
-    except ConfigError:
-        raise
+        tally.add(out, y)
+        tally.value()
     except Exception as error:  # noqa: BLE001 - the user's code, in one line
         raise ConfigError(f"metric: {spec} on outputs {tuple(out.shape)} and targets {tuple(y.shape)} did not give "
-                          f"a number: {type(error).__name__}: {first_line(error)}") from None
+                          f"a number or a (total, count) pair: {type(error).__name__}: {first_line(error)}") from None
 
 
 def _first_items(split: Any, role: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -244,11 +244,6 @@ def loss_function(spec: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Ten
     return nn.functional.cross_entropy if not spec else resolve(spec, "loss")
 
 
-def metric_function(spec: str) -> Callable | None:
-    """The user's metric, or None without one."""
-    return resolve(spec, "metric") if spec else None
-
-
 def optimizer_factory(spec: str) -> Callable | None:
     """The user's optimizer factory a spec names; None for one of ours (a name)."""
     return resolve(spec, "optimizer") if is_user_code(spec) else None

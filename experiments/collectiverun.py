@@ -22,7 +22,7 @@ from clients.buffers import host_copy
 from clients.client import Client
 from clients.collective import Average, Straggle, collective_step
 from experiments.runlife import RunLife
-from experiments.runrecord import RunSetup
+from experiments.runrecord import RunSetup, stops_early
 from paramserver.config import RunConfig
 from paramserver.recorder import Background
 from paramserver.rundir.checkpoint import Checkpoint, save_point
@@ -37,7 +37,7 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
                    agree: Callable[[bool], bool] = lambda flag: flag) -> int:
     """Train every local client in lockstep; `gather` returns all rows on the recorder, else
     None; `straggle` (clients/collective.py) slows the step as the straggler model says;
-    `agree`: the recorder's word, on every rank (whether the curve reached stop_at_error,
+    `agree`: the recorder's word, on every rank (whether the curve reached a stop rule,
     asked at each evaluation step)."""
     cfg = setup.cfg
     k, samples_per_step = setup.clients, setup.clients * cfg.batch_size
@@ -47,6 +47,7 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
         life.counts = lambda: counts
         every = life.every
         first = point.client_steps[0] + 1 if point else 1
+        stopping = stops_early(cfg)
         faults = [f for i in indices if (f := cfg.fault_for(i, f"client {i}")) is not None]
         files = Background() if recorder else None
         if files is not None:
@@ -76,7 +77,7 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
                         if life.curve.inline:
                             files.wait()
                             life.curve.catch_up()
-                if cfg.stop_at_error and step % every == 0 and agree(recorder and life.curve.reached is not None):
+                if stopping and step % every == 0 and agree(recorder and life.curve.reached is not None):
                     break
         life.progress.close()
         if recorder:

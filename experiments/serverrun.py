@@ -60,7 +60,7 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
             state.store.load_state(life.checkpoint.store_state)
             state.tally, lines = ServerTally.from_checkpoint(life.checkpoint), life.checkpoint.lines
         curve = life.curve
-        state.stop = lambda: curve.reached is not None  # stop_at_error: replies from then on say stop
+        state.stop = lambda: curve.reached is not None  # a stop rule reached: replies from then on say stop
         recorder = Recorder(life.run, state, clock, lines, life.progress.update,
                             gatherer(link, bounds, cfg.stall_timeout), fault=cfg.fault_for(0, "the server", "version"),
                             after_snapshot=curve.catch_up if curve.inline else None)

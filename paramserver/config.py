@@ -173,13 +173,20 @@ class RunConfig:
                                          "trickle, a twentieth, so the curve shows while training keeps its cores)")
     stop_at_error: float = _evaluation(0.0, "end the run (every rank, with its last pushes recorded) once a point of "
                                             "the test-error curve reaches this error; the summary says complete: "
-                                            "reached target (0: train every step)")
+                                            "reached target (0: train every step); refused for outputs that do "
+                                            "not classify")
+    stop_at_loss: float = _evaluation(0.0, "end the run as stop_at_error does once a point of the curve's test loss "
+                                           "is at or below this (0: none)")
+    stop_at_metric: float = _evaluation(0.0, "end the run as stop_at_error does once a point of the curve's metric "
+                                             "(your --metric) reaches this: at or below it, or at or above where the "
+                                             "metric says higher_is_better (0: none; docs/your-model.md)")
     metric: str = _evaluation("", "package.module:function (or file.py:function) taking (outputs, targets) of a test "
-                                  "batch and returning a number, its mean over the batch: a column of the curve "
-                                  "(eval.jsonl test_metric, TensorBoard test/metric) and final_test_metric in the "
-                                  "summary")
-    keep_best: bool = _evaluation(False, "keep the weights of the curve's point with the lowest test error in "
-                                         "RUN/checkpoint/best.npz (asgd export --best exports them)")
+                                  "batch and returning its mean, or a (total, count) pair summed over the test pass: "
+                                  "a column of the curve (eval.jsonl test_metric) and final_test_metric in the "
+                                  "summary, the curve's measure without classes (docs/your-model.md)")
+    keep_best: bool = _evaluation(False, "keep the weights of the curve's best point (test error; without classes, "
+                                         "the metric or the loss) in RUN/checkpoint/best.npz (asgd export --best "
+                                         "exports them)")
     keep_snapshots: bool = _evaluation(False, "keep the weight snapshots after evaluating them")
     tensorboard: bool = _evaluation(False, "also write TensorBoard scalars to RUN/tensorboard/ as the run goes")
     debug: bool = _evaluation(False, "on a failure, print the full traceback too (it always goes to RUN/error.log)")

@@ -203,8 +203,12 @@ def _check_evaluation(cfg: Any) -> None:
     _require(cfg.eval_live in ("auto", "on", "off"), "eval_live", f"expected auto, on or off, got {cfg.eval_live!r}")
     _require(0 <= cfg.stop_at_error < 1, "stop_at_error",
              f"must be an error in [0, 1) (0: none), got {cfg.stop_at_error}")
-    _require(not cfg.stop_at_error or cfg.eval_live != "off", "stop_at_error",
-             "needs the curve while the run trains: eval_live on or auto, not off")
+    _require(not cfg.stop_at_metric or cfg.metric, "stop_at_metric", "needs a metric to stop at (--metric)")
+    for name in ("stop_at_error", "stop_at_loss", "stop_at_metric"):
+        value = getattr(cfg, name)
+        _require(math.isfinite(value), name, f"must be a finite number (0: none), got {value}")
+        _require(not value or cfg.eval_live != "off", name,
+                 "needs the curve while the run trains: eval_live on or auto, not off")
 
 
 def _check_simulator(cfg: Any) -> None:

@@ -102,7 +102,7 @@ class ServerState:
     whose multiplier the rule applies with; None: a constant lr. `clock`: the run's
     (virtual in the simulator), by which a paced rule (`fresh_reply = "auto"`) times the
     clients to decide who waits (`pace`; otherwise the rule's `defers` decides). `stop`:
-    whether the run reached its target (`stop_at_error`): every reply from then on tells
+    whether the run reached a target (`stop_at_error`, `_loss`, `_metric`): every reply from then on tells
     its client to stop. `collects_states`: checkpoints hold the clients' optimizer states
     (see the module's doc); `client_states`: client -> the state its last push handled (or
     STOP) came with, where it came with one; `arrived_states`: those awaiting their push.

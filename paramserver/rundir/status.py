@@ -26,10 +26,10 @@ def word(status: str) -> str:
     return status.split(":")[0]
 
 
-def reached_target(point: dict, target: float) -> str:
-    """A run `stop_at_error` ended early: complete, at the curve's point that reached it."""
-    return (f"{COMPLETE}: reached target (test error {point['test_error']:.4f} <= {target:g} at version "
-            f"{point['version']})")
+def reached_target(point: dict, stop) -> str:
+    """A run a stop rule ended early (`stop`: paramserver/rundir/measure.py's `Stop`, of
+    stop_at_error, stop_at_loss or stop_at_metric): complete, at the curve's point that reached it."""
+    return f"{COMPLETE}: reached target ({stop.describe(point)} at version {point['version']})"
 
 
 def failed(reason: str) -> str:

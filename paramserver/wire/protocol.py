@@ -27,8 +27,8 @@ Message sequence (one client; the server serves all clients in arrival order):
       |   ...                                 |  every client's last push brought one
       |   ... until the step budget is done,  |
       |   or a WEIGHTS says stop (the run     |
-      |   reached its stop_at_error; work not |
-      |   pushed yet goes in one PUSH first)  |
+      |   reached a stop_at_* target; work    |
+      |   not pushed goes in one PUSH first)  |
       | -- STATE, STOP(steps, pushes) ------> |  ends when every client has stopped (or is lost)
       | <---------------------- BYE(lost) --- |  once the run is recorded; then all exit
       | -- FAIL(reason) --------------------> |  on an exception; then the job aborts
@@ -105,7 +105,7 @@ class Weights:
     version: int
     size: int
     samples: int = 0           # the server's progress (paramserver/schedule.py): the lr they train at
-    stop: bool = False         # the run reached its target (stop_at_error): the client stops here
+    stop: bool = False         # the run reached a target (stop_at_error, _loss, _metric): the client stops here
     state: bool = False        # a checkpoint is due: send the optimizer's state before each push
 
 
