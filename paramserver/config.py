@@ -32,7 +32,7 @@ SIM_PROFILES = ("measured", "paper")  # their values: experiments/simulator.py
 # the folder it was found in, FOLDER:module:name, so it imports again from any working directory), a name in it
 USER_CODE = re.compile(r"(?:(?P<file>[^:]+\.py)|(?:(?P<folder>[^:]+):)?(?P<module>[A-Za-z_][\w.]*))"
                        r":(?P<name>[A-Za-z_][\w.]*)")
-USER_CODE_KEYS = ("model", "data", "loss")  # the settings that may name user code
+USER_CODE_KEYS = ("model", "data", "loss", "metric", "optimizer")  # the settings that may name user code
 
 
 class ConfigError(ValueError):
