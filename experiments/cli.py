@@ -28,6 +28,7 @@ from experiments.parent.mpiexec import launcher_rank
 from paramserver.config import ConfigError, RunConfig, config_values, field_types, flag_type
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.lock import RunDirError
+from paramserver.rundir.resume import resume_hint
 from paramserver.rundir.smoothing import WINDOW
 
 if TYPE_CHECKING:
@@ -204,7 +205,7 @@ def _run(cfg: RunConfig, out: str, argv: list[str], mpiexec: str) -> int:
         from experiments.rank.entry import run_mpi
         return run_mpi(cfg, out)
     except KeyboardInterrupt:  # the simulator's, or a rank's (which recorded it: see serverrun)
-        print(f"asgd: run {out} interrupted{_resume_hint(out)}", file=sys.stderr)
+        print(f"asgd: run {out} interrupted{resume_hint(out)}", file=sys.stderr)
         return 130
     except (ConfigError, InputError, RunDirError):
         raise
@@ -214,7 +215,7 @@ def _run(cfg: RunConfig, out: str, argv: list[str], mpiexec: str) -> int:
         if cfg.debug:
             traceback.print_exception(error)
         print(f"asgd: run {out} failed: {type(error).__name__}: {_one_line(str(error))} ({where})"
-              f"{_resume_hint(out)}", file=sys.stderr)
+              f"{resume_hint(out)}", file=sys.stderr)
         return 1
     finally:
         if lock is not None:
@@ -290,10 +291,6 @@ def _warn_of_a_gradient_rule(cfg: RunConfig) -> None:
         print(f"asgd: warning: optimizer: the {cfg.rule} rule steps the server's weights with the clients' "
               f"gradients, so {cfg.optimizer} shapes only their steps between pulls (n_fetch {cfg.fetch_every}); "
               "a delta rule (add, scaled, staleness, nesterov) applies the clients' own steps", file=sys.stderr)
-
-
-def _resume_hint(out: str) -> str:
-    return f"; resume with: asgd train --resume {out}" if RunDir(out).checkpoint_path.exists() else ""
 
 
 def _check_device(key: str, device: str) -> None:

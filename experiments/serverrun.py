@@ -51,7 +51,8 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
                                     precision=cfg.precision).keeps_state
     with RunLife(setup, cfg.async_versions(clients), clock) as life:
         state = ServerState.for_run(cfg, setup.weights[slice(*bounds[0])], clients, eval_every=life.every,
-                                    apply_cost=apply_cost, clock=clock, collects_states=keeps_state)
+                                    checkpoint_every=cfg.checkpoint_every, apply_cost=apply_cost, clock=clock,
+                                    collects_states=keeps_state)
         life.counts = state.counts
         lines = (0, 0)
         if life.checkpoint is not None:

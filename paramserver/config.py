@@ -172,6 +172,9 @@ class RunConfig:
     keep_snapshots: bool = _key(False, "keep the weight snapshots after evaluating them")
     keep_best: bool = _key(False, "keep the weights of the curve's point with the lowest test error in "
                                   "RUN/checkpoint/best.npz (asgd export --best exports them)")
+    checkpoint_every: float = _key(60.0, "seconds of the run's clock (virtual in the simulator) after which a "
+                                         "checkpoint is taken between the curve's points, so an interrupt loses "
+                                         "at most about this much training (0: at the curve's points only)")
     quiet: bool = _key(False, "no progress bar or final line")
     debug: bool = _key(False, "on a failure, print the full traceback too (it always goes to RUN/error.log)")
     tensorboard: bool = _key(False, "also write TensorBoard scalars to RUN/tensorboard/ as the run goes")
@@ -357,6 +360,8 @@ def _check_values(cfg: RunConfig) -> None:
     _require(cfg.warm_start >= 0, "warm_start", f"must be non-negative, got {cfg.warm_start}")
     for name in ("eval_every", "eval_samples", "threads"):
         _require(getattr(cfg, name) >= 0, name, f"must be non-negative (0: automatic), got {getattr(cfg, name)}")
+    _require(cfg.checkpoint_every >= 0, "checkpoint_every",
+             f"must be non-negative seconds (0: at the curve's points only), got {cfg.checkpoint_every}")
     _require(cfg.threads < 2**31, "threads", f"must be below 2**31 (torch takes a C int), got {cfg.threads}")
     for name in ("sim_step_time", "sim_apply_time", "sim_latency", "sim_bandwidth", "sim_push_bytes"):
         _require(getattr(cfg, name) >= 0, name, f"must be non-negative (0: the profile's), got {getattr(cfg, name)}")
