@@ -66,9 +66,9 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
                 everyone = gather(rows)
                 due = step % every == 0 or step == cfg.steps
                 timed = not due and _checkpoint_due(cfg, step, now - saved_at, recorder, agree)
-                states = optimizer_states(cfg, clients, gather, recorder) if (due or timed) and _resumable(cfg, step) \
-                    else {}
-                saved_at = now if due or timed else saved_at
+                checkpoint = (due or timed) and _resumable(cfg, step)
+                states = optimizer_states(cfg, clients, gather, recorder) if checkpoint else {}
+                saved_at = now if checkpoint else saved_at
                 if recorder:
                     log.write_many(everyone)
                     counts["minibatches"] += len(everyone)
