@@ -39,13 +39,17 @@ def corpus() -> str:
     parts = []
     for name in MODULES:
         module = importlib.import_module(name)
-        parts.append(inspect.getdoc(module) or "")
+        parts.append(inspect.getdoc(module))
         for _, member in sorted(vars(module).items()):
-            if getattr(member, "__module__", None) == module.__name__ and inspect.getdoc(member):
-                parts.append(inspect.getdoc(member))
-                parts += [inspect.getdoc(m) for _, m in sorted(vars(member).items())
-                          if inspect.isfunction(m) and inspect.getdoc(m)] if inspect.isclass(member) else []
-    return "\n\n".join(parts)
+            if getattr(member, "__module__", None) == module.__name__:  # not one imported from elsewhere
+                parts += _docstrings(member)
+    return "\n\n".join(part for part in parts if part)
+
+
+def _docstrings(member: object) -> list[str | None]:
+    """A member's docstring and, for a class, its methods'."""
+    methods = [m for _, m in sorted(vars(member).items()) if inspect.isfunction(m)] if inspect.isclass(member) else []
+    return [inspect.getdoc(m) for m in (member, *methods)]
 
 
 def encode(text: str) -> torch.Tensor:
