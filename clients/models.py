@@ -85,6 +85,13 @@ def flat_weights(model: nn.Module) -> np.ndarray:
     return host_copy(torch.nn.utils.parameters_to_vector(model.parameters()))
 
 
+@torch.no_grad()
 def load_flat(model: nn.Module, weights: np.ndarray) -> None:
-    device = next(model.parameters()).device
-    torch.nn.utils.vector_to_parameters(torch.from_numpy(weights).to(device), model.parameters())
+    """Copied into each parameter, which keeps a storage of its own (torch's
+    `vector_to_parameters` makes each a view of the one vector, which safetensors refuses
+    to save where a tied tensor covers only part of it)."""
+    vector = torch.from_numpy(weights)
+    offset = 0
+    for param in model.parameters():
+        param.copy_(vector[offset:offset + param.numel()].view_as(param))
+        offset += param.numel()

@@ -53,6 +53,7 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
         if files is not None:
             life.land_files = files.close
         life.started()
+        saved_at = clock()  # when the last checkpoint was taken (the run's clock)
         with life.run.writer("clients", lines) if recorder else contextlib.nullcontext() as log:
             for step in range(first, cfg.steps + 1):
                 for client in clients:  # the lr schedule's progress: the samples of the steps before
@@ -65,16 +66,19 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
                     fault.strike(step)
                 everyone = gather(rows)
                 due = step % every == 0 or step == cfg.steps
-                states = optimizer_states(cfg, clients, gather, recorder) if due and _resumable(cfg, step) else {}
+                timed = not due and _checkpoint_due(cfg, step, now - saved_at, recorder, agree)
+                checkpoint = (due or timed) and _resumable(cfg, step)
+                states = optimizer_states(cfg, clients, gather, recorder) if checkpoint else {}
+                saved_at = now if checkpoint else saved_at
                 if recorder:
                     log.write_many(everyone)
                     counts["minibatches"] += len(everyone)
                     counts["samples"] += sum(r["samples"] for r in everyone)
                     life.progress.update(counts["minibatches"])
-                    if due:
+                    if due or timed:
                         files.submit(_save, life.run, setup, host_copy(clients[0].weights), step, now,
-                                     dict(counts), log.lines, states)
-                        if life.curve.inline:
+                                     dict(counts), log.lines, states, due)
+                        if due and life.curve.inline:
                             files.wait()
                             life.curve.catch_up()
                 if stopping and step % every == 0 and agree(recorder and life.curve.reached is not None):
@@ -127,6 +131,17 @@ def optimizer_states(cfg: RunConfig, clients: list[Client], gather: Callable[[li
     return {} if states is None else {"client_optimizers": dict(enumerate(states))}
 
 
+def _checkpoint_due(cfg: RunConfig, step: int, since: float, recorder: bool, agree: Callable[[bool], bool]) -> bool:
+    """Whether `checkpoint_every` seconds passed since the last checkpoint (`since`, by the
+    recorder's clock) at a step the run can go on from. In sync mode the recorder alone
+    writes it; in local-sgd every rank gives its optimizer state, so the recorder's word
+    is `agree`d by all, at the averaging steps alone (a broadcast where an allreduce is)."""
+    if not cfg.checkpoint_every or not _resumable(cfg, step):
+        return False
+    late = recorder and since >= cfg.checkpoint_every
+    return late if cfg.mode == "sync" else agree(late)
+
+
 def _resumable(cfg: RunConfig, step: int) -> bool:
     """Whether every client holds the same weights after `step`: always in sync mode, at
     averaging steps in local-sgd."""
@@ -134,10 +149,11 @@ def _resumable(cfg: RunConfig, step: int) -> bool:
 
 
 def _save(run: RunDir, setup: RunSetup, weights: np.ndarray, step: int, now: float, counts: dict[str, Any],
-          lines: int, optimizers: dict[str, Any] | None = None) -> None:
-    """A snapshot of client 0's `weights` for the test error and, where the run can go on
-    from it (`_resumable`), a checkpoint, with the clients' `optimizers` state."""
+          lines: int, optimizers: dict[str, Any] | None = None, evaluated: bool = True) -> None:
+    """A snapshot of client 0's `weights` for the test error (`evaluated`: a point of the
+    curve) and, where the run can go on from it (`_resumable`), a checkpoint, with the
+    clients' `optimizers` state."""
     k = setup.clients
     save_point(run, Checkpoint(weights, step, now, (0, lines), (counts["minibatches"], counts["samples"], 0),
                                np.full(k, step), np.zeros(k, np.int64), **(optimizers or {})),
-               resumable=_resumable(setup.cfg, step))
+               resumable=_resumable(setup.cfg, step), evaluated=evaluated)

@@ -52,7 +52,7 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
                                     precision=cfg.precision).keeps_state
     with RunLife(setup, cfg.async_versions(clients), clock) as life:
         state = ServerState.for_run(cfg, setup.weights[slice(*bounds[0])], clients, server_optimizer_factory(cfg),
-                                    eval_every=life.every,
+                                    eval_every=life.every, checkpoint_every=cfg.checkpoint_every,
                                     apply_cost=apply_cost, clock=clock, collects_states=keeps_state)
         life.counts = state.counts
         lines = (0, 0)

@@ -187,6 +187,9 @@ class RunConfig:
     keep_best: bool = _evaluation(False, "keep the weights of the curve's best point (test error; without classes, "
                                          "the metric or the loss) in RUN/checkpoint/best.npz (asgd export --best "
                                          "exports them)")
+    checkpoint_every: float = _evaluation(60.0, "seconds of the run's clock (virtual in the simulator) after which a "
+                                                "checkpoint is taken between the curve's points, so an interrupt loses "
+                                                "at most about this much training (0: at the curve's points only)")
     keep_snapshots: bool = _evaluation(False, "keep the weight snapshots after evaluating them")
     tensorboard: bool = _evaluation(False, "also write TensorBoard scalars to RUN/tensorboard/ as the run goes")
     debug: bool = _evaluation(False, "on a failure, print the full traceback too (it always goes to RUN/error.log)")

@@ -32,7 +32,7 @@ SIM_PROFILES = ("measured", "paper")  # their values: experiments/simulator.py
 # the folder it was found in, FOLDER:module:name, so it imports again from any working directory), a name in it
 USER_CODE = re.compile(r"(?:(?P<file>[^:]+\.py)|(?:(?P<folder>[^:]+):)?(?P<module>[A-Za-z_][\w.]*))"
                        r":(?P<name>[A-Za-z_][\w.]*)")
-USER_CODE_KEYS = ("model", "data", "loss")  # the settings that may name user code
+USER_CODE_KEYS = ("model", "data", "loss", "metric", "optimizer")  # the settings that may name user code
 
 
 class ConfigError(ValueError):
@@ -201,6 +201,8 @@ def _check_evaluation(cfg: Any) -> None:
     for name in ("eval_every", "eval_samples"):
         _require(getattr(cfg, name) >= 0, name, f"must be non-negative (0: automatic), got {getattr(cfg, name)}")
     _require(cfg.eval_live in ("auto", "on", "off"), "eval_live", f"expected auto, on or off, got {cfg.eval_live!r}")
+    _require(cfg.checkpoint_every >= 0, "checkpoint_every",
+             f"must be non-negative seconds (0: at the curve's points only), got {cfg.checkpoint_every}")
     _require(0 <= cfg.stop_at_error < 1, "stop_at_error",
              f"must be an error in [0, 1) (0: none), got {cfg.stop_at_error}")
     _require(not cfg.stop_at_metric or cfg.metric, "stop_at_metric", "needs a metric to stop at (--metric)")

@@ -101,7 +101,8 @@ class ServerState:
     run's lr schedule (paramserver/schedule.py), whose progress the replies carry and
     whose multiplier the rule applies with; None: a constant lr. `clock`: the run's
     (virtual in the simulator), by which a paced rule (`fresh_reply = "auto"`) times the
-    clients to decide who waits (`pace`; otherwise the rule's `defers` decides). `stop`:
+    clients to decide who waits (`pace`; otherwise the rule's `defers` decides), and by
+    which a checkpoint is due `checkpoint_every` seconds after the last. `stop`:
     whether the run reached a target (`stop_at_error`, `_loss`, `_metric`): every reply from then on tells
     its client to stop. `collects_states`: checkpoints hold the clients' optimizer states
     (see the module's doc); `client_states`: client -> the state its last push handled (or
@@ -124,8 +125,11 @@ class ServerState:
     client_states: dict[int, State] = field(default_factory=dict)
     arrived_states: dict[int, State] = field(default_factory=dict)
     checkpoint_due: bool = False
+    checkpoint_every: float = 0.0  # seconds of `clock` after which a checkpoint is due between curve points
+    checkpointed_at: float = 0.0   # `clock` when the last was asked for (from the start: __post_init__)
 
     def __post_init__(self) -> None:
+        self.checkpointed_at = self.clock()
         self.tally = self.tally or ServerTally(len(self.client_ranks))
         self.buffer = frame.empty(self.store.size, np.float32)  # pushes, as float32
         compressed = self.codec.wire_dtype != np.float32
@@ -321,11 +325,20 @@ def _outcome(state: ServerState, rank: int, client: int, result: ApplyResult, ap
 
 
 def _snapshot_due(state: ServerState) -> list[Event]:
+    """A curve point at each multiple of eval_every, with a checkpoint; between them a
+    checkpoint alone once `checkpoint_every` seconds passed since the last, so an
+    interrupt loses no more than that however far apart the curve's points are."""
     version = state.store.version
-    if not state.eval_every or version % state.eval_every:
+    if state.eval_every and version % state.eval_every == 0:
+        state.checkpoint_due, state.checkpointed_at = state.collects_states, state.clock()
+        return [SnapshotDue(version, checkpoint=not state.collects_states), *_checkpoint_ready(state)]
+    if not state.checkpoint_every or state.clock() - state.checkpointed_at < state.checkpoint_every:
         return []
-    state.checkpoint_due = state.collects_states
-    return [SnapshotDue(version, checkpoint=not state.collects_states), *_checkpoint_ready(state)]
+    state.checkpointed_at = state.clock()
+    if not state.collects_states:
+        return [CheckpointDue(version)]
+    state.checkpoint_due = True  # once every client brought its optimizer state
+    return _checkpoint_ready(state)
 
 
 def _took_state(state: ServerState, rank: int, step: int) -> None:

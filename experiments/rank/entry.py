@@ -30,7 +30,7 @@ from experiments.parent.supervise import LOCKED_RUN, direct_stdio
 from experiments.provenance import provenance
 from experiments.serverrun import serve_mpi, serve_slice
 from paramserver.config import RunConfig
-from paramserver.rundir.resume import ResumePoint
+from paramserver.rundir.resume import ResumePoint, resume_hint
 from paramserver.rundir.summary import log_traceback
 from paramserver.wire.farewell import say_bye, tell_recorders, wait_for_bye
 from paramserver.wire.liveness import PeerDied, PeerWatch
@@ -84,7 +84,7 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
                      clock=lambda: offset + time.perf_counter() - start_s)
     except KeyboardInterrupt:  # SIGTERM or Ctrl-C, passed on to every rank; the recorder noted it
         if transport.rank == 0 and LOCKED_RUN not in os.environ:  # no supervisor to say it
-            print(f"asgd: run {out} interrupted; resume with: asgd train --resume {out}", file=sys.stderr)
+            print(f"asgd: run {out} interrupted{resume_hint(out)}", file=sys.stderr)
         _exit(130)
     except Exception as error:  # noqa: BLE001 - any failure must end the whole job
         _fail(transport, error, index, servers, cfg.on_client_failure == "continue", out, cfg.debug)

@@ -10,6 +10,7 @@ writes this one type; resume reads it.
 """
 from __future__ import annotations
 
+import zipfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,6 +74,16 @@ class Checkpoint:
                    {k: v for k, v in arrays.items()
                     if k not in OWN and not k.startswith((OPTIMIZER, CLIENT_OPTIMIZER))},
                    {k[len(OPTIMIZER):]: v for k, v in arrays.items() if k.startswith(OPTIMIZER)}, own)
+
+    @staticmethod
+    def reached(run: RunDir) -> tuple[int, int] | None:
+        """(minibatches, clients.jsonl rows) the checkpoint accounts for, read without its
+        weights or checksum (a console line's, after a run stopped short); None if unreadable."""
+        try:
+            with np.load(run.checkpoint_path, allow_pickle=False) as arrays:
+                return int(arrays["tally.counts"][0]), int(arrays["lines"][1])
+        except (OSError, KeyError, ValueError, IndexError, EOFError, zipfile.BadZipFile):
+            return None
 
     @property
     def store_state(self) -> dict[str, np.ndarray]:

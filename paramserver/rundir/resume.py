@@ -36,7 +36,8 @@ from paramserver.rundir.summary import SUMMARY, discard
 # trains (every other config key, whoever adds it, must keep the run's recorded value).
 CHANGEABLE = {"steps", "epochs", "quiet", "stall_timeout", "eval_samples", "eval_live", "metric", "stop_at_error",
               "stop_at_loss", "stop_at_metric", "keep_snapshots", "keep_best", "device", "server_device",
-              "server_kernel", "resume", "inject_fault", "out", "threads", "debug", "tensorboard"}
+              "server_kernel", "resume", "inject_fault", "out", "threads", "debug", "tensorboard",
+              "checkpoint_every"}
 RECORD_ONLY = {"provenance", "num_params", "train_size", "resumed", "momentum_used",
                "data_fingerprint", METRIC_NAME, METRIC_HIGHER}  # config.json keys that are not config
 
@@ -168,6 +169,29 @@ def _json_object(line: bytes) -> bool:
         return isinstance(json.loads(line), dict)
     except ValueError:
         return False
+
+
+def resume_hint(run_dir: str | Path) -> str:
+    """What the console adds after a run stopped short: how to go on and what a resume runs
+    again (the minibatches recorded after the checkpoint, besides those run but not yet
+    pushed); '' where there is no checkpoint to go on from."""
+    run = RunDir(run_dir)
+    if not run.checkpoint_path.exists():
+        return ""
+    hint, reached = f"; resume with: asgd train --resume {run_dir}", Checkpoint.reached(run)
+    if reached is None:
+        return hint
+    minibatches, rows = reached
+    after = max(_count_rows(run.path / "clients.jsonl") - rows, 0)
+    return f"{hint} (from its checkpoint at minibatch {minibatches:,}, running again the {after:,} recorded after it)"
+
+
+def _count_rows(path: Path) -> int:
+    try:
+        with open(path, "rb") as log:
+            return sum(block.count(b"\n") for block in iter(lambda: log.read(1 << 20), b""))
+    except OSError:
+        return 0
 
 
 def resume_point(run_dir: str) -> ResumePoint:

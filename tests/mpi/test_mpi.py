@@ -182,6 +182,22 @@ def test_synchronous_baselines_under_mpi(tmp_path, tiny_npz, mode):
                                    atol=1e-6, rtol=0)
 
 
+def test_local_sgd_under_mpi_resumed_from_checkpoints_between_curve_points_ends_as_one_never_stopped(tmp_path,
+                                                                                                 tiny_npz):
+    """checkpoint_every under MPI: rank 0's clock decides, every rank agrees at the
+    averaging steps and gives its AdamW state; a run failed at step 7 goes on from step 6."""
+    flags = ["--mode", "local-sgd", "--data", str(tiny_npz), *TINY, "--steps", "10", "--n-sync", "2",
+             "--optimizer", "adamw", "--eval-every", "1000", "--checkpoint-every", "0.000001", "--eval-samples", "50"]
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    assert mpi_train(2, *flags, "--out", str(whole)).returncode == 0
+    assert mpi_train(2, *flags, "--out", str(resumed), "--inject-fault", "1:7").returncode == 1
+    stopped = load_arrays(resumed / "checkpoint" / "latest.npz")
+    assert int(stopped["version"]) == 6 and "client_optimizer.1.state.0.step" in stopped
+    assert mpi_train(2, "--resume", str(resumed)).returncode == 0
+    np.testing.assert_array_equal(load_arrays(resumed / "checkpoint" / "latest.npz")["weights"],
+                                  load_arrays(whole / "checkpoint" / "latest.npz")["weights"])
+
+
 def test_warm_start_under_mpi_starts_every_client_from_the_warm_weights(tmp_path, tiny_npz):
     run = tmp_path / "run"
     result = mpi_train(3, "--data", str(tiny_npz), *TINY, "--steps", "2", "--warm-start", "40",
