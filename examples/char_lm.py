@@ -12,9 +12,10 @@ target the same window one character on; the first 90 % of the text trains, the 
 
 The model (2 layers, d_model 64, 4 heads, pre-norm, its output head tied to the token
 embedding) gives logits (B, T, V) for inputs (B, T); `token_loss` is the mean
-cross-entropy over every token, `bits_per_char` the same in bits (a batch's mean, so its
-mean over the test split is the split's). Trained with AdamW, lr warmup and a cosine
-schedule through the Python API (docs/your-model.md); perplexity is exp of the loss.
+cross-entropy over every token; the metric, `perplexity`, sums the token losses and counts
+the tokens over the whole test pass and takes exp of their mean once (docs/your-model.md).
+Trained with AdamW, lr warmup and a cosine schedule through the Python API: under the
+default rule the server takes AdamW's step on the clients' gathered gradients.
 """
 from __future__ import annotations
 
@@ -128,20 +129,23 @@ def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def bits_per_char(logits: torch.Tensor, targets: torch.Tensor) -> float:
-    """The batch's mean token loss in bits: the curve's metric (lower is better)."""
-    return float(token_loss(logits, targets)) / math.log(2)
+def perplexity(logits: torch.Tensor, targets: torch.Tensor) -> tuple[float, int]:
+    """The batch's summed token loss and its tokens: summed over the test pass, divided
+    once, then `finish` (exp): the split's perplexity, the run's curve (lower is better)."""
+    total = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
+    return float(total), targets.numel()
+
+
+perplexity.finish = math.exp
 
 
 if __name__ == "__main__":
-    from experiments.api import train
+    from asgd import train
 
-    # rule add: a delta rule, so the clients' AdamW steps are the updates the server adds
-    result = train(make_model, make_data, loss=token_loss, metric=bits_per_char, optimizer="adamw",
-                   rule="add", lr=3e-3, weight_decay=0.01, lr_warmup=3200, lr_schedule="cosine",
+    result = train(make_model, make_data, loss=token_loss, metric=perplexity, optimizer="adamw", lr=3e-3, weight_decay=0.01, lr_warmup=3200, lr_schedule="cosine",
                    batch_size=32, steps=300, eval_samples=256)
     if result.summary is not None:  # the process that recorded the run (under mpiexec: rank 0)
-        loss = result.final_test_loss
-        said = f"validation loss {loss:.3f}, perplexity {math.exp(loss):.2f}" if loss is not None else "not measured"
+        loss, ppl = result.final_test_loss, result.summary.get("final_test_metric")
+        said = f"validation loss {loss:.3f}, perplexity {ppl:.2f}" if loss is not None else "not measured"
         print(f"{result.run_dir}: {result.status}; {said}")
     raise SystemExit(result)  # an int: the exit status

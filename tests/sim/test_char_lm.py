@@ -29,9 +29,9 @@ def example(name: str):
 def lm_run(tmp_path_factory) -> TrainResult:
     out = tmp_path_factory.mktemp("char_lm") / "run"
     result = train(example("make_model"), example("make_data"), loss=example("token_loss"),
-                   metric=example("bits_per_char"), optimizer="adamw", rule="add", lr=3e-3, weight_decay=0.01,
+                   metric=example("perplexity"), optimizer="adamw", lr=3e-3, weight_decay=0.01,
                    lr_warmup=32, lr_schedule="cosine",
-                   argv=[*QUICK, "--steps", "8", "--eval-every", "8", "--out", str(out)])
+                   argv=[*QUICK, "--steps", "8", "--eval-every", "4", "--out", str(out)])
     assert result == 0 and result.run_dir == str(out)
     return result
 
@@ -59,11 +59,13 @@ def test_the_char_lm_trains_through_the_api_with_its_loss_and_metric(lm_run):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["minibatches"] == 16 and not summary["status"].startswith("failed")
     config = json.loads((run / "config.json").read_text())
-    assert (config["loss"], config["metric"]) == (f"{EXAMPLE}:token_loss", f"{EXAMPLE}:bits_per_char")
+    assert (config["loss"], config["metric"]) == (f"{EXAMPLE}:token_loss", f"{EXAMPLE}:perplexity")
     assert (config["optimizer"], config["lr_schedule"]) == ("adamw", "cosine")
     curve = rows(run, "eval")
-    assert [r["version"] for r in curve] == [0, 8, 16]
-    assert all(r["test_metric"] == pytest.approx(r["test_loss"] / math.log(2)) for r in curve)
+    assert [r["version"] for r in curve] == [0, 4, 8]  # fresh: a step a push of each of the 2 clients
+    # every item has 64 tokens, so the token-weighted mean is the item-weighted test_loss
+    assert all(r["test_metric"] == pytest.approx(math.exp(r["test_loss"]), rel=1e-5) for r in curve)
+    assert config["rule"] == "fresh"  # the default: the server takes AdamW's step
     assert curve[-1]["test_loss"] < curve[0]["test_loss"]
     assert summary["final_test_loss"] < math.log(96)
     assert [r["lr"] for r in rows(run, "clients")][:2] == pytest.approx([3e-3 * 8 / 32] * 2)  # warming up
