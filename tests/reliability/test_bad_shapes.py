@@ -10,11 +10,13 @@ one with rejected pushes says how many.
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from clients.data import load_dataset
 from experiments.api import train
@@ -235,6 +237,33 @@ def test_a_class_axis_the_data_does_not_confirm_is_refused(own, capsys):
     line = refused(capsys, "--data", f"{own}:masks_no_classes", "--model", f"{own}:per_pixel")
     assert line.startswith("loss: the default cross-entropy on outputs (2, 3, 8, 6) and targets (2, 8, 6): it "
                            "would take axis 1 (3) as the classes, and the data declares no class count")
+
+
+@pytest.mark.parametrize("outputs, targets, classes, says", [
+    ((4, 3), (4,), None, None),                       # classification
+    ((4, 3), (4, 3), None, None),                     # class probabilities
+    ((4, 3, 8, 6), (4, 8, 6), 3, None),               # segmentation, C = the data's classes
+    ((4, 3, 3), (4, 3), 3, "could as well be on the last axis"),  # (B, C, L) or (B, T, V), C = L = T = V
+    ((4, 3, 3, 3), (4, 3, 3), 3, "could as well be on the last axis"),
+    ((4, 5, 8, 6), (4, 8, 6), 3, "axis 1 (5) as the classes, but the data has 3 classes"),
+    ((4, 3, 8, 6), (4, 8, 6), None, "the data declares no class count"),
+    ((4, 8, 5), (4, 8), 5, "these outputs have theirs on the last axis"),
+    ((4, 3, 8, 6), (4, 8, 6, 1), 3, "it takes outputs (B, C) with targets (B,)"),
+    ((4,), (4,), None, "it takes outputs (B, C) with targets (B,)"),
+    ((4, 3), (4, 3, 1), None, "it takes outputs (B, C) with targets (B,)"),
+])
+def test_the_default_loss_takes_axis_1_only_where_it_is_sure_to_be_the_classes(outputs, targets, classes, says):
+    from clients.check import _check_class_axis
+    from paramserver.config import ConfigError
+
+    out = torch.zeros(outputs)
+    y = torch.zeros(targets) if len(targets) == len(outputs) and targets == outputs else \
+        torch.zeros(targets, dtype=torch.int64)
+    if says is None:
+        _check_class_axis(out, y, classes)
+    else:
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            _check_class_axis(out, y, classes)
 
 
 def test_the_unambiguous_layouts_and_your_own_loss_pass(own, stop_at_launch):
