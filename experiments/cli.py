@@ -233,8 +233,13 @@ def _run(cfg: RunConfig, out: str, argv: list[str], mpiexec: str) -> int:
 
 def _result(status: int, out: str) -> TrainResult:
     """The run's summary, on the process that records it (rank 0, the simulator's) or
-    launched it (which reads it back after the job); the exit status alone elsewhere."""
+    launched it (which reads it back after the job); the exit status alone elsewhere.
+    A run that trained to its end but diverged exits non-zero (`status.exit_status`),
+    said by the process the user started: not by a rank of a job `asgd train` supervises,
+    whose launcher would take a rank's non-zero exit for a failure."""
+    from experiments.parent.supervise import LOCKED_RUN
     from experiments.result import TrainResult
+    from paramserver.rundir.status import exit_status
 
     run_dir = str(Path(out).absolute())
     if launcher_rank() not in (None, 0):
@@ -243,6 +248,8 @@ def _result(status: int, out: str) -> TrainResult:
         summary = RunDir(out).summary() or None
     except RunDirError:  # a damaged summary is no result; the run's exit status stands
         summary = None
+    if status == 0 and summary is not None and LOCKED_RUN not in os.environ:
+        status = exit_status(summary.get("status"))
     return TrainResult(status, run_dir, summary)
 
 

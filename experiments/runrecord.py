@@ -28,7 +28,8 @@ from paramserver.config import RunConfig
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.measure import curve_measure, stop_rules
 from paramserver.rundir.status import COMPLETE, reached_target
-from paramserver.rundir.summary import VIRTUAL, WALL, seconds, training_status, write_failure, write_result
+from paramserver.rundir.summary import (VIRTUAL, WALL, ending, seconds, training_status, write_failure,
+                                        write_result)
 
 
 @dataclass(frozen=True)
@@ -161,10 +162,9 @@ def finish_run(run: RunDir, setup: RunSetup, curve: LiveCurve, train_s: float, t
                            curve_points_live=live, **metric, **best, **reached, train_wall_s=train_wall_s,
                            eval_s=time.perf_counter() - start, curve_measure=vars(measure))
     run.close_tap()
-    if not setup.cfg.quiet or status != COMPLETE:
+    if not setup.cfg.quiet or ending(status, counts):
         print(f"run {setup.out}: {measure.name} {final[measure.key]:.4f} after {summary['minibatches']} "
-              f"minibatches in {seconds(train_s, summary['clock'])}" + ("" if status == COMPLETE else f"; {status}"),
-              flush=True)
+              f"minibatches in {seconds(train_s, summary['clock'])}" + ending(status, counts), flush=True)
     return summary
 
 

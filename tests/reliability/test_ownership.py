@@ -20,7 +20,7 @@ import pytest
 from experiments.parent.supervise import alive, descendants, kill_tree
 from paramserver.rundir.durable import load_arrays
 from paramserver.rundir.lock import FolderLock
-from paramserver.rundir.status import was_interrupted
+from paramserver.rundir.status import EXIT_DIVERGED, was_interrupted
 from tests.conftest import BIN, run_command, start
 from tests.sim.test_sim import TIMED
 
@@ -164,7 +164,7 @@ def test_a_run_that_did_not_train_does_not_say_complete(tmp_path, tiny_npz, flag
         flags = ["--init", str(nan)]
     run = tmp_path / "run"
     result = asgd(*sim(run, tiny_npz, "--steps", "20", *flags))
-    assert result.returncode == 0 and status(run).startswith(reason), status(run)
+    assert result.returncode == EXIT_DIVERGED and status(run).startswith(reason), status(run)
 
 
 @pytest.mark.parametrize("checkpoints", [["--eval-every", "20"],  # at the curve's points
