@@ -20,10 +20,12 @@ from torch import nn
 from clients.data import Dataset
 from clients.evaluate import (RECALIBRATE_SAMPLES, EvalItems, LiveCurve, curve_samples, final_measurement,
                               has_running_stats, keep_best)
+from clients.stragglers import client_speeds
 from clients.usercode import loss_function, metric_function
 from experiments.inputs import fingerprint
 from experiments.progress import Progress
 from paramserver.config import RunConfig
+from paramserver.rundir.goodput import goodput
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.status import COMPLETE, reached_target
 from paramserver.rundir.summary import VIRTUAL, WALL, seconds, training_status, write_failure, write_result
@@ -77,13 +79,20 @@ def open_run(setup: RunSetup, every: int) -> RunDir:
     run = record_dir(setup)
     run.create()
     run.write_config({**setup.cfg.to_dict(), "out": setup.out, "clients": setup.clients, "eval_every": every,
-                      "momentum_used": round(setup.cfg.client_momentum(setup.clients), 6),
+                      "momentum_used": round(setup.cfg.client_momentum(setup.clients), 6), **_speeds(setup),
                       "num_params": setup.weights.size, "train_size": len(setup.dataset.train),
                       "data_fingerprint": fingerprint(setup.dataset), "provenance": setup.provenance})
     if setup.warm_rows:
         with run.writer("warm_start") as log:
             log.write_many(setup.warm_rows)
     return run
+
+
+def _speeds(setup: RunSetup) -> dict[str, Any]:
+    """Each client's speed (clients/stragglers.py), where they are uneven: `speeds_used`."""
+    cfg = setup.cfg
+    speeds = client_speeds(cfg.seed, setup.clients, cfg.speed_spread, cfg.client_speeds)
+    return {"speeds_used": speeds} if any(s != 1.0 for s in speeds) else {}
 
 
 def live_curve(run: RunDir, setup: RunSetup) -> LiveCurve:
@@ -141,14 +150,17 @@ def finish_run(run: RunDir, setup: RunSetup, curve: LiveCurve, train_s: float, t
     status = training_status(counts, final, setup.dataset.num_classes)
     if early and status == COMPLETE:
         status = reached_target(early, cfg.stop_at_error)
+    good = goodput(run.rows("clients"), windows=cfg.mode == "async")
     summary = write_result(run, status, final, train_s, run_clock(cfg), counts, curve_test_samples=items.samples,
-                           curve_points_live=live, **metric, **best, **reached, train_wall_s=train_wall_s,
+                           curve_points_live=live, **metric, **best, **reached, **good, train_wall_s=train_wall_s,
                            eval_s=time.perf_counter() - start)
     run.close_tap()
     if not setup.cfg.quiet or status != COMPLETE:
+        wasted = good["goodput"] is not None and good["goodput"] < 1
         print(f"run {setup.out}: test error {summary['final_test_error']:.4f} after {summary['minibatches']} "
-              f"minibatches in {seconds(train_s, summary['clock'])}" + ("" if status == COMPLETE else f"; {status}"),
-              flush=True)
+              f"minibatches in {seconds(train_s, summary['clock'])}" + (f", goodput {good['goodput']:.3f}" if wasted
+                                                                        else "")
+              + ("" if status == COMPLETE else f"; {status}"), flush=True)
     return summary
 
 
