@@ -11,7 +11,8 @@ only its flat vectors.
 
 Time model: client i's minibatch takes `step_time * factor_i` (factor_i drawn once from
 U(1-j, 1+j) by the seed), stretched per minibatch by the straggler model
-(clients/stragglers.py: lognormal noise, slow clients, pauses); a message takes `latency + bytes / bandwidth`; the server is
+(clients/stragglers.py: its speed, lognormal noise, slow clients, pauses; a failure
+puts it down for `failure_length` of those base times); a message takes `latency + bytes / bandwidth`; the server is
 one queue: it handles one message at a time, a push costs it `apply_time` (by default
 the real handler's measured time for a push: checks, apply, log rows), and sending a
 reply occupies it for the reply's transfer. A client that pushes without fetching goes
