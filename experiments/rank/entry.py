@@ -198,7 +198,9 @@ class _MpiLockstep:
             self.transport.allreduce_mean(durations)  # every slot but one is 0: the mean is each rank's / K
             keep = keep_fastest(list(durations), self.backups)[self.index]
         if keep:  # back (if it was down), then each failed try and its outage; collective_step computes again
-            time.sleep(delay + (tries + 1) * extra + tries * down)
+            wait = delay + (tries + 1) * extra + tries * down
+            if wait:
+                time.sleep(wait)
             return [Fate(True, tries, away)]
         if tries and not away:  # it failed and the step goes on without it
             self.back = now + extra + down
