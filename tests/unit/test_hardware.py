@@ -100,3 +100,33 @@ def test_goodput_of_lockstep_steps_counted_by_hand():
     assert goodput(rows, windows=False) == {"minibatches_in_steps": 3, "minibatches_lost": 1, "failures": 1,
                                             "goodput": 3 / 5}
     assert goodput([], windows=False)["goodput"] is None
+
+
+def test_a_rejoin_counts_the_lost_minibatches_so_the_next_push_holds_only_its_own():
+    """Client 0 pushed steps 1-2, lost 3-4 to a failure (its Rejoin says step 4), then
+    pushes at step 6: that push is of 2 minibatches, and the progress counts all 6."""
+    from paramserver.events import ClientRows
+    from paramserver.handler import ServerState, handle
+    from paramserver.rules import make_rule
+    from paramserver.store import Store
+    from paramserver.wire.protocol import Message, Pull, Push
+
+    state = ServerState(Store(np.zeros(4, np.float32), make_rule("add", RunConfig())), [1])
+    handle(state, Message(1, Tag.PULL, Pull()))
+    ones = np.ones(4, np.float32)
+    handle(state, Message(1, Tag.PUSH, Push(2, 4, True, rows=(row(0, 1), row(0, 2))), ones))
+    lost = (row(0, 3, lost=True), row(0, 4, lost=True, failed=True))
+    [reply], events = handle(state, Message(1, Tag.PULL, Rejoin(4, lost)))
+    assert reply.dest == 1 and events == [ClientRows([dict(r) for r in lost], 4)]
+    assert (state.tally.steps, state.tally.minibatches) == (4, 4)
+    minibatches = []
+    state.store.apply = lambda client, push, n=1: minibatches.append(n) or Store.apply(state.store, client, push, n)
+    handle(state, Message(1, Tag.PUSH, Push(6, 4, True, rows=(row(0, 5), row(0, 6))), ones))
+    assert minibatches == [2] and state.tally.steps == 6 and state.store.version == 2
+
+
+def test_only_server_0_gets_a_rejoining_clients_rows():
+    from paramserver.wire.fanout import _sliced
+
+    rejoin = Rejoin(4, (row(0, 4, lost=True),))
+    assert _sliced(rejoin, 0, 0, 2) is rejoin and _sliced(rejoin, 1, 2, 4) == Rejoin(4)
