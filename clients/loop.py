@@ -3,7 +3,10 @@
     pull -> [step ... step] -> push (+ fetch) -> [step ...] -> ... -> STOP
 
 A push goes every `n_push` minibatches and at the last one (so no work is lost), a
-fetch every `n_fetch` minibatches before the last. The minibatch rows travel inside
+fetch every `n_fetch` minibatches before the last. A client that fails (`failures`,
+clients/stragglers.py) loses the minibatches since its last push, is down for a while
+(`down`: a sleep under MPI, virtual time in the simulator) and pulls again, its lost
+rows riding in that PULL (`Rejoin`) so the server logs them. The minibatch rows travel inside
 the push, to be written by the server's rank. `ClientLoop.advance()` trains up to the
 next point where the client talks to the server and returns the message to send;
 `clients/driver.py` moves those messages over a link (MPI), the simulator through its
@@ -18,10 +21,10 @@ from typing import Callable
 import numpy as np
 
 from clients.client import Client
-from clients.stragglers import Stragglers
+from clients.stragglers import Failures, Stragglers
 from paramserver.config import Fault
 from paramserver.wire.compress import ErrorFeedback, make_codec
-from paramserver.wire.protocol import Outgoing, Pull, Push, State, Stop, Tag, Weights
+from paramserver.wire.protocol import Outgoing, Pull, Push, Rejoin, State, Stop, Tag, Weights
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,15 @@ class ClientPlan:
     fault: Fault | None = None
     compress: str = "none"  # pushes and pulls on the wire (paramserver/wire/compress.py)
     stragglers: Stragglers | None = None  # slept after each minibatch (MPI); the simulator's clock has them
+    failures: Failures | None = None
+
+
+def sleep_down(length: float, compute: float) -> float:
+    """A real client's outage: `length` base minibatch times, the base time being what its
+    failing minibatch took to compute; returns the seconds slept."""
+    seconds = length * compute
+    time.sleep(seconds)
+    return seconds
 
 
 @dataclass
@@ -50,6 +62,7 @@ class ClientLoop:
     stopping: bool = False        # the server said the run reached its target
     state_due: bool = False       # the server asks for the optimizer's state: a checkpoint is due
     rows: list[dict] = field(default_factory=list)
+    down: Callable[[float, float], float] = sleep_down  # (base times, compute s) -> seconds down
 
     def __post_init__(self) -> None:
         self.codec = make_codec(self.plan.compress)
@@ -84,11 +97,14 @@ class ClientLoop:
             self.step += 1
             start = time.perf_counter()
             result = self.client.step()
+            compute = time.perf_counter() - start
             if plan.stragglers is not None:
-                plan.stragglers.sleep_after(plan.index, self.step, time.perf_counter() - start)
+                plan.stragglers.sleep_after(plan.index, self.step, compute)
             self.rows.append(result.row(plan.index, self.step, self.clock()))
             if plan.fault is not None:
                 plan.fault.strike(self.step)
+            if plan.failures is not None and plan.failures.fails(plan.index, self.step):
+                return self._failed(compute), True
             last = self.step == plan.steps
             fetch = self.step % plan.n_fetch == 0 and not last
             if self.step % plan.n_push == 0 or last:
@@ -99,6 +115,18 @@ class ClientLoop:
             return self._push(False), False
         self.done = True
         return Outgoing(Tag.STOP, Stop(self.step, self.pushes)), False
+
+    def _failed(self, compute: float) -> Outgoing:
+        """The client failed after this minibatch: its work since the last push is lost
+        (its rows say `lost`, the last one `failed` and the seconds it was down); it
+        restarts afresh and pulls the server's weights."""
+        self.client.restart()
+        if self.feedback is not None:  # the codec's carried error died with the process
+            self.feedback = ErrorFeedback(self.codec, self.client.size)
+        lost = [{**row, "lost": True} for row in self.rows]
+        lost[-1].update(failed=True, down_s=self.down(self.plan.failures.length, compute))
+        self.rows = []
+        return Outgoing(Tag.PULL, Rejoin(self.step, tuple(lost)))
 
     def _push(self, fetch: bool) -> Outgoing:
         push = self.client.take_push()

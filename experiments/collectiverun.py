@@ -20,7 +20,7 @@ import numpy as np
 
 from clients.buffers import host_copy
 from clients.client import Client
-from clients.collective import Average, Straggle, collective_step
+from clients.collective import Average, Away, Straggle, collective_step
 from experiments.runlife import RunLife
 from experiments.runrecord import RunSetup, stops_early
 from paramserver.config import RunConfig
@@ -34,11 +34,11 @@ from paramserver.rundir.resume import ResumePoint
 def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], average: Average,
                    clock: Callable[[], float], gather: Callable[[list[dict]], list[dict] | None],
                    straggle: Straggle, point: ResumePoint | None = None,
-                   agree: Callable[[bool], bool] = lambda flag: flag) -> int:
+                   agree: Callable[[bool], bool] = lambda flag: flag, away: Away | None = None) -> int:
     """Train every local client in lockstep; `gather` returns all rows on the recorder, else
-    None; `straggle` (clients/collective.py) slows the step as the straggler model says;
-    `agree`: the recorder's word, on every rank (whether the curve reached a stop rule,
-    asked at each evaluation step)."""
+    None; `straggle` (clients/collective.py) slows the step as the straggler model says,
+    and `away` says who is down after a failure; `agree`: the recorder's word, on every
+    rank (whether the curve reached a stop rule, asked at each evaluation step)."""
     cfg = setup.cfg
     k, samples_per_step = setup.clients, setup.clients * cfg.batch_size
     recorder = 0 in indices
@@ -58,10 +58,10 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
             for step in range(first, cfg.steps + 1):
                 for client in clients:  # the lr schedule's progress: the samples of the steps before
                     client.lr = client.schedule.at((step - 1) * samples_per_step)
-                results, kept = collective_step(clients, cfg.mode, step, cfg.steps, cfg.n_sync, average, straggle,
-                                                (k, cfg.backup_workers))
+                outcomes = collective_step(clients, cfg.mode, step, cfg.steps, cfg.n_sync, average, straggle,
+                                           (k, cfg.backup_workers), away)
                 now = clock()
-                rows = [_row(r, i, step, now, keep) for i, r, keep in zip(indices, results, kept)]
+                rows = [_row(r, i, step, now, fate) for i, done in zip(indices, outcomes) for r, fate in done]
                 for fault in faults:
                     fault.strike(step)
                 everyone = gather(rows)
@@ -92,10 +92,13 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
     return 0
 
 
-def _row(result, client: int, step: int, now: float, kept: bool) -> dict:
-    """A minibatch's row; a backup worker's dropped gradient says so."""
+def _row(result, client: int, step: int, now: float, fate: str) -> dict:
+    """A minibatch's row; a backup worker's dropped gradient says so, and a minibatch
+    lost to a failure."""
     row = result.row(client, step, now)
-    return row if kept else {**row, "dropped": True}
+    if fate == "lost":  # each lost minibatch of a lockstep step is one failure
+        return {**row, "lost": True, "failed": True}
+    return row if fate == "kept" else {**row, fate: True}
 
 
 def _dropped(run: RunDir) -> int:

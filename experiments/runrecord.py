@@ -21,10 +21,12 @@ from clients.data import Dataset
 from clients.evaluate import (RECALIBRATE_SAMPLES, EvalItems, LiveCurve, curve_samples, final_measurement,
                               has_running_stats, keep_best)
 from clients.metric import metric_function, metric_traits
+from clients.stragglers import client_speeds
 from clients.usercode import loss_function
 from experiments.inputs import fingerprint
 from experiments.progress import Progress
 from paramserver.config import RunConfig
+from paramserver.rundir.goodput import goodput
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.measure import curve_measure, stop_rules
 from paramserver.rundir.status import COMPLETE, reached_target
@@ -80,7 +82,7 @@ def open_run(setup: RunSetup, every: int) -> RunDir:
     run = record_dir(setup)
     run.create()
     run.write_config({**setup.cfg.to_dict(), "out": setup.out, "clients": setup.clients, "eval_every": every,
-                      "momentum_used": round(setup.cfg.client_momentum(setup.clients), 6),
+                      "momentum_used": round(setup.cfg.client_momentum(setup.clients), 6), **_speeds(setup),
                       **metric_traits(setup.cfg.metric), "num_params": setup.weights.size,
                       "train_size": len(setup.dataset.train),
                       "data_fingerprint": fingerprint(setup.dataset), "provenance": setup.provenance})
@@ -99,6 +101,13 @@ def measured_config(cfg: RunConfig) -> dict[str, Any]:
 def stops_early(cfg: RunConfig) -> bool:
     """The run has a stop rule (stop_at_error, stop_at_loss or stop_at_metric)."""
     return bool(stop_rules(cfg.to_dict()))
+
+
+def _speeds(setup: RunSetup) -> dict[str, Any]:
+    """Each client's speed (clients/stragglers.py), where they are uneven: `speeds_used`."""
+    cfg = setup.cfg
+    speeds = client_speeds(cfg.seed, setup.clients, cfg.speed_spread, cfg.client_speeds)
+    return {"speeds_used": speeds} if any(s != 1.0 for s in speeds) else {}
 
 
 def live_curve(run: RunDir, setup: RunSetup) -> LiveCurve:
@@ -158,13 +167,16 @@ def finish_run(run: RunDir, setup: RunSetup, curve: LiveCurve, train_s: float, t
     if early and status == COMPLETE:
         status = reached_target(early, curve.stopped_by)
     measure = curve_measure(config, final["test_error"])
+    good = goodput(run.rows("clients"), windows=cfg.mode == "async")
     summary = write_result(run, status, final, train_s, run_clock(cfg), counts, curve_test_samples=items.samples,
-                           curve_points_live=live, **metric, **best, **reached, train_wall_s=train_wall_s,
+                           curve_points_live=live, **metric, **best, **reached, **good, train_wall_s=train_wall_s,
                            eval_s=time.perf_counter() - start, curve_measure=vars(measure))
     run.close_tap()
     if not setup.cfg.quiet or ending(status, counts):
+        wasted = good["goodput"] is not None and good["goodput"] < 1
         print(f"run {setup.out}: {measure.name} {final[measure.key]:.4f} after {summary['minibatches']} "
-              f"minibatches in {seconds(train_s, summary['clock'])}" + ending(status, counts), flush=True)
+              f"minibatches in {seconds(train_s, summary['clock'])}"
+              + (f", goodput {good['goodput']:.3f}" if wasted else "") + ending(status, counts), flush=True)
     return summary
 
 

@@ -154,6 +154,15 @@ class RunConfig:
     slow_factor: float = _stragglers(2.0, "stragglers: how much slower the slow clients are")
     pause_prob: float = _stragglers(0.0, "stragglers: chance that a minibatch is followed by a pause of pause_time")
     pause_time: float = _stragglers(0.0, "stragglers: seconds a pause lasts")
+    speed_spread: float = _stragglers(0.0, "uneven hardware: each client's speed drawn once from the seed, "
+                                           "log-uniform in [speed_spread, 1] of the fastest; a minibatch takes its "
+                                           "base time / speed (0: equal speeds)")
+    client_speeds: str = _stragglers("", "uneven hardware: each client's speed listed, in (0, 1] of the fastest "
+                                         "(\"1,0.5,0.25\": one a client)")
+    mtbf: float = _stragglers(0.0, "failures: mean time between a client's failures, in base minibatch times of "
+                                   "computing (exponential, seeded); the work since its last push is lost (0: none)")
+    failure_length: float = _stragglers(20.0, "failures: base minibatch times a failed client is down before it "
+                                              "comes back with the server's weights")
     backup_workers: int = _stragglers(0, "sync mode: each step averages the first K - b gradients to arrive and "
                                          "drops the b slowest (Chen et al. 2016)")
     on_client_failure: str = _stragglers("abort", "abort (end the job naming the client; resumable) or continue (the "

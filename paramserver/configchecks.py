@@ -185,6 +185,7 @@ def _check_stragglers(cfg: Any) -> None:
     _require(1 <= cfg.slow_factor <= 100, "slow_factor", f"must be in [1, 100], got {cfg.slow_factor}")
     _require(0 <= cfg.pause_prob < 1, "pause_prob", f"must be in [0, 1), got {cfg.pause_prob}")
     _require(0 <= cfg.pause_time <= 3600, "pause_time", f"must be in [0, 3600] seconds, got {cfg.pause_time}")
+    _check_hardware(cfg)
     _require(cfg.backup_workers >= 0, "backup_workers", f"must be non-negative, got {cfg.backup_workers}")
     _require(not cfg.backup_workers or cfg.mode == "sync", "backup_workers", "needs --mode sync")
     _require(cfg.clients is None or cfg.backup_workers < cfg.clients, "backup_workers",
@@ -195,6 +196,27 @@ def _check_stragglers(cfg: Any) -> None:
              "continue needs --mode async (a collective cannot go on without a rank)")
     _require(cfg.stall_timeout > 0, "stall_timeout", f"must be positive, got {cfg.stall_timeout}")
     _require(fault_ok(cfg.inject_fault), "inject_fault", f"expected RANK:STEP, got {cfg.inject_fault!r}")
+
+
+def _check_hardware(cfg: Any) -> None:
+    """Uneven speeds and failures (clients/stragglers.py)."""
+    _require(0 <= cfg.speed_spread <= 1, "speed_spread",
+             f"must be in [0, 1] (the slowest speed, a fraction of the fastest; 0: equal), got {cfg.speed_spread}")
+    _require(not (cfg.speed_spread and cfg.client_speeds), "client_speeds", "give speed_spread or client_speeds, "
+             "not both")
+    if cfg.client_speeds:
+        try:
+            count = len(parse_speeds(cfg.client_speeds))
+        except ValueError:
+            count = None
+        _require(count is not None, "client_speeds",
+                 f"expected speeds in (0, 1] separated by commas, got {cfg.client_speeds!r}")
+        _require(cfg.clients is None or count == cfg.clients, "client_speeds",
+                 f"lists {count} speeds for {cfg.clients} clients")
+    _require(cfg.mtbf == 0 or cfg.mtbf >= 1, "mtbf",
+             f"must be at least 1 base minibatch time (0: no failures), got {cfg.mtbf}")
+    _require(cfg.failure_length >= 0, "failure_length", f"must be non-negative, got {cfg.failure_length}")
+    _require(not cfg.mtbf or cfg.mode != "local-sgd", "mtbf", "needs --mode async or sync")
 
 
 def _check_evaluation(cfg: Any) -> None:
@@ -247,6 +269,14 @@ def parse_milestones(text: str) -> tuple[int, ...]:
     if any(m <= 0 for m in milestones) or list(milestones) != sorted(set(milestones)):
         raise ValueError(text)
     return milestones
+
+
+def parse_speeds(text: str) -> list[float]:
+    """`client_speeds` as numbers; ValueError unless each is in (0, 1]."""
+    speeds = [float(part) for part in text.split(",")]
+    if not all(0 < s <= 1 for s in speeds):
+        raise ValueError(text)
+    return speeds
 
 
 def is_user_code(spec: str) -> bool:

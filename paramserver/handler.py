@@ -43,7 +43,7 @@ from paramserver.store import ApplyResult, Store
 from paramserver.wire import frame
 from paramserver.wire.compress import Codec, make_codec
 from paramserver.wire.frame import Garbled
-from paramserver.wire.protocol import FROM_CLIENTS, Message, Push, Reply, State, Stop, Tag, Weights, well_formed
+from paramserver.wire.protocol import FROM_CLIENTS, Message, Push, Rejoin, Reply, State, Stop, Tag, Weights, well_formed
 
 
 class ClientLost(RuntimeError):
@@ -207,7 +207,8 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
         replies, events = release(state)
         return replies, events + _checkpoint_ready(state)
     if msg.tag == Tag.PULL:
-        return [_weights_for(state, msg.source)], []
+        events = _rejoined(state, msg.source, msg.header) if isinstance(msg.header, Rejoin) else []
+        return [_weights_for(state, msg.source)], events
     version = state.store.version
     if state.pace is not None:
         state.pace.pushed(msg.source)
@@ -383,6 +384,19 @@ def _client_rows(state: ServerState, client: int, header: Push, pulled: int, res
     tally.minibatches += len(rows)
     tally.samples += sum(r.get("samples", 0) for r in rows)
     return ClientRows(rows, tally.minibatches)
+
+
+def _rejoined(state: ServerState, rank: int, header: Rejoin) -> list[Event]:
+    """A client back from a failure: its lost minibatches count as computed (the
+    progress, the minibatches and samples, their rows logged), and the state it will
+    bring is a fresh one, so a checkpoint waits for it."""
+    client, tally = state.client(rank), state.tally
+    tally.stepped(client, header.step)
+    _took_state(state, rank, header.step)
+    rows = [dict(r) for r in header.rows]
+    tally.minibatches += len(rows)
+    tally.samples += sum(r.get("samples", 0) for r in rows)
+    return [ClientRows(rows, tally.minibatches)] if rows else []
 
 
 def _reject(state: ServerState, rank: int, reason: str) -> Rejected:

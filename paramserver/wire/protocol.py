@@ -34,7 +34,8 @@ Message sequence (one client; the server serves all clients in arrival order):
       | -- FAIL(reason) --------------------> |  on an exception; then the job aborts
 
 With n_fetch != n_push a client also sends PUSH(fetch=False) (no reply) or a bare
-PULL at its fetch steps. STATE is sent only by clients whose optimizer keeps state
+PULL at its fetch steps. A client back from a failure (`mtbf`, clients/stragglers.py)
+sends PULL with a `Rejoin` header: the step it failed at and the rows it lost. STATE is sent only by clients whose optimizer keeps state
 (momentum, Adam's moments), to server 0 only: a checkpoint of an async run then holds
 each client's state at the step it records for that client, so a resume goes on with
 it. With S sharded servers (ranks 0..S-1, `shard_bounds`) a
@@ -67,6 +68,15 @@ class Tag(IntEnum):
 @dataclass(frozen=True)
 class Pull:
     pass
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    """A PULL from a client back from a failure: the step it failed at and the rows of
+    the minibatches it lost (not pushed), so the server counts and logs them."""
+
+    step: int
+    rows: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(slots=True)
@@ -179,8 +189,8 @@ def shard_bounds(size: int, servers: int) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:]))
 
 
-HEADERS = {Tag.PULL: Pull, Tag.PUSH: Push, Tag.STOP: Stop, Tag.FAIL: Fail, Tag.WEIGHTS: Weights, Tag.BYE: Bye,
-           Tag.STATE: State}
+HEADERS = {Tag.PULL: (Pull, Rejoin), Tag.PUSH: Push, Tag.STOP: Stop, Tag.FAIL: Fail, Tag.WEIGHTS: Weights,
+           Tag.BYE: Bye, Tag.STATE: State}
 FROM_CLIENTS = (Tag.PULL, Tag.PUSH, Tag.STOP, Tag.FAIL, Tag.STATE)
 _LOGGABLE = (int, float, str, bool, type(None))
 
@@ -204,15 +214,21 @@ def well_formed(tag: int, header: Any) -> bool:
         return False
     if isinstance(header, Push):
         return (_is_int(header.step) and _is_int(header.size) and isinstance(header.fetch, bool)
-                and isinstance(header.dtype, str) and isinstance(header.rows, tuple)
-                and all(isinstance(row, dict) for row in header.rows)
-                and all(isinstance(v, _LOGGABLE) for row in header.rows for v in row.values()))
+                and isinstance(header.dtype, str) and _loggable(header.rows))
+    if isinstance(header, Rejoin):
+        return _is_int(header.step) and _loggable(header.rows)
     if isinstance(header, Stop):
         return _is_int(header.steps) and _is_int(header.pushes)
     if isinstance(header, State):
         return _is_int(header.step) and isinstance(header.arrays, dict) and all(
             isinstance(k, str) and isinstance(v, np.ndarray) and v.dtype != object for k, v in header.arrays.items())
     return True
+
+
+def _loggable(rows: Any) -> bool:
+    """Rows a client sent for the logs: a tuple of dicts of plain values."""
+    return isinstance(rows, tuple) and all(isinstance(row, dict) for row in rows) and \
+        all(isinstance(v, _LOGGABLE) for row in rows for v in row.values())
 
 
 def _is_int(value: Any) -> bool:
