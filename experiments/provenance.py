@@ -42,7 +42,8 @@ def package_versions() -> dict[str, str]:
 
 
 def provenance(mpi_library: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """`ranks`: one {rank, role, host, device} per MPI rank, gathered at start."""
+    """`ranks`: one {rank, role, host, local_rank, local_ranks, pid, device} per MPI rank
+    (local: among the ranks on its host), gathered at start."""
     return {
         "git_commit": git_commit(),
         "packages": package_versions(),

@@ -73,7 +73,8 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
             transport.wait_as_client(local_clients)
         device = pick_device(cfg.device, local_rank)
         info = {"rank": transport.rank, "role": "client" if index >= 0 else "server",
-                "host": socket.gethostname(), "pid": os.getpid(), "device": device_name(device)}
+                "host": socket.gethostname(), "local_rank": local_rank, "local_ranks": local_ranks,
+                "pid": os.getpid(), "device": device_name(device)}
         ranks = transport.bcast(transport.gather(info))
         transport.watch = PeerWatch(ranks, info["host"])
         parts = build(cfg, device, clients, [index] if index >= 0 else [])  # the barrier in `start` waits for it
