@@ -64,6 +64,8 @@ add_host() {
         echo "$NET.254 $(hostname)"  # the machine `up` ran on: where mpiexec and sbatch start
         cut -d' ' -f1,2 "$DIR/hosts" | awk '{print $2, $1}'
     } >"/etc/netns/$ns/hosts"
+    mkdir -p "$DIR/boot_ids"  # not in /etc/netns/$ns, whose every file `ip -n` binds over /etc's
+    cat /proc/sys/kernel/random/uuid >"$DIR/boot_ids/$ns"  # a machine of its own (scripts/cluster-agent)
     ip netns add "$ns"
     ip link add "$ns-v" type veth peer name eth0 netns "$ns"
     ip link set "$ns-v" master "$BRIDGE" up
