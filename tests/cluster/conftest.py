@@ -174,3 +174,22 @@ def assert_placed(run: Path, placement: dict[str, int]) -> list[dict]:
         assert sorted(r["local_rank"] for r in here) == list(range(count)), (host, here)
         assert {r["local_ranks"] for r in here} == {count}
     return ranks
+
+
+def namespace(host: str) -> str:
+    return f"{CLUSTER_ENV['ASGD_CLUSTER_PREFIX']}-{host}"
+
+
+def ranks_of(run: Path) -> list[tuple[str, int]]:
+    """(host, pid) of every process on the cluster's hosts that runs for `run`."""
+    found = []
+    for host in HOSTS:
+        pids = subprocess.run(["ip", "netns", "pids", namespace(host)], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(run).encode() in command:
+                found.append((host, int(pid)))
+    return found

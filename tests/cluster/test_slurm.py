@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import CLUSTER_ENV, MPICH, OPEN_MPI_VENV, assert_counts, assert_placed, rows, run_job
+from tests.cluster.conftest import MPICH, OPEN_MPI_VENV, assert_counts, assert_placed, ranks_of, rows, run_job
 from tests.conftest import BIN, ROOT
 
 SBATCH = ROOT / "examples" / "slurm" / "train.sbatch"
@@ -51,22 +51,6 @@ def wait_job(cluster, job: str, timeout: float, log: Path) -> str:
 
 def _read(path: Path) -> str:
     return path.read_text() if path.exists() else ""
-
-
-def ranks_of(run: Path) -> list[tuple[str, int]]:
-    """(host, pid) of every process on the cluster's hosts that runs for `run`."""
-    found = []
-    for host in ("h1", "h2", "h3"):
-        namespace = f"{CLUSTER_ENV['ASGD_CLUSTER_PREFIX']}-{host}"
-        pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            try:
-                command = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if str(run).encode() in command:
-                found.append((host, int(pid)))
-    return found
 
 
 def local_ranks_agree(run: Path) -> dict[str, int]:
