@@ -21,7 +21,7 @@ import torch
 
 from clients.client import Client
 from clients.collective import Straggle, keep_fastest
-from clients.devices import device_name, keep_freed_memory, pick_device
+from clients.devices import device_name, gpu_count, keep_freed_memory, node_devices, use_device, visible_gpu
 from clients.driver import ClientPlan, run_client
 from clients.stragglers import Stragglers
 from experiments.assemble import Share, Started, build, start
@@ -67,14 +67,15 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
         return 2
     index = transport.rank - servers  # this rank's client number; negative on a server
     try:
-        local_rank, local_ranks, local_clients = transport.this_node(is_client=index >= 0)
-        _set_threads(index >= 0, cfg.threads, local_ranks, local_clients)
+        local_rank, on_node = transport.this_node(is_client=index >= 0)
+        _set_threads(index >= 0, cfg.threads, len(on_node), sum(on_node))
         if index >= 0 and cfg.mode == "async":
-            transport.wait_as_client(local_clients)
-        device = pick_device(cfg.device, local_rank)
+            transport.wait_as_client(sum(on_node))
+        device = node_devices(cfg.device, cfg.server_device, on_node, gpu_count())[local_rank]
+        use_device(device)
         info = {"rank": transport.rank, "role": "client" if index >= 0 else "server",
-                "host": socket.gethostname(), "local_rank": local_rank, "local_ranks": local_ranks,
-                "pid": os.getpid(), "device": device_name(device)}
+                "host": socket.gethostname(), "local_rank": local_rank, "local_ranks": len(on_node),
+                "pid": os.getpid(), "device": device_name(device), "gpu": visible_gpu(device)}
         ranks = transport.bcast(transport.gather(info))
         transport.watch = PeerWatch(ranks, info["host"])
         parts = build(cfg, device, clients, [index] if index >= 0 else [])  # the barrier in `start` waits for it
