@@ -28,6 +28,7 @@ from experiments.assemble import Share, Started, build, start
 from experiments.collectiverun import collective_run
 from experiments.parent.supervise import LOCKED_RUN, direct_stdio
 from experiments.provenance import provenance
+from experiments.rank.startwatch import bounded_start
 from experiments.serverrun import serve_mpi, serve_slice
 from paramserver.config import RunConfig
 from paramserver.rundir.resume import ResumePoint
@@ -36,6 +37,9 @@ from paramserver.wire.farewell import say_bye, tell_recorders, wait_for_bye
 from paramserver.wire.liveness import PeerDied, PeerWatch
 
 START_TIMEOUT_S = 600.0  # how long the ranks wait for each other's verdict on their start
+# The least time MPI may take to start: ranks reach MPI_Init as fast as they import torch,
+# seconds apart on a busy host, and a short stall_timeout must not cut that short.
+MPI_START_S = 30.0
 
 if TYPE_CHECKING:  # the transport imports mpi4py, which starts MPI: only run_mpi loads it
     from paramserver.wire.transport import Transport
@@ -47,7 +51,8 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
     async: rank 0 is the server, ranks 1..K the clients. sync, local-sgd: no server;
     every rank is a client and rank 0 also records the run.
     """
-    from paramserver.wire.transport import Transport, library_version
+    with bounded_start(max(cfg.stall_timeout, MPI_START_S)):
+        from paramserver.wire.transport import Transport, library_version
 
     direct_stdio()
     keep_freed_memory()
