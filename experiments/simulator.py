@@ -241,7 +241,7 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     # an MPI run's gives that run's.
     torch.set_num_threads(cfg.threads or len(os.sched_getaffinity(0)))
     keep_freed_memory()
-    device = pick_device(cfg.device, local_rank=0)
+    device = pick_device(cfg.device)
     parts = build(cfg, device, clients, list(range(clients)))
     cfg = parts.cfg  # its steps, with epochs
     timing = _timing(cfg, parts.local[0].replica, parts.dataset, parts.local[0].size, clients)
@@ -337,7 +337,7 @@ def calibrated_push(run: str) -> float:
 def measure_timing(cfg: RunConfig, threads: int) -> tuple[float, float]:
     """(step time, push time) of this config's model and data with `threads` torch threads."""
     torch.set_num_threads(threads)
-    parts = build(cfg, pick_device(cfg.device, local_rank=0), 1, [0])
+    parts = build(cfg, pick_device(cfg.device), 1, [0])
     client = parts.local[0]
     step = _measure_step(client.replica, parts.dataset, cfg.batch_size)
     return step, measure_push(cfg, client.size, cfg.clients or 1)

@@ -21,13 +21,14 @@ import torch
 
 from clients.client import Client
 from clients.collective import Fate, failed_tries, keep_fastest
-from clients.devices import device_name, keep_freed_memory, pick_device
+from clients.devices import device_name, gpu_count, keep_freed_memory, node_devices, use_device, visible_gpu
 from clients.driver import ClientPlan, run_client
 from clients.stragglers import Failures, Stragglers
 from experiments.assemble import Share, Started, build, start
 from experiments.collectiverun import collective_run
 from experiments.parent.supervise import LOCKED_RUN, direct_stdio
 from experiments.provenance import provenance
+from experiments.rank.startwatch import bounded_start
 from experiments.serverrun import serve_mpi, serve_slice
 from paramserver.config import RunConfig
 from paramserver.rundir.resume import ResumePoint, resume_hint
@@ -36,6 +37,9 @@ from paramserver.wire.farewell import say_bye, tell_recorders, wait_for_bye
 from paramserver.wire.liveness import PeerDied, PeerWatch
 
 START_TIMEOUT_S = 600.0  # how long the ranks wait for each other's verdict on their start
+# The least time MPI may take to start: ranks reach MPI_Init as fast as they import torch,
+# seconds apart on a busy host, and a short stall_timeout must not cut that short.
+MPI_START_S = 30.0
 
 if TYPE_CHECKING:  # the transport imports mpi4py, which starts MPI: only run_mpi loads it
     from paramserver.wire.transport import Transport
@@ -47,7 +51,8 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
     async: rank 0 is the server, ranks 1..K the clients. sync, local-sgd: no server;
     every rank is a client and rank 0 also records the run.
     """
-    from paramserver.wire.transport import Transport, library_version
+    with bounded_start(max(cfg.stall_timeout, MPI_START_S)):
+        from paramserver.wire.transport import Transport, library_version
 
     direct_stdio()
     keep_freed_memory()
@@ -67,13 +72,15 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
         return 2
     index = transport.rank - servers  # this rank's client number; negative on a server
     try:
-        local_rank, local_ranks, local_clients = transport.this_node(is_client=index >= 0)
-        _set_threads(index >= 0, cfg.threads, local_ranks, local_clients)
+        local_rank, on_node = transport.this_node(is_client=index >= 0)
+        _set_threads(index >= 0, cfg.threads, len(on_node), sum(on_node))
         if index >= 0 and cfg.mode == "async":
-            transport.wait_as_client(local_clients)
-        device = pick_device(cfg.device, local_rank)
+            transport.wait_as_client(sum(on_node))
+        device = node_devices(cfg.device, cfg.server_device, on_node, gpu_count())[local_rank]
+        use_device(device)
         info = {"rank": transport.rank, "role": "client" if index >= 0 else "server",
-                "host": socket.gethostname(), "pid": os.getpid(), "device": device_name(device)}
+                "host": socket.gethostname(), "local_rank": local_rank, "local_ranks": len(on_node),
+                "pid": os.getpid(), "device": device_name(device), "gpu": visible_gpu(device)}
         ranks = transport.bcast(transport.gather(info))
         transport.watch = PeerWatch(ranks, info["host"])
         parts = build(cfg, device, clients, [index] if index >= 0 else [])  # the barrier in `start` waits for it
