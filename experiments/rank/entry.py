@@ -193,7 +193,8 @@ def _plan(index: int, servers: int, cfg: RunConfig, clients: int) -> ClientPlan:
                       # it) must give up before the others blame the busy server.
                       timeout=2 * cfg.stall_timeout, servers=tuple(range(servers)),
                       fault=cfg.fault_for(index + servers, f"client {index}"), compress=cfg.compress,
-                      stragglers=stragglers if (stragglers := Stragglers.for_run(cfg, clients)).active else None)
+                      stragglers=stragglers if (stragglers := Stragglers.for_run(cfg, clients)).active else None,
+                      dylu=cfg.dylu)
 
 
 def _fail(transport: Transport, error: Exception, index: int, servers: int, keep_going: bool, out: str,
