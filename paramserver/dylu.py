@@ -9,12 +9,14 @@ The server decides, as only it sees every client's pushes: a client's speed v_w 
 minibatches of its push over the seconds since the server replied to it (its compute,
 both transfers and its wait in the server's queue), on the run's clock (virtual in the
 simulator), smoothed over pushes (`SMOOTHING`). Measured speeds differ by noise (a
-client served second in the server's queue, a slower minibatch) where the hardware does
-not, and the floor would take a minibatch off an equally fast client for the smallest
-difference: so a speed within `TOLERANCE` of the fastest counts as the fastest. The reply to each push carries the
-client's next window (`Weights.window`); the client's loop (clients/loop.py) pushes when
-it has run that many minibatches since its last push. A shorter window means more
-pushes, never fewer minibatches: `steps` still counts each client's minibatches.
+client served second in the server's queue, a slower minibatch) where the hardware
+does not, and the floor would take a minibatch off an equally fast client for the
+smallest difference: so a speed within `TOLERANCE` of the fastest counts as the
+fastest. The reply to each push carries the client's next window (`Weights.window`);
+the client's loop (clients/loop.py) pushes when it has run that many minibatches since
+its last push (with sharded servers each measures on its own, and the client follows
+server 0's reply). A shorter window means more pushes, never fewer minibatches: `steps`
+still counts each client's minibatches.
 
 v_ref is the fastest client still running: once the fast clients have run their steps,
 the slow one is the fastest left and goes back to H. A speed is measured from the
