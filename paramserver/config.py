@@ -121,9 +121,10 @@ class RunConfig:
     nesterov_every: int = _server(0, "nesterov: pushes between the server's momentum updates (0: clients)")
     nesterov_momentum: float = _server(0.9, "nesterov: the server's momentum beta (0: w += d / nesterov_every)")
     dylu: bool = _server(False, "dynamic local updates (Liu et al. 2024): each client's window of local minibatches "
-                                "between pushes is n_sync times its speed over the fastest client's, as the server "
-                                "measures them (at least 1), so slow clients push as often as fast ones; async mode, "
-                                "rules whose clients push their weight change (add, nesterov, ...)")
+                                "between pushes is n_sync (n_push) times its speed over the fastest running client's, "
+                                "as the server measures them (floored, at least 1), so slow clients push as often as "
+                                "fast ones; async mode, rules whose clients push their weight change (add, nesterov, "
+                                "...)")
 
     # learning-rate schedule ([schedule] in a config file)
     lr_warmup: int = _schedule(0, "samples over which the lr ramps linearly up to its value (0: none); samples the "

@@ -152,7 +152,9 @@ def _check_server(cfg: Any) -> None:
 
 def _check_dylu(cfg: Any, rule: Any) -> None:
     """DyLU sets the window of a client's local steps (paramserver/dylu.py): only where
-    an async server measures the clients and their window is local work it sums up."""
+    an async server measures the clients, and a window's work is the change a client
+    pushes (a gradient rule's server steps with a window's gradients: `fresh` balances
+    the clients by gathering a fixed batch)."""
     if not cfg.dylu:
         return
     _require(cfg.mode == "async", "dylu", "needs --mode async (the server measures each client's speed from its "

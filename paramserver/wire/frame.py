@@ -3,8 +3,9 @@
     | 64-byte header | payload (the vector's bytes) | rows (a push's log rows, JSON) |
 
 The header is fixed binary: magic, format, tag, dtype, fetch, the sender's rank, step
-(of a reply: the server's progress in samples, which sets the lr schedule), version, payload length in elements, the rows' byte count, a reply's DyLU window (a push's: 0), and a CRC-32 of the fields
-before it. Nothing here is unpickled, so a message from a broken or hostile sender can
+(of a reply: the server's progress in samples, which sets the lr schedule), version,
+payload length in elements, the rows' byte count, a reply's DyLU window (a push's: 0),
+and a CRC-32 of the fields before it. Nothing here is unpickled, so a message from a broken or hostile sender can
 only be rejected (`Garbled`), never run. The rows go last, so a push's payload lands in
 the server's buffer whatever the rows' length.
 
