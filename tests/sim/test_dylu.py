@@ -8,8 +8,14 @@ from pathlib import Path
 
 import numpy as np
 
+from clients.client import Client, Replica
+from clients.data import load_dataset
+from clients.loop import ClientLoop, ClientPlan
+from clients.models import build_model
+from clients.sampling import ShardSampler
 from experiments.cli import main
 from paramserver.rundir.durable import load_arrays
+from paramserver.wire.protocol import Tag, Weights
 from tests.conftest import assert_logged_once
 from tests.sim.test_sim import TIMED, rows
 
@@ -67,3 +73,19 @@ def test_a_dylu_run_resumes_with_its_measured_speeds(tmp_path, tiny_npz):
     pushed = np.cumsum(after)
     resumed_at = list(pushed).index(steps[2])
     assert after[resumed_at + 1] == H // 3  # its first window after the resume, from the checkpoint's speeds
+
+
+def test_the_client_pushes_after_the_window_each_reply_gives_and_fetches_with_every_push(tiny_npz):
+    dataset = load_dataset(str(tiny_npz))
+    replica = Replica(build_model("cnn", dataset.shape, dataset.num_classes, seed=0), lr=0.01, momentum=0.0,
+                      weight_decay=0.0)
+    client = Client(replica, dataset.train, ShardSampler(np.arange(len(dataset.train)), 8, 0, 0))
+    loop = ClientLoop(client, ClientPlan(0, 10, 4, 4, timeout=1.0, dylu=True), clock=lambda: 0.0)
+    points = []
+    for window in (3, 1, 5, 5):
+        message, fetch = loop.advance()
+        points.append((message.tag, message.header.step, fetch))
+        if fetch:
+            loop.take_weights(client.weights.numpy().copy(), Weights(0, client.size, window=window))
+    assert points == [(Tag.PUSH, 4, True), (Tag.PUSH, 7, True), (Tag.PUSH, 8, True), (Tag.PUSH, 10, False)]
+    assert loop.advance()[0].tag == Tag.STOP and loop.done
