@@ -3,7 +3,9 @@
     pull -> [step ... step] -> push (+ fetch) -> [step ...] -> ... -> STOP
 
 A push goes every `n_push` minibatches and at the last one (so no work is lost), a
-fetch every `n_fetch` minibatches before the last. A client that fails (`failures`,
+fetch every `n_fetch` minibatches before the last. With DyLU (`ClientPlan.dylu`) a push
+goes once the window the server's last reply gave has run since the previous push, and
+every push but the last fetches (paramserver/dylu.py). A client that fails (`failures`,
 clients/stragglers.py) loses the minibatches since its last push, is down for a while
 (`down`: a sleep under MPI, virtual time in the simulator) and pulls again, its lost
 rows riding in that PULL (`Rejoin`) so the server logs them. The minibatch rows travel inside
@@ -39,6 +41,7 @@ class ClientPlan:
     compress: str = "none"  # pushes and pulls on the wire (paramserver/wire/compress.py)
     stragglers: Stragglers | None = None  # slept after each minibatch (MPI); the simulator's clock has them
     failures: Failures | None = None
+    dylu: bool = False     # the server's replies set each window (n_push == n_fetch: each push fetches)
 
 
 def sleep_down(length: float, compute: float) -> float:
@@ -63,8 +66,11 @@ class ClientLoop:
     state_due: bool = False       # the server asks for the optimizer's state: a checkpoint is due
     rows: list[dict] = field(default_factory=list)
     down: Callable[[float, float], float] = sleep_down  # (base times, compute s) -> seconds down
+    window: int = field(init=False)      # minibatches from one push to the next: n_push, or DyLU's
+    pushed_at: int = field(init=False)   # the step of the last push (or the first step)
 
     def __post_init__(self) -> None:
+        self.window, self.pushed_at = self.plan.n_push, self.step
         self.codec = make_codec(self.plan.compress)
         compressed = self.plan.compress != "none"
         # Updates keep what the codec dropped for the next push; weights (EASGD) are
@@ -80,6 +86,8 @@ class ClientLoop:
         self.client.sync(self.codec.decode(data, self.client.incoming), reply.samples if reply else None)
         self.stopping = self.stopping or (reply is not None and reply.stop)
         self.state_due = reply is not None and reply.state
+        if reply is not None and reply.window:
+            self.window = reply.window
 
     def state_before(self, message: Outgoing) -> Outgoing | None:
         """The optimizer's state, for server 0 just before `message` (MPI keeps one
@@ -105,9 +113,8 @@ class ClientLoop:
                 plan.fault.strike(self.step)
             if plan.failures is not None and plan.failures.fails(plan.index, self.step):
                 return self._failed(compute), True
-            last = self.step == plan.steps
-            fetch = self.step % plan.n_fetch == 0 and not last
-            if self.step % plan.n_push == 0 or last:
+            push, fetch = self._sync_point()
+            if push:
                 return self._push(fetch), fetch
             if fetch:
                 return Outgoing(Tag.PULL, Pull()), True
@@ -125,12 +132,20 @@ class ClientLoop:
             self.feedback = ErrorFeedback(self.codec, self.client.size)
         lost = [{**row, "lost": True} for row in self.rows]
         lost[-1].update(failed=True, down_s=self.down(self.plan.failures.length, compute))
-        self.rows = []
+        self.rows, self.pushed_at = [], self.step  # a window starts afresh
         return Outgoing(Tag.PULL, Rejoin(self.step, tuple(lost)))
+
+    def _sync_point(self) -> tuple[bool, bool]:
+        """Whether the minibatch just run ends with a push, and whether with a fetch."""
+        plan, last = self.plan, self.step == self.plan.steps
+        if plan.dylu:  # the window the last reply gave; every push but the last fetches the next
+            push = self.step - self.pushed_at >= self.window or last
+            return push, push and not last
+        return self.step % plan.n_push == 0 or last, self.step % plan.n_fetch == 0 and not last
 
     def _push(self, fetch: bool) -> Outgoing:
         push = self.client.take_push()
         push = self.codec.encode(push) if self.feedback is None else self.feedback.encode(push)
         header = Push(self.step, push.size, fetch, self.codec.dtype, rows=tuple(self.rows))
-        self.rows, self.pushes = [], self.pushes + 1
+        self.rows, self.pushes, self.pushed_at = [], self.pushes + 1, self.step
         return Outgoing(Tag.PUSH, header, push)

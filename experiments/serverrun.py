@@ -57,7 +57,7 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
         life.counts = state.counts
         lines = (0, 0)
         if life.checkpoint is not None:
-            state.store.load_state(life.checkpoint.store_state)
+            state.load_arrays(life.checkpoint.store_state)
             state.tally, lines = ServerTally.from_checkpoint(life.checkpoint), life.checkpoint.lines
         curve = life.curve
         state.stop = lambda: curve.reached is not None  # a stop rule reached: replies from then on say stop

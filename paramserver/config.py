@@ -123,6 +123,11 @@ class RunConfig:
     outer_lr: float = _server(1.0, "nesterov: the outer lr eps of delayed Nesterov (asynchronous DiLoCo's outer step)")
     nesterov_activation: float = _server(0.0, "nesterov: the activation c of delayed Nesterov, in [0, 1]: the share "
                                               "of the momentum's look-ahead taken at every push, not only the N-th")
+    dylu: bool = _server(False, "dynamic local updates (Liu et al. 2024): each client's window of local minibatches "
+                                "between pushes is n_sync (n_push) times its speed over the fastest running client's, "
+                                "as the server measures them (floored, at least 1), so slow clients push as often as "
+                                "fast ones; async mode, rules whose clients push their weight change (add, nesterov, "
+                                "...)")
 
     # learning-rate schedule ([schedule] in a config file)
     lr_warmup: int = _schedule(0, "samples over which the lr ramps linearly up to its value (0: none); samples the "

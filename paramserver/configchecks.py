@@ -142,11 +142,31 @@ def _check_server(cfg: Any) -> None:
     for problem in [rule.check_keys(cfg) for rule in RULES.values()] + [chosen.check(cfg)]:
         if problem:
             raise ConfigError(problem)
+    _check_dylu(cfg, chosen)
     _require(cfg.servers >= 1, "servers", f"must be at least 1, got {cfg.servers}")
     _require(cfg.servers == 1 or (cfg.mode == "async" and cfg.backend == "mpi"), "servers",
              "more than one server needs --mode async --backend mpi")
     _require(cfg.servers == 1 or not cfg.resume, "servers",
              "a run with more than one server cannot be resumed (its servers' slices are not checkpointed together)")
+
+
+def _check_dylu(cfg: Any, rule: Any) -> None:
+    """DyLU sets the window of a client's local steps (paramserver/dylu.py): only where
+    an async server measures the clients, and a window's work is the change a client
+    pushes (a gradient rule's server steps with a window's gradients: `fresh` balances
+    the clients by gathering a fixed batch)."""
+    if not cfg.dylu:
+        return
+    _require(cfg.mode == "async", "dylu", "needs --mode async (the server measures each client's speed from its "
+                                          "pushes; the collective modes step in lockstep)")
+    _require(rule.pushes == "delta", "dylu",
+             f"needs a rule whose clients push their weight change (add, nesterov, ...); under {cfg.rule} they push "
+             f"{'their weights' if rule.pushes == 'weights' else 'summed gradients, the server steps with them'}")
+    _require(cfg.push_every == cfg.fetch_every, "dylu",
+             f"needs n_push == n_fetch (each push fetches, and its reply sets the next window), got n_push "
+             f"{cfg.push_every} and n_fetch {cfg.fetch_every}")
+    _require(not cfg.replay, "dylu", "a replay repeats a recorded order of pushes; the windows would follow the "
+                                     "replay's own speeds")
 
 
 def _check_schedule(cfg: Any) -> None:

@@ -34,6 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from paramserver.config import RunConfig
+from paramserver.dylu import Windows
 from paramserver.events import (Applied, CheckpointDue, ClientRows, Dropped, Event, NoiseMeasured, Rejected,
                                  SnapshotDue)
 from paramserver.pace import Pace
@@ -107,6 +108,7 @@ class ServerState:
     its client to stop. `collects_states`: checkpoints hold the clients' optimizer states
     (see the module's doc); `client_states`: client -> the state its last push handled (or
     STOP) came with, where it came with one; `arrived_states`: those awaiting their push.
+    `windows`: with DyLU, the clients' speeds and the windows the replies give (paramserver/dylu.py).
     """
 
     store: Store
@@ -127,6 +129,7 @@ class ServerState:
     checkpoint_due: bool = False
     checkpoint_every: float = 0.0  # seconds of `clock` after which a checkpoint is due between curve points
     checkpointed_at: float = 0.0   # `clock` when the last was asked for (from the start: __post_init__)
+    windows: Windows | None = None
 
     def __post_init__(self) -> None:
         self.checkpointed_at = self.clock()
@@ -145,7 +148,18 @@ class ServerState:
         applies its rule's lr by (`options`: the other fields)."""
         return cls(Store.for_run(cfg, weights, clients, optimizer_factory), list(range(cfg.servers, cfg.servers + clients)),
                    codec=make_codec(cfg.compress),
-                   schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr), **options)
+                   schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr),
+                   windows=Windows.for_run(cfg, clients), **options)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """What a checkpoint holds of the server: the Store's arrays, and DyLU's speeds."""
+        return {**self.store.state(), **(self.windows.state() if self.windows else {})}
+
+    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """The server as a checkpoint's `arrays` hold it."""
+        self.store.load_state(arrays)
+        if self.windows is not None:
+            self.windows.load_state(arrays)
 
     def counts(self) -> dict[str, Any]:
         """What the server counted, for the run's summary."""
@@ -286,7 +300,10 @@ def _weights_for(state: ServerState, rank: int) -> Reply:
         state.pace.replied(rank)
     data = state.codec.encode(weights)
     state.wire_bytes[1] += data.nbytes
-    return Reply(rank, Weights(version, weights.size, state.progress, state.stop(), state.checkpoint_due), data)
+    windows = state.windows  # DyLU: the window, from the speeds of the clients still running
+    window = windows.reply(state.client(rank), state.clock(), map(state.client, state.waiting)) if windows else 0
+    return Reply(rank, Weights(version, weights.size, state.progress, state.stop(), state.checkpoint_due, window),
+                 data)
 
 
 def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, list[Event]]:
@@ -299,6 +316,8 @@ def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, list[Event]]:
         store.rule.scale_ramp = state.schedule.ramp(state.progress, store.rule.step_batch)
     # from the steps in the headers, which every server of a sharded run gets
     minibatches = max(1, header.step - int(state.tally.client_steps[client]))
+    if state.windows is not None:
+        state.windows.pushed(client, minibatches, state.clock())
     start = time.perf_counter()
     if header.dtype != state.codec.dtype or payload.dtype != state.codec.wire_dtype or header.size != store.size:
         reason = (f"payload of {payload.nbytes} bytes as {header.size} {header.dtype}, "

@@ -226,7 +226,7 @@ def _plan(index: int, servers: int, cfg: RunConfig, clients: int) -> ClientPlan:
                       timeout=2 * cfg.stall_timeout, servers=tuple(range(servers)),
                       fault=cfg.fault_for(index + servers, f"client {index}"), compress=cfg.compress,
                       stragglers=stragglers if stragglers.active else None,
-                      failures=Failures.for_run(cfg, stragglers))
+                      failures=Failures.for_run(cfg, stragglers), dylu=cfg.dylu)
 
 
 def _fail(transport: Transport, error: Exception, index: int, servers: int, keep_going: bool, out: str,

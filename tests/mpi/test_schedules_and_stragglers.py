@@ -106,3 +106,24 @@ def test_a_sync_job_waits_for_the_failures_the_seed_draws_in_the_simulator(tmp_p
     assert sorted(kept) == sorted(list(range(1, 13)) * 2)
     summary = json.loads((real / "summary.json").read_text())
     assert summary["minibatches_in_steps"] == 24 and summary["failures"] == len(failures_of(real)[0])
+
+
+def test_dylu_windows_travel_in_the_replies_and_every_minibatch_is_run_once(tmp_path, tiny_npz):
+    """Asynchronous DiLoCo with dynamic local updates: the server's replies set each
+    client's window over the wire (the frame's window field). Client 2 sleeps four times
+    its compute, so once measured (its first push comes about half way through the fast
+    clients' steps) it pushes fewer than n_sync minibatches; every (client, step) is still
+    logged once, every push applied."""
+    run = tmp_path / "run"
+    result = mpi_train(4, "--data", str(tiny_npz), "--out", str(run), "--clients", "3", "--steps", "40",
+                       "--n-sync", "4", *TINY, "--rule", "nesterov", "--optimizer", "adamw", "--dylu",
+                       "--slow-clients", "1", "--slow-factor", "5")
+    assert result.returncode == 0, result.stderr
+    client_rows = rows(run)
+    assert sorted((r["client"], r["step"]) for r in client_rows) == [(c, s) for c in range(3) for s in range(1, 41)]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["pushes_sent"] == summary["pushes_applied"]
+    applied = [json.loads(line)["version"] for line in (run / "server.jsonl").read_text().splitlines()]
+    assert applied == list(range(1, summary["pushes_applied"] + 1))
+    slow = [r["step"] for r in client_rows if r["client"] == 2 and "staleness" in r]
+    assert np.diff([0, *slow]).max() <= 4 and np.diff([0, *slow])[1:].min() < 4 and slow[-1] == 40
