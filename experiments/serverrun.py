@@ -13,7 +13,8 @@ from clients.optimizers import OptimizerSettings
 from experiments.assemble import server_optimizer_factory
 from experiments.runlife import RunLife
 from experiments.runrecord import RunSetup, spare_core
-from paramserver.handler import ServerState, ServerTally
+from paramserver.handler import ServerState
+from paramserver.tally import ServerTally
 from paramserver.noise import summarise
 from paramserver.recorder import Recorder
 from paramserver.server import ServerLoop

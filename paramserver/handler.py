@@ -38,13 +38,13 @@ from paramserver.dylu import Windows
 from paramserver.events import (Applied, CheckpointDue, ClientRows, Dropped, Event, NoiseMeasured, Rejected,
                                  SnapshotDue)
 from paramserver.pace import Pace
-from paramserver.rundir.checkpoint import Checkpoint
+from paramserver.tally import ServerTally
 from paramserver.schedule import Schedule
 from paramserver.store import ApplyResult, Store
 from paramserver.wire import frame
 from paramserver.wire.compress import Codec, make_codec
 from paramserver.wire.frame import Garbled
-from paramserver.wire.protocol import FROM_CLIENTS, Message, Push, Rejoin, Reply, State, Stop, Tag, Weights, well_formed
+from paramserver.wire.protocol import FROM_CLIENTS, Message, Push, Rejoin, Reply, State, Tag, Weights, well_formed
 
 
 class ClientLost(RuntimeError):
@@ -58,38 +58,6 @@ class ClientLost(RuntimeError):
 
 class ClientFailed(ClientLost):
     """A client reported an exception."""
-
-
-@dataclass
-class ServerTally:
-    """What the summary and a checkpoint need from the serving loop."""
-
-    clients: int
-    minibatches: int = 0
-    samples: int = 0
-    rejected: int = 0
-    stops: dict[int, Stop] = field(default_factory=dict)
-    lost: dict[int, dict] = field(default_factory=dict)  # rank -> what the summary says of it
-
-    def __post_init__(self) -> None:
-        self.client_steps = np.zeros(self.clients, np.int64)   # step of each client's last push handled
-        self.client_pushes = np.zeros(self.clients, np.int64)  # pushes handled, per client
-        self.steps = 0  # client_steps' sum, kept as it changes: the lr schedule reads it on every push
-
-    def stepped(self, client: int, step: int) -> None:
-        """`client`'s last push handled came at `step`."""
-        self.steps += step - int(self.client_steps[client])
-        self.client_steps[client] = step
-
-    @classmethod
-    def from_checkpoint(cls, checkpoint: Checkpoint) -> "ServerTally":
-        tally = cls(len(checkpoint.client_steps), *checkpoint.counts)
-        tally.client_steps[:] = checkpoint.client_steps
-        tally.steps = int(tally.client_steps.sum())
-        tally.client_pushes[:] = checkpoint.client_pushes
-        return tally
-
-
 
 
 @dataclass
