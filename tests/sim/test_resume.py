@@ -120,7 +120,9 @@ def test_a_checkpoint_is_taken_between_curve_points_so_a_resume_redoes_little(tm
     assert train("--data", str(tiny_npz), "--out", str(run), "--clients", "2", "--steps", "24", "--eval-every", "48",
                  "--rule", "add", "--checkpoint-every", every, "--inject-fault", "0:20") == 1
     stopped, server = checkpoint_of(run), [r for r in rows(run, "server") if "version" in r]
-    assert server[-1]["version"] == 20 and [r["version"] for r in rows(run, "eval")] == [0]
+    # no curve point after version 0 (that one is measured on the live curve's thread, which
+    # a loaded host may not reach before the fault): the checkpoints are all checkpoint_every's
+    assert server[-1]["version"] == 20 and [r["version"] for r in rows(run, "eval")] in ([], [0])
     after = len(rows(run, "clients")) - stopped.lines[1]
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.endswith(f"; resume with: asgd train --resume {run} (from its checkpoint at minibatch "
