@@ -10,7 +10,7 @@ DEMO_OUT ?= runs/demo
 SCALE ?= proxy
 RESULTS := results/$(SCALE)
 
-.PHONY: setup demo test test-unit test-sim test-mpi test-reliability test-openmpi test-install bench clean figures fig1 fig2 fig3 fig4 starts modes scaling rules
+.PHONY: setup demo test test-unit test-sim test-mpi test-reliability test-openmpi test-cluster test-install bench clean figures fig1 fig2 fig3 fig4 starts modes scaling rules
 
 setup: $(VENV)/.setup-done
 
@@ -38,6 +38,21 @@ test-unit test-sim test-mpi test-reliability: setup
 test-openmpi:
 	$(MAKE) setup MPI=openmpi
 	.venv-openmpi/bin/python -m pytest -q -m mpi tests/mpi tests/reliability/test_faults.py
+
+# Jobs across hosts: a test cluster on this machine (scripts/cluster.sh: network
+# namespaces, a real Slurm), under MPICH and, where `make test-openmpi` made its venv,
+# Open MPI (tests/cluster, docs/cluster.md). Needs root and `ip netns`, else every test
+# skips saying so; installs Debian's Slurm as root where it is missing (if apt fails,
+# the Slurm tests skip saying why).
+SLURM_PACKAGES := slurmd slurmctld slurm-client munge
+
+test-cluster: setup
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v slurmd >/dev/null; then \
+	    echo "test-cluster: apt-get install $(SLURM_PACKAGES)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SLURM_PACKAGES) >/dev/null) \
+	        || echo "test-cluster: could not install Slurm: its tests skip" >&2; \
+	fi
+	$(BIN)/python -m pytest -q tests/cluster
 
 # A non-editable `pip install .` works: a fresh venv ($(INSTALL_VENV), made anew each
 # time) gets scripts/setup.sh's torch where no GPU is found, then a copy of this checkout

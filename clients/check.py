@@ -1,5 +1,6 @@
 """Before launch: the model (the user's or ours), training items through it and the loss,
-test items read, a classifier's labels in range on both splits, the user's optimizer factory.
+test items read, a classifier's labels in range on both splits, the user's optimizer factory
+and metric, and a stop rule that the run's outputs can reach (no stop_at_error without classes).
 
 Whatever does not fit is one ConfigError line before any MPI process starts.
 """
@@ -13,7 +14,8 @@ import torch
 from clients.client import classifies
 from clients.models import run_model
 from clients.optimizers import user_optimizer
-from clients.usercode import first_line, loss_function, metric_function, optimizer_factory
+from clients.metric import MetricTally, metric_function, metric_traits
+from clients.usercode import first_line, loss_function, optimizer_factory
 from paramserver.config import ConfigError, RunConfig
 
 
@@ -38,9 +40,15 @@ def check_user_code(cfg: RunConfig, dataset: Any) -> None:
         raise ConfigError(f"model: a forward pass on data of shape {tuple(x.shape)} failed: "
                           f"{type(error).__name__}: {first_line(error)}") from None
     _check_test_items(model, dataset.test, x)
+    if not cfg.loss:
+        _check_class_axis(out, y, dataset.num_classes)
     if classifies(out, y):  # before the loss, which would fail on a first label out of range less clearly
         for role, split in (("train", dataset.train), ("test", dataset.test)):
-            _check_label_range(_labels(split, role, cfg.seed), role, out.shape[1])
+            _check_label_range(_labels(split, role, cfg.seed), role, out.shape[1], dataset.num_classes)
+    elif cfg.stop_at_error:
+        raise ConfigError(f"stop_at_error: outputs {tuple(out.shape)} against targets {tuple(y.shape)} are no "
+                          "classification, so the run has no error rate to stop at; use stop_at_loss or "
+                          "stop_at_metric")
     _check_loss(cfg.loss, out, y)
     if cfg.metric:
         _check_metric(cfg.metric, out.detach(), y)
@@ -59,6 +67,35 @@ def _check_parameters(model: torch.nn.Module, spec: str) -> None:
         raise ConfigError(f"model: parameter {odd[0]} is not float32; the server keeps float32 weights")
 
 
+def _check_class_axis(out: Any, y: Any, classes: int | None) -> None:
+    """The default loss, cross-entropy, takes axis 1 of the outputs as the classes whatever
+    the model meant, and runs without a word on (B, T, V) logits against (B, T) targets
+    when T = V. So it takes only the layouts where axis 1 is sure to be the classes:
+    (B, C) against (B,) labels (or (B, C) probabilities), and (B, C, d1..dk) against
+    (B, d1..dk) labels where C is the data's class count and the last axis could not be."""
+    if not isinstance(out, torch.Tensor) or not isinstance(y, torch.Tensor) or out.ndim < 1:
+        return  # the loss's own check says what is wrong
+    labels = not (y.is_floating_point() or y.is_complex() or y.dtype == torch.bool)
+    if out.ndim == 2 and (labels and y.ndim == 1 or y.is_floating_point() and y.shape == out.shape):
+        return
+    last = labels and y.shape == out.shape[:-1]  # the classes could be on the last axis
+    axis = f"it would take axis 1 ({out.shape[1] if out.ndim > 1 else '-'}) as the classes"
+    if out.ndim < 3 or not labels or y.shape != out.shape[:1] + out.shape[2:]:
+        reason = (f"{axis}, and these outputs have theirs on the last axis" if last else
+                  "it takes outputs (B, C) with targets (B,), or (B, C, d1..dk) with targets (B, d1..dk)")
+    elif last:
+        reason = f"{axis}, but the classes could as well be on the last axis"
+    elif classes is None:
+        reason = (f"{axis}, and the data declares no class count to confirm it (a `classes` or `num_classes` "
+                  "attribute on the train Dataset)")
+    elif out.shape[1] != classes:
+        reason = f"{axis}, but the data has {classes} classes"
+    else:
+        return
+    raise ConfigError(f"loss: the default cross-entropy on outputs {tuple(out.shape)} and targets {tuple(y.shape)}: "
+                      f"{reason}; pass --loss module:function, a loss of your own")
+
+
 def _check_loss(spec: str, out: torch.Tensor, y: torch.Tensor) -> None:
     loss_fn = loss_function(spec)
     try:
@@ -71,14 +108,17 @@ def _check_loss(spec: str, out: torch.Tensor, y: torch.Tensor) -> None:
 
 
 def _check_metric(spec: str, out: torch.Tensor, y: torch.Tensor) -> None:
-    """The user's metric on two items gives a number (evaluation takes its float)."""
+    """The user's metric on two items gives a number or a (total, count) pair, through its
+    `finish` where it has one, as evaluation sums it (clients/metric.py); its name and
+    direction are a str and a bool."""
+    metric_traits(spec)
+    tally = MetricTally(metric_function(spec))
     try:
-        float(metric_function(spec)(out, y))
-    except ConfigError:
-        raise
+        tally.add(out, y)
+        tally.value()
     except Exception as error:  # noqa: BLE001 - the user's code, in one line
         raise ConfigError(f"metric: {spec} on outputs {tuple(out.shape)} and targets {tuple(y.shape)} did not give "
-                          f"a number: {type(error).__name__}: {first_line(error)}") from None
+                          f"a number or a (total, count) pair: {type(error).__name__}: {first_line(error)}") from None
 
 
 def _first_items(split: Any, role: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,11 +163,15 @@ def _labels(split: Any, role: str, seed: int) -> torch.Tensor:
     return _read(split, idx, role)[1]
 
 
-def _check_label_range(labels: Any, role: str, classes: int) -> None:
+def _check_label_range(labels: Any, role: str, outputs: int, declared: int | None) -> None:
+    """Labels within the model's outputs and the classes the data declares (a label past
+    them would train an output no class owns)."""
     if not isinstance(labels, torch.Tensor):
         raise ConfigError(f"data: the {role} split's targets are {type(labels).__name__}, not tensors or numbers")
+    classes = outputs if declared is None else min(outputs, declared)
     low, high = labels.min().item(), labels.max().item()
     bad = high if high >= classes else low if low < 0 else None
     if bad is not None:
-        raise ConfigError(f"data: label {bad} in the {role} split is out of range for the model's {classes} "
-                          f"outputs (labels must be 0..{classes - 1})")
+        bound = f"the model's {outputs} outputs" if classes == outputs else f"the data's {declared} classes"
+        raise ConfigError(f"data: label {bad} in the {role} split is out of range for {bound} "
+                          f"(labels must be 0..{classes - 1})")

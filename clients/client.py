@@ -171,6 +171,13 @@ class Client:
         self.unpushed_steps = 0
         return push
 
+    def restart(self) -> None:
+        """Back from a failure: the work not pushed is lost and the optimizer starts
+        afresh, as a restarted process would; the weights come with the next sync."""
+        self.take_push()
+        self.answer_due = False
+        self.optimizer = self.replica.optimizer.build(self.weights, lambda: self.replica.params)
+
     def sync(self, weights: np.ndarray, samples: int | None = None) -> None:
         """Take the server's weights, keeping any local work not pushed yet; with the
         server's progress `samples`, train on at the schedule's lr there.

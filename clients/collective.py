@@ -14,7 +14,14 @@
 
 `straggle(step, compute_s)` runs between the gradients and the average: it makes the
 local clients as slow as the straggler model says (a sleep over MPI, virtual time in
-the simulator) and says which of them the step keeps.
+the simulator) and says what the step makes of each one's minibatch (`Fate`).
+
+Failures (`mtbf`): a client that fails loses its minibatch and is down for
+`failure_length`. Without backup workers the step waits, as an allreduce must: the
+client comes back, takes the weights (every client's are the same) and computes its
+gradient again. With b backup workers the step goes on without it (it is one of the b
+dropped), and so does every step that starts while it is down (`away`: it computes
+nothing then, unless more clients are down than b, when the step waits for it).
 
 `average` replaces each tensor of its list by the mean over all clients: over MPI
 ranks in a real run (one local client each), over the list in the simulator.
@@ -22,37 +29,75 @@ ranks in a real run (one local client each), over the list in the simulator.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from clients.client import Client, StepResult
+from clients.stragglers import Failures
 
 Average = Callable[[list[torch.Tensor]], None]
-Straggle = Callable[[int, list[float]], list[bool]]  # (step, local compute seconds) -> kept
+
+
+@dataclass(frozen=True)
+class Fate:
+    """What a step makes of one client's work: kept in the average or not; `lost`:
+    minibatches it computed and lost to failures first (a kept client computes again
+    after each); `away`: it was down when the step began, and computed nothing before."""
+
+    kept: bool
+    lost: int = 0
+    away: bool = False
+
+
+Straggle = Callable[[int, list[float | None]], list[Fate]]  # (step, local compute seconds; None: away) -> fates
+Away = Callable[[int], list[bool]]                          # step -> which local clients are down as it begins
+Outcome = list[tuple[StepResult, str]]  # a client's minibatches of a step: "kept", "dropped" or "lost"
 
 
 def collective_step(clients: list[Client], mode: str, step: int, last: int, n_sync: int, average: Average,
-                    straggle: Straggle, backups: tuple[int, int] = (1, 0)) -> tuple[list[StepResult], list[bool]]:
+                    straggle: Straggle, backups: tuple[int, int] = (1, 0),
+                    away: Away | None = None) -> list[Outcome]:
     """One lockstep step of the local `clients`; `backups`: (K, b) of the whole run.
-    Returns the results and which of the local clients the step kept."""
+    Returns each local client's minibatches and what became of them."""
+    gone = away(step) if away is not None else [False] * len(clients)
     results, compute_s = [], []
-    for client in clients:
+    for client, out in zip(clients, gone):
         start = time.perf_counter()
-        results.append(client.compute())
-        compute_s.append(time.perf_counter() - start)
-    kept = straggle(step, compute_s)
+        results.append([] if out else [client.compute()])
+        compute_s.append(None if out else time.perf_counter() - start)
+    fates = straggle(step, compute_s)
+    for client, done, fate in zip(clients, results, fates):
+        while fate.kept and len(done) < fate.lost + 1:  # back from a failure: the gradient again
+            done.append(client.compute())
     if mode == "sync":
         k, b = backups
-        for client, keep in zip(clients, kept):  # so that the mean over all K is the kept ones' mean
-            if b or not keep:
-                client.grad.mul_(k / (k - b) if keep else 0.0)
+        for client, fate in zip(clients, fates):  # so that the mean over all K is the kept ones' mean
+            if b or not fate.kept:
+                client.grad.mul_(k / (k - b) if fate.kept else 0.0)
         average([client.grad for client in clients])
     for client in clients:
         client.optimizer_step()
     if mode == "local-sgd" and (step % n_sync == 0 or step == last):
         average([client.weights for client in clients])
-    return results, kept
+    return [[(r, "lost" if j < fate.lost else "kept" if fate.kept else "dropped") for j, r in enumerate(done)]
+            for done, fate in zip(results, fates)]
+
+
+MAX_TRIES = 1000  # a minibatch that fails this often in a row never completes: the run is refused
+
+
+def failed_tries(failures: Failures | None, client: int, step: int) -> int:
+    """How many tries of `client`'s minibatch of `step` fail before one survives (0
+    without failures): a sync step that waits for it pays for each."""
+    tries = 0
+    while failures is not None and failures.fails(client, step, tries):
+        tries += 1
+        if tries == MAX_TRIES:
+            raise ValueError(f"mtbf: client {client}'s minibatch failed {tries} times in a row at step {step}: "
+                             f"its minibatch is too long against a mean time between failures of {failures.mtbf}")
+    return tries
 
 
 def keep_fastest(durations: list[float], backups: int) -> list[bool]:

@@ -230,11 +230,31 @@ def _load_npz(path: Path) -> Dataset:
         if len(x) <= n_test:
             raise _field_error(path, "x", "has 1 sample; need 2 to hold out a test split, or give x_test")
         x, y, x_test, y_test = x[:-n_test], y[:-n_test], x[-n_test:], y[-n_test:]
-    num_classes = int(max(y.max(), y_test.max())) + 1
+    declared = _declared_classes(arrays, path)
+    for key, labels in (("y", y), ("y_test", y_test)):
+        if declared is not None and labels.max() >= declared:
+            raise _field_error(path, key, f"has the label {labels.max()}, outside the {declared} classes "
+                                          f"'num_classes' declares (labels 0..{declared - 1})")
+    num_classes = declared or int(max(y.max(), y_test.max())) + 1
     if num_classes > MAX_CLASSES:
         raise _field_error(path, "y", f"has the label {num_classes - 1}: labels are class indices 0..C-1, "
                                       f"C at most {MAX_CLASSES:,} (remap them)")
     return _array_dataset(path.stem, (x, y), (x_test, y_test), num_classes, (path.resolve(),))
+
+
+def _declared_classes(arrays: dict[str, np.ndarray], path: Path) -> int | None:
+    """The file's `num_classes`, where it has one: without it the class count is the
+    largest label + 1, so a label one too large would silently grow the model's outputs."""
+    declared = arrays.get("num_classes")
+    if declared is None:
+        return None
+    if declared.dtype.kind not in "iu" or declared.size != 1 or declared.ndim > 1:
+        raise _field_error(path, "num_classes", f"is {declared.dtype} of shape {declared.shape}; expected one "
+                                                "integer (np.savez(..., num_classes=10))")
+    value = int(declared.reshape(()))
+    if not 1 <= value <= MAX_CLASSES:
+        raise _field_error(path, "num_classes", f"is {value}; expected 1 to {MAX_CLASSES:,}")
+    return value
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
@@ -249,7 +269,7 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
             npz = files.enter_context(np.load(files.enter_context(open(path, "rb")), allow_pickle=False))
         except _READ_ERRORS as e:
             raise DataError(f"data: {path}: not a readable .npz file ({e})") from e
-        for key in ("x", "y", "x_test", "y_test"):
+        for key in ("x", "y", "x_test", "y_test", "num_classes"):
             try:
                 if key in npz.files:
                     arrays[key] = npz[key]

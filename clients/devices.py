@@ -1,5 +1,10 @@
-"""Which device a client trains on: the one asked for, else a GPU of its node's (shared
-round-robin by local rank), else the CPU; and how the host's allocator serves torch.
+"""Which device each rank works on, and how the host's allocator serves torch.
+
+On a node, the clients take its GPUs one each (`node_devices`); a server takes a GPU
+only where `server_device` asks for one, and the clients leave that one to it while
+there are others. The GPUs are those CUDA lets this process see: CUDA_VISIBLE_DEVICES,
+which Slurm's GPU binding sets (--gpus-per-task, --gpu-bind), narrows them, and a
+rank's `cuda:i` is the i-th visible one (`visible_gpu` says which that is).
 """
 from __future__ import annotations
 
@@ -10,12 +15,59 @@ import platform
 import torch
 
 
-def pick_device(requested: str, local_rank: int) -> str:
-    if requested != "auto":
-        return requested
-    if torch.cuda.is_available():
-        return f"cuda:{local_rank % torch.cuda.device_count()}"
-    return "cpu"
+def node_devices(requested: str, server_device: str, clients: list[bool], gpus: int) -> list[str]:
+    """The device of each rank on one node, in local rank order (`clients`: whether
+    each is a client; `gpus`: how many this node shows). `requested` is the clients'
+    `device`: cpu or cuda:N as given, auto or cuda onto the GPUs one each (round-robin
+    past the last), auto without a GPU the CPU. A server gets `server_device` (where it
+    keeps the weights) and evaluates there: no GPU unless that names one."""
+    server_gpus = {_index(server_device) for is_client in clients if not is_client} - {None}
+    free = [g for g in range(gpus) if g not in server_gpus] or list(range(gpus))
+    devices, k = [], 0
+    for is_client in clients:
+        if not is_client:
+            devices.append(server_device)
+        elif requested in ("auto", "cuda") and free:
+            devices.append(f"cuda:{free[k % len(free)]}")
+            k += 1
+        else:
+            devices.append("cpu" if requested == "auto" else requested)
+    return devices
+
+
+def _index(device: str) -> int | None:
+    if not device.startswith("cuda"):
+        return None
+    return int(device.partition(":")[2] or 0)
+
+
+def gpu_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def use_device(device: str) -> None:
+    """Make `device` this process's current CUDA device, so what allocates on "the"
+    GPU (cupy's kernels, CUDA-aware MPI, a bare torch.device("cuda")) uses this rank's."""
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+
+
+def visible_gpu(device: str, environ: dict[str, str] | None = None) -> str | None:
+    """Which physical GPU `device` is (its entry in CUDA_VISIBLE_DEVICES: an index or a
+    UUID, as Slurm or the user wrote it), None on the CPU."""
+    index = _index(device)
+    if index is None:
+        return None
+    visible = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return str(index)
+    entries = [entry.strip() for entry in visible.split(",")]
+    return entries[index] if index < len(entries) else None
+
+
+def pick_device(requested: str) -> str:
+    """The device of a process alone on its node (the simulator's)."""
+    return node_devices(requested, "cpu", [True], gpu_count())[0]
 
 
 def device_name(device: str) -> str:

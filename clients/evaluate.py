@@ -23,12 +23,11 @@ weights are a mix of every client's work, so no client's own statistics would fi
 """
 from __future__ import annotations
 
-import math
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -36,9 +35,11 @@ from torch import nn
 
 from clients.client import wrong
 from clients.data import Split
+from clients.metric import MetricTally
 from clients.models import load_flat
 from paramserver.rundir.durable import load_arrays, save_arrays
 from paramserver.rundir.layout import RunDir
+from paramserver.rundir.measure import Stop, curve_measure
 
 CURVE_SAMPLES = 1000  # test samples per point of the curve unless eval_samples says
 _CURVE_STREAM = 0xC0  # the seeded choice of them
@@ -77,7 +78,7 @@ def curve_samples(size: int, eval_samples: int, seed: int) -> np.ndarray:
 
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-Metric = Callable[[torch.Tensor, torch.Tensor], Any]  # the user's (outputs, targets) -> a number
+Metric = Callable[[torch.Tensor, torch.Tensor], Any]  # the user's: clients/metric.py
 
 
 def test_metrics(model: nn.Module, split: Split, samples: np.ndarray | None = None, batch_size: int = EVAL_BATCH,
@@ -101,7 +102,8 @@ def _scores(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor
             loss: Loss | None, metric: Metric | None) -> dict[str, float]:
     model.eval()
     device = next(model.parameters()).device
-    errors, total, measured = 0.0, 0.0, 0.0
+    errors, total = 0.0, 0.0
+    tally = MetricTally(metric) if metric is not None else None
     for x, y in batches:
         x, y = x.to(device), y.to(device)
         outputs = model(x)
@@ -110,10 +112,10 @@ def _scores(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor
         else:  # the user's loss is a mean over the batch, as in training
             total += loss(outputs, y).item() * len(y)
         errors += wrong(outputs, y)
-        if metric is not None:  # the user's metric too: a batch's mean
-            measured += float(metric(outputs, y)) * len(y)
+        if tally is not None:
+            tally.add(outputs, y)
     scores = {"test_error": errors / n, "test_loss": total / n}
-    return scores if metric is None else {**scores, "test_metric": measured / n}
+    return scores if tally is None else {**scores, "test_metric": tally.value()}
 
 
 @dataclass
@@ -165,19 +167,21 @@ class LiveCurve:
     cores, so that the curve shows while a client loses little of its core and the server
     few turns at the interpreter); what is left when training ends, `finish` measures at
     full speed (all of it, with a share of 0). A snapshot measured before (a resumed run's)
-    is not measured again."""
+    is not measured again. `stops`: the run's stop rules (paramserver/rundir/measure.py);
+    the first point that reaches one is `reached`, and the rule `stopped_by`."""
 
     POLL_S = 0.5
     LIVE_SHARE = 0.25
     SHARED_CORE_SHARE = 0.05
 
     def __init__(self, run: RunDir, model: nn.Module, read: Callable[[], EvalItems], loss: Loss | None,
-                 share: float = LIVE_SHARE, target: float = 0.0, metric: Metric | None = None):
-        self.run, self.model, self.read, self.loss, self.target = run, model, read, loss, target
+                 share: float = LIVE_SHARE, stops: Sequence[Stop] = (), metric: Metric | None = None):
+        self.run, self.model, self.read, self.loss, self.stops = run, model, read, loss, list(stops)
         self.share = share
         self.metric = metric
         self.measured = {row["version"] for row in run.rows("eval")}
-        self.reached: dict | None = None  # the first point at or below `target` (stop_at_error)
+        self.reached: dict | None = None  # the first point that reached a stop rule's target
+        self.stopped_by: Stop | None = None
         self.live = 0                     # points measured while the run trained
         self.items: EvalItems | None = None
         self.error: BaseException | None = None
@@ -206,8 +210,9 @@ class LiveCurve:
             log.write(row)
             log.flush()
             self.measured.add(version)
-            if self.target and self.reached is None and row["test_error"] <= self.target:
-                self.reached = row
+            if self.reached is None:
+                self.stopped_by = next((stop for stop in self.stops if stop.reached(row)), None)
+                self.reached = row if self.stopped_by is not None else None
             progress(done)
             if rest and self.done.wait((time.perf_counter() - start) * (1 / self.share - 1)):
                 return done
@@ -215,8 +220,8 @@ class LiveCurve:
 
     @property
     def inline(self) -> bool:
-        """A target with no thread to watch for it: each snapshot is measured as it is taken."""
-        return bool(self.target) and self.thread is None
+        """A stop rule with no thread to watch for it: each snapshot is measured as it is taken."""
+        return bool(self.stops) and self.thread is None
 
     def catch_up(self, progress: Callable[[int], None] = lambda done: None) -> None:
         """The snapshots on disk measured now, on the caller's thread (a curve that is not
@@ -240,33 +245,34 @@ class LiveCurve:
     def stop(self) -> None:
         """Training ended (or failed): the thread ends after the point it is measuring, and
         a point measured from now on reaches no target (the run can no longer stop at it)."""
-        self.target = 0.0
+        self.stops = []
         self.done.set()
         if self.thread is not None:
             self.thread.join()
 
 
-def keep_best(run: RunDir) -> dict:
-    """The curve's best point (lowest test error, or loss where there is no error rate;
-    the earliest of equals) saved to best.npz, unless the one kept before (by the run a
-    resume continues) is better; returns its version and test error."""
-    snapshots = dict(run.snapshots())
-    points = [row for row in run.rows("eval") if row["version"] in snapshots]
+def keep_best(run: RunDir, config: Mapping[str, Any]) -> dict:
+    """The curve's best point in the run's measure (`curve_measure`, from `config`; the
+    earliest of equals) saved to best.npz, unless the one kept before (by the run a resume
+    continues) is better; returns its version and value (`best_test_error`, or
+    `best_test_loss`, `best_test_metric`)."""
+    snapshots, rows = dict(run.snapshots()), run.rows("eval")
+    if not rows:
+        return {}
+    measure = curve_measure(config, rows[0]["test_error"])
+    points = [row for row in rows if row["version"] in snapshots and measure.key in row]  # a resume's new metric
     kept = load_arrays(run.best_path, checksummed=True) if run.best_path.exists() else None
-    best = min(points, key=lambda row: (_badness(row), row["version"]), default=None)
-    if best is not None and (kept is None or _badness(best) < float(kept["point"][1])):
+    best = min(points, key=lambda row: (measure.badness(row[measure.key]), row["version"]), default=None)
+    if best is not None and (kept is None or
+                             measure.badness(best[measure.key]) < measure.badness(float(kept["point"][1]))):
         arrays = load_arrays(snapshots[best["version"]], checksummed=True)
         save_arrays(run.best_path, {"weights": arrays["weights"], "meta": arrays["meta"],
-                                    "point": np.array([best["version"], _badness(best)], np.float64)})
-        return {"best_version": best["version"], "best_test_error": best["test_error"]}
+                                    "point": np.array([best["version"], best[measure.key]], np.float64)})
+        return {"best_version": best["version"], f"best_{measure.key}": best[measure.key]}
     if kept is None:  # no point of the curve left a snapshot
         return {}
-    version, badness = kept["point"]
-    return {"best_version": int(version), "best_test_error": float(badness)}
-
-
-def _badness(row: dict) -> float:
-    return row["test_error"] if math.isfinite(row["test_error"]) else row["test_loss"]
+    version, value = kept["point"]
+    return {"best_version": int(version), f"best_{measure.key}": float(value)}
 
 
 def final_measurement(run: RunDir, items: EvalItems, model: nn.Module, test: Split, loss: Loss | None,

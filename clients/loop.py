@@ -3,7 +3,12 @@
     pull -> [step ... step] -> push (+ fetch) -> [step ...] -> ... -> STOP
 
 A push goes every `n_push` minibatches and at the last one (so no work is lost), a
-fetch every `n_fetch` minibatches before the last. The minibatch rows travel inside
+fetch every `n_fetch` minibatches before the last. With DyLU (`ClientPlan.dylu`) a push
+goes once the window the server's last reply gave has run since the previous push, and
+every push but the last fetches (paramserver/dylu.py). A client that fails (`failures`,
+clients/stragglers.py) loses the minibatches since its last push, is down for a while
+(`down`: a sleep under MPI, virtual time in the simulator) and pulls again, its lost
+rows riding in that PULL (`Rejoin`) so the server logs them. The minibatch rows travel inside
 the push, to be written by the server's rank. `ClientLoop.advance()` trains up to the
 next point where the client talks to the server and returns the message to send;
 `clients/driver.py` moves those messages over a link (MPI), the simulator through its
@@ -18,10 +23,10 @@ from typing import Callable
 import numpy as np
 
 from clients.client import Client
-from clients.stragglers import Stragglers
+from clients.stragglers import Failures, Stragglers
 from paramserver.config import Fault
 from paramserver.wire.compress import ErrorFeedback, make_codec
-from paramserver.wire.protocol import Outgoing, Pull, Push, State, Stop, Tag, Weights
+from paramserver.wire.protocol import Outgoing, Pull, Push, Rejoin, State, Stop, Tag, Weights
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,16 @@ class ClientPlan:
     fault: Fault | None = None
     compress: str = "none"  # pushes and pulls on the wire (paramserver/wire/compress.py)
     stragglers: Stragglers | None = None  # slept after each minibatch (MPI); the simulator's clock has them
+    failures: Failures | None = None
+    dylu: bool = False     # the server's replies set each window (n_push == n_fetch: each push fetches)
+
+
+def sleep_down(length: float, compute: float) -> float:
+    """A real client's outage: `length` base minibatch times, the base time being what its
+    failing minibatch took to compute; returns the seconds slept."""
+    seconds = length * compute
+    time.sleep(seconds)
+    return seconds
 
 
 @dataclass
@@ -50,8 +65,12 @@ class ClientLoop:
     stopping: bool = False        # the server said the run reached its target
     state_due: bool = False       # the server asks for the optimizer's state: a checkpoint is due
     rows: list[dict] = field(default_factory=list)
+    down: Callable[[float, float], float] = sleep_down  # (base times, compute s) -> seconds down
+    window: int = field(init=False)      # minibatches from one push to the next: n_push, or DyLU's
+    pushed_at: int = field(init=False)   # the step of the last push (or the first step)
 
     def __post_init__(self) -> None:
+        self.window, self.pushed_at = self.plan.n_push, self.step
         self.codec = make_codec(self.plan.compress)
         compressed = self.plan.compress != "none"
         # Updates keep what the codec dropped for the next push; weights (EASGD) are
@@ -67,6 +86,8 @@ class ClientLoop:
         self.client.sync(self.codec.decode(data, self.client.incoming), reply.samples if reply else None)
         self.stopping = self.stopping or (reply is not None and reply.stop)
         self.state_due = reply is not None and reply.state
+        if reply is not None and reply.window:
+            self.window = reply.window
 
     def state_before(self, message: Outgoing) -> Outgoing | None:
         """The optimizer's state, for server 0 just before `message` (MPI keeps one
@@ -84,14 +105,16 @@ class ClientLoop:
             self.step += 1
             start = time.perf_counter()
             result = self.client.step()
+            compute = time.perf_counter() - start
             if plan.stragglers is not None:
-                plan.stragglers.sleep_after(plan.index, self.step, time.perf_counter() - start)
+                plan.stragglers.sleep_after(plan.index, self.step, compute)
             self.rows.append(result.row(plan.index, self.step, self.clock()))
             if plan.fault is not None:
                 plan.fault.strike(self.step)
-            last = self.step == plan.steps
-            fetch = self.step % plan.n_fetch == 0 and not last
-            if self.step % plan.n_push == 0 or last:
+            if plan.failures is not None and plan.failures.fails(plan.index, self.step):
+                return self._failed(compute), True
+            push, fetch = self._sync_point()
+            if push:
                 return self._push(fetch), fetch
             if fetch:
                 return Outgoing(Tag.PULL, Pull()), True
@@ -100,9 +123,29 @@ class ClientLoop:
         self.done = True
         return Outgoing(Tag.STOP, Stop(self.step, self.pushes)), False
 
+    def _failed(self, compute: float) -> Outgoing:
+        """The client failed after this minibatch: its work since the last push is lost
+        (its rows say `lost`, the last one `failed` and the seconds it was down); it
+        restarts afresh and pulls the server's weights."""
+        self.client.restart()
+        if self.feedback is not None:  # the codec's carried error died with the process
+            self.feedback = ErrorFeedback(self.codec, self.client.size)
+        lost = [{**row, "lost": True} for row in self.rows]
+        lost[-1].update(failed=True, down_s=self.down(self.plan.failures.length, compute))
+        self.rows, self.pushed_at = [], self.step  # a window starts afresh
+        return Outgoing(Tag.PULL, Rejoin(self.step, tuple(lost)))
+
+    def _sync_point(self) -> tuple[bool, bool]:
+        """Whether the minibatch just run ends with a push, and whether with a fetch."""
+        plan, last = self.plan, self.step == self.plan.steps
+        if plan.dylu:  # the window the last reply gave; every push but the last fetches the next
+            push = self.step - self.pushed_at >= self.window or last
+            return push, push and not last
+        return self.step % plan.n_push == 0 or last, self.step % plan.n_fetch == 0 and not last
+
     def _push(self, fetch: bool) -> Outgoing:
         push = self.client.take_push()
         push = self.codec.encode(push) if self.feedback is None else self.feedback.encode(push)
         header = Push(self.step, push.size, fetch, self.codec.dtype, rows=tuple(self.rows))
-        self.rows, self.pushes = [], self.pushes + 1
+        self.rows, self.pushes, self.pushed_at = [], self.pushes + 1, self.step
         return Outgoing(Tag.PUSH, header, push)

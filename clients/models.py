@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from clients.buffers import host_copy
-from paramserver.config import RunConfig, is_user_code, model_arguments
+from paramserver.config import ConfigError, RunConfig, is_user_code, model_arguments
 
 if TYPE_CHECKING:
     from clients.data import Dataset
@@ -69,8 +69,20 @@ def build_model(name: str, shape: tuple[int, ...], num_classes: int | None, seed
         torch.manual_seed(seed)
         return call_model_factory(name, shape, num_classes, model_args or {})
     factory = model_factory(name)
+    _check_fits(name, shape, num_classes)
     torch.manual_seed(seed)
     return factory(shape, num_classes)
+
+
+def _check_fits(name: str, shape: tuple[int, ...], num_classes: int | None) -> None:
+    """Our models classify images: their last layer is sized from the data's class count,
+    their first from its (C, H, W)."""
+    if num_classes is None:
+        raise ConfigError(f"model: {name} needs the number of classes, which the data does not say: give the train "
+                          "Dataset a `classes` list or a `num_classes` int, or pass your own --model")
+    if len(shape) != 3:
+        raise ConfigError(f"model: {name} takes images (C, H, W), but the data's inputs have shape {tuple(shape)}; "
+                          "pass your own --model")
 
 
 def model_factory(name: str) -> Callable[..., nn.Module]:
@@ -85,6 +97,13 @@ def flat_weights(model: nn.Module) -> np.ndarray:
     return host_copy(torch.nn.utils.parameters_to_vector(model.parameters()))
 
 
+@torch.no_grad()
 def load_flat(model: nn.Module, weights: np.ndarray) -> None:
-    device = next(model.parameters()).device
-    torch.nn.utils.vector_to_parameters(torch.from_numpy(weights).to(device), model.parameters())
+    """Copied into each parameter, which keeps a storage of its own (torch's
+    `vector_to_parameters` makes each a view of the one vector, which safetensors refuses
+    to save where a tied tensor covers only part of it)."""
+    vector = torch.from_numpy(weights)
+    offset = 0
+    for param in model.parameters():
+        param.copy_(vector[offset:offset + param.numel()].view_as(param))
+        offset += param.numel()

@@ -1,12 +1,16 @@
-"""Your model, data and loss: importable callables named in the config, checked before launch.
+"""Your model, data, loss, metric and optimizer: importable callables named in the config,
+checked before launch.
 
-    --model package.module:factory   (or path/to/file.py:factory) -> an nn.Module
-    --data  package.module:factory   -> (train, test), two map-style torch Datasets
-    --loss  package.module:function  -> loss(outputs, targets), a scalar tensor
+    --model     package.module:factory   (or path/to/file.py:factory) -> an nn.Module
+    --data      package.module:factory   -> (train, test), two map-style torch Datasets
+    --loss      package.module:function  -> loss(outputs, targets), a scalar tensor
+    --metric    package.module:function  -> metric(outputs, targets) of a test batch, a number
+    --optimizer package.module:factory   -> factory(params, lr=, ...), a torch Optimizer
 
 A run records a module with the folder it was found in (`FOLDER:package.module:factory`,
-`module_spec`) and a file by its absolute path, so every rank, `asgd export` and
-`--resume` import the same code from whatever folder they are started in.
+`module_spec`) and a file by its absolute path (experiments/inputs.py, for every key of
+`USER_CODE_KEYS`), so every rank, `asgd export` and `--resume` import the same code from
+whatever folder they are started in; the Python API records a callable so (`spec_of`).
 
 A model factory is called as `factory(input_shape, num_classes, **model_args)` when it
 takes two arguments (with the run's `model_args` as keywords), else as
@@ -242,11 +246,6 @@ def _sample(split: TorchDataset, spec: str) -> tuple[torch.Tensor, torch.Tensor]
 def loss_function(spec: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The run's loss: cross-entropy, or the user's."""
     return nn.functional.cross_entropy if not spec else resolve(spec, "loss")
-
-
-def metric_function(spec: str) -> Callable | None:
-    """The user's metric, or None without one."""
-    return resolve(spec, "metric") if spec else None
 
 
 def optimizer_factory(spec: str) -> Callable | None:

@@ -84,7 +84,7 @@ def _generated(n: int, n_test: int) -> tuple[np.ndarray, ...]:
 
 
 if __name__ == "__main__":
-    from experiments.api import train
+    from asgd import train
 
     result = train(make_model, make_data, batch_size=32, lr=0.05, steps=200, eval_samples=2000)
     if result.summary is not None:  # the process that recorded the run (under mpiexec: rank 0)

@@ -17,10 +17,12 @@
     python train.py --backend sim --clients 8    the simulator, in this process
 
 Keyword settings are config keys; the script's command-line flags (every `asgd train`
-flag) override them, and a TOML file (`config=`) sits beneath both. The factories must
-be top-level names: every rank, `asgd export` and `--resume` import them again by name
-(a function in the script itself as `/abs/path/train.py:make_model`), which is why the
-call sits under `if __name__ == "__main__":`.
+flag) override them, and a TOML file (`config=`) sits beneath both. Every hook takes the
+callable itself or its `module:name` (`file.py:name`): the model and data factories, and
+`loss=`, `metric=` and `optimizer=` (a factory of the user's, or a name: "adamw").
+They must be top-level names: every rank, `asgd export` and `--resume` import them
+again by name (a function in the script itself as `/abs/path/train.py:make_model`),
+which is why the call sits under `if __name__ == "__main__":`.
 
 `train` returns a `TrainResult`: the exit status, and what the run recorded (its
 summary.json) on the process that recorded it: the simulator's, rank 0 of a job you
@@ -36,7 +38,7 @@ from typing import Any, Callable
 
 from clients import usercode
 from experiments.result import TrainResult
-from paramserver.config import ConfigError, RunConfig, field_types, model_args_text
+from paramserver.config import USER_CODE_KEYS, ConfigError, RunConfig, field_types, model_args_text
 
 
 def train(model: Callable | str, data: Callable | str, *, loss: Callable | str | None = None,
@@ -50,9 +52,9 @@ def train(model: Callable | str, data: Callable | str, *, loss: Callable | str |
                                   "put the call under `if __name__ == \"__main__\":`"))
     try:
         model, settings = _keywords_as_model_args(model, settings)
-        specs = {"model": usercode.spec_of(model, "model"), "data": usercode.spec_of(data, "data")}
-        if loss is not None:
-            specs["loss"] = usercode.spec_of(loss, "loss")
+        hooks = {"model": model, "data": data, "loss": loss,
+                 **{key: settings.pop(key) for key in USER_CODE_KEYS if key in settings}}  # metric, optimizer
+        specs = {key: usercode.spec_of(value, key) for key, value in hooks.items() if value is not None}
         flags = settings_flags({**settings, **specs})
     except ConfigError as error:
         return TrainResult(_error(str(error)))

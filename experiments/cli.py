@@ -28,6 +28,7 @@ from experiments.parent.mpiexec import launcher_rank
 from paramserver.config import GROUPS, ConfigError, RunConfig, config_values, field_types, flag_type, group_of
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.lock import RunDirError
+from paramserver.rundir.resume import resume_hint
 from paramserver.rundir.smoothing import WINDOW
 
 if TYPE_CHECKING:
@@ -213,7 +214,7 @@ def _run(cfg: RunConfig, out: str, argv: list[str], mpiexec: str) -> int:
         from experiments.rank.entry import run_mpi
         return run_mpi(cfg, out)
     except KeyboardInterrupt:  # the simulator's, or a rank's (which recorded it: see serverrun)
-        print(f"asgd: run {out} interrupted{_resume_hint(out)}", file=sys.stderr)
+        print(f"asgd: run {out} interrupted{resume_hint(out)}", file=sys.stderr)
         return 130
     except (ConfigError, InputError, RunDirError):
         raise
@@ -223,7 +224,7 @@ def _run(cfg: RunConfig, out: str, argv: list[str], mpiexec: str) -> int:
         if cfg.debug:
             traceback.print_exception(error)
         print(f"asgd: run {out} failed: {type(error).__name__}: {_one_line(str(error))} ({where})"
-              f"{_resume_hint(out)}", file=sys.stderr)
+              f"{resume_hint(out)}", file=sys.stderr)
         return 1
     finally:
         if lock is not None:
@@ -232,8 +233,13 @@ def _run(cfg: RunConfig, out: str, argv: list[str], mpiexec: str) -> int:
 
 def _result(status: int, out: str) -> TrainResult:
     """The run's summary, on the process that records it (rank 0, the simulator's) or
-    launched it (which reads it back after the job); the exit status alone elsewhere."""
+    launched it (which reads it back after the job); the exit status alone elsewhere.
+    A run that trained to its end but diverged exits non-zero (`status.exit_status`),
+    said by the process the user started: not by a rank of a job `asgd train` supervises,
+    whose launcher would take a rank's non-zero exit for a failure."""
+    from experiments.parent.supervise import LOCKED_RUN
     from experiments.result import TrainResult
+    from paramserver.rundir.status import exit_status
 
     run_dir = str(Path(out).absolute())
     if launcher_rank() not in (None, 0):
@@ -242,6 +248,8 @@ def _result(status: int, out: str) -> TrainResult:
         summary = RunDir(out).summary() or None
     except RunDirError:  # a damaged summary is no result; the run's exit status stands
         summary = None
+    if status == 0 and summary is not None and LOCKED_RUN not in os.environ:
+        status = exit_status(summary.get("status"))
     return TrainResult(status, run_dir, summary)
 
 
@@ -282,10 +290,6 @@ def _check_inputs(cfg: RunConfig) -> None:
     if cfg.resume:
         from experiments.inputs import check_fingerprint
         check_fingerprint(RunDir(cfg.resume).record("config").get("data_fingerprint"), dataset)
-
-
-def _resume_hint(out: str) -> str:
-    return f"; resume with: asgd train --resume {out}" if RunDir(out).checkpoint_path.exists() else ""
 
 
 def _check_device(key: str, device: str) -> None:

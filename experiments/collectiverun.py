@@ -20,9 +20,9 @@ import numpy as np
 
 from clients.buffers import host_copy
 from clients.client import Client
-from clients.collective import Average, Straggle, collective_step
+from clients.collective import Average, Away, Straggle, collective_step
 from experiments.runlife import RunLife
-from experiments.runrecord import RunSetup
+from experiments.runrecord import RunSetup, stops_early
 from paramserver.config import RunConfig
 from paramserver.recorder import Background
 from paramserver.rundir.checkpoint import Checkpoint, save_point
@@ -34,11 +34,11 @@ from paramserver.rundir.resume import ResumePoint
 def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], average: Average,
                    clock: Callable[[], float], gather: Callable[[list[dict]], list[dict] | None],
                    straggle: Straggle, point: ResumePoint | None = None,
-                   agree: Callable[[bool], bool] = lambda flag: flag) -> int:
+                   agree: Callable[[bool], bool] = lambda flag: flag, away: Away | None = None) -> int:
     """Train every local client in lockstep; `gather` returns all rows on the recorder, else
-    None; `straggle` (clients/collective.py) slows the step as the straggler model says;
-    `agree`: the recorder's word, on every rank (whether the curve reached stop_at_error,
-    asked at each evaluation step)."""
+    None; `straggle` (clients/collective.py) slows the step as the straggler model says,
+    and `away` says who is down after a failure; `agree`: the recorder's word, on every
+    rank (whether the curve reached a stop rule, asked at each evaluation step)."""
     cfg = setup.cfg
     k, samples_per_step = setup.clients, setup.clients * cfg.batch_size
     recorder = 0 in indices
@@ -47,36 +47,41 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
         life.counts = lambda: counts
         every = life.every
         first = point.client_steps[0] + 1 if point else 1
+        stopping = stops_early(cfg)
         faults = [f for i in indices if (f := cfg.fault_for(i, f"client {i}")) is not None]
         files = Background() if recorder else None
         if files is not None:
             life.land_files = files.close
         life.started()
+        saved_at = clock()  # when the last checkpoint was taken (the run's clock)
         with life.run.writer("clients", lines) if recorder else contextlib.nullcontext() as log:
             for step in range(first, cfg.steps + 1):
                 for client in clients:  # the lr schedule's progress: the samples of the steps before
                     client.lr = client.schedule.at((step - 1) * samples_per_step)
-                results, kept = collective_step(clients, cfg.mode, step, cfg.steps, cfg.n_sync, average, straggle,
-                                                (k, cfg.backup_workers))
+                outcomes = collective_step(clients, cfg.mode, step, cfg.steps, cfg.n_sync, average, straggle,
+                                           (k, cfg.backup_workers), away)
                 now = clock()
-                rows = [_row(r, i, step, now, keep) for i, r, keep in zip(indices, results, kept)]
+                rows = [_row(r, i, step, now, fate) for i, done in zip(indices, outcomes) for r, fate in done]
                 for fault in faults:
                     fault.strike(step)
                 everyone = gather(rows)
                 due = step % every == 0 or step == cfg.steps
-                states = optimizer_states(cfg, clients, gather, recorder) if due and _resumable(cfg, step) else {}
+                timed = not due and _checkpoint_due(cfg, step, now - saved_at, recorder, agree)
+                checkpoint = (due or timed) and _resumable(cfg, step)
+                states = optimizer_states(cfg, clients, gather, recorder) if checkpoint else {}
+                saved_at = now if checkpoint else saved_at
                 if recorder:
                     log.write_many(everyone)
                     counts["minibatches"] += len(everyone)
                     counts["samples"] += sum(r["samples"] for r in everyone)
                     life.progress.update(counts["minibatches"])
-                    if due:
+                    if due or timed:
                         files.submit(_save, life.run, setup, host_copy(clients[0].weights), step, now,
-                                     dict(counts), log.lines, states)
-                        if life.curve.inline:
+                                     dict(counts), log.lines, states, due)
+                        if due and life.curve.inline:
                             files.wait()
                             life.curve.catch_up()
-                if cfg.stop_at_error and step % every == 0 and agree(recorder and life.curve.reached is not None):
+                if stopping and step % every == 0 and agree(recorder and life.curve.reached is not None):
                     break
         life.progress.close()
         if recorder:
@@ -87,10 +92,13 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
     return 0
 
 
-def _row(result, client: int, step: int, now: float, kept: bool) -> dict:
-    """A minibatch's row; a backup worker's dropped gradient says so."""
+def _row(result, client: int, step: int, now: float, fate: str) -> dict:
+    """A minibatch's row; a backup worker's dropped gradient says so, and a minibatch
+    lost to a failure."""
     row = result.row(client, step, now)
-    return row if kept else {**row, "dropped": True}
+    if fate == "lost":  # each lost minibatch of a lockstep step is one failure
+        return {**row, "lost": True, "failed": True}
+    return row if fate == "kept" else {**row, fate: True}
 
 
 def _dropped(run: RunDir) -> int:
@@ -126,6 +134,17 @@ def optimizer_states(cfg: RunConfig, clients: list[Client], gather: Callable[[li
     return {} if states is None else {"client_optimizers": dict(enumerate(states))}
 
 
+def _checkpoint_due(cfg: RunConfig, step: int, since: float, recorder: bool, agree: Callable[[bool], bool]) -> bool:
+    """Whether `checkpoint_every` seconds passed since the last checkpoint (`since`, by the
+    recorder's clock) at a step the run can go on from. In sync mode the recorder alone
+    writes it; in local-sgd every rank gives its optimizer state, so the recorder's word
+    is `agree`d by all, at the averaging steps alone (a broadcast where an allreduce is)."""
+    if not cfg.checkpoint_every or not _resumable(cfg, step):
+        return False
+    late = recorder and since >= cfg.checkpoint_every
+    return late if cfg.mode == "sync" else agree(late)
+
+
 def _resumable(cfg: RunConfig, step: int) -> bool:
     """Whether every client holds the same weights after `step`: always in sync mode, at
     averaging steps in local-sgd."""
@@ -133,10 +152,11 @@ def _resumable(cfg: RunConfig, step: int) -> bool:
 
 
 def _save(run: RunDir, setup: RunSetup, weights: np.ndarray, step: int, now: float, counts: dict[str, Any],
-          lines: int, optimizers: dict[str, Any] | None = None) -> None:
-    """A snapshot of client 0's `weights` for the test error and, where the run can go on
-    from it (`_resumable`), a checkpoint, with the clients' `optimizers` state."""
+          lines: int, optimizers: dict[str, Any] | None = None, evaluated: bool = True) -> None:
+    """A snapshot of client 0's `weights` for the test error (`evaluated`: a point of the
+    curve) and, where the run can go on from it (`_resumable`), a checkpoint, with the
+    clients' `optimizers` state."""
     k = setup.clients
     save_point(run, Checkpoint(weights, step, now, (0, lines), (counts["minibatches"], counts["samples"], 0),
                                np.full(k, step), np.zeros(k, np.int64), **(optimizers or {})),
-               resumable=_resumable(setup.cfg, step))
+               resumable=_resumable(setup.cfg, step), evaluated=evaluated)

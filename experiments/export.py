@@ -9,7 +9,13 @@ The model is rebuilt from the run's config (a built-in name, or the user's facto
 imported again by name), its parameters set from `checkpoint/latest.npz` (`checkpoint/best.npz`), and, for a
 model with BatchNorm, its running statistics estimated from training batches as every
 evaluation does (`clients.evaluate.recalibrate`). `--out FILE.safetensors` writes
-safetensors instead (`make setup` installs the package; elsewhere `pip install safetensors`).
+safetensors instead (`make setup` installs the package; elsewhere `pip install safetensors`),
+with tensors that share memory (a language model's embedding tied to its output head)
+saved once, under one of their names, as `safetensors.torch.save_model` does; load it
+back with `safetensors.torch.load_model(model, FILE)`, which is strict and ties them again:
+
+    from safetensors.torch import load_model
+    load_model(make_model(...), "runs/<name>/model.safetensors")
 """
 from __future__ import annotations
 
@@ -45,15 +51,22 @@ def export(run_path: str, out: str | None = None, best: bool = False) -> int:
     if has_running_stats(model):
         recalibrate(model, dataset.train, cfg.seed)
     target = Path(out) if out else run.path / "model.pt"
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    model.cpu()
     if target.suffix == ".safetensors":
-        try:
-            from safetensors.torch import save_file
-        except ImportError:
-            raise ConfigError("export: --out *.safetensors needs the safetensors package; pip install safetensors "
-                              "(make setup installs it)") from None
-        save_file(state, str(target))
+        _save_safetensors(model, target)
     else:
-        torch.save(state, target)
-    print(f"{target}: state_dict of {cfg.model} ({sum(v.numel() for v in state.values())} values)")
+        torch.save({k: v.detach().contiguous() for k, v in model.state_dict().items()}, target)
+    stored = {v.data_ptr(): v.numel() for v in model.state_dict().values()}  # a tied tensor once
+    print(f"{target}: state_dict of {cfg.model} ({sum(stored.values())} values)")
     return 0
+
+
+def _save_safetensors(model: torch.nn.Module, target: Path) -> None:
+    """safetensors refuses two names of one tensor in a plain dict (`save_file`);
+    `save_model` keeps one name of each, which its `load_model` knows to tie again."""
+    try:
+        from safetensors.torch import save_model
+    except ImportError:
+        raise ConfigError("export: --out *.safetensors needs the safetensors package; pip install safetensors "
+                          "(make setup installs it)") from None
+    save_model(model, str(target), force_contiguous=True)

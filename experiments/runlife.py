@@ -16,6 +16,7 @@ import contextlib
 import time
 from typing import Any, Callable
 
+from clients.metric import metric_traits
 from experiments.progress import Progress
 from experiments.runrecord import RunSetup, eval_every, finish_run, live_curve, open_run, record_dir, record_failure
 from paramserver.rundir.checkpoint import Checkpoint
@@ -39,7 +40,8 @@ class RunLife:
         if records and cfg.resume:
             self.run = record_dir(setup)
             self.checkpoint = Checkpoint.load(self.run)
-            cut_back(self.run, self.checkpoint, cfg.steps, setup.provenance)
+            cut_back(self.run, self.checkpoint, cfg.steps, setup.provenance,
+                     {"metric": cfg.metric, **metric_traits(cfg.metric)})
         elif records:
             self.run = open_run(setup, self.every)
         self.curve = live_curve(self.run, setup) if self.run is not None else None

@@ -20,13 +20,18 @@ from torch import nn
 from clients.data import Dataset
 from clients.evaluate import (RECALIBRATE_SAMPLES, EvalItems, LiveCurve, curve_samples, final_measurement,
                               has_running_stats, keep_best)
-from clients.usercode import loss_function, metric_function
+from clients.metric import metric_function, metric_traits
+from clients.stragglers import client_speeds
+from clients.usercode import loss_function
 from experiments.inputs import fingerprint
 from experiments.progress import Progress
 from paramserver.config import RunConfig
+from paramserver.rundir.goodput import goodput
 from paramserver.rundir.layout import RunDir
+from paramserver.rundir.measure import curve_measure, stop_rules
 from paramserver.rundir.status import COMPLETE, reached_target
-from paramserver.rundir.summary import VIRTUAL, WALL, seconds, training_status, write_failure, write_result
+from paramserver.rundir.summary import (VIRTUAL, WALL, ending, seconds, training_status, write_failure,
+                                        write_result)
 
 
 @dataclass(frozen=True)
@@ -77,8 +82,9 @@ def open_run(setup: RunSetup, every: int) -> RunDir:
     run = record_dir(setup)
     run.create()
     run.write_config({**setup.cfg.to_dict(), "out": setup.out, "clients": setup.clients, "eval_every": every,
-                      "momentum_used": round(setup.cfg.client_momentum(setup.clients), 6),
-                      "num_params": setup.weights.size, "train_size": len(setup.dataset.train),
+                      "momentum_used": round(setup.cfg.client_momentum(setup.clients), 6), **_speeds(setup),
+                      **metric_traits(setup.cfg.metric), "num_params": setup.weights.size,
+                      "train_size": len(setup.dataset.train),
                       "data_fingerprint": fingerprint(setup.dataset), "provenance": setup.provenance})
     if setup.warm_rows:
         with run.writer("warm_start") as log:
@@ -86,14 +92,32 @@ def open_run(setup: RunSetup, every: int) -> RunDir:
     return run
 
 
+def measured_config(cfg: RunConfig) -> dict[str, Any]:
+    """The run's config with its metric's name and direction, as config.json records them:
+    what paramserver/rundir/measure.py decides the curve's measure and stop rules from."""
+    return {**cfg.to_dict(), **metric_traits(cfg.metric)}
+
+
+def stops_early(cfg: RunConfig) -> bool:
+    """The run has a stop rule (stop_at_error, stop_at_loss or stop_at_metric)."""
+    return bool(stop_rules(cfg.to_dict()))
+
+
+def _speeds(setup: RunSetup) -> dict[str, Any]:
+    """Each client's speed (clients/stragglers.py), where they are uneven: `speeds_used`."""
+    cfg = setup.cfg
+    speeds = client_speeds(cfg.seed, setup.clients, cfg.speed_spread, cfg.client_speeds)
+    return {"speeds_used": speeds} if any(s != 1.0 for s in speeds) else {}
+
+
 def live_curve(run: RunDir, setup: RunSetup) -> LiveCurve:
-    """The test-error curve measured while the run trains, on a model of its own (the
-    clients of this process step theirs)."""
+    """The test curve measured while the run trains, on a model of its own (the clients of
+    this process step theirs)."""
     cfg, dataset = setup.cfg, setup.dataset
     model = copy.deepcopy(setup.model).to(setup.device)
     samples = curve_samples(len(dataset.test), cfg.eval_samples, cfg.seed)
     return LiveCurve(run, model, lambda: EvalItems.read(model, dataset.test, samples, dataset.train, cfg.seed),
-                     loss_function(cfg.loss), live_share(cfg, setup.provenance), cfg.stop_at_error,
+                     loss_function(cfg.loss), live_share(cfg, setup.provenance), stop_rules(measured_config(cfg)),
                      metric_function(cfg.metric))
 
 
@@ -102,11 +126,11 @@ def live_share(cfg: RunConfig, provenance: dict[str, Any]) -> float:
     thread): as eval_live says; auto is on everywhere, at a trickle where the run's ranks
     fill the host's cores (wall-clock curves are what a time-to-target study measures),
     in full where a core is spare or a target must be seen promptly. Never in the
-    simulator with a target, where each point is measured as its snapshot is taken
+    simulator with a stop rule, where each point is measured as its snapshot is taken
     (`catch_up`)."""
-    if cfg.stop_at_error and cfg.backend == "sim" or cfg.eval_live == "off":
+    if stops_early(cfg) and cfg.backend == "sim" or cfg.eval_live == "off":
         return 0.0
-    full = cfg.eval_live == "on" or bool(cfg.stop_at_error) or spare_core(provenance)
+    full = cfg.eval_live == "on" or stops_early(cfg) or spare_core(provenance)
     return LiveCurve.LIVE_SHARE if full else LiveCurve.SHARED_CORE_SHARE
 
 
@@ -131,7 +155,8 @@ def finish_run(run: RunDir, setup: RunSetup, curve: LiveCurve, train_s: float, t
     progress = Progress(curve.pending(), quiet=cfg.quiet, label="eval", unit="snapshots")
     items = curve.finish(progress.update)
     progress.close()
-    best = keep_best(run) if cfg.keep_best else {}
+    config = measured_config(cfg)
+    best = keep_best(run, config) if cfg.keep_best else {}
     # a target reached counts where it stopped the run short of its steps
     early = curve.reached if curve.reached and counts.get("minibatches", 0) < setup.clients * cfg.steps else None
     reached = {"target_reached": early} if early else {}
@@ -140,15 +165,18 @@ def finish_run(run: RunDir, setup: RunSetup, curve: LiveCurve, train_s: float, t
     metric = {"final_test_metric": final["test_metric"]} if "test_metric" in final else {}
     status = training_status(counts, final, setup.dataset.num_classes)
     if early and status == COMPLETE:
-        status = reached_target(early, cfg.stop_at_error)
+        status = reached_target(early, curve.stopped_by)
+    measure = curve_measure(config, final["test_error"])
+    good = goodput(run.rows("clients"), windows=cfg.mode == "async")
     summary = write_result(run, status, final, train_s, run_clock(cfg), counts, curve_test_samples=items.samples,
-                           curve_points_live=live, **metric, **best, **reached, train_wall_s=train_wall_s,
-                           eval_s=time.perf_counter() - start)
+                           curve_points_live=live, **metric, **best, **reached, **good, train_wall_s=train_wall_s,
+                           eval_s=time.perf_counter() - start, curve_measure=vars(measure))
     run.close_tap()
-    if not setup.cfg.quiet or status != COMPLETE:
-        print(f"run {setup.out}: test error {summary['final_test_error']:.4f} after {summary['minibatches']} "
-              f"minibatches in {seconds(train_s, summary['clock'])}" + ("" if status == COMPLETE else f"; {status}"),
-              flush=True)
+    if not setup.cfg.quiet or ending(status, counts):
+        wasted = good["goodput"] is not None and good["goodput"] < 1
+        print(f"run {setup.out}: {measure.name} {final[measure.key]:.4f} after {summary['minibatches']} "
+              f"minibatches in {seconds(train_s, summary['clock'])}"
+              + (f", goodput {good['goodput']:.3f}" if wasted else "") + ending(status, counts), flush=True)
     return summary
 
 

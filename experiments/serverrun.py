@@ -13,7 +13,8 @@ from clients.optimizers import OptimizerSettings
 from experiments.assemble import server_optimizer_factory
 from experiments.runlife import RunLife
 from experiments.runrecord import RunSetup, spare_core
-from paramserver.handler import ServerState, ServerTally
+from paramserver.handler import ServerState
+from paramserver.tally import ServerTally
 from paramserver.noise import summarise
 from paramserver.recorder import Recorder
 from paramserver.server import ServerLoop
@@ -52,15 +53,15 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
                                     precision=cfg.precision).keeps_state
     with RunLife(setup, cfg.async_versions(clients), clock) as life:
         state = ServerState.for_run(cfg, setup.weights[slice(*bounds[0])], clients, server_optimizer_factory(cfg),
-                                    eval_every=life.every,
+                                    eval_every=life.every, checkpoint_every=cfg.checkpoint_every,
                                     apply_cost=apply_cost, clock=clock, collects_states=keeps_state)
         life.counts = state.counts
         lines = (0, 0)
         if life.checkpoint is not None:
-            state.store.load_state(life.checkpoint.store_state)
+            state.load_arrays(life.checkpoint.store_state)
             state.tally, lines = ServerTally.from_checkpoint(life.checkpoint), life.checkpoint.lines
         curve = life.curve
-        state.stop = lambda: curve.reached is not None  # stop_at_error: replies from then on say stop
+        state.stop = lambda: curve.reached is not None  # a stop rule reached: replies from then on say stop
         recorder = Recorder(life.run, state, clock, lines, life.progress.update,
                             gatherer(link, bounds, cfg.stall_timeout), fault=cfg.fault_for(0, "the server", "version"),
                             after_snapshot=curve.catch_up if curve.inline else None)

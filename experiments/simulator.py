@@ -11,7 +11,8 @@ only its flat vectors.
 
 Time model: client i's minibatch takes `step_time * factor_i` (factor_i drawn once from
 U(1-j, 1+j) by the seed), stretched per minibatch by the straggler model
-(clients/stragglers.py: lognormal noise, slow clients, pauses); a message takes `latency + bytes / bandwidth`; the server is
+(clients/stragglers.py: its speed, lognormal noise, slow clients, pauses; a failure
+puts it down for `failure_length` of those base times); a message takes `latency + bytes / bandwidth`; the server is
 one queue: it handles one message at a time, a push costs it `apply_time` (by default
 the real handler's measured time for a push: checks, apply, log rows), and sending a
 reply occupies it for the reply's transfer. A client that pushes without fetching goes
@@ -40,12 +41,12 @@ import numpy as np
 import torch
 
 from clients.client import Client, Replica, StepResult
-from clients.collective import keep_fastest, mean_in_place
+from clients.collective import Fate, failed_tries, keep_fastest, mean_in_place
 from clients.data import Dataset
 from clients.devices import keep_freed_memory, pick_device
 from clients.loop import ClientLoop, ClientPlan
 from clients.sampling import ShardSampler
-from clients.stragglers import Stragglers
+from clients.stragglers import Failures, Stragglers
 from experiments.assemble import build, start
 from experiments.collectiverun import collective_run
 from experiments.provenance import provenance
@@ -113,27 +114,51 @@ class StepClock:
             else self.step_time
         return self.now
 
+    def down(self, length: float, compute: float) -> float:
+        """The client failed: `length` of its base minibatch times pass (ClientLoop's `down`)."""
+        self.now += length * self.step_time
+        return length * self.step_time
+
 
 class LockstepClock:
     """Virtual time of a sync or local-sgd run: each step waits for the slowest client it
     keeps (with backup workers, the b slowest are dropped: `keep_fastest`), and an
-    average costs a ring allreduce (2(K-1)/K of the bytes, 2(K-1) latencies)."""
+    average costs a ring allreduce (2(K-1)/K of the bytes, 2(K-1) latencies). A client
+    that fails is down `failure_length` of its base times from its failure (`back`); a
+    step that keeps it waits until it is back and has computed again."""
 
     def __init__(self, step_times: list[float], timing: SimTiming, weights: np.ndarray, cfg: RunConfig,
-                 stragglers: Stragglers):
+                 stragglers: Stragglers, failures: Failures | None = None):
         k = len(step_times)
-        self.step_times, self.stragglers = step_times, stragglers
+        self.step_times, self.stragglers, self.failures = step_times, stragglers, failures
         self.allreduce = 2 * (k - 1) * (timing.latency + timing.wire_bytes(weights) / k / timing.bandwidth)
         self.cfg, self.now = cfg, 0.0
+        self.back = [0.0] * k  # when each client is back from its last failure
 
-    def straggle(self, step: int, compute_s: list[float]) -> list[bool]:
-        """The `Straggle` of clients/collective.py: the step's virtual time, and who is kept."""
-        cfg = self.cfg
-        durations = [self.stragglers.duration(i, step, t) for i, t in enumerate(self.step_times)]
+    def away(self, step: int) -> list[bool]:
+        """The `Away` of clients/collective.py: who is down as the step begins."""
+        return [back - self.now > 1e-9 * self.step_times[i] for i, back in enumerate(self.back)]  # rounding: back
+
+    def straggle(self, step: int, compute_s: list[float | None]) -> list[Fate]:
+        """The `Straggle` of clients/collective.py: the step's virtual time, and its fates."""
+        cfg, length = self.cfg, self.failures.length if self.failures else 0.0
+        durations, tries = [], []
+        for i, base in enumerate(self.step_times):
+            minibatch = self.stragglers.duration(i, step, base)
+            tries.append(failed_tries(self.failures, i, step))
+            delay = max(0.0, self.back[i] - self.now)
+            durations.append(delay + (tries[i] + 1) * minibatch + tries[i] * length * base)
         kept = keep_fastest(durations, cfg.backup_workers)
+        fates = []
+        for i, keep in enumerate(kept):
+            away = compute_s[i] is None
+            if not keep and tries[i] and not away:  # it failed, and the step goes on without it
+                self.back[i] = self.now + self.stragglers.duration(i, step, self.step_times[i]) + \
+                    length * self.step_times[i]
+            fates.append(Fate(keep, tries[i] if keep else int(bool(tries[i]) and not away), away))
         averaged = cfg.mode == "sync" or step % cfg.n_sync == 0 or step == cfg.steps
         self.now += max(d for d, keep in zip(durations, kept) if keep) + (self.allreduce if averaged else 0.0)
-        return kept
+        return fates
 
     def __call__(self) -> float:
         return self.now
@@ -216,26 +241,28 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     # an MPI run's gives that run's.
     torch.set_num_threads(cfg.threads or len(os.sched_getaffinity(0)))
     keep_freed_memory()
-    device = pick_device(cfg.device, local_rank=0)
+    device = pick_device(cfg.device)
     parts = build(cfg, device, clients, list(range(clients)))
     cfg = parts.cfg  # its steps, with epochs
     timing = _timing(cfg, parts.local[0].replica, parts.dataset, parts.local[0].size, clients)
     factors = _speed_factors(cfg.seed, clients, cfg.speed_jitter)
+    stragglers = Stragglers.for_run(cfg, clients)
+    failures = Failures.for_run(cfg, stragglers)
     info = {"rank": 0, "role": "simulator", "host": socket.gethostname(), "device": device}
     prov = provenance(f"none (simulator, {platform.python_implementation()})", [info])
     prov["sim"] = {**timing.__dict__, "profile": cfg.sim_profile, "speed_factors": factors}
     started = start(parts, out, records=True, provenance=prov, warm_clock=StepClock(timing.step_time))
     setup, point = started.setup, started.point
-    stragglers = Stragglers.for_run(cfg, clients)
     if cfg.mode != "async":
-        lockstep = LockstepClock([timing.step_time * f for f in factors], timing, setup.weights, cfg, stragglers)
+        lockstep = LockstepClock([timing.step_time * f for f in factors], timing, setup.weights, cfg, stragglers,
+                                 failures)
         lockstep.now = point.time if point else 0.0
         return collective_run(setup, parts.local, list(range(clients)), mean_in_place, lockstep,
-                              gather=lambda rows: rows, straggle=lockstep.straggle, point=point)
+                              gather=lambda rows: rows, straggle=lockstep.straggle, point=point, away=lockstep.away)
     clocks = [StepClock(timing.step_time * f, stragglers, i, started.steps[i]) for i, f in enumerate(factors)]
     loops = [ClientLoop(c, ClientPlan(i, cfg.steps, cfg.push_every, cfg.fetch_every, cfg.stall_timeout,
-                                      compress=cfg.compress), clk,
-                        step=started.steps[i], pushes=point.client_pushes[i] if point else 0)
+                                      compress=cfg.compress, failures=failures, dylu=cfg.dylu), clk,
+                        step=started.steps[i], pushes=point.client_pushes[i] if point else 0, down=clk.down)
              for i, (c, clk) in enumerate(zip(parts.local, clocks))]
     simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order)
     serve_run(setup, lambda: simulation.now,
@@ -310,7 +337,7 @@ def calibrated_push(run: str) -> float:
 def measure_timing(cfg: RunConfig, threads: int) -> tuple[float, float]:
     """(step time, push time) of this config's model and data with `threads` torch threads."""
     torch.set_num_threads(threads)
-    parts = build(cfg, pick_device(cfg.device, local_rank=0), 1, [0])
+    parts = build(cfg, pick_device(cfg.device), 1, [0])
     client = parts.local[0]
     step = _measure_step(client.replica, parts.dataset, cfg.batch_size)
     return step, measure_push(cfg, client.size, cfg.clients or 1)

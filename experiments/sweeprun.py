@@ -40,7 +40,8 @@ from experiments.sweepspec import PlannedPoint, Spec, config_with, run_settings
 from paramserver.config import ConfigError
 from paramserver.rundir.durable import write_json_atomic
 from paramserver.rundir.layout import RunDir
-from paramserver.rundir.status import FAILED, INTERRUPTED, LOCKED, PENDING, RUNNING, failed, finished, was_interrupted, word
+from paramserver.rundir.status import (FAILED, INTERRUPTED, LOCKED, PENDING, RUNNING, exit_status, failed, finished,
+                                       was_interrupted, word)
 
 
 class SweepRunner:
@@ -178,7 +179,7 @@ class SweepRunner:
             with self.lock:
                 self.running.pop(point, None)
         record = RunDir(run)
-        if code == 0 and record.finished():
+        if record.finished() and code == exit_status(record.status()):  # diverged exits non-zero
             return record.status()
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         last = lines[-1].strip() if lines else "no message"

@@ -15,12 +15,14 @@ In the simulator `time` is virtual: the wall axis is then the real start
 plus virtual seconds, not when each row was computed. A resumed run's rows follow its
 first start as if it never paused; a run recorded without a start time counts from 1970.
 Closed, each run's folder gets HParams: its settings (a sweep's point: its grid values)
-with its final test error and time as metrics.
+with its final value in the run's measure (`hparam/final_test_error`, or `final_test_loss`,
+`final_test_metric`: paramserver/rundir/measure.py) and time as metrics.
 
 - `train/loss`, `train/error`: trailing mean over the last `window` minibatches of all
   clients, in arrival order (window: a twentieth of the run, at most 400).
 - `train/lr`: the lr each minibatch trained with (the schedule's), as its row says.
-- `test/error`, `test/loss`: eval.jsonl (written after training, from snapshots).
+- `test/error`, `test/loss`: eval.jsonl (measured from snapshots); the user's metric as
+  `test/<its name>` (`test/perplexity`; clients/metric.py).
 - `server/noise_scale` (B_simple, where pushes are gradients), `server/fresh_batch`
   (the fresh rule's step) and `server/gain` (its lr gain under adascale) at each window,
   against samples pushed (under adascale, the gain-weighted progress).
@@ -41,6 +43,7 @@ from typing import Any
 from experiments.provenance import START_TIME
 from paramserver.config import ConfigError, RunConfig
 from paramserver.rundir.layout import RunDir
+from paramserver.rundir.measure import ERROR, LOSS, METRIC, metric_measure, recorded_measure
 from paramserver.rundir.smoothing import TrailingMean, window_for
 
 RATE_PUSHES = 50
@@ -73,6 +76,7 @@ class Scalars:
     def __init__(self, run: Path, folder: Path, window: int, hparams: dict[str, Any] | None = None) -> None:
         self.run, self.folder, self.hparams = RunDir(run), folder, hparams
         self.writer, self.start = None, 0.0  # made at the first scalar: after the run directory
+        self.tests: dict[str, str] | None = None  # eval.jsonl's columns and their tags, read with config.json
         self.lock = threading.Lock()  # the live curve's eval rows come from a thread of their own
         self.losses, self.errors = TrailingMean(window), TrailingMean(window)
         self.pushes: deque[tuple[float, float]] = deque(maxlen=RATE_PUSHES)
@@ -94,8 +98,15 @@ class Scalars:
                 self._add("server/fresh_batch", row.get("fresh_batch"), row["samples"], row["time"])
                 self._add("server/gain", row.get("gain"), row["samples"], row["time"])
             elif log == "eval":
-                for key in ("error", "loss", "metric"):  # metric: the user's, where the run has one
-                    self._add(f"test/{key}", row.get(f"test_{key}"), row["minibatches"], row["time"])
+                for key, tag in self._test_tags().items():
+                    self._add(tag, row.get(key), row["minibatches"], row["time"])
+
+    def _test_tags(self) -> dict[str, str]:
+        """The tag of each test column: the metric's named as config.json records it."""
+        if self.tests is None:
+            metric = metric_measure(self.run.record("config")).name
+            self.tests = {ERROR: "test/error", LOSS: "test/loss", METRIC: f"test/{metric}"}
+        return self.tests
 
     def _minibatch(self, row: dict[str, Any]) -> None:
         self.minibatches += 1
@@ -128,8 +139,9 @@ class Scalars:
         config = self.run.record("config")
         if config:
             summary = self.run.summary()
-            metrics = {f"hparam/{k}": summary[k] for k in ("final_test_error", "time_s")
-                       if isinstance(summary.get(k), (int, float))}
+            final = f"final_{recorded_measure(self.run.path).key}"
+            metrics = {f"hparam/{k}": summary[k] for k in (final, "time_s")
+                       if isinstance(summary.get(k), (int, float)) and math.isfinite(summary[k])}
             self._hparams(settings(config) if self.hparams is None else self.hparams, metrics,
                           summary.get("time_s") or 0.0)
         if self.writer is not None:
@@ -177,7 +189,7 @@ def write_run(run: Path, folder: Path, hparams: dict[str, Any] | None = None) ->
 
 def write_sweep(sweep: Path, folder: Path) -> int:
     """Every point's scalars under `folder`/<id>, each with its HParams (grid values, and
-    final test error and time as metrics); returns the number of runs written."""
+    the final value in the run's measure and time as metrics); returns the number of runs written."""
     index = RunDir(sweep).record("index")
     written = 0
     shutil.rmtree(folder, ignore_errors=True)

@@ -123,6 +123,11 @@ class RunConfig:
     outer_lr: float = _server(1.0, "nesterov: the outer lr eps of delayed Nesterov (asynchronous DiLoCo's outer step)")
     nesterov_activation: float = _server(0.0, "nesterov: the activation c of delayed Nesterov, in [0, 1]: the share "
                                               "of the momentum's look-ahead taken at every push, not only the N-th")
+    dylu: bool = _server(False, "dynamic local updates (Liu et al. 2024): each client's window of local minibatches "
+                                "between pushes is n_sync (n_push) times its speed over the fastest running client's, "
+                                "as the server measures them (floored, at least 1), so slow clients push as often as "
+                                "fast ones; async mode, rules whose clients push their weight change (add, nesterov, "
+                                "...)")
 
     # learning-rate schedule ([schedule] in a config file)
     lr_warmup: int = _schedule(0, "samples over which the lr ramps linearly up to its value (0: none); samples the "
@@ -156,6 +161,15 @@ class RunConfig:
     slow_factor: float = _stragglers(2.0, "stragglers: how much slower the slow clients are")
     pause_prob: float = _stragglers(0.0, "stragglers: chance that a minibatch is followed by a pause of pause_time")
     pause_time: float = _stragglers(0.0, "stragglers: seconds a pause lasts")
+    speed_spread: float = _stragglers(0.0, "uneven hardware: each client's speed drawn once from the seed, "
+                                           "log-uniform in [speed_spread, 1] of the fastest; a minibatch takes its "
+                                           "base time / speed (0: equal speeds)")
+    client_speeds: str = _stragglers("", "uneven hardware: each client's speed listed, in (0, 1] of the fastest "
+                                         "(\"1,0.5,0.25\": one a client)")
+    mtbf: float = _stragglers(0.0, "failures: mean time between a client's failures, in base minibatch times of "
+                                   "computing (exponential, seeded); the work since its last push is lost (0: none)")
+    failure_length: float = _stragglers(20.0, "failures: base minibatch times a failed client is down before it "
+                                              "comes back with the server's weights")
     backup_workers: int = _stragglers(0, "sync mode: each step averages the first K - b gradients to arrive and "
                                          "drops the b slowest (Chen et al. 2016)")
     on_client_failure: str = _stragglers("abort", "abort (end the job naming the client; resumable) or continue (the "
@@ -175,13 +189,23 @@ class RunConfig:
                                          "trickle, a twentieth, so the curve shows while training keeps its cores)")
     stop_at_error: float = _evaluation(0.0, "end the run (every rank, with its last pushes recorded) once a point of "
                                             "the test-error curve reaches this error; the summary says complete: "
-                                            "reached target (0: train every step)")
+                                            "reached target (0: train every step); refused for outputs that do "
+                                            "not classify")
+    stop_at_loss: float = _evaluation(0.0, "end the run as stop_at_error does once a point of the curve's test loss "
+                                           "is at or below this (0: none)")
+    stop_at_metric: float = _evaluation(0.0, "end the run as stop_at_error does once a point of the curve's metric "
+                                             "(your --metric) reaches this: at or below it, or at or above where the "
+                                             "metric says higher_is_better (0: none; docs/your-model.md)")
     metric: str = _evaluation("", "package.module:function (or file.py:function) taking (outputs, targets) of a test "
-                                  "batch and returning a number, its mean over the batch: a column of the curve "
-                                  "(eval.jsonl test_metric, TensorBoard test/metric) and final_test_metric in the "
-                                  "summary")
-    keep_best: bool = _evaluation(False, "keep the weights of the curve's point with the lowest test error in "
-                                         "RUN/checkpoint/best.npz (asgd export --best exports them)")
+                                  "batch and returning its mean, or a (total, count) pair summed over the test pass: "
+                                  "a column of the curve (eval.jsonl test_metric) and final_test_metric in the "
+                                  "summary, the curve's measure without classes (docs/your-model.md)")
+    keep_best: bool = _evaluation(False, "keep the weights of the curve's best point (test error; without classes, "
+                                         "the metric or the loss) in RUN/checkpoint/best.npz (asgd export --best "
+                                         "exports them)")
+    checkpoint_every: float = _evaluation(60.0, "seconds of the run's clock (virtual in the simulator) after which a "
+                                                "checkpoint is taken between the curve's points, so an interrupt loses "
+                                                "at most about this much training (0: at the curve's points only)")
     keep_snapshots: bool = _evaluation(False, "keep the weight snapshots after evaluating them")
     tensorboard: bool = _evaluation(False, "also write TensorBoard scalars to RUN/tensorboard/ as the run goes")
     debug: bool = _evaluation(False, "on a failure, print the full traceback too (it always goes to RUN/error.log)")

@@ -32,7 +32,7 @@ SIM_PROFILES = ("measured", "paper")  # their values: experiments/simulator.py
 # the folder it was found in, FOLDER:module:name, so it imports again from any working directory), a name in it
 USER_CODE = re.compile(r"(?:(?P<file>[^:]+\.py)|(?:(?P<folder>[^:]+):)?(?P<module>[A-Za-z_][\w.]*))"
                        r":(?P<name>[A-Za-z_][\w.]*)")
-USER_CODE_KEYS = ("model", "data", "loss")  # the settings that may name user code
+USER_CODE_KEYS = ("model", "data", "loss", "metric", "optimizer")  # the settings that may name user code
 
 
 class ConfigError(ValueError):
@@ -142,11 +142,31 @@ def _check_server(cfg: Any) -> None:
     for problem in [rule.check_keys(cfg) for rule in RULES.values()] + [chosen.check(cfg)]:
         if problem:
             raise ConfigError(problem)
+    _check_dylu(cfg, chosen)
     _require(cfg.servers >= 1, "servers", f"must be at least 1, got {cfg.servers}")
     _require(cfg.servers == 1 or (cfg.mode == "async" and cfg.backend == "mpi"), "servers",
              "more than one server needs --mode async --backend mpi")
     _require(cfg.servers == 1 or not cfg.resume, "servers",
              "a run with more than one server cannot be resumed (its servers' slices are not checkpointed together)")
+
+
+def _check_dylu(cfg: Any, rule: Any) -> None:
+    """DyLU sets the window of a client's local steps (paramserver/dylu.py): only where
+    an async server measures the clients, and a window's work is the change a client
+    pushes (a gradient rule's server steps with a window's gradients: `fresh` balances
+    the clients by gathering a fixed batch)."""
+    if not cfg.dylu:
+        return
+    _require(cfg.mode == "async", "dylu", "needs --mode async (the server measures each client's speed from its "
+                                          "pushes; the collective modes step in lockstep)")
+    _require(rule.pushes == "delta", "dylu",
+             f"needs a rule whose clients push their weight change (add, nesterov, ...); under {cfg.rule} they push "
+             f"{'their weights' if rule.pushes == 'weights' else 'summed gradients, the server steps with them'}")
+    _require(cfg.push_every == cfg.fetch_every, "dylu",
+             f"needs n_push == n_fetch (each push fetches, and its reply sets the next window), got n_push "
+             f"{cfg.push_every} and n_fetch {cfg.fetch_every}")
+    _require(not cfg.replay, "dylu", "a replay repeats a recorded order of pushes; the windows would follow the "
+                                     "replay's own speeds")
 
 
 def _check_schedule(cfg: Any) -> None:
@@ -189,6 +209,7 @@ def _check_stragglers(cfg: Any) -> None:
     _require(1 <= cfg.slow_factor <= 100, "slow_factor", f"must be in [1, 100], got {cfg.slow_factor}")
     _require(0 <= cfg.pause_prob < 1, "pause_prob", f"must be in [0, 1), got {cfg.pause_prob}")
     _require(0 <= cfg.pause_time <= 3600, "pause_time", f"must be in [0, 3600] seconds, got {cfg.pause_time}")
+    _check_hardware(cfg)
     _require(cfg.backup_workers >= 0, "backup_workers", f"must be non-negative, got {cfg.backup_workers}")
     _require(not cfg.backup_workers or cfg.mode == "sync", "backup_workers", "needs --mode sync")
     _require(cfg.clients is None or cfg.backup_workers < cfg.clients, "backup_workers",
@@ -201,14 +222,41 @@ def _check_stragglers(cfg: Any) -> None:
     _require(fault_ok(cfg.inject_fault), "inject_fault", f"expected RANK:STEP, got {cfg.inject_fault!r}")
 
 
+def _check_hardware(cfg: Any) -> None:
+    """Uneven speeds and failures (clients/stragglers.py)."""
+    _require(0 <= cfg.speed_spread <= 1, "speed_spread",
+             f"must be in [0, 1] (the slowest speed, a fraction of the fastest; 0: equal), got {cfg.speed_spread}")
+    _require(not (cfg.speed_spread and cfg.client_speeds), "client_speeds", "give speed_spread or client_speeds, "
+             "not both")
+    if cfg.client_speeds:
+        try:
+            count = len(parse_speeds(cfg.client_speeds))
+        except ValueError:
+            count = None
+        _require(count is not None, "client_speeds",
+                 f"expected speeds in (0, 1] separated by commas, got {cfg.client_speeds!r}")
+        _require(cfg.clients is None or count == cfg.clients, "client_speeds",
+                 f"lists {count} speeds for {cfg.clients} clients")
+    _require(cfg.mtbf == 0 or cfg.mtbf >= 1, "mtbf",
+             f"must be at least 1 base minibatch time (0: no failures), got {cfg.mtbf}")
+    _require(cfg.failure_length >= 0, "failure_length", f"must be non-negative, got {cfg.failure_length}")
+    _require(not cfg.mtbf or cfg.mode != "local-sgd", "mtbf", "needs --mode async or sync")
+
+
 def _check_evaluation(cfg: Any) -> None:
     for name in ("eval_every", "eval_samples"):
         _require(getattr(cfg, name) >= 0, name, f"must be non-negative (0: automatic), got {getattr(cfg, name)}")
     _require(cfg.eval_live in ("auto", "on", "off"), "eval_live", f"expected auto, on or off, got {cfg.eval_live!r}")
+    _require(cfg.checkpoint_every >= 0, "checkpoint_every",
+             f"must be non-negative seconds (0: at the curve's points only), got {cfg.checkpoint_every}")
     _require(0 <= cfg.stop_at_error < 1, "stop_at_error",
              f"must be an error in [0, 1) (0: none), got {cfg.stop_at_error}")
-    _require(not cfg.stop_at_error or cfg.eval_live != "off", "stop_at_error",
-             "needs the curve while the run trains: eval_live on or auto, not off")
+    _require(not cfg.stop_at_metric or cfg.metric, "stop_at_metric", "needs a metric to stop at (--metric)")
+    for name in ("stop_at_error", "stop_at_loss", "stop_at_metric"):
+        value = getattr(cfg, name)
+        _require(math.isfinite(value), name, f"must be a finite number (0: none), got {value}")
+        _require(not value or cfg.eval_live != "off", name,
+                 "needs the curve while the run trains: eval_live on or auto, not off")
 
 
 def _check_simulator(cfg: Any) -> None:
@@ -245,6 +293,14 @@ def parse_milestones(text: str) -> tuple[int, ...]:
     if any(m <= 0 for m in milestones) or list(milestones) != sorted(set(milestones)):
         raise ValueError(text)
     return milestones
+
+
+def parse_speeds(text: str) -> list[float]:
+    """`client_speeds` as numbers; ValueError unless each is in (0, 1]."""
+    speeds = [float(part) for part in text.split(",")]
+    if not all(0 < s <= 1 for s in speeds):
+        raise ValueError(text)
+    return speeds
 
 
 def is_user_code(spec: str) -> bool:

@@ -68,7 +68,8 @@ class SnapshotDue:
 
 @dataclass(frozen=True)
 class CheckpointDue:
-    """Every client still in the run has brought its optimizer state since: checkpoint."""
+    """A checkpoint without a curve point: every client still in the run has brought its
+    optimizer state since one was asked for, or `checkpoint_every` passed (none to wait for)."""
 
     version: int
 

@@ -49,6 +49,11 @@ CUDA_FMADD = "__device__ inline float fmadd(float a, float b, float c) { return 
 Kernel = Callable[[Update, "dict[str, Tensor]", "dict[str, Tensor]"], bool]
 
 
+class KernelFailed(RuntimeError):
+    """The kernel did not compile or launch (a driver or toolkit cupy cannot use): the
+    Store goes on with the rule's torch arithmetic."""
+
+
 class Fused:
     """`rule`'s updates run by `kernel`, double-buffered (see the module docstring)."""
 
@@ -132,6 +137,12 @@ class CupyKernel:
         return self.kernels[key]
 
     def __call__(self, update: Update, inputs: dict[str, Tensor], outputs: dict[str, Tensor]) -> bool:
+        try:
+            return self._run(update, inputs, outputs)
+        except Exception as error:  # noqa: BLE001 - cupy's compiler, driver and runtime errors alike
+            raise KernelFailed(f"the cupy kernel failed ({type(error).__name__}: {error})") from error
+
+    def _run(self, update: Update, inputs: dict[str, Tensor], outputs: dict[str, Tensor]) -> bool:
         import torch
 
         cp, device = self.cupy, inputs["w"].device

@@ -34,16 +34,17 @@ from typing import Any, Callable
 import numpy as np
 
 from paramserver.config import RunConfig
+from paramserver.dylu import Windows
 from paramserver.events import (Applied, CheckpointDue, ClientRows, Dropped, Event, NoiseMeasured, Rejected,
                                  SnapshotDue)
 from paramserver.pace import Pace
-from paramserver.rundir.checkpoint import Checkpoint
+from paramserver.tally import ServerTally
 from paramserver.schedule import Schedule
 from paramserver.store import ApplyResult, Store
 from paramserver.wire import frame
 from paramserver.wire.compress import Codec, make_codec
 from paramserver.wire.frame import Garbled
-from paramserver.wire.protocol import FROM_CLIENTS, Message, Push, Reply, State, Stop, Tag, Weights, well_formed
+from paramserver.wire.protocol import FROM_CLIENTS, Message, Push, Rejoin, Reply, State, Tag, Weights, well_formed
 
 
 class ClientLost(RuntimeError):
@@ -60,38 +61,6 @@ class ClientFailed(ClientLost):
 
 
 @dataclass
-class ServerTally:
-    """What the summary and a checkpoint need from the serving loop."""
-
-    clients: int
-    minibatches: int = 0
-    samples: int = 0
-    rejected: int = 0
-    stops: dict[int, Stop] = field(default_factory=dict)
-    lost: dict[int, dict] = field(default_factory=dict)  # rank -> what the summary says of it
-
-    def __post_init__(self) -> None:
-        self.client_steps = np.zeros(self.clients, np.int64)   # step of each client's last push handled
-        self.client_pushes = np.zeros(self.clients, np.int64)  # pushes handled, per client
-        self.steps = 0  # client_steps' sum, kept as it changes: the lr schedule reads it on every push
-
-    def stepped(self, client: int, step: int) -> None:
-        """`client`'s last push handled came at `step`."""
-        self.steps += step - int(self.client_steps[client])
-        self.client_steps[client] = step
-
-    @classmethod
-    def from_checkpoint(cls, checkpoint: Checkpoint) -> "ServerTally":
-        tally = cls(len(checkpoint.client_steps), *checkpoint.counts)
-        tally.client_steps[:] = checkpoint.client_steps
-        tally.steps = int(tally.client_steps.sum())
-        tally.client_pushes[:] = checkpoint.client_pushes
-        return tally
-
-
-
-
-@dataclass
 class ServerState:
     """Everything `handle` reads and changes: the Store, the tallies, the wire's buffers.
 
@@ -101,11 +70,13 @@ class ServerState:
     run's lr schedule (paramserver/schedule.py), whose progress the replies carry and
     whose multiplier the rule applies with; None: a constant lr. `clock`: the run's
     (virtual in the simulator), by which a paced rule (`fresh_reply = "auto"`) times the
-    clients to decide who waits (`pace`; otherwise the rule's `defers` decides). `stop`:
-    whether the run reached its target (`stop_at_error`): every reply from then on tells
+    clients to decide who waits (`pace`; otherwise the rule's `defers` decides), and by
+    which a checkpoint is due `checkpoint_every` seconds after the last. `stop`:
+    whether the run reached a target (`stop_at_error`, `_loss`, `_metric`): every reply from then on tells
     its client to stop. `collects_states`: checkpoints hold the clients' optimizer states
     (see the module's doc); `client_states`: client -> the state its last push handled (or
     STOP) came with, where it came with one; `arrived_states`: those awaiting their push.
+    `windows`: with DyLU, the clients' speeds and the windows the replies give (paramserver/dylu.py).
     """
 
     store: Store
@@ -124,8 +95,12 @@ class ServerState:
     client_states: dict[int, State] = field(default_factory=dict)
     arrived_states: dict[int, State] = field(default_factory=dict)
     checkpoint_due: bool = False
+    checkpoint_every: float = 0.0  # seconds of `clock` after which a checkpoint is due between curve points
+    checkpointed_at: float = 0.0   # `clock` when the last was asked for (from the start: __post_init__)
+    windows: Windows | None = None
 
     def __post_init__(self) -> None:
+        self.checkpointed_at = self.clock()
         self.tally = self.tally or ServerTally(len(self.client_ranks))
         self.buffer = frame.empty(self.store.size, np.float32)  # pushes, as float32
         compressed = self.codec.wire_dtype != np.float32
@@ -141,7 +116,18 @@ class ServerState:
         applies its rule's lr by (`options`: the other fields)."""
         return cls(Store.for_run(cfg, weights, clients, optimizer_factory), list(range(cfg.servers, cfg.servers + clients)),
                    codec=make_codec(cfg.compress),
-                   schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr), **options)
+                   schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr),
+                   windows=Windows.for_run(cfg, clients), **options)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """What a checkpoint holds of the server: the Store's arrays, and DyLU's speeds."""
+        return {**self.store.state(), **(self.windows.state() if self.windows else {})}
+
+    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """The server as a checkpoint's `arrays` hold it."""
+        self.store.load_state(arrays)
+        if self.windows is not None:
+            self.windows.load_state(arrays)
 
     def counts(self) -> dict[str, Any]:
         """What the server counted, for the run's summary."""
@@ -206,7 +192,8 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
         replies, events = release(state)
         return replies, events + _checkpoint_ready(state)
     if msg.tag == Tag.PULL:
-        return [_weights_for(state, msg.source)], []
+        events = _rejoined(state, msg.source, msg.header) if isinstance(msg.header, Rejoin) else []
+        return [_weights_for(state, msg.source)], events
     version = state.store.version
     if state.pace is not None:
         state.pace.pushed(msg.source)
@@ -284,7 +271,10 @@ def _weights_for(state: ServerState, rank: int) -> Reply:
         state.pace.replied(rank)
     data = state.codec.encode(weights)
     state.wire_bytes[1] += data.nbytes
-    return Reply(rank, Weights(version, weights.size, state.progress, state.stop(), state.checkpoint_due), data)
+    windows = state.windows  # DyLU: the window, from the speeds of the clients still running
+    window = windows.reply(state.client(rank), state.clock(), map(state.client, state.waiting)) if windows else 0
+    return Reply(rank, Weights(version, weights.size, state.progress, state.stop(), state.checkpoint_due, window),
+                 data)
 
 
 def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, list[Event]]:
@@ -297,6 +287,8 @@ def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, list[Event]]:
         store.rule.scale_ramp = state.schedule.ramp(state.progress, store.rule.step_batch)
     # from the steps in the headers, which every server of a sharded run gets
     minibatches = max(1, header.step - int(state.tally.client_steps[client]))
+    if state.windows is not None:
+        state.windows.pushed(client, minibatches, state.clock())
     start = time.perf_counter()
     if header.dtype != state.codec.dtype or payload.dtype != state.codec.wire_dtype or header.size != store.size:
         reason = (f"payload of {payload.nbytes} bytes as {header.size} {header.dtype}, "
@@ -324,11 +316,20 @@ def _outcome(state: ServerState, rank: int, client: int, result: ApplyResult, ap
 
 
 def _snapshot_due(state: ServerState) -> list[Event]:
+    """A curve point at each multiple of eval_every, with a checkpoint; between them a
+    checkpoint alone once `checkpoint_every` seconds passed since the last, so an
+    interrupt loses no more than that however far apart the curve's points are."""
     version = state.store.version
-    if not state.eval_every or version % state.eval_every:
+    if state.eval_every and version % state.eval_every == 0:
+        state.checkpoint_due, state.checkpointed_at = state.collects_states, state.clock()
+        return [SnapshotDue(version, checkpoint=not state.collects_states), *_checkpoint_ready(state)]
+    if not state.checkpoint_every or state.clock() - state.checkpointed_at < state.checkpoint_every:
         return []
-    state.checkpoint_due = state.collects_states
-    return [SnapshotDue(version, checkpoint=not state.collects_states), *_checkpoint_ready(state)]
+    state.checkpointed_at = state.clock()
+    if not state.collects_states:
+        return [CheckpointDue(version)]
+    state.checkpoint_due = True  # once every client brought its optimizer state
+    return _checkpoint_ready(state)
 
 
 def _took_state(state: ServerState, rank: int, step: int) -> None:
@@ -373,6 +374,19 @@ def _client_rows(state: ServerState, client: int, header: Push, pulled: int, res
     tally.minibatches += len(rows)
     tally.samples += sum(r.get("samples", 0) for r in rows)
     return ClientRows(rows, tally.minibatches)
+
+
+def _rejoined(state: ServerState, rank: int, header: Rejoin) -> list[Event]:
+    """A client back from a failure: its lost minibatches count as computed (the
+    progress, the minibatches and samples, their rows logged), and the state it will
+    bring is a fresh one, so a checkpoint waits for it."""
+    client, tally = state.client(rank), state.tally
+    tally.stepped(client, header.step)
+    _took_state(state, rank, header.step)
+    rows = [dict(r) for r in header.rows]
+    tally.minibatches += len(rows)
+    tally.samples += sum(r.get("samples", 0) for r in rows)
+    return [ClientRows(rows, tally.minibatches)] if rows else []
 
 
 def _reject(state: ServerState, rank: int, reason: str) -> Rejected:

@@ -130,7 +130,7 @@ class Recorder:
         point = Checkpoint(weights, store.version, now, (self.server_log.lines, self.client_log.lines),
                            (tally.minibatches, tally.samples, tally.rejected), tally.client_steps.copy(),
                            tally.client_pushes.copy(),
-                           {k: np.array(v, copy=True) for k, v in store.state().items() if k != "weights"}
+                           {k: np.array(v, copy=True) for k, v in state.arrays().items() if k != "weights"}
                            if checkpoint else {},  # the rule's state (K weight copies for DC-ASGD) only to write
                            client_optimizers={c: s.arrays for c, s in state.client_states.items()})
         self.files.submit(save_point, self.run, point, checkpoint, evaluated)

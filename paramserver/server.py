@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from paramserver.events import Applied
-from paramserver.handler import ClientLost, ServerState, ServerTally, handle, release, release_due, tag_name
+from paramserver.handler import ClientLost, ServerState, handle, release, release_due, tag_name
+from paramserver.tally import ServerTally
 from paramserver.recorder import Recorder
 from paramserver.wire.liveness import PeerDied
 from paramserver.wire.protocol import Link, Message, PeerTimeout, Reply, Tag

@@ -24,6 +24,7 @@ gradient noise scale (paramserver/noise.py).
 """
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
@@ -109,7 +110,10 @@ class Store:
         self.rule.minibatches = minibatches
         d = None if reason else self.backend.upload(push)
         if d is not None and self.fused:
-            weights = self.fused.apply(self.array, d, client, staleness)
+            try:
+                weights = self.fused.apply(self.array, d, client, staleness)
+            except fused.KernelFailed as error:
+                weights = self._unfused(error, push, d, client, staleness)
             if weights is None:
                 reason = "contains NaN or Inf"
             else:
@@ -127,6 +131,19 @@ class Store:
         self.applied[client] += 1
         self.staleness[staleness] += 1
         return ApplyResult(True, self.version, staleness, gathered=gathered, measured=measured)
+
+    def _unfused(self, error: fused.KernelFailed, push: np.ndarray, d, client: int, staleness: int):
+        """The GPU kernel failed before writing anything of the weights' (it writes
+        spare buffers): say so once, and from this push on apply with the rule's torch
+        arithmetic, as `server_kernel = "torch"` does. The new weights, or None for a
+        push with NaN or Inf (which the kernel would have found)."""
+        warnings.warn(f"server_kernel: {error}; applying pushes with the rule's torch arithmetic "
+                      "instead (server_kernel = \"torch\" chooses that from the start)", RuntimeWarning, stacklevel=2)
+        self.fused = None
+        if not finite(push):
+            return None
+        self.rule.apply(self.array, d, client, staleness)
+        return self.array
 
     def flush(self) -> bool:
         """Take the step the rule is gathering now, with what it has (no more pushes can

@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from paramserver.rundir.lock import RunDirError
+from paramserver.rundir.measure import recorded_measure
 from paramserver.rundir.smoothing import WINDOW
 from paramserver.rundir.status import finished
-from plots.rundata import load_json, load_log, smoothed_error
+from plots.rundata import load_json, load_log, smoothed_curve
 
 ROOT = Path(__file__).resolve().parents[1]  # relative sweep paths in notebooks start here
 
@@ -75,11 +76,28 @@ class Sweep:
 
 @dataclass(frozen=True)
 class Curve:
-    """Smoothed training error of one run; arrays are read-only because they are cached and shared."""
+    """Smoothed training curve of one run in its measure's training column (`column`: error,
+    or loss where the run has no error rate: paramserver/rundir/measure.py), in `error`
+    either way; arrays are read-only because they are cached and shared."""
     time: np.ndarray
     minibatches: np.ndarray
     error: np.ndarray
     epochs: np.ndarray
+    column: str = "error"
+
+    @property
+    def scale(self) -> float:
+        """An error is drawn in percent."""
+        return 100.0 if self.column == "error" else 1.0
+
+    @property
+    def name(self) -> str:
+        return f"training {self.column}"
+
+    @property
+    def label(self) -> str:
+        """The axis's: in percent for an error."""
+        return self.name + (" (%)" if self.column == "error" else "")
 
 
 def load_sweep(sweep_dir: str | Path) -> Sweep:
@@ -121,12 +139,13 @@ def curve(point: SweepRun, window: int = WINDOW) -> Curve:
 
 @functools.lru_cache(maxsize=256)
 def _curve(run: Path, window: int, train_size: int, _stamp: tuple[int, int]) -> Curve:
-    time, minibatches, error = smoothed_error(load_log(run, "clients"), window)
+    column = recorded_measure(run).train_key
+    time, minibatches, error = smoothed_curve(load_log(run, "clients"), window, column)
     batch_size = load_json(run, "config").get("batch_size", 64)
     arrays = [time, minibatches.astype(np.float64), error, minibatches * batch_size / train_size]
     for a in arrays:
         a.flags.writeable = False
-    return Curve(*arrays)
+    return Curve(*arrays, column=column)
 
 
 def time_to_target(c: Curve, target: float, window: int = 1) -> float | None:

@@ -14,7 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from paramserver.rundir.smoothing import WINDOW
-from plots.analysis import (SweepRun, Sweep, curve, default_start, speedups,
+from plots.analysis import (Curve, SweepRun, Sweep, curve, default_start, speedups,
                             staleness_table)
 from plots.backend import plt
 from plots.rundata import load_json, load_log
@@ -66,11 +66,16 @@ def _finish(fig: Figure, owned: bool, sweep: Sweep, points: list[SweepRun], wind
     parts = [f"sweep {sweep.name}", f"scale: {sweep.meta.get('scale', '?')}", f"data: {config.get('data', '?')}",
              f"model: {config.get('model', '?')}", f"seeds: {seeds}"]
     if window is not None:
-        parts.append(f"training error: trailing mean over {window} minibatches")
+        parts.append(f"{curve(points[0], window).name}: trailing mean over {window} minibatches")
     caption = textwrap.fill(" · ".join(parts), width=int(16 * fig.get_figwidth()))
     fig.tight_layout(rect=(0, 0.02 + 0.035 * (caption.count("\n") + 1), 1, 1))
     fig.text(0.5, 0.01, caption, ha="center", va="bottom", fontsize=7, color="0.3")
     return fig
+
+
+def _value(c: Curve, value: float) -> str:
+    """A value of the curve's column, named: `error 12.3%`, `loss 0.812`."""
+    return f"error {100 * value:.1f}%" if c.column == "error" else f"{c.column} {value:.4g}"
 
 
 def _clients(k: int) -> str:
@@ -92,7 +97,7 @@ def _plot_seeds(ax: Axes, points: list[SweepRun], window: int, label: str, x: st
     """Every seed drawn in the same style; only the first labelled so the legend stays one line per setting."""
     for i, p in enumerate(sorted(points, key=lambda p: p.seed)):
         c = curve(p, window)
-        ax.plot(getattr(c, x), 100 * c.error, label=label if i == 0 else None, alpha=1.0 if i == 0 else 0.5,
+        ax.plot(getattr(c, x), c.scale * c.error, label=label if i == 0 else None, alpha=1.0 if i == 0 else 0.5,
                 lw=1.2, **style)
 
 
@@ -101,13 +106,16 @@ def fig1_single_client(sweep: Sweep, window: int = WINDOW, ax: Axes | None = Non
     point = min(ones, key=lambda p: (p.n_sync, p.seed))
     fig, (ax,), owned = _axes(ax, 1)
     c = curve(point, window)
-    ax.plot(c.epochs, 100 * c.error, color=client_colour(1), label=f"training error (trailing {window} minibatches)")
+    ax.plot(c.epochs, c.scale * c.error, color=client_colour(1),
+            label=f"{c.name} (trailing {window} minibatches)")
     evals = load_log(point.run, "eval")
     if evals:
         batch = load_json(point.run, "config").get("batch_size", 64)
         epochs = [e["minibatches"] * batch / point.train_size for e in evals]
-        ax.plot(epochs, [100 * e["test_error"] for e in evals], "o-", ms=3, color="tab:red", label="test error")
-    ax.set(xlabel="epochs", ylabel="error (%)", title=f"Fig. 1: one client (n_sync {point.n_sync}, seed {point.seed})")
+        ax.plot(epochs, [c.scale * e[f"test_{c.column}"] for e in evals], "o-", ms=3, color="tab:red",
+                label=f"test {c.column}")
+    ax.set(xlabel="epochs", ylabel=c.label.removeprefix("training "),
+           title=f"Fig. 1: one client (n_sync {point.n_sync}, seed {point.seed})")
     ax.grid(alpha=0.3)
     ax.legend()
     return _finish(fig, owned, sweep, [point], window)
@@ -130,7 +138,7 @@ def fig_start(sweep: Sweep, start: str = "cold", window: int = WINDOW, axes: Seq
             ax.set_xscale("log")  # 1 to 32 clients process 32x apart
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    panels[0].set_ylabel("training error (%)")
+    panels[0].set_ylabel(curve(points[0], window).label)
     return _finish(fig, owned, sweep, points, window, f"Fig. {2 if start == 'cold' else 3}: {start} start")
 
 
@@ -157,7 +165,7 @@ def fig4_speedup(sweep: Sweep, target: float | None = None, start: str | None = 
     ax.set_xticks(ticks, [str(t) for t in ticks])
     ax.set_yticks(ticks, [str(t) for t in ticks])
     ax.set(xlabel="clients", ylabel="speedup to target (x)",
-           title=f"Fig. 4: {start} start, target error {100 * rows[0]['target']:.1f}%")
+           title=f"Fig. 4: {start} start, target {_value(curve(points[0], window), rows[0]['target'])}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _finish(fig, owned, sweep, points)
@@ -202,5 +210,5 @@ def fig_modes(sweep: Sweep, window: int = WINDOW, axes: Sequence[Axes] | None = 
         ax.set(title=_clients(k), xlabel=_time_label(sweep, points[0]))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    panels[0].set_ylabel("training error (%)")
+    panels[0].set_ylabel(curve(points[0], window).label)
     return _finish(fig, owned, sweep, shown, window, "Modes: async vs sync vs local-sgd")

@@ -17,10 +17,12 @@ def load_json(run_dir: str | Path, name: str) -> dict:
     return RunDir(run_dir).record(name)
 
 
-def smoothed_error(rows: list[dict], window: int = WINDOW) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(time, minibatches, error): the paper's smoothed training curve
-    (paramserver/rundir/smoothing.py) of all clients' rows merged in time order."""
+def smoothed_curve(rows: list[dict], window: int = WINDOW,
+                   column: str = "error") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(time, minibatches, values): the paper's smoothed training curve
+    (paramserver/rundir/smoothing.py) of one column of all clients' rows (`error`, or
+    `loss` where the run has no error rate) merged in time order."""
     rows = sorted(rows, key=lambda r: r["time"])
     time = np.array([r["time"] for r in rows], dtype=np.float64)
-    error = np.array([r["error"] for r in rows], dtype=np.float64)
-    return time, np.arange(1, len(error) + 1), smoothed(error, window)
+    values = np.array([r[column] for r in rows], dtype=np.float64)
+    return time, np.arange(1, len(values) + 1), smoothed(values, window)

@@ -16,14 +16,15 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGES = ("paramserver", "clients", "experiments", "plots")
+PACKAGES = ("asgd", "paramserver", "clients", "experiments", "plots")
 
 # What each package may import of ours, by module-name prefix (its own modules included),
 # and why not the rest. experiments may import plots: `asgd report` draws the figures.
 MAY_IMPORT = {
     "paramserver": (("paramserver",), "paramserver is the lowest layer: paramserver <- clients <- experiments"),
     "clients": (("paramserver", "clients"), "upward: clients sit below experiments and plots"),
-    "experiments": (PACKAGES, "experiments is the top layer"),
+    "experiments": (("paramserver", "clients", "experiments", "plots"), "upward: experiments sits below asgd"),
+    "asgd": (PACKAGES, "asgd, the public import, is the top layer"),
     "plots": (("plots", "paramserver.rundir"), "plots reads run directories only: paramserver.rundir"),
 }
 # The bottom of paramserver: each imports only itself (the stdlib and third parties aside).

@@ -80,7 +80,7 @@ def bench_transport(comm: MPI.Comm, servers: int) -> Transport:
     """A rank's transport, ranks `servers` and up waiting as `asgd train`'s clients wait
     on this host (`Transport.wait_as_client`), so the bench measures what a run does."""
     transport = Transport(comm)
-    local_clients = transport.this_node(is_client=comm.rank >= servers)[2]
+    local_clients = sum(transport.this_node(is_client=comm.rank >= servers)[1])
     if comm.rank >= servers:
         transport.wait_as_client(local_clients)
     return transport

@@ -33,7 +33,10 @@ from paramserver.config import ConfigError
 
 MPIEXEC = "ASGD_MPIEXEC"
 OPEN_MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+                # by slot, the default, named: a bare ":oversubscribe" (as `--oversubscribe`)
+                # maps by core and, free to oversubscribe, puts every rank on the first
+                # host of a hostfile or a Slurm allocation (tests/cluster)
+                "PRTE_MCA_rmaps_default_mapping_policy": "slot:oversubscribe",
                 "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from experiments.parent.lifeline import lifeline
 from experiments.parent.mpiexec import launcher_rank
 from paramserver.rundir.layout import RunDir
+from paramserver.rundir.resume import resume_hint
 from paramserver.rundir.status import finished, word
 from paramserver.rundir.summary import mark_failed
 
@@ -178,8 +179,7 @@ def _outcome(run: RunDir, returncode: int, interrupted: bool, failure: str | Non
             mark_failed(run, None if interrupted else
                         failure or f"the MPI job ended with exit status {returncode}, no rank said why")
         what = "interrupted" if interrupted else "failed"
-        hint = f"; resume with: asgd train --resume {run.path}" if run.checkpoint_path.exists() else ""
-        print(f"asgd: run {run.path} {what}{hint}", file=sys.stderr)
+        print(f"asgd: run {run.path} {what}{resume_hint(run.path)}", file=sys.stderr)
         return 130 if interrupted else returncode or 1
     return returncode
 

@@ -20,22 +20,26 @@ import numpy as np
 import torch
 
 from clients.client import Client
-from clients.collective import Straggle, keep_fastest
-from clients.devices import device_name, keep_freed_memory, pick_device
+from clients.collective import Fate, failed_tries, keep_fastest
+from clients.devices import device_name, gpu_count, keep_freed_memory, node_devices, use_device, visible_gpu
 from clients.driver import ClientPlan, run_client
-from clients.stragglers import Stragglers
+from clients.stragglers import Failures, Stragglers
 from experiments.assemble import Share, Started, build, start
 from experiments.collectiverun import collective_run
 from experiments.parent.supervise import LOCKED_RUN, direct_stdio
 from experiments.provenance import provenance
+from experiments.rank.startwatch import bounded_start
 from experiments.serverrun import serve_mpi, serve_slice
 from paramserver.config import RunConfig
-from paramserver.rundir.resume import ResumePoint
+from paramserver.rundir.resume import ResumePoint, resume_hint
 from paramserver.rundir.summary import log_traceback
 from paramserver.wire.farewell import say_bye, tell_recorders, wait_for_bye
 from paramserver.wire.liveness import PeerDied, PeerWatch
 
 START_TIMEOUT_S = 600.0  # how long the ranks wait for each other's verdict on their start
+# The least time MPI may take to start: ranks reach MPI_Init as fast as they import torch,
+# seconds apart on a busy host, and a short stall_timeout must not cut that short.
+MPI_START_S = 30.0
 
 if TYPE_CHECKING:  # the transport imports mpi4py, which starts MPI: only run_mpi loads it
     from paramserver.wire.transport import Transport
@@ -47,7 +51,8 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
     async: rank 0 is the server, ranks 1..K the clients. sync, local-sgd: no server;
     every rank is a client and rank 0 also records the run.
     """
-    from paramserver.wire.transport import Transport, library_version
+    with bounded_start(max(cfg.stall_timeout, MPI_START_S)):
+        from paramserver.wire.transport import Transport, library_version
 
     direct_stdio()
     keep_freed_memory()
@@ -67,13 +72,15 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
         return 2
     index = transport.rank - servers  # this rank's client number; negative on a server
     try:
-        local_rank, local_ranks, local_clients = transport.this_node(is_client=index >= 0)
-        _set_threads(index >= 0, cfg.threads, local_ranks, local_clients)
+        local_rank, on_node = transport.this_node(is_client=index >= 0)
+        _set_threads(index >= 0, cfg.threads, len(on_node), sum(on_node))
         if index >= 0 and cfg.mode == "async":
-            transport.wait_as_client(local_clients)
-        device = pick_device(cfg.device, local_rank)
+            transport.wait_as_client(sum(on_node))
+        device = node_devices(cfg.device, cfg.server_device, on_node, gpu_count())[local_rank]
+        use_device(device)
         info = {"rank": transport.rank, "role": "client" if index >= 0 else "server",
-                "host": socket.gethostname(), "pid": os.getpid(), "device": device_name(device)}
+                "host": socket.gethostname(), "local_rank": local_rank, "local_ranks": len(on_node),
+                "pid": os.getpid(), "device": device_name(device), "gpu": visible_gpu(device)}
         ranks = transport.bcast(transport.gather(info))
         transport.watch = PeerWatch(ranks, info["host"])
         parts = build(cfg, device, clients, [index] if index >= 0 else [])  # the barrier in `start` waits for it
@@ -84,7 +91,7 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
                      clock=lambda: offset + time.perf_counter() - start_s)
     except KeyboardInterrupt:  # SIGTERM or Ctrl-C, passed on to every rank; the recorder noted it
         if transport.rank == 0 and LOCKED_RUN not in os.environ:  # no supervisor to say it
-            print(f"asgd: run {out} interrupted; resume with: asgd train --resume {out}", file=sys.stderr)
+            print(f"asgd: run {out} interrupted{resume_hint(out)}", file=sys.stderr)
         _exit(130)
     except Exception as error:  # noqa: BLE001 - any failure must end the whole job
         _fail(transport, error, index, servers, cfg.on_client_failure == "continue", out, cfg.debug)
@@ -122,10 +129,11 @@ def _run_role(transport: Transport, started: Started, client: Client | None, ind
     setup, point = started.setup, started.point
     cfg = setup.cfg
     if cfg.mode != "async":
+        stragglers = Stragglers.for_run(cfg, setup.clients)
+        lockstep = _MpiLockstep(transport, stragglers, Failures.for_run(cfg, stragglers), index, cfg.backup_workers)
         return collective_run(setup, [client], [index], _mpi_average(transport), clock,
-                              gather=lambda rows: _flatten(transport.gather(rows)),
-                              straggle=_mpi_straggle(transport, Stragglers.for_run(cfg, setup.clients), index,
-                                                     cfg.backup_workers), point=point, agree=transport.bcast)
+                              gather=lambda rows: _flatten(transport.gather(rows)), straggle=lockstep,
+                              point=point, agree=transport.bcast, away=lockstep.away)
     if transport.rank > 0 and client is None:
         if serve_slice(setup, transport, clock, transport.rank):
             _exit(0)  # clients were lost: see paramserver/wire/farewell.py
@@ -164,23 +172,46 @@ def _mpi_average(transport: Transport):
     return average
 
 
-def _mpi_straggle(transport: Transport, stragglers: Stragglers, index: int, backups: int) -> Straggle:
-    """Each rank's step as slow as the straggler model says, for real. With backup workers
-    every rank learns every step's durations (its compute plus the model's excess: one
-    allreduce of K floats before anyone sleeps), so all agree which b are dropped; a
-    dropped rank skips its sleep and waits in the average for the slowest kept one."""
-    def straggle(step: int, compute_s: list[float]) -> list[bool]:
-        extra = stragglers.extra(index, step, compute_s[0])
+class _MpiLockstep:
+    """This rank's step as slow as the straggler model says, for real, and its failures.
+    With backup workers every rank learns every step's durations (its compute plus the
+    model's excess, plus any failure's outage: one allreduce of K floats before anyone
+    sleeps), so all agree which b are dropped; a dropped rank skips its sleep and waits
+    in the average for the slowest kept one. A rank that failed and was dropped is down
+    (`away`) until its outage ends on its clock: it computes nothing and adds nothing
+    to the average until then, unless a step must wait for it."""
+
+    def __init__(self, transport: Transport, stragglers: Stragglers, failures: Failures | None, index: int,
+                 backups: int):
+        self.transport, self.stragglers, self.failures = transport, stragglers, failures
+        self.index, self.backups = index, backups
+        self.back = 0.0                # perf_counter time this rank is back from its failure
+        self.base = 0.0                # its last minibatch's compute seconds: an away rank's estimate
+
+    def away(self, step: int) -> list[bool]:
+        return [time.perf_counter() < self.back]
+
+    def __call__(self, step: int, compute_s: list[float | None]) -> list[Fate]:
+        now, away = time.perf_counter(), compute_s[0] is None
+        self.base = self.base if away else compute_s[0]
+        extra = self.stragglers.extra(self.index, step, self.base)
+        tries = failed_tries(self.failures, self.index, step)
+        down = self.failures.length * self.base if self.failures else 0.0
+        delay = max(0.0, self.back - now)
         keep = True
-        if backups:
-            durations = np.zeros(stragglers.clients, np.float32)
-            durations[index] = compute_s[0] + extra
-            transport.allreduce_mean(durations)  # every slot but one is 0: the mean is each rank's / K
-            keep = keep_fastest(list(durations), backups)[index]
-        if keep and extra:
-            time.sleep(extra)
-        return [keep]
-    return straggle
+        if self.backups:
+            durations = np.zeros(self.stragglers.clients, np.float32)
+            durations[self.index] = delay + (tries + 1) * (self.base + extra) + tries * down
+            self.transport.allreduce_mean(durations)  # every slot but one is 0: the mean is each rank's / K
+            keep = keep_fastest(list(durations), self.backups)[self.index]
+        if keep:  # back (if it was down), then each failed try and its outage; collective_step computes again
+            wait = delay + (tries + 1) * extra + tries * down
+            if wait:
+                time.sleep(wait)
+            return [Fate(True, tries, away)]
+        if tries and not away:  # it failed and the step goes on without it
+            self.back = now + extra + down
+        return [Fate(False, int(bool(tries) and not away), away)]
 
 
 def _flatten(gathered: list[list[dict]] | None) -> list[dict] | None:
@@ -188,12 +219,14 @@ def _flatten(gathered: list[list[dict]] | None) -> list[dict] | None:
 
 
 def _plan(index: int, servers: int, cfg: RunConfig, clients: int) -> ClientPlan:
+    stragglers = Stragglers.for_run(cfg, clients)
     return ClientPlan(index=index, steps=cfg.steps, n_push=cfg.push_every, n_fetch=cfg.fetch_every,
                       # Twice the server's: when one client stalls, the server (which names
                       # it) must give up before the others blame the busy server.
                       timeout=2 * cfg.stall_timeout, servers=tuple(range(servers)),
                       fault=cfg.fault_for(index + servers, f"client {index}"), compress=cfg.compress,
-                      stragglers=stragglers if (stragglers := Stragglers.for_run(cfg, clients)).active else None)
+                      stragglers=stragglers if stragglers.active else None,
+                      failures=Failures.for_run(cfg, stragglers), dylu=cfg.dylu)
 
 
 def _fail(transport: Transport, error: Exception, index: int, servers: int, keep_going: bool, out: str,

@@ -4,12 +4,13 @@
 pickle, with the SHA-256 of every array checked on load (paramserver/rundir/durable.py): the
 weights and their version, the run's clock, the rows of the two logs it accounts for,
 the tallies, in an async run the Store's own arrays (each client's pulled version,
-the counters, the rule's state), and the clients' optimizer state: one for all in a
+the counters, the rule's state) and DyLU's measured speeds, and the clients' optimizer state: one for all in a
 sync run (they step alike), each client's own in async and local-sgd runs. Every mode
 writes this one type; resume reads it.
 """
 from __future__ import annotations
 
+import zipfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,7 +32,7 @@ class Checkpoint:
     counts: tuple[int, int, int]     # minibatches, samples, rejected pushes
     client_steps: np.ndarray         # each client's step at its last handled push
     client_pushes: np.ndarray        # each client's pushes handled
-    store: dict[str, np.ndarray] = field(default_factory=dict)  # the Store's arrays (async runs)
+    store: dict[str, np.ndarray] = field(default_factory=dict)  # the server's arrays (async runs: the Store's, DyLU's)
     # the clients' optimizer state where every client's is the same (sync mode: each
     # steps with the same averaged gradient), as `ClientOptimizer.state_arrays` names it
     optimizer: dict[str, np.ndarray] = field(default_factory=dict)
@@ -73,6 +74,16 @@ class Checkpoint:
                    {k: v for k, v in arrays.items()
                     if k not in OWN and not k.startswith((OPTIMIZER, CLIENT_OPTIMIZER))},
                    {k[len(OPTIMIZER):]: v for k, v in arrays.items() if k.startswith(OPTIMIZER)}, own)
+
+    @staticmethod
+    def reached(run: RunDir) -> tuple[int, int] | None:
+        """(minibatches, clients.jsonl rows) the checkpoint accounts for, read without its
+        weights or checksum (a console line's, after a run stopped short); None if unreadable."""
+        try:
+            with np.load(run.checkpoint_path, allow_pickle=False) as arrays:
+                return int(arrays["tally.counts"][0]), int(arrays["lines"][1])
+        except (OSError, KeyError, ValueError, IndexError, EOFError, zipfile.BadZipFile):
+            return None
 
     @property
     def store_state(self) -> dict[str, np.ndarray]:

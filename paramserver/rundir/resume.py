@@ -28,16 +28,18 @@ from paramserver.rundir.checkpoint import Checkpoint
 from paramserver.rundir.durable import CorruptFile, read_jsonl, truncate_jsonl, write_json_atomic
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.lock import RunDirError
+from paramserver.rundir.measure import METRIC_HIGHER, METRIC_NAME
 from paramserver.rundir.status import COMPLETE
 from paramserver.rundir.summary import SUMMARY, discard
 
 # The one list of settings a resume may change: how the run is handled, never what it
 # trains (every other config key, whoever adds it, must keep the run's recorded value).
 CHANGEABLE = {"steps", "epochs", "quiet", "stall_timeout", "eval_samples", "eval_live", "metric", "stop_at_error",
-              "keep_snapshots", "keep_best", "device", "server_device", "server_kernel", "resume", "inject_fault", "out",
-              "threads", "debug", "tensorboard"}
+              "stop_at_loss", "stop_at_metric", "keep_snapshots", "keep_best", "device", "server_device",
+              "server_kernel", "resume", "inject_fault", "out", "threads", "debug", "tensorboard",
+              "checkpoint_every"}
 RECORD_ONLY = {"provenance", "num_params", "train_size", "resumed", "momentum_used",
-               "data_fingerprint"}  # config.json keys that are not config
+               "data_fingerprint", METRIC_NAME, METRIC_HIGHER}  # config.json keys that are not config
 
 
 @dataclass(frozen=True)
@@ -169,16 +171,42 @@ def _json_object(line: bytes) -> bool:
         return False
 
 
+def resume_hint(run_dir: str | Path) -> str:
+    """What the console adds after a run stopped short: how to go on and what a resume runs
+    again (the minibatches recorded after the checkpoint, besides those run but not yet
+    pushed); '' where there is no checkpoint to go on from."""
+    run = RunDir(run_dir)
+    if not run.checkpoint_path.exists():
+        return ""
+    hint, reached = f"; resume with: asgd train --resume {run_dir}", Checkpoint.reached(run)
+    if reached is None:
+        return hint
+    minibatches, rows = reached
+    after = max(_count_rows(run.path / "clients.jsonl") - rows, 0)
+    return f"{hint} (from its checkpoint at minibatch {minibatches:,}, running again the {after:,} recorded after it)"
+
+
+def _count_rows(path: Path) -> int:
+    try:
+        with open(path, "rb") as log:
+            return sum(block.count(b"\n") for block in iter(lambda: log.read(1 << 20), b""))
+    except OSError:
+        return 0
+
+
 def resume_point(run_dir: str) -> ResumePoint:
     checkpoint = Checkpoint.load(RunDir(run_dir))
     return ResumePoint(checkpoint.time, [int(s) for s in checkpoint.client_steps],
                        [int(p) for p in checkpoint.client_pushes], checkpoint.optimizer, checkpoint.client_optimizers)
 
 
-def cut_back(run: RunDir, checkpoint: Checkpoint, steps: int, record: dict[str, Any]) -> None:
+def cut_back(run: RunDir, checkpoint: Checkpoint, steps: int, record: dict[str, Any],
+             metric: dict[str, Any] | None = None) -> None:
     """Make the run directory what it was at the checkpoint, and note the resume in
     config.json, with what the cut takes away that must stay on record: how the run
-    ended before (its summary's status) and the clients it had lost since."""
+    ended before (its summary's status) and the clients it had lost since. `metric`: the
+    metric this resume measures with (`metric` and, where there is one, its name and
+    direction), which a resume may change, so that the run's record reads its curve in it."""
     version = checkpoint.version
     before = {"status": run.status(),
               "lost": [row for row in run.rows("server")[checkpoint.lines[0]:] if "lost" in row]}
@@ -195,5 +223,9 @@ def cut_back(run: RunDir, checkpoint: Checkpoint, steps: int, record: dict[str, 
     config = run.record("config")
     config["resumed"] = [*config.get("resumed", []), {**record, "before": before}]
     config["steps"] = steps  # a resume may extend the run
+    if metric is not None:
+        for key in ("metric", METRIC_NAME, METRIC_HIGHER):
+            config.pop(key, None)
+        config.update(metric)
     config["out"] = str(run.path)  # a copy of a run, resumed, is a run of its own
     write_json_atomic(run.path / "config.json", config)

@@ -16,6 +16,16 @@ FINISHED = (COMPLETE, DIVERGED, UNTRAINED)  # ran to its end: nothing to resume 
 PENDING, RUNNING, LOCKED = "pending", "running", "locked"
 
 
+EXIT_DIVERGED = 3  # `asgd train`'s exit status for a run that diverged (0 complete, 1 failed, 2 bad input)
+
+
+def exit_status(status: str | None) -> int:
+    """The exit status of a run that ran to its end with this status: non-zero where it
+    diverged, so a script does not take it for a result (`untrained`, a short run's
+    ending as often as a failed one's, exits 0; its final line says it)."""
+    return EXIT_DIVERGED if status is not None and word(status) == DIVERGED else 0
+
+
 def finished(status: str | None) -> bool:
     """Whether a run with this status ran to its end: nothing to resume or retry."""
     return status is not None and word(status) in FINISHED
@@ -26,10 +36,10 @@ def word(status: str) -> str:
     return status.split(":")[0]
 
 
-def reached_target(point: dict, target: float) -> str:
-    """A run `stop_at_error` ended early: complete, at the curve's point that reached it."""
-    return (f"{COMPLETE}: reached target (test error {point['test_error']:.4f} <= {target:g} at version "
-            f"{point['version']})")
+def reached_target(point: dict, stop) -> str:
+    """A run a stop rule ended early (`stop`: paramserver/rundir/measure.py's `Stop`, of
+    stop_at_error, stop_at_loss or stop_at_metric): complete, at the curve's point that reached it."""
+    return f"{COMPLETE}: reached target ({stop.describe(point)} at version {point['version']})"
 
 
 def failed(reason: str) -> str:

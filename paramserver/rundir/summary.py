@@ -70,9 +70,8 @@ def training_status(counts: dict[str, Any], final: dict[str, Any], classes: int 
     (not finite, or malformed) or the final weights give no finite loss, `untrained` when
     a classifier's final test error cannot be told from chance (within two standard
     errors of guessing, on the samples evaluated)."""
-    rejected, applied = counts.get("pushes_rejected", 0), counts.get("pushes_applied")
-    if applied is not None and rejected > applied:
-        return f"{words.DIVERGED}: {rejected} of {rejected + applied} pushes rejected (not finite or malformed)"
+    if mostly_rejected(counts):
+        return f"{words.DIVERGED}: {rejections(counts)}"
     if not final:
         return words.COMPLETE
     if not math.isfinite(final["test_loss"]):
@@ -85,6 +84,26 @@ def training_status(counts: dict[str, Any], final: dict[str, Any], classes: int 
         return (f"{words.UNTRAINED}: final test error {final['test_error']:.3f} is chance level ({chance:.3f} for "
                 f"{classes} classes, within {margin:.3f} on {final['samples']} test samples)")
     return words.COMPLETE
+
+
+def mostly_rejected(counts: dict[str, Any]) -> bool:
+    applied = counts.get("pushes_applied")
+    return applied is not None and counts.get("pushes_rejected", 0) > applied
+
+
+def rejections(counts: dict[str, Any]) -> str:
+    """The pushes the server rejected, in words ('' for none)."""
+    rejected, applied = counts.get("pushes_rejected", 0), counts.get("pushes_applied") or 0
+    return f"{rejected} of {rejected + applied} pushes rejected (not finite or malformed)" if rejected else ""
+
+
+def ending(status: str, counts: dict[str, Any]) -> str:
+    """What the run's last console line adds to its numbers: the status unless complete,
+    and the pushes rejected where the status does not count them ('' for neither)."""
+    said = [] if status == words.COMPLETE else [status]
+    if rejections(counts) and not mostly_rejected(counts):
+        said.append(rejections(counts))
+    return "".join(f"; {part}" for part in said)
 
 
 def failure_status(error: BaseException) -> str:

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from paramserver.wire.protocol import Link, Outgoing, Pull, Push, Tag, Weights
+from paramserver.wire.protocol import Link, Outgoing, Pull, Push, Rejoin, Tag, Weights
 
 
 class ServerLink:
@@ -47,7 +47,9 @@ class ServerLink:
 
 def _sliced(header: Any, server: int, lo: int, hi: int) -> Any:
     """The header server number `server` gets: a push's says its slice's size, and only
-    server 0 (which writes the run's logs) gets the rows."""
+    server 0 (which writes the run's logs) gets the rows (a push's, or a rejoining client's)."""
+    if isinstance(header, Rejoin):
+        return header if server == 0 else replace(header, rows=())
     if not isinstance(header, Push) or (header.size, server) == (hi - lo, 0):  # one server: as it is
         return header
     return replace(header, size=hi - lo, rows=header.rows if server == 0 else ())

@@ -18,7 +18,8 @@ Message sequence (one client; the server serves all clients in arrival order):
     client                                  server
       | -- PULL ---------------------------> |  remembers the version the client holds
       | <---------- WEIGHTS(version) + data - |
-      |   n_push local minibatches            |
+      |   n_push local minibatches (DyLU: the |
+      |   last reply's `window`)              |  (paramserver/dylu.py: from measured speeds)
       | -- PUSH(rows, fetch=True) + data ---> |  checks, applies, logs staleness
       | <---------- WEIGHTS(version) + data - |  (only when the push asks to fetch)
       |   while WEIGHTS say `state` (a        |
@@ -27,14 +28,15 @@ Message sequence (one client; the server serves all clients in arrival order):
       |   ...                                 |  every client's last push brought one
       |   ... until the step budget is done,  |
       |   or a WEIGHTS says stop (the run     |
-      |   reached its stop_at_error; work not |
-      |   pushed yet goes in one PUSH first)  |
+      |   reached a stop_at_* target; work    |
+      |   not pushed goes in one PUSH first)  |
       | -- STATE, STOP(steps, pushes) ------> |  ends when every client has stopped (or is lost)
       | <---------------------- BYE(lost) --- |  once the run is recorded; then all exit
       | -- FAIL(reason) --------------------> |  on an exception; then the job aborts
 
 With n_fetch != n_push a client also sends PUSH(fetch=False) (no reply) or a bare
-PULL at its fetch steps. STATE is sent only by clients whose optimizer keeps state
+PULL at its fetch steps. A client back from a failure (`mtbf`, clients/stragglers.py)
+sends PULL with a `Rejoin` header: the step it failed at and the rows it lost. STATE is sent only by clients whose optimizer keeps state
 (momentum, Adam's moments), to server 0 only: a checkpoint of an async run then holds
 each client's state at the step it records for that client, so a resume goes on with
 it. With S sharded servers (ranks 0..S-1, `shard_bounds`) a
@@ -67,6 +69,15 @@ class Tag(IntEnum):
 @dataclass(frozen=True)
 class Pull:
     pass
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    """A PULL from a client back from a failure: the step it failed at and the rows of
+    the minibatches it lost (not pushed), so the server counts and logs them."""
+
+    step: int
+    rows: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(slots=True)
@@ -105,8 +116,9 @@ class Weights:
     version: int
     size: int
     samples: int = 0           # the server's progress (paramserver/schedule.py): the lr they train at
-    stop: bool = False         # the run reached its target (stop_at_error): the client stops here
+    stop: bool = False         # the run reached a target (stop_at_error, _loss, _metric): the client stops here
     state: bool = False        # a checkpoint is due: send the optimizer's state before each push
+    window: int = 0            # DyLU: the minibatches to run before the next push (0: n_push; paramserver/dylu.py)
 
 
 @dataclass(slots=True)
@@ -179,8 +191,8 @@ def shard_bounds(size: int, servers: int) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:]))
 
 
-HEADERS = {Tag.PULL: Pull, Tag.PUSH: Push, Tag.STOP: Stop, Tag.FAIL: Fail, Tag.WEIGHTS: Weights, Tag.BYE: Bye,
-           Tag.STATE: State}
+HEADERS = {Tag.PULL: (Pull, Rejoin), Tag.PUSH: Push, Tag.STOP: Stop, Tag.FAIL: Fail, Tag.WEIGHTS: Weights,
+           Tag.BYE: Bye, Tag.STATE: State}
 FROM_CLIENTS = (Tag.PULL, Tag.PUSH, Tag.STOP, Tag.FAIL, Tag.STATE)
 _LOGGABLE = (int, float, str, bool, type(None))
 
@@ -204,15 +216,21 @@ def well_formed(tag: int, header: Any) -> bool:
         return False
     if isinstance(header, Push):
         return (_is_int(header.step) and _is_int(header.size) and isinstance(header.fetch, bool)
-                and isinstance(header.dtype, str) and isinstance(header.rows, tuple)
-                and all(isinstance(row, dict) for row in header.rows)
-                and all(isinstance(v, _LOGGABLE) for row in header.rows for v in row.values()))
+                and isinstance(header.dtype, str) and _loggable(header.rows))
+    if isinstance(header, Rejoin):
+        return _is_int(header.step) and _loggable(header.rows)
     if isinstance(header, Stop):
         return _is_int(header.steps) and _is_int(header.pushes)
     if isinstance(header, State):
         return _is_int(header.step) and isinstance(header.arrays, dict) and all(
             isinstance(k, str) and isinstance(v, np.ndarray) and v.dtype != object for k, v in header.arrays.items())
     return True
+
+
+def _loggable(rows: Any) -> bool:
+    """Rows a client sent for the logs: a tuple of dicts of plain values."""
+    return isinstance(rows, tuple) and all(isinstance(row, dict) for row in rows) and \
+        all(isinstance(v, _LOGGABLE) for row in rows for v in row.values())
 
 
 def _is_int(value: Any) -> bool:

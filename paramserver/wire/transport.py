@@ -69,12 +69,12 @@ class Transport:
         """Every rank of the job."""
         return cls(MPI.COMM_WORLD, timeout=timeout)
 
-    def this_node(self, is_client: bool) -> tuple[int, int, int]:
-        """This rank's number among the ranks on its node, how many they are, and how
-        many of them are clients (`is_client` on each): to share the node's cores and GPUs."""
+    def this_node(self, is_client: bool) -> tuple[int, list[bool]]:
+        """This rank's number among the ranks on its node, and whether each of them is a
+        client (`is_client` on each), in that order: to share the node's cores and GPUs."""
         local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
         try:
-            return local.Get_rank(), local.Get_size(), local.allreduce(int(is_client))
+            return local.Get_rank(), [bool(flag) for flag in local.allgather(is_client)]
         finally:
             local.Free()
 

@@ -15,8 +15,9 @@ from tests.reference import plain_sgd
 
 pytestmark = pytest.mark.mpi
 # the rule these tests were written for (a version a push) and no lr scaling, so their
-# weights compare with plain SGD's at the same lr; tests of other rules say theirs
-TINY = ["--batch-size", "32", "--lr", "0.01", "--rule", "easgd", "--lr-scaling", "none"]
+# weights compare with plain SGD's at the same lr (on the CPU, as the reference is, on a
+# GPU host too); tests of other rules say theirs
+TINY = ["--batch-size", "32", "--lr", "0.01", "--rule", "easgd", "--lr-scaling", "none", "--device", "cpu"]
 
 
 def rows(run: Path, log: str) -> list[dict]:
@@ -180,6 +181,22 @@ def test_synchronous_baselines_under_mpi(tmp_path, tiny_npz, mode):
         expected = plain_sgd(load_dataset(str(tiny_npz)), 10, batch_size=32, lr=0.01, clients=3)
         np.testing.assert_allclose(load_arrays(run / "checkpoint" / "latest.npz")["weights"], expected,
                                    atol=1e-6, rtol=0)
+
+
+def test_local_sgd_under_mpi_resumed_from_checkpoints_between_curve_points_ends_as_one_never_stopped(tmp_path,
+                                                                                                 tiny_npz):
+    """checkpoint_every under MPI: rank 0's clock decides, every rank agrees at the
+    averaging steps and gives its AdamW state; a run failed at step 7 goes on from step 6."""
+    flags = ["--mode", "local-sgd", "--data", str(tiny_npz), *TINY, "--steps", "10", "--n-sync", "2",
+             "--optimizer", "adamw", "--eval-every", "1000", "--checkpoint-every", "0.000001", "--eval-samples", "50"]
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    assert mpi_train(2, *flags, "--out", str(whole)).returncode == 0
+    assert mpi_train(2, *flags, "--out", str(resumed), "--inject-fault", "1:7").returncode == 1
+    stopped = load_arrays(resumed / "checkpoint" / "latest.npz")
+    assert int(stopped["version"]) == 6 and "client_optimizer.1.state.0.step" in stopped
+    assert mpi_train(2, "--resume", str(resumed)).returncode == 0
+    np.testing.assert_array_equal(load_arrays(resumed / "checkpoint" / "latest.npz")["weights"],
+                                  load_arrays(whole / "checkpoint" / "latest.npz")["weights"])
 
 
 def test_warm_start_under_mpi_starts_every_client_from_the_warm_weights(tmp_path, tiny_npz):

@@ -8,6 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clients.stragglers import Failures, Stragglers, client_speeds
+from experiments.cli import main
+from paramserver.config import RunConfig
 from tests.conftest import mpi_train
 
 pytestmark = pytest.mark.mpi
@@ -57,3 +60,70 @@ def test_backup_workers_over_mpi_drop_one_gradient_a_step_on_every_rank_alike(tm
     assert {r["lr"] for r in client_rows} == {0.02}  # 0.01 x the 2 gradients a step averages
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["gradients_dropped"] == 8
+
+
+def failures_of(run: Path) -> tuple[list, list]:
+    """(client, step) of each failure, and of each lost minibatch, as the run recorded them."""
+    found = sorted((r["client"], r["step"]) for r in rows(run) if r.get("failed"))
+    return found, sorted((r["client"], r["step"]) for r in rows(run) if r.get("lost"))
+
+
+def test_speeds_and_failures_under_mpi_are_those_the_seed_draws_in_the_simulator(tmp_path, tiny_npz):
+    """The same seed draws the same speeds and failures on both backends: the MPI run's
+    clients sleep them, the simulator's clock has them; the recorded speeds, failures and
+    lost minibatches agree with each other and with the pure schedule."""
+    flags = ["--data", str(tiny_npz), "--clients", "2", "--steps", "16", "--n-sync", "2", "--speed-spread", "0.3",
+             "--mtbf", "6", "--failure-length", "1", "--seed", "3", *TINY]
+    real, simulated = tmp_path / "mpi", tmp_path / "sim"
+    result = mpi_train(3, "--out", str(real), *flags)
+    assert result.returncode == 0, result.stderr
+    assert main(["train", "--backend", "sim", "--sim-step-time", "0.01", "--quiet", "--out", str(simulated),
+                 *flags]) == 0
+    config = json.loads((real / "config.json").read_text())
+    assert config["speeds_used"] == json.loads((simulated / "config.json").read_text())["speeds_used"] == \
+        client_speeds(3, 2, 0.3)
+    cfg = RunConfig(mtbf=6, failure_length=1, speed_spread=0.3, seed=3)
+    failures = Failures.for_run(cfg, Stragglers.for_run(cfg, 2))
+    drawn = sorted((c, step) for c in range(2) for step in failures.schedule(c, 16))
+    assert failures_of(real) == failures_of(simulated) and failures_of(real)[0] == drawn and drawn
+    summary = json.loads((real / "summary.json").read_text())
+    assert summary["failures"] == len(drawn) and summary["goodput"] < 1 and summary["minibatches"] == 32
+
+
+def test_a_sync_job_waits_for_the_failures_the_seed_draws_in_the_simulator(tmp_path, tiny_npz):
+    """Without backup workers each failed try costs the step its outage (the rank sleeps
+    it, and the allreduce waits): every step still averages both gradients, and the lost
+    tries are those the simulator draws for the seed."""
+    flags = ["--data", str(tiny_npz), "--mode", "sync", "--clients", "2", "--steps", "12", "--mtbf", "5",
+             "--failure-length", "1", "--seed", "1", *TINY]
+    real, simulated = tmp_path / "mpi", tmp_path / "sim"
+    result = mpi_train(2, "--out", str(real), *flags)
+    assert result.returncode == 0, result.stderr
+    assert main(["train", "--backend", "sim", "--sim-step-time", "0.01", "--quiet", "--out", str(simulated),
+                 *flags]) == 0
+    assert failures_of(real) == failures_of(simulated) and failures_of(real)[0]
+    kept = [r["step"] for r in rows(real) if not r.get("lost")]
+    assert sorted(kept) == sorted(list(range(1, 13)) * 2)
+    summary = json.loads((real / "summary.json").read_text())
+    assert summary["minibatches_in_steps"] == 24 and summary["failures"] == len(failures_of(real)[0])
+
+
+def test_dylu_windows_travel_in_the_replies_and_every_minibatch_is_run_once(tmp_path, tiny_npz):
+    """Asynchronous DiLoCo with dynamic local updates: the server's replies set each
+    client's window over the wire (the frame's window field). Client 2 sleeps four times
+    its compute, so once measured (its first push comes about half way through the fast
+    clients' steps) it pushes fewer than n_sync minibatches; every (client, step) is still
+    logged once, every push applied."""
+    run = tmp_path / "run"
+    result = mpi_train(4, "--data", str(tiny_npz), "--out", str(run), "--clients", "3", "--steps", "40",
+                       "--n-sync", "4", *TINY, "--rule", "nesterov", "--optimizer", "adamw", "--dylu",
+                       "--slow-clients", "1", "--slow-factor", "5")
+    assert result.returncode == 0, result.stderr
+    client_rows = rows(run)
+    assert sorted((r["client"], r["step"]) for r in client_rows) == [(c, s) for c in range(3) for s in range(1, 41)]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["pushes_sent"] == summary["pushes_applied"]
+    applied = [json.loads(line)["version"] for line in (run / "server.jsonl").read_text().splitlines()]
+    assert applied == list(range(1, summary["pushes_applied"] + 1))
+    slow = [r["step"] for r in client_rows if r["client"] == 2 and "staleness" in r]
+    assert np.diff([0, *slow]).max() <= 4 and np.diff([0, *slow])[1:].min() < 4 and slow[-1] == 40

@@ -20,7 +20,7 @@ import pytest
 from experiments.parent.supervise import alive, descendants, kill_tree
 from paramserver.rundir.durable import load_arrays
 from paramserver.rundir.lock import FolderLock
-from paramserver.rundir.status import was_interrupted
+from paramserver.rundir.status import EXIT_DIVERGED, was_interrupted
 from tests.conftest import BIN, run_command, start
 from tests.sim.test_sim import TIMED
 
@@ -77,6 +77,14 @@ def interrupt(args: list[str], ready, what: str, how: signal.Signals,
     finally:
         job.kill()
     return job.returncode, err
+
+
+def redone(run: Path) -> str:
+    """What the interrupt's line says a resume runs again: the rows after the checkpoint."""
+    arrays = load_arrays(run / "checkpoint" / "latest.npz")
+    after = len(rows(run, "clients")) - int(arrays["lines"][1])
+    return f" (from its checkpoint at minibatch {int(arrays['tally.counts'][0]):,}, running again the {after:,} " \
+           "recorded after it)"
 
 
 def checkpointed(run: Path) -> bool:
@@ -156,18 +164,20 @@ def test_a_run_that_did_not_train_does_not_say_complete(tmp_path, tiny_npz, flag
         flags = ["--init", str(nan)]
     run = tmp_path / "run"
     result = asgd(*sim(run, tiny_npz, "--steps", "20", *flags))
-    assert result.returncode == 0 and status(run).startswith(reason), status(run)
+    assert result.returncode == EXIT_DIVERGED and status(run).startswith(reason), status(run)
 
 
-def test_sigterm_ends_the_whole_mpi_job_and_it_resumes_exactly(tmp_path, tiny_npz):
+@pytest.mark.parametrize("checkpoints", [["--eval-every", "20"],  # at the curve's points
+                                         ["--eval-every", "1000000", "--checkpoint-every", "0.3"]])  # between them
+def test_sigterm_ends_the_whole_mpi_job_and_it_resumes_exactly(tmp_path, tiny_npz, checkpoints):
     run = tmp_path / "run"
     returncode, err = interrupt(["train", "--clients", "2", "--steps", "100000", "--data", str(tiny_npz),
-                                 "--batch-size", "32", "--eval-samples", "50", "--eval-every", "20", "--quiet",
+                                 "--batch-size", "32", "--eval-samples", "50", *checkpoints, "--quiet",
                                  "--out", str(run)],
                                 lambda: checkpointed(run), "a first checkpoint",
                                 signal.SIGTERM)
     assert returncode == 130 and err.strip().splitlines() == \
-        [f"asgd: run {run} interrupted; resume with: asgd train --resume {run}"]
+        [f"asgd: run {run} interrupted; resume with: asgd train --resume {run}{redone(run)}"]
     wait_for(lambda: not job_processes(str(run)), "every process of the job gone")
     assert status(run).startswith("failed: interrupted")
     done = int(load_arrays(run / "checkpoint" / "latest.npz")["tally.client_steps"].max())
@@ -262,7 +272,7 @@ def test_ctrl_c_in_the_simulator_is_one_line_and_resumable(tmp_path, tiny_npz):
                                 lambda: checkpointed(run), "a first checkpoint",
                                 signal.SIGINT)
     assert returncode == 130 and err.strip().splitlines() == \
-        [f"asgd: run {run} interrupted; resume with: asgd train --resume {run}"]
+        [f"asgd: run {run} interrupted; resume with: asgd train --resume {run}{redone(run)}"]
     assert status(run) == "failed: interrupted"
     steps = int(load_arrays(run / "checkpoint" / "latest.npz")["tally.client_steps"].max()) + 4
     assert asgd("train", "--resume", str(run), "--steps", str(steps)).returncode == 0

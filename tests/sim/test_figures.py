@@ -223,15 +223,15 @@ def test_docs_page_holds_the_tables_and_says_where_the_runs_ran(tmp_path):
 
     specs = [point("async", k, 1) for k in (1, 2, 4)]
     root = make_sweep(tmp_path / "sweep", specs)
-    with_provenance(root, {specs[0]["id"]: ("2026-11-30T14:40:02+0000", "vm", "8883ec1f88"),
-                           specs[1]["id"]: ("2026-11-30T13:33:58+0000", "vm", "8883ec1f88"),
-                           specs[2]["id"]: ("2026-11-30T13:50:00+0000", "node2", "1f6e79e000")})
+    with_provenance(root, {specs[0]["id"]: ("1999-11-30T14:40:02+0000", "vm", "8883ec1f88"),
+                           specs[1]["id"]: ("1999-11-30T13:33:58+0000", "vm", "8883ec1f88"),
+                           specs[2]["id"]: ("1999-11-30T13:50:00+0000", "node2", "1f6e79e000")})
     page = tmp_path / "docs" / "results" / "proxy" / "starts.md"  # no folder yet: the writer makes it
     assert report(str(root), 20, str(tmp_path / "fig"), None, str(page)) == 0
     text = page.read_text()
     assert text.startswith("# sweep: the tables\n")
     assert f"Written by `asgd report {root} --docs {page}`" in text
-    assert "3 complete runs of `sweep`, started 2026-11-30 13:33 +0000 to 2026-11-30 14:40 +0000, " \
+    assert "3 complete runs of `sweep`, started 1999-11-30 13:33 +0000 to 1999-11-30 14:40 +0000, " \
            "on node2, vm, code at commit 1f6e79e, 8883ec1." in text
     sweep = load_sweep(root)
     assert "## Staleness\n\n" + analysis.markdown_table(analysis.staleness_table(sweep)) in text

@@ -102,3 +102,62 @@ def test_an_async_run_resumes_with_each_clients_optimizer_state(tmp_path, tiny_n
     assert_logged_once(run, clients=3, steps=12, versions=36)
     final = Checkpoint.load(RunDir(run))
     assert [int(final.client_optimizers[c]["state.0.step"]) for c in range(3)] == [12] * 3
+
+
+def checkpoint_of(run) -> "Checkpoint":
+    from paramserver.rundir.checkpoint import Checkpoint
+    from paramserver.rundir.layout import RunDir
+    return Checkpoint.load(RunDir(run))
+
+
+@pytest.mark.parametrize("every", ["0", "0.03"])
+def test_a_checkpoint_is_taken_between_curve_points_so_a_resume_redoes_little(tmp_path, tiny_npz, capsys, every):
+    """Curve points far apart (none between the start and the end): without
+    checkpoint_every the run failing at version 20 goes on from version 0; with it, from
+    at most checkpoint_every of the run's (virtual) clock before the failure, and the
+    console says how much a resume runs again."""
+    run = tmp_path / "run"
+    assert train("--data", str(tiny_npz), "--out", str(run), "--clients", "2", "--steps", "24", "--eval-every", "48",
+                 "--rule", "add", "--checkpoint-every", every, "--inject-fault", "0:20") == 1
+    stopped, server = checkpoint_of(run), [r for r in rows(run, "server") if "version" in r]
+    # no curve point after version 0 (that one is measured on the live curve's thread, which
+    # a loaded host may not reach before the fault): the checkpoints are all checkpoint_every's
+    assert server[-1]["version"] == 20 and [r["version"] for r in rows(run, "eval")] in ([], [0])
+    after = len(rows(run, "clients")) - stopped.lines[1]
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith(f"; resume with: asgd train --resume {run} (from its checkpoint at minibatch "
+                        f"{stopped.counts[0]}, running again the {after} recorded after it)")
+    if every == "0":
+        assert stopped.version == 0 and after == 20
+        return
+    # a version every 0.005 s (2 clients, 0.01 s a step): 6 per checkpoint_every
+    assert 20 - 7 <= stopped.version <= 20 and server[-1]["time"] - stopped.time <= 0.03 + 0.01
+    assert train("--resume", str(run)) == 0
+    assert_logged_once(run, clients=2, steps=24, versions=48)
+
+
+@pytest.mark.parametrize("mode,optimizer", [("sync", "adamw"), ("local-sgd", "adamw"), ("sync", "sgd")])
+def test_a_collective_run_resumed_from_a_checkpoint_between_curve_points_ends_as_one_never_stopped(
+        tmp_path, tiny_npz, mode, optimizer):
+    flags = ["--data", str(tiny_npz), "--mode", mode, "--clients", "2", "--steps", "12", "--eval-every", "100",
+             "--n-sync", "2", "--optimizer", optimizer, "--checkpoint-every", "0.025"]
+    assert train(*flags, "--out", str(tmp_path / "whole")) == 0
+    assert train(*flags, "--out", str(tmp_path / "resumed"), "--inject-fault", "1:9") == 1
+    stopped = checkpoint_of(tmp_path / "resumed")
+    assert 0 < stopped.version < 9 and (mode == "sync" or stopped.version % 2 == 0)  # local-sgd: averaged steps
+    assert not (tmp_path / "resumed" / "snapshots" / f"{stopped.version}.npz").exists()  # no curve point there
+    assert train("--resume", str(tmp_path / "resumed")) == 0
+    whole, resumed = (np.load(tmp_path / name / "checkpoint" / "latest.npz") for name in ("whole", "resumed"))
+    np.testing.assert_array_equal(resumed["weights"], whole["weights"])
+    assert [r["version"] for r in rows(tmp_path / "resumed", "eval")] == [0, 12]
+
+
+def test_an_async_checkpoint_between_curve_points_waits_for_each_clients_optimizer_state(tmp_path, tiny_npz):
+    run = tmp_path / "run"
+    assert train("--data", str(tiny_npz), "--out", str(run), "--clients", "3", "--steps", "12", "--eval-every", "100",
+                 "--rule", "add", "--optimizer", "adamw", "--checkpoint-every", "0.03", "--inject-fault", "0:30") == 1
+    stopped = checkpoint_of(run)
+    assert 0 < stopped.version <= 30 and sorted(stopped.client_optimizers) == [0, 1, 2]
+    assert [int(stopped.client_optimizers[c]["state.0.step"]) for c in range(3)] == stopped.client_steps.tolist()
+    assert train("--resume", str(run)) == 0
+    assert_logged_once(run, clients=3, steps=12, versions=36)

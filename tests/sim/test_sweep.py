@@ -104,6 +104,15 @@ def test_a_failed_point_keeps_its_reason_and_is_retried_only_on_request(tmp_path
     assert len(rows(out / point["run"])) == 16  # resumed from its checkpoint, nothing twice
 
 
+def test_a_diverged_point_is_finished_not_failed(tmp_path, tiny_npz):
+    """Its run exits non-zero (3), as a diverged run does; the sweep records its status."""
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec(tmp_path, tiny_npz, "clients = [1]", base="lr = 1e9")), "--out", str(out),
+                 "--quiet"]) == 0
+    [point] = index(out)["points"]
+    assert point["status"].startswith("diverged: "), point
+
+
 def test_report_of_a_sweep_writes_tables_findings_and_figures(small_sweep, tmp_path, capsys):
     assert main(["report", str(small_sweep), "--figures", str(tmp_path / "fig"), "--window", "8"]) == 0
     written = {p.name for p in (tmp_path / "fig").iterdir()}

@@ -186,3 +186,67 @@ def test_model_args_reach_your_factory_and_a_resume_keeps_them(project, tmp_path
     assert config["num_params"] == (5 * 16 + 16) + (16 * 3 + 3)
     assert main(["train", "--resume", str(run), "--steps", "3", "--model-args", '{"width": 8}']) == 2
     assert main(["train", "--resume", str(run), "--steps", "3", "--model-args", '{ "width":16 }']) == 0
+
+
+OWN_HOOKS = """
+import torch
+
+def accuracy(outputs, targets):
+    return (outputs.argmax(1) == targets).float().mean()
+
+def plain_sgd(params, lr):
+    return torch.optim.SGD(params, lr=lr)
+"""
+
+
+def test_your_metric_and_optimizer_files_travel_to_a_resume_from_another_folder(project, tmp_path, monkeypatch):
+    (project / "own_hooks.py").write_text(textwrap.dedent(OWN_HOOKS))
+    run = tmp_path / "run"
+    code = ["--model", "own_model:build_model", "--data", "own_data.py:make_data",
+            "--metric", "own_hooks.py:accuracy", "--optimizer", "own_hooks:plain_sgd"]
+    assert main(["train", *TINY, *code, "--steps", "4", "--out", str(run)]) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["metric"] == f"{project / 'own_hooks.py'}:accuracy"
+    assert config["optimizer"] == f"{project}:own_hooks:plain_sgd"
+    (tmp_path / "other").mkdir()
+    elsewhere(monkeypatch, tmp_path / "other")
+    monkeypatch.delitem(sys.modules, "own_hooks", raising=False)
+    assert main(["train", "--resume", str(run), "--steps", "6"]) == 0
+    assert json.loads((run / "summary.json").read_text())["minibatches"] == 12
+    assert all(0 <= r["test_metric"] <= 1 for r in rows(run, "eval"))
+
+
+steps_taken: list[int] = []  # optimizer steps of sgd_counting's optimizers, in this process
+
+
+def sgd_counting(params, lr):
+    """A top-level factory of the test's own: its optimizers count their steps."""
+    optimizer = torch_sgd(params, lr)
+    optimizer.register_step_post_hook(lambda *_: steps_taken.append(1))
+    return optimizer
+
+
+def torch_sgd(params, lr):
+    import torch
+    return torch.optim.SGD(params, lr=lr)
+
+
+def agreement(outputs, targets):
+    """A metric of the test's own: the fraction of outputs whose top class is the target."""
+    return (outputs.argmax(1) == targets).float().mean()
+
+
+def test_metric_and_optimizer_callables_through_the_api_are_recorded_and_used(project, tmp_path):
+    run = tmp_path / "run"
+    steps_taken.clear()
+    result = train("own_model:build_model", "own_data.py:make_data", metric=agreement, optimizer=sgd_counting,
+                   argv=[*TINY, "--steps", "3", "--out", str(run)])
+    assert result == 0 and not result.status.startswith("failed")
+    config = json.loads((run / "config.json").read_text())
+    assert config["metric"] == f"{ROOT}:tests.sim.test_your_model:agreement"
+    assert config["optimizer"] == f"{ROOT}:tests.sim.test_your_model:sgd_counting"
+    assert len(steps_taken) >= 2 * 3  # each client's 3 steps (the server's, if it steps, beside them)
+    curve = rows(run, "eval")
+    assert curve and all(r["test_metric"] == pytest.approx(1 - r["test_error"]) for r in curve)
+    assert train("own_model:build_model", "own_data.py:make_data", metric=lambda o, t: 0.0,
+                 argv=[*TINY, "--steps", "1", "--out", str(tmp_path / "refused")]) == 2

@@ -22,7 +22,8 @@ def encoded(tag: int, header, rank: int) -> tuple[np.ndarray, bytes]:
 
 
 @pytest.mark.parametrize("tag, header", [(Tag.PUSH, PUSH), (Tag.PUSH, Push(0, 0, False)),
-                                         (Tag.WEIGHTS, Weights(2**40, 10**9))])
+                                         (Tag.WEIGHTS, Weights(2**40, 10**9)),
+                                         (Tag.WEIGHTS, Weights(3, 10, 640, window=2**32 - 1))])
 def test_a_header_reads_back_as_it_was_written(tag, header):
     head, rows = encoded(tag, header, rank=5)
     assert frame.decode(tag, head, rows, 5) == header
@@ -31,7 +32,7 @@ def test_a_header_reads_back_as_it_was_written(tag, header):
 
 def test_every_single_bit_flip_of_the_header_fields_is_garbled():
     head, rows = encoded(Tag.PUSH, PUSH, rank=1)
-    for byte in range(44):  # the fields (40 bytes) and their CRC; the padding after them is unread
+    for byte in range(frame._FIELDS.size + frame._CRC.size):  # the fields and their CRC; the padding is unread
         for bit in range(8):
             damaged = head.copy()
             damaged[byte] ^= 1 << bit
@@ -80,8 +81,19 @@ def test_a_reply_says_stop_and_asks_for_the_optimizer_state_in_its_header():
             assert frame.decode(Tag.WEIGHTS, head, b"", rank=0) == Weights(7, 10, 640, stop, state)
     frame.write_header(head, Tag.PUSH, Push(3, 10, True), rank=1)
     head[7] = 3  # a push's fetch byte holds one flag only
-    head[40:44] = np.frombuffer(frame._CRC.pack(frame.zlib.crc32(head[:frame._FIELDS.size])), np.uint8)
+    crc = frame._FIELDS.size
+    head[crc:crc + 4] = np.frombuffer(frame._CRC.pack(frame.zlib.crc32(head[:crc])), np.uint8)
     assert "fetch 3" in frame.decode(Tag.PUSH, head, b"", rank=1).why
+
+
+def test_a_push_that_carries_a_window_is_garbled():
+    """Only a reply says a window (DyLU's, the server's to give)."""
+    head, rows = encoded(Tag.PUSH, PUSH, rank=1)
+    window = frame._FIELDS.size - 4
+    head[window:window + 4] = np.frombuffer(np.uint32(3).tobytes(), np.uint8)
+    crc = frame._FIELDS.size
+    head[crc:crc + 4] = np.frombuffer(frame._CRC.pack(frame.zlib.crc32(head[:crc])), np.uint8)
+    assert "window 3" in frame.decode(Tag.PUSH, head, rows, rank=1).why
 
 
 def test_the_frames_table_forgets_freed_vectors_without_a_callback():

@@ -205,3 +205,26 @@ def test_every_kernel_compiles_as_cpp(tmp_path):
     result = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-Wall", "-Werror", str(tmp_path / "kernels.cpp")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_kernel_that_fails_to_compile_or_launch_falls_back_to_torch_with_a_warning():
+    """A GPU server whose cupy kernel cannot run (a driver or toolkit it cannot use) goes
+    on with the rule's torch arithmetic: the same weights, a warning, and a NaN push
+    still refused."""
+    def broken(update, inputs, outputs):
+        outputs["w"].fill_(7.0)  # what a half-run kernel may leave in a spare buffer
+        raise fused.KernelFailed("the cupy kernel failed (CompileException: nvrtc: error)")
+
+    start = np.arange(N, dtype=np.float32)
+    store = Store(start, make_rule("sgd", SETTINGS, 2), kernel="torch")
+    store.fused = fused.Fused(store.rule, broken)
+    reference = torch_store(start, "sgd", SETTINGS, 2)
+    push = np.linspace(-1, 1, N, dtype=np.float32)
+    with pytest.warns(RuntimeWarning, match="server_kernel: the cupy kernel failed .*torch arithmetic"):
+        assert store.apply(0, push).accepted
+    assert store.fused is None
+    reference.apply(0, push)
+    assert_same_store(store, reference)
+    assert not store.apply(1, np.full(N, np.nan, np.float32)).accepted
+    reference.apply(1, np.full(N, np.nan, np.float32))
+    assert_same_store(store, reference, "after a NaN push")

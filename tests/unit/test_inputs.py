@@ -34,6 +34,17 @@ def test_a_module_of_yours_is_recorded_with_the_folder_it_is_found_in(tmp_path, 
     assert absolute_paths({"model": "nowhere_to_be_found:make"}) == {"model": "nowhere_to_be_found:make"}
 
 
+def test_every_hook_travels_as_the_model_does(tmp_path, monkeypatch):
+    """The metric and the optimizer factory too: a resume or an export from another folder
+    finds them; an optimizer's name stays a name."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "nets" / "__init__.py").write_text("")
+    values = absolute_paths({"metric": "own.py:ppl", "optimizer": "nets.opt:make"})
+    assert values == {"metric": f"{tmp_path / 'own.py'}:ppl", "optimizer": f"{tmp_path}:nets.opt:make"}
+    assert absolute_paths({"optimizer": "adamw", "metric": ""}) == {"optimizer": "adamw", "metric": ""}
+
+
 class Jittered(TorchDataset):
     """Items with a random augmentation (drawn from torch's RNG, as torchvision's are)."""
 

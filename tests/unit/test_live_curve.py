@@ -68,7 +68,9 @@ def test_a_point_is_measured_while_the_run_trains_and_never_twice(parts):
     snapshot(run, net, 0, 1.0)
     curve = LiveCurve(run, net, lambda: items, loss=None)
     deadline = time.monotonic() + 60  # a hang guard, not a timing
-    while len(run.rows("eval")) < 1 and time.monotonic() < deadline:
+    # the thread writes the point's row, then counts it: wait for both (under load the test
+    # could read the row first)
+    while (len(run.rows("eval")) < 1 or curve.live < 1) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [row["version"] for row in run.rows("eval")] == [0] and curve.live == 1
     snapshot(run, net, 7, 2.0)

