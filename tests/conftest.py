@@ -127,8 +127,9 @@ def start(args: list[str], cwd: Path = ROOT) -> Started:
                             start_new_session=True)
 
 
-def _run_once(args: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess:
-    proc = start(args, cwd)
+def finish(proc: Started, args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """`proc`'s outcome, waited for at most `timeout` seconds; past it, it and its
+    descendants (its session) are killed and the test fails."""
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -136,6 +137,10 @@ def _run_once(args: list[str], timeout: float, cwd: Path) -> subprocess.Complete
         out, err = proc.communicate()
         pytest.fail(f"{' '.join(args)} did not finish in {timeout} s (deadlock?)\n{out}\n{err}")
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def _run_once(args: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess:
+    return finish(start(args, cwd), args, timeout)
 
 
 def mpi_train(ranks: int, *flags: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -40,6 +40,10 @@ START_TIMEOUT_S = 600.0  # how long the ranks wait for each other's verdict on t
 # The least time MPI may take to start: ranks reach MPI_Init as fast as they import torch,
 # seconds apart on a busy host, and a short stall_timeout must not cut that short.
 MPI_START_S = 30.0
+# How long a failing rank lets its launcher forward the line it printed before MPI_Abort:
+# hydra may act on the abort before it drains the rank's stderr pipe, and across hosts the
+# server's one line was lost so (tests/cluster, once in five runs of the cut-link test).
+ABORT_GRACE_S = 0.3
 
 if TYPE_CHECKING:  # the transport imports mpi4py, which starts MPI: only run_mpi loads it
     from paramserver.wire.transport import Transport
@@ -246,6 +250,7 @@ def _fail(transport: Transport, error: Exception, index: int, servers: int, keep
         tell_recorders(transport, transport.rank, servers, reason, wait=not keep_going)
         if keep_going:
             _exit(1)
+    time.sleep(ABORT_GRACE_S)
     transport.abort(1)
     raise SystemExit(1)  # not reached: Abort ends the process
 

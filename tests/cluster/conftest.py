@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from experiments.parent.mpiexec import OPEN_MPI_ENV
-from experiments.parent.supervise import kill_tree
-from tests.conftest import BIN, ROOT
+from tests.conftest import BIN, ROOT, finish
 
 SCRIPT = ROOT / "scripts" / "cluster.sh"
 AGENT = ROOT / "scripts" / "cluster-agent"
@@ -94,15 +93,10 @@ def cluster() -> Cluster:
 def run_job(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     """`args` in a session of its own; past `timeout`, it and its descendants (every
     rank on every host: the agent's hosts are its descendants) are killed and the test fails."""
-    proc = subprocess.Popen([str(a) for a in args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_tree(proc.pid)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(map(str, args))} did not finish in {timeout} s\n{out}\n{err}")
-    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+    args = [str(a) for a in args]
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    return finish(proc, args, timeout)
 
 
 @dataclass(frozen=True)
