@@ -81,8 +81,9 @@ w_out = w - lr * momentum_buffer_out;"""
 
     @classmethod
     def check(cls, settings: RuleSettings) -> str:
-        return refusals((settings.fresh_batch != "auto" or settings.servers == 1,
-                          "fresh_batch: auto needs servers = 1 (each server sees only its slice's gradient norms)"))
+        return super().check(settings) or refusals(
+            (settings.fresh_batch != "auto" or settings.servers == 1,
+             "fresh_batch: auto needs servers = 1 (each server sees only its slice's gradient norms)"))
 
     @classmethod
     def versions(cls, settings: RuleSettings, pushes: int, clients: int) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from paramserver.rules.base import Rule, RuleSettings, Update
+from paramserver.rules.base import Rule, RuleSettings, Update, refusals
 from paramserver.rules.optimizer import ServerOptimizer
 
 if TYPE_CHECKING:  # as in base.py: torch loads with the weights
@@ -30,6 +30,12 @@ w_out = w - lr * momentum_buffer_out;"""
         self.optimizer = ServerOptimizer.for_settings(settings, optimizer_factory)
         self.momentum = self.optimizer.momentum
         self.weight_decay = self.optimizer.weight_decay
+
+    @classmethod
+    def check(cls, settings: RuleSettings) -> str:
+        return refusals((not settings.clip_grad_norm or settings.servers == 1,
+                         "clip_grad_norm: the server clips the gathered gradient by its whole norm, and with "
+                         "servers > 1 each server holds a slice of it (use servers = 1, or a delta rule)"))
 
     @property
     def formulas_fit(self) -> bool:

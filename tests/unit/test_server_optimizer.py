@@ -167,3 +167,15 @@ def test_delayed_nesterov_is_algorithm_3(kernel, eps, beta, every, c, clients):
 def push_as(store: Store, client: int, d: np.ndarray) -> bool:
     store.pull(client)
     return store.apply(client, d).accepted
+
+
+@pytest.mark.parametrize("rule", ["sgd", "fresh"])
+def test_clipping_at_sharded_servers_is_refused(rule):
+    """Each server of a sharded run holds a slice of the gathered gradient, so none can clip
+    it by its whole norm: refused before launch, in one line naming the key."""
+    from paramserver.config import ConfigError
+
+    with pytest.raises(ConfigError, match="^clip_grad_norm: the server clips"):
+        RunConfig(rule=rule, servers=2, clip_grad_norm=1.0)
+    RunConfig(rule=rule, servers=2)  # without clipping it runs
+    RunConfig(rule="add", servers=2, clip_grad_norm=1.0)  # a delta rule's clients clip their own steps
