@@ -47,7 +47,7 @@ from clients.devices import keep_freed_memory, pick_device
 from clients.loop import ClientLoop, ClientPlan
 from clients.sampling import ShardSampler
 from clients.stragglers import Failures, Stragglers
-from experiments.assemble import build, start
+from experiments.assemble import build, server_optimizer_factory, start
 from experiments.collectiverun import collective_run
 from experiments.provenance import provenance
 from experiments.serverrun import serve_run
@@ -373,7 +373,7 @@ def measure_push(cfg: RunConfig, size: int, clients: int) -> float:
     with tempfile.TemporaryDirectory() as scratch:
         run = RunDir(scratch)
         run.create()
-        state = ServerState(Store.for_run(cfg, np.zeros(size, np.float32), clients), [1])
+        state = ServerState(Store.for_run(cfg, np.zeros(size, np.float32), clients, server_optimizer_factory(cfg)), [1])
         recorder = Recorder(run, state, time.perf_counter)
         row = StepResult(2.3, 0.9, cfg.batch_size, cfg.lr).row(0, 1, 0.0)
         state.landing[:] = 0

@@ -90,7 +90,10 @@ class ServerOptimizer:
 
     @classmethod
     def for_settings(cls, settings: Any, factory: Callable | None = None) -> ServerOptimizer:
-        """The run's optimizer as the config sets it (`factory`: the user's, resolved)."""
+        """The run's optimizer as the config sets it (`factory`: the user's, resolved; a
+        spec of the user's without it cannot step, which is said here, not at the first push)."""
+        if factory is None and settings.optimizer not in ("sgd", "adam", "adamw"):
+            raise ValueError(f"optimizer: {settings.optimizer} needs its factory resolved for the server's step")
         return cls("factory" if factory else settings.optimizer, momentum=settings.effective_server_momentum,
                    weight_decay=settings.weight_decay, nesterov=settings.nesterov,
                    clip=settings.clip_grad_norm, factory=factory)
@@ -118,7 +121,10 @@ class ServerOptimizer:
         import torch
         from torch.optim.adam import adam
 
-        moments = [self.vectors.setdefault(k, torch.zeros_like(w)) for k in ("exp_avg", "exp_avg_sq")]
+        for k in ("exp_avg", "exp_avg_sq"):  # made once, at the first step (not a zeros vector a step)
+            if k not in self.vectors:
+                self.vectors[k] = torch.zeros_like(w)
+        moments = [self.vectors["exp_avg"], self.vectors["exp_avg_sq"]]
         step = torch.tensor(self.numbers.get("opt_step", 0.0), dtype=torch.float32)
         adam([w], [g], moments[:1], moments[1:], [], [step], foreach=False, decoupled_weight_decay=self.name == "adamw",
              amsgrad=False, beta1=ADAM_BETAS[0], beta2=ADAM_BETAS[1], lr=lr, weight_decay=self.weight_decay,

@@ -169,6 +169,18 @@ def test_the_default_rule_steps_with_the_runs_optimizer(tmp_path, tiny_npz, caps
     assert "warning" not in capsys.readouterr().err
 
 
+def test_a_users_optimizer_steps_the_server_when_the_simulator_times_it(tmp_path, tiny_npz):
+    """Without --sim-apply-time the simulator times the real server's push, whose rule
+    steps with the user's optimizer: its factory must reach that server too."""
+    factory = tmp_path / "opt.py"
+    factory.write_text("import torch\n\ndef rmsprop(params, lr):\n    return torch.optim.RMSprop(params, lr=lr)\n")
+    run = tmp_path / "run"
+    assert main(["train", "--backend", "sim", "--data", str(tiny_npz), "--out", str(run), "--clients", "2",
+                 "--steps", "4", "--batch-size", "32", "--sim-step-time", "0.01", "--quiet",
+                 "--optimizer", f"{factory}:rmsprop"]) == 0
+    assert json.loads((run / "summary.json").read_text())["status"] == "complete"
+
+
 def test_an_optimizer_factory_that_fails_is_refused_before_launch(tmp_path, tiny_npz, capsys):
     factory = tmp_path / "opt.py"
     factory.write_text("def nothing(params):\n    return 3\n")
