@@ -17,9 +17,28 @@ from collections.abc import Iterator
 from experiments.parent.mpiexec import launcher_rank
 
 
+# Slurm's PMI-2 plugin (srun --mpi=pmi2) answers MPICH's PMI-1 requests, and reads each
+# with a single read() of a bounded buffer (its "TODO: read until newline"). MPICH's UCX
+# netmod publishes its address as 9 put lines of about 770 bytes each (measured on the test
+# cluster); in a CI run some were read in halves ("mpi/pmi2: value not properly
+# terminated"), the peers got corrupt addresses and MPI_Init hung or aborted. The OFI
+# netmod's address is one 65-byte line. The user's own choice of netmod is kept.
+SLURM_PMI_NETMOD = {"MPIR_CVAR_CH4_NETMOD": "ofi"}
+
+
+def fit_launcher(environ: dict[str, str] | None = None) -> None:
+    """Before MPI starts: under srun's PMI-2, MPICH's OFI netmod (Open MPI ignores it)."""
+    env = os.environ if environ is None else environ
+    if env.get("SLURM_MPI_TYPE") == "pmi2":
+        for name, value in SLURM_PMI_NETMOD.items():
+            env.setdefault(name, value)
+
+
 @contextlib.contextmanager
 def bounded_start(timeout: float) -> Iterator[None]:
-    """Around the import that starts MPI: past `timeout` s this rank is killed."""
+    """Around the import that starts MPI: past `timeout` s this rank is killed. The
+    launcher's needs (fit_launcher) are met first."""
+    fit_launcher()
     parent = os.getpid()
     watcher = os.fork()
     if watcher == 0:

@@ -21,6 +21,22 @@ TRAIN = ["--batch-size", "32", "--n-sync", "2", "--threads", "1", "--quiet"]
 DONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL")
 
 
+@pytest.fixture(autouse=True)
+def no_job_left(cluster):
+    """After each test, every job of the cluster cancelled and gone: one test's leftover
+    (an srun killed at its timeout leaves its job allocated) holds the nodes, and the next
+    test's jobs would wait behind it until their own timeouts."""
+    yield
+    if cluster.slurm:
+        return
+    subprocess.run(["scancel", "--full", "--user", "root"], env=cluster.env, timeout=30)
+    deadline = time.monotonic() + 60
+    while subprocess.run(["squeue", "--noheader"], capture_output=True, text=True, env=cluster.env,
+                         timeout=30).stdout.strip():
+        assert time.monotonic() < deadline, "a job outlived scancel by 60 s"
+        time.sleep(0.2)
+
+
 def sbatch(cluster, mpi, log: Path, *argv) -> str:
     """The example script submitted as the docs show, with asgd train's `argv`; the job's id."""
     venv = BIN.parent if mpi.name == "mpich" else OPEN_MPI_VENV

@@ -25,3 +25,17 @@ def test_a_start_past_the_bound_ends_the_rank_saying_which_and_where():
 def test_a_start_within_the_bound_goes_on_and_leaves_no_watcher():
     result = run(30, 0.2)
     assert result.returncode == 0 and result.stdout == "started\n" and result.stderr == ""
+
+
+def test_srun_pmi2_gets_mpich_s_short_address_netmod_and_a_user_s_choice_is_kept():
+    from experiments.rank.startwatch import fit_launcher
+
+    under_srun = {"SLURM_MPI_TYPE": "pmi2"}
+    fit_launcher(under_srun)
+    assert under_srun["MPIR_CVAR_CH4_NETMOD"] == "ofi"
+    chosen = {"SLURM_MPI_TYPE": "pmi2", "MPIR_CVAR_CH4_NETMOD": "ucx"}
+    fit_launcher(chosen)
+    assert chosen["MPIR_CVAR_CH4_NETMOD"] == "ucx"
+    for other in ({}, {"SLURM_MPI_TYPE": "pmix"}, {"PMI_RANK": "0", "SLURM_STEP_ID": "0"}):  # mpiexec in an sbatch: hydra's PMI
+        fit_launcher(other)
+        assert "MPIR_CVAR_CH4_NETMOD" not in other
