@@ -283,6 +283,12 @@ def _fmt(errors: dict[int, float], label: str = "{} clients") -> str:
     return ", ".join(f"{label.format(k)}: {v:.4f}" for k, v in errors.items())
 
 
+def _column(sweep: Sweep, window: int) -> str:
+    """What the findings' curves measure: the training error, or the loss of a model without
+    classes (one sweep, one task)."""
+    return curve(sweep.points[0], window).column if sweep.points else "error"
+
+
 def _missing(why: str) -> dict:
     return {"holds": None, "evidence": f"not enough points: {why}"}
 
@@ -295,7 +301,7 @@ def _cold_start_slowdown(sweep: Sweep, window: int) -> dict:
     m, errors = early
     lo, hi = min(errors), max(errors)
     return {"holds": errors[hi] > errors[lo],
-            "evidence": f"cold, async, n_sync {n_syncs[0]}: smoothed error after {m} minibatches "
+            "evidence": f"cold, async, n_sync {n_syncs[0]}: smoothed {_column(sweep, window)} after {m} minibatches "
                         f"(10% of the {lo}-client run): {_fmt(errors)}"}
 
 
@@ -319,8 +325,8 @@ def _n_sync_hurts(sweep: Sweep, window: int) -> dict:
         parts.append(f"{k} clients at {int(m)} minibatches: {_fmt(final, 'n_sync {}')} (jaggedness "
                      + ", ".join(f"{v:.1e}" for v in jagged.values()) + ")")
     return {"holds": worse > len(counts) / 2,
-            "evidence": f"cold, async, smoothed error; larger n_sync worse at {worse} of {len(counts)} client "
-                        "counts; jaggedness = mean |2nd difference| of the smoothed curve. " + "; ".join(parts)}
+            "evidence": f"cold, async, smoothed {_column(sweep, window)}; larger n_sync worse at {worse} of "
+                        f"{len(counts)} client counts; jaggedness = mean |2nd difference| of the smoothed curve. " + "; ".join(parts)}
 
 
 def _warm_start_helps(sweep: Sweep, window: int) -> dict:
@@ -335,7 +341,7 @@ def _warm_start_helps(sweep: Sweep, window: int) -> dict:
         return _missing("cold and warm share no client count above the smallest")
     gap = {s: early[s][1][k] - early[s][1][lo] for s in early}
     return {"holds": gap["warm"] < 0.5 * gap["cold"],
-            "evidence": f"async, n_sync {common[0]}, {k} vs {lo} clients, early smoothed-error gap: "
+            "evidence": f"async, n_sync {common[0]}, {k} vs {lo} clients, early smoothed-{_column(sweep, window)} gap: "
                         f"cold {gap['cold']:.4f} (at {early['cold'][0]} minibatches), "
                         f"warm {gap['warm']:.4f} (at {early['warm'][0]} minibatches)"}
 

@@ -1,10 +1,11 @@
 """The scaling study (`make scaling`): every method's speedup beside the measured ceiling.
 
-Read from a sweep whose spec says `study = "scaling"` and fixes its `targets` (test
-errors) before the runs:
-- time to a target: the first evaluation at which the mean test error of the last
-  `SMOOTH` evaluations (the curve's fixed subset) is at or below it, in the run's
-  (virtual) time; a run that never gets there has none (its budget is a bound);
+Read from a sweep whose spec says `study = "scaling"` and fixes its `targets` before the
+runs, in the runs' own measure (paramserver/rundir/measure.py: the test error of a
+classifier, else the user's metric, else the test loss):
+- time to a target: the first evaluation at which the mean of the measure over the last
+  `SMOOTH` evaluations (the curve's fixed subset) reaches it, in the run's (virtual)
+  time; a run that never gets there has none (its budget is a bound);
 - the tuned single client: the best, over the lr grid, of one async client at the
   [base] batch b;
 - the ceiling C(K) = the tuned single client's steps to the target / the best steps of
@@ -18,19 +19,25 @@ errors) before the runs:
   workers at the same K and speeds (above 1: faster than they), the share of seeds that
   reached the target, whether a run diverged, and whether the simulated server was the
   bottleneck (busy most of the run).
-Never a method's own final error: every number is time to a target fixed in advance.
+Speed models: `equal`, `stragglers` (per-minibatch noise, slow clients, jitter),
+`spread` (each client's speed drawn once or listed), `failures` (a mean time between
+failures); a point under several is named by all, joined with "+".
+Never a method's own final value: every number is time to a target fixed in advance.
 """
 from __future__ import annotations
 
 import numpy as np
+from functools import lru_cache
+
 from matplotlib.figure import Figure
 
 from plots.analysis import Sweep, SweepRun
 from plots.backend import plt
+from paramserver.rundir.measure import ERROR, Measure, recorded_measure
 from plots.rundata import load_json, load_log
 
 SMOOTH = 3           # evaluations averaged before a target counts as reached
-DIVERGED = 0.5       # a final test error above this (chance: 90%) counts as diverged
+DIVERGED = 0.5       # a final test error above this (chance: 90%) counts as diverged; other measures: not finite
 SERVER_BOUND = 0.9   # a server busy this share of the run's time was the bottleneck
 
 
@@ -42,20 +49,41 @@ def targets(sweep: Sweep) -> list[float]:
     return [float(t) for t in sweep.meta["targets"]]
 
 
+@lru_cache(maxsize=None)
+def measure(run: str) -> Measure:
+    """The recorded run's measure (a study's runs share their task, so theirs is one)."""
+    return recorded_measure(run)
+
+
 def reached(point: SweepRun, target: float) -> tuple[float, int] | None:
-    """(time, minibatches in all) when the smoothed test error first reached `target`."""
-    rows = [r for r in load_log(point.run, "eval") if r.get("test_error") is not None]
-    errors = np.array([r["test_error"] for r in rows], dtype=np.float64)
+    """(time, minibatches in all) when the smoothed measure first reached `target`."""
+    m = measure(str(point.run))
+    rows = [r for r in load_log(point.run, "eval") if r.get(m.key) is not None]
+    values = np.array([r[m.key] for r in rows], dtype=np.float64)
     for i in range(SMOOTH - 1, len(rows)):
-        if errors[i - SMOOTH + 1:i + 1].mean() <= target:
+        if m.reached(float(values[i - SMOOTH + 1:i + 1].mean()), target):
             return float(rows[i]["time"]), int(rows[i]["minibatches"])
     return None
 
 
+def final(point: SweepRun) -> float | None:
+    """The run's last value of its measure (the summary's), None where it has none."""
+    value = load_json(point.run, "summary").get(f"final_{measure(str(point.run)).key}")
+    return float(value) if isinstance(value, (int, float)) and np.isfinite(value) else None
+
+
+def _diverged(point: SweepRun) -> bool:
+    value = final(point)
+    return value is None or (measure(str(point.run)).key == ERROR and value > DIVERGED)
+
+
 def speeds(point: SweepRun) -> str:
-    """`equal`, or the straggler model the point ran under."""
+    """`equal`, or the speed models the point ran under (the module docstring)."""
     sigma, slow = float(point.get("step_sigma", 0.0)), int(point.get("slow_clients", 0))
-    return "equal" if not sigma and not slow and not point.jitter else "stragglers"
+    models = [name for name, on in (("stragglers", sigma or slow or point.jitter),
+                                    ("spread", float(point.get("speed_spread", 0.0)) or point.get("client_speeds")),
+                                    ("failures", float(point.get("mtbf", 0.0)))) if on]
+    return "+".join(models) or "equal"
 
 
 def method(point: SweepRun) -> str:
@@ -139,7 +167,6 @@ def scaling_table(sweep: Sweep) -> list[dict]:
                  for t in ts])
             cap = caps.get(str(k), {}).get("ceiling")
             summaries = [load_json(p.run, "summary") for p in points]
-            finals = [s.get("final_test_error") for s in summaries]
             each = [_ratio(t1, x) for x in times[(speed, name, k)] if x is not None]
             rows.append({"target": target, "speeds": speed, "method": name, "clients": k, "seeds": len(points),
                          "reached": sum(x is not None for x in times[(speed, name, k)]) / len(points),
@@ -149,10 +176,9 @@ def scaling_table(sweep: Sweep) -> list[dict]:
                          "of_ceiling": _ratio(_ratio(t1, t), cap),
                          "vs_sync": _ratio(sync, t) if name != "sync" else None,
                          "vs_sync_backup": _ratio(backup, t) if not name.startswith("sync") else None,
-                         "diverged": any(f is None or not np.isfinite(f) or f > DIVERGED for f in finals),
+                         "diverged": any(_diverged(p) for p in points),
                          "server_bound": any(_server_bound(s) for s in summaries),
-                         "final_test_error": _median([f if f is not None and np.isfinite(f) else None
-                                                      for f in finals])})
+                         "final": _median([final(p) for p in points])})
     return rows
 
 
@@ -171,18 +197,21 @@ def baselines(sweep: Sweep) -> list[dict]:
                 hit = reached(p, target)
                 rows.append({"target": target, "batch_of_K": k, "lr": p.get("lr"), "lr_warmup": p.get("lr_warmup"),
                              "steps_to_target": hit[1] if hit else None, "time_to_target": hit[0] if hit else None,
-                             "final_test_error": load_json(p.run, "summary").get("final_test_error")})
+                             "final": final(p)})
     return rows
 
 
 def fig_scaling(sweep: Sweep, rows: list[dict] | None = None) -> Figure:
-    """Speedup against K, one row of panels per target, equal speeds and stragglers side by
-    side: the linear line, the measured ceiling, every method (x at the axis: not reached)."""
+    """Speedup against K, one row of panels per target, one panel per speed model (equal
+    first) side by side: the linear line, the measured ceiling, every method (x at the
+    axis: not reached)."""
     rows = rows if rows is not None else scaling_table(sweep)
     if not rows:
         raise ValueError("the sweep has no multi-client points")
-    marks, panels = targets(sweep), ("equal", "stragglers")
-    fig, axes = plt.subplots(len(marks), 2, figsize=(11, 3.6 * len(marks)), squeeze=False, sharey=True)
+    marks, panels = targets(sweep), sorted({r["speeds"] for r in rows}, key=lambda s: (s != "equal", s))
+    fig, axes = plt.subplots(len(marks), len(panels), figsize=(5.5 * len(panels), 3.6 * len(marks)), squeeze=False,
+                             sharey=True)
+    m = measure(str(sweep.points[0].run))
     names = sorted({r["method"] for r in rows})
     colours = dict(zip(names, plt.cm.tab20(np.arange(len(names)) % 20)))
     for i, target in enumerate(marks):
@@ -208,7 +237,8 @@ def fig_scaling(sweep: Sweep, rows: list[dict] | None = None) -> Figure:
             ax.set_ylim(0.2, max(ks) * 1.2 if ks else 2)
             ax.set_xticks(ks, [str(k) for k in ks])
             ax.grid(alpha=0.3)
-            ax.set_title(f"{'equal speeds' if speed == 'equal' else 'stragglers'}, target {target:.0%} test error",
+            goal = f"{target:.0%}" if m.percent else f"{target:g}"
+            ax.set_title(f"{'equal speeds' if speed == 'equal' else speed}, target {goal} {m.name}",
                          fontsize=9)
             ax.set_xlabel("clients K")
             if j == 0:

@@ -1,0 +1,59 @@
+"""The scaling study reads each run's own measure (plots/scaling.py): a language model's
+targets are test losses or its metric, a classifier's test errors; and the speed models
+a point ran under name its panel."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from plots.analysis import SweepRun
+from plots.scaling import final, reached, speeds
+
+
+def run_dir(path: Path, config: dict, points: list[dict], summary: dict) -> SweepRun:
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "eval.jsonl").write_text("".join(json.dumps(p) + "\n" for p in points))
+    (path / "summary.json").write_text(json.dumps(summary))
+    return SweepRun("p", "async", 2, 1, "cold", 0, path, "complete")
+
+
+def curve(column: str, values: list[float]) -> list[dict]:
+    return [{"time": float(i), "minibatches": 10 * i, "test_error": math.nan, column: v} for i, v in enumerate(values)]
+
+
+def test_a_loss_only_run_reaches_its_target_in_loss(tmp_path):
+    point = run_dir(tmp_path / "lm", {}, curve("test_loss", [3.0, 2.5, 2.0, 1.9, 1.8, 1.7]),
+                    {"final_test_error": math.nan, "final_test_loss": 1.7})
+    assert reached(point, 1.95) == (4.0, 40)  # the mean of the last 3: 2.0, 1.9, 1.8
+    assert reached(point, 1.5) is None
+    assert final(point) == 1.7
+
+
+def test_a_metric_whose_higher_is_better_is_reached_from_below(tmp_path):
+    config = {"metric": "acc.py", "metric_name": "accuracy", "metric_higher_is_better": True}
+    point = run_dir(tmp_path / "m", config, curve("test_metric", [0.1, 0.5, 0.7, 0.8, 0.9]),
+                    {"final_test_metric": 0.9})
+    assert reached(point, 0.65) == (3.0, 30)  # (0.5 + 0.7 + 0.8) / 3
+    assert final(point) == 0.9
+
+
+def test_a_classifier_is_read_in_error_and_a_diverged_final_is_none(tmp_path):
+    points = [{"time": float(i), "minibatches": i, "test_error": e, "test_loss": 9.0} for i, e in
+              enumerate([0.9, 0.5, 0.3, 0.2])]
+    point = run_dir(tmp_path / "c", {}, points, {"final_test_error": None})
+    assert reached(point, 0.34) == (3.0, 3)
+    assert final(point) is None
+
+
+def test_speed_models_name_the_panel():
+    def point(**settings) -> SweepRun:
+        return SweepRun("p", "async", 8, 1, "cold", 0, Path("."), "complete", settings=settings)
+
+    assert speeds(point()) == "equal"
+    assert speeds(point(step_sigma=0.5, slow_clients=1)) == "stragglers"
+    assert speeds(point(speed_spread=0.1)) == "spread"
+    assert speeds(point(client_speeds="1,0.5")) == "spread"
+    assert speeds(point(mtbf=100.0)) == "failures"
+    assert speeds(point(step_sigma=0.5, mtbf=100.0)) == "stragglers+failures"
