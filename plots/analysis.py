@@ -326,7 +326,8 @@ def _n_sync_hurts(sweep: Sweep, window: int) -> dict:
                      + ", ".join(f"{v:.1e}" for v in jagged.values()) + ")")
     return {"holds": worse > len(counts) / 2,
             "evidence": f"cold, async, smoothed {_column(sweep, window)}; larger n_sync worse at {worse} of "
-                        f"{len(counts)} client counts; jaggedness = mean |2nd difference| of the smoothed curve. " + "; ".join(parts)}
+                        f"{len(counts)} client counts; jaggedness = mean |2nd difference| of the smoothed curve. "
+                        + "; ".join(parts)}
 
 
 def _warm_start_helps(sweep: Sweep, window: int) -> dict:
