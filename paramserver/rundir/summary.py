@@ -35,7 +35,9 @@ def seconds(time_s: float, clock: str) -> str:
 def write_result(run: RunDir, status: str, final: dict[str, Any], train_s: float, clock: str,
                  counts: dict[str, Any], **measured: Any) -> dict[str, Any]:
     """The summary of a run that trained to its end; returns it."""
-    summary = {"status": status, "final_test_error": final.get("test_error"),
+    error = final.get("test_error")  # NaN where the outputs do not classify: null in the JSON, as "none"
+    error = error if isinstance(error, float) and math.isfinite(error) else None
+    summary = {"status": status, "final_test_error": error,
                "final_test_loss": final.get("test_loss"), "final_test_samples": final.get("samples"),
                **measured, **_timing(train_s, clock, counts), **counts}
     write_json_atomic(run.path / SUMMARY, summary)

@@ -85,6 +85,7 @@ def test_a_model_without_classes_has_the_loss_as_its_curve(code, tmp_path, capsy
     line = capsys.readouterr().out.strip().splitlines()[-1]
     result, curve = summary(run), rows(run, "eval")
     assert result["curve_measure"] == {"key": "test_loss", "name": "test loss", "higher_is_better": False}
+    assert result["final_test_error"] is None and "NaN" not in (run / "summary.json").read_text()  # valid JSON
     assert line.startswith(f"run {run}: test loss {result['final_test_loss']:.4f} after 48 minibatches")
     assert "nan" not in line and curve[-1]["test_loss"] < curve[0]["test_loss"]
 
