@@ -192,7 +192,10 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
         replies, events = release(state)
         return replies, events + _checkpoint_ready(state)
     if msg.tag == Tag.PULL:
-        events = _rejoined(state, msg.source, msg.header) if isinstance(msg.header, Rejoin) else []
+        rejoin = isinstance(msg.header, Rejoin)
+        events = _rejoined(state, msg.source, msg.header) if rejoin else []
+        if rejoin and state.pace is not None:
+            state.pace.failed(msg.source)  # the failures seen tell a client down from a late one
         return [_weights_for(state, msg.source)], events
     version = state.store.version
     if state.pace is not None:
