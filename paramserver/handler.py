@@ -192,10 +192,7 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
         replies, events = release(state)
         return replies, events + _checkpoint_ready(state)
     if msg.tag == Tag.PULL:
-        rejoin = isinstance(msg.header, Rejoin)
-        events = _rejoined(state, msg.source, msg.header) if rejoin else []
-        if rejoin and state.pace is not None:
-            state.pace.failed(msg.source)  # the failures seen tell a client down from a late one
+        events = _rejoined(state, msg.source, msg.header) if isinstance(msg.header, Rejoin) else []
         return [_weights_for(state, msg.source)], events
     version = state.store.version
     if state.pace is not None:

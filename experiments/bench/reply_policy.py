@@ -10,10 +10,11 @@ base minibatch times, no server or wire cost. The straggler models are the proje
 - equal: equal speeds;
 - study+failures, spread+failures: those stragglers and those failures together.
 
-Policies: `wait`; `auto`, paramserver/pace.py's own `Pace` on the model's clock; `lean
-L`, the rule it replaced (compute again iff L x the mean compute time brings the push in
-before the step, an overdue client due now); `oracle`, which knows every client's next
-compute time and failure. Beside them, sync (every step waits for the slowest, and for a
+Policies: `wait`; `lean L`, paramserver/pace.py's own `Pace` on the model's clock at its
+`LEAN` L (`fresh_reply = "auto"` at LEAN 0.7: compute again iff L x the mean compute time
+brings the push in before the step, an overdue client due now); `spread`, the rule
+derived from each client's mean and spread (experiments/bench/spread_pace.py); `oracle`,
+which knows every client's next compute time and failure. Beside them, sync (every step waits for the slowest, and for a
 failed client's return) and sync with one backup worker, both as the simulator times
 them (experiments/simulator.py's `LockstepClock`).
 
@@ -33,7 +34,8 @@ import numpy as np
 
 from clients.stragglers import Failures, Stragglers, client_speeds
 from experiments.simulator import LockstepClock, SimTiming
-from paramserver.pace import Pace
+from experiments.bench.spread_pace import SpreadPace
+from paramserver.pace import LEAN, Pace
 
 def study(seed: int, clients: int) -> Stragglers:
     return Stragglers(seed, clients, 0.5, slow_clients=1, slow_factor=2.0)
@@ -58,23 +60,6 @@ def straggler_model(name: str, seed: int, clients: int) -> tuple[Stragglers, Fai
     return stragglers, Failures(stragglers, mtbf, length) if mtbf else None
 
 
-class LeanPace(Pace):
-    """The rule `Pace` replaced: the mean alone, leaned by a constant."""
-
-    def __init__(self, clock, lean: float):
-        super().__init__(clock)
-        self.lean = lean
-
-    def due(self, rank: int, now: float) -> float:
-        return max(now, self.sent[rank] + self.compute[rank])
-
-    def down(self, rank: int, now: float) -> bool:
-        return False
-
-    def again(self, rank: int, gap: float) -> bool:
-        return self.lean * self.compute[rank] < gap
-
-
 class Model:
     """K clients pushing to one fresh server on a virtual clock."""
 
@@ -82,8 +67,9 @@ class Model:
         self.k, self.policy = clients, policy
         self.stragglers, self.failures = straggler_model(model, seed, clients)
         self.now, self.version, self.covered = 0.0, 0, 0
-        self.pace = LeanPace(lambda: self.now, float(policy.split()[1])) if policy.startswith("lean") \
-            else Pace(lambda: self.now)
+        clock = lambda: self.now  # noqa: E731 - the pace's clock is the model's
+        lean = float(policy.split()[1]) if policy.startswith("lean") else LEAN
+        self.pace = SpreadPace(clock) if policy == "spread" else Pace(clock, lean)
         self.pulled, self.minibatch, self.finish = [0] * clients, [0] * clients, {}
         self.deferred: list[int] = []
         self.events: list[tuple[float, int, bool]] = []  # (when, client, whether it returns from a failure)
@@ -147,7 +133,8 @@ class Model:
             del self.finish[client]
             if back:
                 self.lost += 1
-                self.pace.failed(client)
+                if isinstance(self.pace, SpreadPace):
+                    self.pace.failed(client)
                 self.start(client)
             else:
                 self.pushed(client)
@@ -169,7 +156,7 @@ def sync_run(model: str, clients: int, seed: int, steps: int, backups: int) -> t
     return clock.now / steps, used / clock.now, (computed - used - lost) / computed, lost / computed
 
 
-POLICIES = ("wait", "oracle", "lean 0.7", "auto")
+POLICIES = ("wait", "oracle", f"lean {LEAN}", "spread")
 
 
 def measure(model: str, clients: int, policy: str, seeds: range, steps: int) -> np.ndarray:
