@@ -52,6 +52,7 @@ from experiments.collectiverun import collective_run
 from experiments.provenance import provenance
 from experiments.serverrun import serve_run
 from paramserver.config import ConfigError, RunConfig
+from paramserver.gather import wake_at
 from paramserver.handler import ServerState, handle
 from paramserver.inprocess import InProcess
 from paramserver.recorder import Recorder
@@ -177,6 +178,7 @@ class Simulation:
         self.now = start                  # the server's clock, read by its Recorder
         self.replay = deque(replay) if replay is not None else None  # (tag, client), in recorded order
         self.parked: dict[tuple[Tag, int], deque[tuple[float, Outgoing]]] = defaultdict(deque)
+        self.wake: float | None = None    # when the server is set to wake for a gathered step
 
     def run(self, server: InProcess) -> float:
         """Until every client stopped; returns the server's busy virtual seconds."""
@@ -186,10 +188,17 @@ class Simulation:
             when, _, kind, i, item = heapq.heappop(self.events)
             if kind == "arrive":      # a message reaches the server
                 self._arrive(server, when, i, item)
+            elif kind == "wake":      # the clients a gathered step waits for fall overdue
+                self.now = max(when, self.server_free)
+                self._replied(server, server.release())
             else:
                 if kind == "reply":   # weights reach client i
                     self.loops[i].take_weights(item.payload, item.header)
                 self._window(when, i)
+            wake = wake_at(server.state)  # as the MPI loop's timed wait: an event then, unless one is set
+            if wake is not None and wake != self.wake:
+                self.wake = wake
+                self._schedule(wake, "wake", -1, None)
         if not server.state.done:
             raise RuntimeError("simulation: events ran out before every client stopped (replay order?)")
         return self.busy
@@ -209,14 +218,18 @@ class Simulation:
             self._serve(server, max(waited, self.now), client, parked)
 
     def _serve(self, server: InProcess, when: float, i: int, message: Outgoing) -> None:
-        start = max(when, self.server_free)
-        self.now = start
+        self.now = max(when, self.server_free)
         replies = server.deliver(i + 1, message.tag, message.header, message.payload)
-        busy_until = start + (self.timing.apply_time if message.tag == Tag.PUSH else 0.0)
-        for reply in replies:  # to the sender, or (a step gathered) to clients that waited for it
+        self._replied(server, replies, self.timing.apply_time if message.tag == Tag.PUSH else 0.0)
+
+    def _replied(self, server: InProcess, replies: list, cost: float = 0.0) -> None:
+        """The server, busy from now for `cost`, sends `replies`: to the sender, or (a step
+        gathered) to the clients that waited for it."""
+        busy_until = self.now + cost
+        for reply in replies:
             busy_until += self.timing.transfer(reply.payload)
             self._schedule(busy_until, "reply", server.state.client(reply.dest), reply)
-        self.busy += busy_until - start
+        self.busy += busy_until - self.now
         self.server_free = busy_until
 
     def _window(self, when: float, i: int) -> None:

@@ -118,6 +118,9 @@ class RunConfig:
     fresh_reply: str = _server("auto", "fresh: a client whose push joins a step being gathered waits for the step "
                                        "(wait), computes again at the same weights (again), or either, whichever its "
                                        "measured pace says comes first (auto; wait with several servers)")
+    overdue: float = _server(3.0, "fresh with fresh_reply auto: a step goes without a client that has computed for "
+                                  "this many times its measured mean compute time (one likely down; its late push "
+                                  "is dropped as stale); 0: the step waits for it")
     nesterov_every: int = _server(0, "nesterov: pushes between the server's momentum updates (0: clients)")
     nesterov_momentum: float = _server(0.9, "nesterov: the server's momentum beta (0: w += d / nesterov_every)")
     outer_lr: float = _server(1.0, "nesterov: the outer lr eps of delayed Nesterov (asynchronous DiLoCo's outer step)")

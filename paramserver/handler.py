@@ -16,8 +16,9 @@ A rule that gathers pushes into one step and defers replies (`fresh` with
 before the sender could push again) leaves a gathered push unanswered until the step:
 its sender is `deferred`, and the push that completes the step is answered together
 with every deferred one, so `handle()` may return replies to earlier pushers. When every client
-still running waits so, no push can complete the step: it is taken with what was
-gathered (`release`, also the driver's after it loses a client).
+still running waits so, or is overdue (paramserver/gather.py), no push will complete the
+step: it is taken with what was gathered (`release`, also the driver's after it loses a
+client, or at `wake_at` when the clients it waits for fall overdue).
 
 Where the clients' optimizer keeps state (`collects_states`, server 0), a checkpoint
 falls due with its snapshot but is taken only once every client still in the run has
@@ -37,6 +38,7 @@ from paramserver.config import RunConfig
 from paramserver.dylu import Windows
 from paramserver.events import (Applied, CheckpointDue, ClientRows, Dropped, Event, NoiseMeasured, Rejected,
                                  SnapshotDue)
+from paramserver.gather import release_due, waits
 from paramserver.pace import Pace
 from paramserver.tally import ServerTally
 from paramserver.schedule import Schedule
@@ -105,7 +107,7 @@ class ServerState:
         self.buffer = frame.empty(self.store.size, np.float32)  # pushes, as float32
         compressed = self.codec.wire_dtype != np.float32
         self.landing = frame.empty(self.store.size, self.codec.wire_dtype) if compressed else self.buffer  # as they come
-        self.pace = Pace(self.clock) if self.store.rule.paced else None
+        self.pace = Pace(self.clock, overdue=self.store.rule.overdue) if self.store.rule.paced else None
 
     @classmethod
     def for_run(cls, cfg: RunConfig, weights: np.ndarray, clients: int, optimizer_factory: Callable | None = None,
@@ -201,7 +203,7 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
     result, events = _push(state, msg)
     events += _checkpoint_ready(state)
     replies = []
-    if msg.header.fetch and result.gathered and _waits(state, msg.source):
+    if msg.header.fetch and result.gathered and waits(state, msg.source):
         state.deferred.append(msg.source)
     elif msg.header.fetch:
         replies.append(_weights_for(state, msg.source))
@@ -209,24 +211,6 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
         replies += _answer_deferred(state)
     more, flushed = release(state)
     return replies + more, events + flushed
-
-
-def _waits(state: ServerState, rank: int) -> bool:
-    """Whether the sender of a gathered push waits for the step: as the rule says, or by
-    the clients' pace (the other clients still computing at weights the step would take)."""
-    rule, store = state.store.rule, state.store
-    if state.pace is None:
-        return rule.defers
-    computing = [r for r in state.waiting if r != rank and r not in state.deferred
-                 and not rule.drops(store.version - store.pulled.get(state.client(r), 0))]
-    return state.pace.waits(rank, -(-rule.remaining // rule.minibatches), computing)
-
-
-def release_due(state: ServerState) -> bool:
-    """Whether every client still running waits for a step being gathered: then no push
-    can complete it, and `release` takes it (a driver finishes replies in flight first:
-    the step changes the weights they may be reading)."""
-    return bool(state.deferred) and all(rank in state.deferred for rank in state.waiting)
 
 
 def release(state: ServerState) -> tuple[list[Reply], list[Event]]:

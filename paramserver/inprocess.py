@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.handler import ServerState, handle
+from paramserver.handler import ServerState, handle, release
 from paramserver.recorder import Recorder
 from paramserver.wire.protocol import Message, Reply, Tag, carries_payload, payload_target
 
@@ -22,7 +22,14 @@ class InProcess:
         """Handle one message from `source` and record it; the replies, their payloads
         copied (a reply's payload may be the live weights, which the next push changes)."""
         landed = land(payload, self.state.landing) if carries_payload(tag, header) else None
-        replies, events = handle(self.state, Message(source, int(tag), header, landed))
+        return self._recorded(*handle(self.state, Message(source, int(tag), header, landed)))
+
+    def release(self) -> list[Reply]:
+        """The step a driver woke for (paramserver/gather.py's `wake_at`), if it is still
+        due: taken without the clients overdue, recorded; the replies, as `deliver`'s."""
+        return self._recorded(*release(self.state))
+
+    def _recorded(self, replies: list[Reply], events: list) -> list[Reply]:
         self.recorder.record(events)
         return [Reply(r.dest, r.header, r.payload.copy()) for r in replies]
 

@@ -18,6 +18,17 @@ would push before that (leaning towards computing: `LEAN`), else it waits. Until
 client has been timed once, it waits (so the first round is synchronous). The estimates are the server's own observations,
 on the run's clock (wall time over MPI, virtual time in the simulator); they are not
 checkpointed: a resumed run waits for one round, then decides as before.
+
+A client the step would wait for that has computed for `overdue` times its mean compute
+time since it was sent weights is counted out (`overdue`, a factor: 0 = off): it is more
+likely down than late (a failure loses its work and it comes back only with a PULL), so
+the step is taken without it (paramserver/gather.py's `release_due`, which each driver
+calls at `wake_at`, the time the last client the step waits for falls overdue, when no
+message comes before: the MPI loop's timed wait, the simulator's event), and its late
+push, if one comes, is stale and dropped at R = 0, answered with the new weights. A factor
+of the mean rather than the mean plus a multiple of the spread: the pace keeps no spread,
+and a failure keeps a client away for many compute times, so the bound's exact size
+matters little against it (docs/rules.md measures 1.5, 2 and 3).
 """
 from __future__ import annotations
 
@@ -37,6 +48,7 @@ LEAN = 0.7
 class Pace:
     clock: Callable[[], float]
     lean: float = LEAN
+    overdue: float = 0.0  # the factor of its mean compute time after which a client is counted out (0: never)
     sent: dict[int, float] = field(default_factory=dict)     # rank -> when it was last sent weights
     compute: dict[int, float] = field(default_factory=dict)  # rank -> its mean time from weights to push
 
@@ -60,3 +72,21 @@ class Pace:
         now = self.clock()
         due = sorted(max(now, self.sent[r] + self.compute[r]) for r in computing)[needed - 1]
         return now + self.lean * self.compute[rank] >= due
+
+    def deadline(self, rank: int) -> float | None:
+        """When `rank`, computing since it was last sent weights, falls overdue (None: never,
+        or not timed yet)."""
+        if not self.overdue or rank not in self.compute or rank not in self.sent:
+            return None
+        return self.sent[rank] + self.overdue * self.compute[rank]
+
+    def counted_out(self, ranks: list[int]) -> list[int]:
+        """Those of `ranks` (clients still computing) that are overdue now."""
+        now = self.clock()
+        return [r for r in ranks if (d := self.deadline(r)) is not None and now >= d]
+
+    def wake_at(self, ranks: list[int]) -> float | None:
+        """When every one of `ranks` (the clients a gathered step waits for) is overdue, so
+        the step goes without them if none pushes before (None: one never falls overdue)."""
+        deadlines = [self.deadline(r) for r in ranks]
+        return None if not ranks or None in deadlines else max(deadlines)

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from paramserver.events import Applied
-from paramserver.handler import ClientLost, ServerState, handle, release, release_due, tag_name
+from paramserver.gather import release_due, wake_at
+from paramserver.handler import ClientLost, ServerState, handle, release, tag_name
 from paramserver.tally import ServerTally
 from paramserver.recorder import Recorder
 from paramserver.wire.liveness import PeerDied
@@ -106,7 +107,7 @@ class ServerLoop:
                 if lost.named:
                     raise
                 self._lose(lost)
-            if release_due(self.state):  # a lost client's push was what the others waited for
+            if release_due(self.state):  # a lost or overdue client's push was what the others waited for
                 self._release()
         self.finish_replies()
         return self.state.tally
@@ -144,20 +145,28 @@ class ServerLoop:
 
     def _serve_one(self) -> None:
         msg = self._next_message()
+        if msg is None:  # woken: the clients a gathered step waits for are overdue
+            return
         self.heard[msg.source] = (self.clock(), tag_name(msg.tag))
         start = time.perf_counter()
         self.answer(msg)
         self.busy_s += time.perf_counter() - start
 
-    def _next_message(self) -> Message:
+    def _next_message(self) -> Message | None:
         """Waits no longer than the first waiting client's stall deadline, and checks it
-        even while other clients keep the server busy."""
+        even while other clients keep the server busy; None at `wake_at`, when a step
+        being gathered goes without the clients it waits for (the caller releases it)."""
         while True:
             waiting = self.state.waiting
             first = min(waiting, key=lambda r: self.heard[r][0])
-            left = self.heard[first][0] + self.stall_timeout - self.clock()
+            now = self.clock()
+            left = self.heard[first][0] + self.stall_timeout - now
             if left <= 0:
                 raise self._stalled(first)
+            wake = wake_at(self.state)
+            if wake is not None and wake <= now:
+                return None
+            left = left if wake is None else min(left, wake - now)
             # Replies in flight move only while we call into MPI: poll closely while they should.
             in_flight = sum(nbytes for _, _, nbytes in self.in_flight)
             busy = 1e-3 + in_flight / 1e9 if self.spin else 0.0

@@ -68,12 +68,15 @@ class Model:
         self.stragglers, self.failures = straggler_model(model, seed, clients)
         self.now, self.version, self.covered = 0.0, 0, 0
         clock = lambda: self.now  # noqa: E731 - the pace's clock is the model's
-        lean = float(policy.split()[1]) if policy.startswith("lean") else LEAN
-        self.pace = SpreadPace(clock) if policy == "spread" else Pace(clock, lean)
+        words = policy.split()
+        lean = float(words[1]) if policy.startswith("lean") else LEAN
+        overdue = float(words[words.index("overdue") + 1]) if "overdue" in words else 0.0
+        self.pace = SpreadPace(clock) if policy == "spread" else Pace(clock, lean, overdue)
         self.pulled, self.minibatch, self.finish = [0] * clients, [0] * clients, {}
         self.deferred: list[int] = []
-        self.events: list[tuple[float, int, bool]] = []  # (when, client, whether it returns from a failure)
+        self.events: list[tuple[float, int, bool]] = []  # (when, client (-1: the server wakes), whether back from a failure)
         self.used = self.dropped = self.lost = 0
+        self.wake = None  # when the server last set itself to wake
 
     def fails(self, client: int, minibatch: int) -> bool:
         return self.failures is not None and self.failures.fails(client, minibatch)
@@ -104,7 +107,28 @@ class Model:
                 return True
             due = sorted(self.finish[c] for c in computing)
             return len(due) >= needed and self.now + self.stragglers.factor(client, n) >= due[needed - 1]
-        return self.pace.waits(client, needed, computing)
+        out = self.pace.counted_out([c for c in range(self.k) if c != client and c not in self.deferred])
+        needed -= len(out)  # as paramserver/gather.py's `waits`: the step goes without them
+        computing = [c for c in computing if c not in out]
+        return needed <= 0 or self.pace.waits(client, needed, computing)
+
+    def release(self) -> None:
+        """paramserver/gather.py's `release_due`: the step without the clients counted out
+        once every other client waits for it; else the server wakes when they all are."""
+        running = [c for c in range(self.k) if c not in self.deferred]
+        if not self.deferred:
+            return
+        if len(self.pace.counted_out(running)) == len(running):
+            self.step()
+        elif (wake := self.pace.wake_at(running)) is not None and wake != self.wake:
+            self.wake = wake
+            heapq.heappush(self.events, (wake, -1, False))
+
+    def step(self, *also: int) -> None:
+        self.version, self.covered = self.version + 1, 0
+        for c in [*also, *self.deferred]:
+            self.start(c)
+        self.deferred.clear()
 
     def pushed(self, client: int) -> None:
         self.pace.pushed(client)
@@ -115,10 +139,7 @@ class Model:
         self.used += 1
         self.covered += 1
         if self.covered == self.k:
-            self.version, self.covered = self.version + 1, 0
-            for c in [client, *self.deferred]:
-                self.start(c)
-            self.deferred.clear()
+            self.step(client)
         elif self.waits(client):
             self.deferred.append(client)
         else:
@@ -130,6 +151,9 @@ class Model:
             self.start(c)
         while self.version < steps:
             self.now, client, back = heapq.heappop(self.events)
+            if client < 0:
+                self.release()
+                continue
             del self.finish[client]
             if back:
                 self.lost += 1
@@ -138,6 +162,7 @@ class Model:
                 self.start(client)
             else:
                 self.pushed(client)
+            self.release()
         computed = self.used + self.dropped + self.lost
         return self.now / steps, self.used / self.now, self.dropped / computed, self.lost / computed
 

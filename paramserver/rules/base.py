@@ -29,6 +29,7 @@ class RuleSettings(Protocol):
     fresh_batch: int | str
     max_staleness: int
     fresh_reply: str
+    overdue: float
     nesterov_every: int
     nesterov_momentum: float
     outer_lr: float
@@ -69,6 +70,7 @@ class Rule:
     pushes = "delta"   # what a client sends: its weight change ("delta"), "gradient" sums or "weights"
     defers = False     # whether a reply may wait for a step being gathered (fresh's "wait")
     paced = False      # whether the clients' pace decides that (fresh's "auto", paramserver/pace.py)
+    overdue = 0.0      # the pace's factor of a client's mean compute time after which a step goes without it
     step_batch: int | None = None  # the minibatches a step gathers, for rules that gather (fresh)
     gain: float | None = None      # the lr gain of such a step now, under adascale (fresh)
     steps_with_optimizer = False  # whether the server's step is the run's optimizer (sgd, fresh)

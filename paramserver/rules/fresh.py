@@ -61,6 +61,7 @@ w_out = w - lr * momentum_buffer_out;"""
         # answer one client differently, so there it waits
         self.paced = settings.fresh_reply == "auto" and settings.servers == 1
         self.defers = settings.fresh_reply != "again" and not self.paced
+        self.overdue = settings.overdue
         self.batch_size = settings.batch_size
         self.total: Tensor | None = None  # the gathered pushes, summed
         self.covered = 0                  # the minibatches they cover
@@ -77,7 +78,10 @@ w_out = w - lr * momentum_buffer_out;"""
              f"fresh_batch: must be a positive number of minibatches, 0 (clients) or auto, got {batch!r}"),
             (settings.max_staleness >= 0, f"max_staleness: must be non-negative, got {settings.max_staleness}"),
             (settings.fresh_reply in cls.REPLIES,
-             f"fresh_reply: expected {' or '.join(cls.REPLIES)}, got {settings.fresh_reply!r}"))
+             f"fresh_reply: expected {' or '.join(cls.REPLIES)}, got {settings.fresh_reply!r}"),
+            (settings.overdue == 0 or settings.overdue >= 1,
+             f"overdue: must be 0 (off) or a factor of at least 1 of a client's mean compute time, "
+             f"got {settings.overdue}"))
 
     @classmethod
     def check(cls, settings: RuleSettings) -> str:

@@ -89,3 +89,26 @@ def test_sync_with_a_backup_worker_goes_on_without_the_failed_client(tmp_path, t
     assert (s["minibatches"], s["minibatches_in_steps"], s["minibatches_lost"], s["gradients_dropped"]) == \
         (31, 24, 1, 6)
     assert s["goodput"] == pytest.approx(24 / 31)
+
+
+def test_fresh_takes_steps_without_a_failed_client_once_it_is_overdue(tmp_path, tiny_npz):
+    """Seed 5, equal speeds: client 1 fails at its minibatch 6, client 0 at 11. At overdue
+    0 the server takes no step without it until it is back; at 3 it goes on with clients
+    0 and 2 (steps client 1 has no push in) once 1 has computed for 3 times its mean. Every push
+    is applied once or dropped as stale; goodput counts the minibatches in steps."""
+    flags = ["--clients", "3", "--steps", "12", "--mtbf", "10", "--failure-length", "5", "--seed", "5"]
+    runs = {overdue: sim(tmp_path / overdue, tiny_npz, *flags, "--overdue", overdue) for overdue in ("0", "3")}
+    for overdue, run in runs.items():
+        assert failed(run) == {0: [11], 1: [6]}
+        down_at = next(r["time"] for r in rows(run, "clients") if r.get("failed") and r["client"] == 1)
+        applied = [r for r in rows(run, "server") if "version" in r]
+        back_at = next(r["time"] for r in applied if r["client"] == 1 and r["time"] > down_at)
+        joined = {r["version"] for r in applied if r["client"] == 1}
+        while_down = [r for r in applied if down_at < r["time"] < back_at and r["version"] not in joined]
+        s = summary(run)
+        assert s["pushes_sent"] == s["pushes_applied"] + s["pushes_dropped"] and s["minibatches"] == 36
+        assert s["goodput"] == s["minibatches_in_steps"] / s["minibatches"] and s["minibatches_lost"] == 2
+        if overdue == "0":
+            assert while_down == []
+        else:
+            assert {r["client"] for r in while_down} == {0, 2} and len({r["version"] for r in while_down}) >= 3

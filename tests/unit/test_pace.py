@@ -68,3 +68,19 @@ def test_it_leans_towards_computing_again():
     pace, clock = timed({1: 1.0, 2: 1.8})
     clock.now = 11.0
     assert LEAN < 0.8 and not pace.waits(1, 1, [2])
+
+
+def test_a_client_computing_past_overdue_times_its_mean_is_counted_out():
+    """Sent weights at 10; client 1 takes 1.0 a push, client 2 0.5: at overdue 2 they fall
+    overdue at 12 and 11; an untimed client never does, nor any with overdue 0."""
+    pace, clock = timed({1: 1.0, 2: 0.5})
+    pace.overdue = 2.0
+    pace.replied(3)
+    assert (pace.deadline(1), pace.deadline(2), pace.deadline(3)) == (12.0, 11.0, None)
+    clock.now = 11.5
+    assert pace.counted_out([1, 2, 3]) == [2]
+    assert pace.wake_at([1, 2]) == 12.0 and pace.wake_at([1, 2, 3]) is None and pace.wake_at([]) is None
+    clock.now = 12.0
+    assert pace.counted_out([1, 2]) == [1, 2]
+    pace.overdue = 0.0
+    assert pace.counted_out([1, 2]) == [] and pace.wake_at([1, 2]) is None

@@ -141,6 +141,47 @@ def test_fresh_auto_times_the_clients_with_one_server_and_waits_with_several():
     assert not sharded.paced and sharded.defers
 
 
+def test_fresh_auto_takes_the_step_without_an_overdue_client_and_drops_its_late_push():
+    """Three clients at 1.0 a push (a timed round); then 1 and 2 push at 11 and wait, and
+    3, down, never pushes: at overdue 2 the step waits for it until 12 (`wake_at`), then
+    goes without it. Its late push, computed at version 1, is dropped and answered with
+    the new weights."""
+    from paramserver.gather import release_due, wake_at
+    from paramserver.handler import handle, release
+    from paramserver.wire.protocol import Message, Pull
+
+    now = [0.0]
+    state = fresh_state(3, fresh_reply="auto", overdue=2.0, server_momentum=0.0, weight_decay=0.0)
+    state.pace.clock = state.clock = lambda: now[0]
+    for rank in (1, 2, 3):
+        handle(state, Message(rank, Tag.PULL, Pull()))
+    now[0] = 1.0
+    for rank in (1, 2, 3):  # the first round: every one waits; the third completes it
+        gradient(state, rank, 1)
+    assert state.store.version == 1 and state.pace.compute == {1: 1.0, 2: 1.0, 3: 1.0}
+    now[0] = 2.0
+    assert gradient(state, 1, 2)[0] == [] and gradient(state, 2, 2)[0] == [] and state.deferred == [1, 2]
+    assert wake_at(state) == 3.0 and not release_due(state) and release(state) == ([], [])
+    now[0] = 3.0
+    replies, _ = release(state)
+    assert [(r.dest, r.header.version) for r in replies] == [(1, 2), (2, 2)] and state.deferred == []
+    assert state.store.weights.tolist() == [-1.75] * 4  # -1 (the mean 2 of 1, 2, 3) - 0.5 x the mean 1.5 of 1, 2
+    [reply], events = gradient(state, 3, 2)
+    assert (reply.dest, reply.header.version) == (3, 2) and type(events[0]).__name__ == "Dropped"
+    assert state.store.applied == {0: 2, 1: 2, 2: 1} and state.store.dropped == {2: 1}
+
+
+def test_overdue_is_off_at_0_and_no_factor_below_1():
+    import pytest
+
+    from paramserver.config import ConfigError, RunConfig
+
+    assert fresh_state(2, fresh_reply="auto", overdue=0).pace.wake_at([1]) is None
+    with pytest.raises(ConfigError, match=r"overdue: must be 0 \(off\) or a factor of at least 1"):
+        RunConfig(overdue=0.5)
+    assert RunConfig(overdue=1.5).overdue == 1.5
+
+
 def test_a_checkpoint_waits_for_every_clients_optimizer_state_and_no_client_waits_for_it():
     """Where the clients' optimizer keeps state, the snapshot at the due version goes out
     at once, the replies from then on ask for the state, and the checkpoint is taken once
