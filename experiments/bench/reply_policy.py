@@ -12,7 +12,9 @@ base minibatch times, no server or wire cost. The straggler models are the proje
 
 Policies: `wait`; `lean L`, paramserver/pace.py's own `Pace` on the model's clock at its
 `LEAN` L (`fresh_reply = "auto"` at LEAN 0.7: compute again iff L x the mean compute time
-brings the push in before the step, an overdue client due now); `spread`, the rule
+brings the push in before the step, an overdue client due now; `lean L overdue F`: with
+the step taken without a client computing past F x its mean, as paramserver/gather.py
+takes it, the server waking then); `spread`, the rule
 derived from each client's mean and spread (experiments/bench/spread_pace.py); `oracle`,
 which knows every client's next compute time and failure. Beside them, sync (every step waits for the slowest, and for a
 failed client's return) and sync with one backup worker, both as the simulator times
@@ -181,7 +183,7 @@ def sync_run(model: str, clients: int, seed: int, steps: int, backups: int) -> t
     return clock.now / steps, used / clock.now, (computed - used - lost) / computed, lost / computed
 
 
-POLICIES = ("wait", "oracle", f"lean {LEAN}", "spread")
+POLICIES = ("wait", "oracle", f"lean {LEAN}", f"lean {LEAN} overdue 3", "spread")
 
 
 def measure(model: str, clients: int, policy: str, seeds: range, steps: int) -> np.ndarray:
@@ -200,12 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--clients", default="8,16,32")
     args = parser.parse_args(argv)
-    print("model            K   policy         time/step  used/time  dropped  lost   (seed means; base minibatch times)")
+    print("model            K   policy              time/step  used/time  dropped  lost   (seed means; base minibatch times)")
     for model in args.models.split(","):
         for k in map(int, args.clients.split(",")):
             for policy in ("sync", "sync, 1 backup", *POLICIES):
                 t, rate, dropped, lost = measure(model, k, policy, range(args.seeds), args.steps)
-                print(f"{model:<17}{k:<4}{policy:<15}{t:>9.3f}{rate:>11.2f}{dropped:>9.3f}{lost:>7.3f}", flush=True)
+                print(f"{model:<17}{k:<4}{policy:<20}{t:>9.3f}{rate:>11.2f}{dropped:>9.3f}{lost:>7.3f}", flush=True)
     return 0
 
 
