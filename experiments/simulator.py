@@ -188,9 +188,10 @@ class Simulation:
             when, _, kind, i, item = heapq.heappop(self.events)
             if kind == "arrive":      # a message reaches the server
                 self._arrive(server, when, i, item)
-            elif kind == "wake":      # the clients a gathered step waits for fall overdue
-                self.now = max(when, self.server_free)
-                self._replied(server, server.release())
+            elif kind == "wake":      # the clients a gathered step waits for fall overdue, unless a message came first
+                if wake_at(server.state) == when:
+                    self.now = max(when, self.server_free)
+                    self._replied(server, server.release())
             else:
                 if kind == "reply":   # weights reach client i
                     self.loops[i].take_weights(item.payload, item.header)
@@ -223,8 +224,7 @@ class Simulation:
         self._replied(server, replies, self.timing.apply_time if message.tag == Tag.PUSH else 0.0)
 
     def _replied(self, server: InProcess, replies: list, cost: float = 0.0) -> None:
-        """The server, busy from now for `cost`, sends `replies`: to the sender, or (a step
-        gathered) to the clients that waited for it."""
+        """The server, busy from now for `cost`, sends `replies` (to the sender, or to those a step waited for)."""
         busy_until = self.now + cost
         for reply in replies:
             busy_until += self.timing.transfer(reply.payload)
