@@ -189,9 +189,7 @@ class Simulation:
             if kind == "arrive":      # a message reaches the server
                 self._arrive(server, when, i, item)
             elif kind == "wake":      # the clients a gathered step waits for fall overdue, unless a message came first
-                if wake_at(server.state) == when:
-                    self.now = max(when, self.server_free)
-                    self._replied(server, server.release())
+                self._wake(server, when)
             else:
                 if kind == "reply":   # weights reach client i
                     self.loops[i].take_weights(item.payload, item.header)
@@ -217,6 +215,18 @@ class Simulation:
             tag, client = self.replay.popleft()
             waited, parked = self.parked[(tag, client)].popleft()
             self._serve(server, max(waited, self.now), client, parked)
+
+    def _wake(self, server: InProcess, when: float) -> None:
+        """The step goes without the overdue clients, as the MPI loop's timed wait takes it:
+        once the server is free and has taken the messages that reached it meanwhile."""
+        wake = wake_at(server.state)
+        if wake is None or wake > when:
+            return
+        if self.server_free > when:
+            self._schedule(self.server_free, "wake", -1, None)
+            return
+        self.now = when
+        self._replied(server, server.release())
 
     def _serve(self, server: InProcess, when: float, i: int, message: Outgoing) -> None:
         self.now = max(when, self.server_free)

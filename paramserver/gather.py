@@ -49,11 +49,14 @@ def _counted_out(state: ServerState, rank: int | None = None) -> list[int]:
     return state.pace.counted_out([r for r in state.waiting if r not in state.deferred and r != rank])
 
 
-def release_due(state: ServerState) -> bool:
-    """Whether every client still running waits for a step being gathered, or is overdue:
-    then no push will complete it, and `release` takes it (a driver finishes replies in
-    flight first: the step changes the weights they may be reading)."""
-    out = _counted_out(state)
+def release_due(state: ServerState, overdue: bool = False) -> bool:
+    """Whether every client still running waits for a step being gathered (or, with
+    `overdue`, is overdue): then no push will complete it, and `release` takes it (a
+    driver finishes replies in flight first: the step changes the weights they may be
+    reading). Overdue clients count only when a driver woke for them (`wake_at`), idle
+    and with no message waiting: while messages queue at a busy server, an overdue
+    client's push may be among them (measured: a server-bound simulation dropped one)."""
+    out = _counted_out(state) if overdue else []
     return bool(state.deferred) and all(rank in state.deferred or rank in out for rank in state.waiting)
 
 

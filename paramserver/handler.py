@@ -213,10 +213,10 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
     return replies + more, events + flushed
 
 
-def release(state: ServerState) -> tuple[list[Reply], list[Event]]:
+def release(state: ServerState, overdue: bool = False) -> tuple[list[Reply], list[Event]]:
     """The step `release_due` says must be taken, with what was gathered, and the replies
     to the clients that waited for it."""
-    if not release_due(state) or not state.store.flush():
+    if not release_due(state, overdue) or not state.store.flush():
         return [], []
     return _answer_deferred(state), _snapshot_due(state)
 

@@ -27,7 +27,7 @@ class InProcess:
     def release(self) -> list[Reply]:
         """The step a driver woke for (paramserver/gather.py's `wake_at`), if it is still
         due: taken without the clients overdue, recorded; the replies, as `deliver`'s."""
-        return self._recorded(*release(self.state))
+        return self._recorded(*release(self.state, overdue=True))
 
     def _recorded(self, replies: list[Reply], events: list) -> list[Reply]:
         self.recorder.record(events)

@@ -101,14 +101,15 @@ class ServerLoop:
     def serve(self) -> ServerTally:
         """Handle messages until every client has stopped or is lost."""
         while not self.state.done:
+            woken = False
             try:
-                self._serve_one()
+                woken = self._serve_one()
             except ClientLost as lost:
                 if lost.named:
                     raise
                 self._lose(lost)
-            if release_due(self.state):  # a lost or overdue client's push was what the others waited for
-                self._release()
+            if release_due(self.state, overdue=woken):  # a lost (or, woken, an overdue) client's push was awaited
+                self._release(overdue=woken)
         self.finish_replies()
         return self.state.tally
 
@@ -130,9 +131,9 @@ class ServerLoop:
                           record=time.perf_counter() - posted,
                           cpu=getattr(self.link, "receive_cpu_s", 0.0) + time.thread_time() - start_cpu)
 
-    def _release(self) -> None:
+    def _release(self, overdue: bool = False) -> None:
         self.finish_replies()
-        self._sent(*release(self.state))
+        self._sent(*release(self.state, overdue))
 
     def _sent(self, replies: list[Reply], events: list) -> float:
         """Post the replies, then record the events; returns when the replies were posted."""
@@ -143,14 +144,16 @@ class ServerLoop:
             self.recorder.record(events)
         return posted
 
-    def _serve_one(self) -> None:
+    def _serve_one(self) -> bool:
+        """Handles the next message; True when there was none but a wake-up instead."""
         msg = self._next_message()
         if msg is None:  # woken: the clients a gathered step waits for are overdue
-            return
+            return True
         self.heard[msg.source] = (self.clock(), tag_name(msg.tag))
         start = time.perf_counter()
         self.answer(msg)
         self.busy_s += time.perf_counter() - start
+        return False
 
     def _next_message(self) -> Message | None:
         """Waits no longer than the first waiting client's stall deadline, and checks it
@@ -164,9 +167,8 @@ class ServerLoop:
             if left <= 0:
                 raise self._stalled(first)
             wake = wake_at(self.state)
-            if wake is not None and wake <= now:
-                return None
-            left = left if wake is None else min(left, wake - now)
+            due = wake is not None and wake <= now  # a message that came meanwhile is taken first
+            left = 0.0 if due else left if wake is None else min(left, wake - now)
             # Replies in flight move only while we call into MPI: poll closely while they should.
             in_flight = sum(nbytes for _, _, nbytes in self.in_flight)
             busy = 1e-3 + in_flight / 1e9 if self.spin else 0.0
@@ -175,6 +177,8 @@ class ServerLoop:
             except PeerTimeout as timeout:
                 if timeout.peers:  # it stopped sending halfway through a message
                     raise self._stalled(timeout.peers[0]) from None
+                if due:
+                    return None
             except PeerDied as died:
                 clients = [r for r in died.ranks if r in waiting]
                 if clients:

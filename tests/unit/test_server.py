@@ -161,9 +161,10 @@ def test_fresh_auto_takes_the_step_without_an_overdue_client_and_drops_its_late_
     assert state.store.version == 1 and state.pace.compute == {1: 1.0, 2: 1.0, 3: 1.0}
     now[0] = 2.0
     assert gradient(state, 1, 2)[0] == [] and gradient(state, 2, 2)[0] == [] and state.deferred == [1, 2]
-    assert wake_at(state) == 3.0 and not release_due(state) and release(state) == ([], [])
+    assert wake_at(state) == 3.0 and not release_due(state, overdue=True) and release(state, overdue=True) == ([], [])
     now[0] = 3.0
-    replies, _ = release(state)
+    assert not release_due(state) and release(state) == ([], [])  # only a driver's wake-up counts 3 out
+    replies, _ = release(state, overdue=True)
     assert [(r.dest, r.header.version) for r in replies] == [(1, 2), (2, 2)] and state.deferred == []
     assert state.store.weights.tolist() == [-1.75] * 4  # -1 (the mean 2 of 1, 2, 3) - 0.5 x the mean 1.5 of 1, 2
     [reply], events = gradient(state, 3, 2)
