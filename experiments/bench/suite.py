@@ -1,6 +1,7 @@
 """`asgd bench` (also `make bench`): every performance figure of the tool, side by side.
 
     asgd bench [--out results/bench.json] [--markdown PAGE.md] [--quick]
+               [--cluster | --hosts H1,H2,H3] [--only SECTION,...]
 
 One run measures, on this machine:
 1. wire: push + pull through the server against raw MPI plus the apply, and the apply
@@ -14,7 +15,9 @@ One run measures, on this machine:
 4. peers: samples/s of our async server (n_sync 1 and 10) and sync mode against torch
    DDP (gloo) and a torch.distributed.rpc parameter server (experiments/bench/peers.py),
    same model, data, clients and batch;
-5. simulator: its wall time against the pure compute of the same minibatches.
+5. simulator: its wall time against the pure compute of the same minibatches;
+6. with --cluster or --hosts, across hosts: the server on one, clients on others, over
+   TCP: the wire, no-compute load and training against DDP (experiments/bench/hosts.py).
 Every comparison runs its two sides in turn, trial by trial after a warm-up
 (experiments/bench/trials.py), and reports the median of the per-trial ratios with their
 interquartile range; a median below a physical lower bound is flagged as a measurement
@@ -24,7 +27,7 @@ cores; `--quick` is a smoke run.
 The JSON is rewritten after every section; at the end the same tables that are printed
 go to a Markdown page (default: beside the JSON; `make bench` writes
 docs/results/bench.md, the page docs/performance.md links to), so no measured number is
-ever copied by hand.
+ever copied by hand. `--only` measures some sections again and keeps the others from the JSON.
 """
 from __future__ import annotations
 
