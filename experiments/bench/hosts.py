@@ -23,7 +23,6 @@ real hosts the bench's temporary folder (TMPDIR) must be on a file system they s
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,8 @@ from pathlib import Path
 from typing import Callable
 
 from experiments.bench.cluster import bench_cluster, missing
-from experiments.bench.jobs import PYTHON, WARMUP, Hosts, median_of, mpi, mpiexec, ours_load, proxy_floats, trainer
+from experiments.bench.jobs import (PYTHON, WARMUP, Hosts, load_avg, loads_cell, median_of, mpi, mpiexec, ours_load,
+                                    proxy_floats, trainer)
 from experiments.bench.trials import interleave, ratio_cell
 from experiments.parent.mpiexec import launcher_rank
 from paramserver.config import ConfigError, RunConfig
@@ -71,11 +71,6 @@ def measure(quick: bool, hosts: Hosts) -> dict:
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "hosts": list(hosts.names),
             "proxy_floats": proxy, "wire": wire_rows(quick, hosts, proxy),
             "load": load_rows(quick, hosts, proxy), "training": training(quick, hosts)}
-
-
-def load_avg() -> float:
-    """The machine's load average over the last minute (what `uptime` prints first)."""
-    return round(os.getloadavg()[0], 2)
 
 
 def noting(measure: Callable[[], float], loads: list[float]) -> Callable[[], float]:
@@ -133,6 +128,7 @@ def ddp_across(hosts: Hosts, steps: int, batch: int, timeout: float = 300) -> di
 
     w = replace(make_workload(len(hosts.names), steps, batch, "cnn", WARMUP, 1, timeout), host=hosts.names[0])
     launch, env = mpiexec(w.clients, hosts)
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # not c10d's warning that a peer's address has no name
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
         subprocess.run([*launch, *PYTHON, "experiments.bench.hosts", json.dumps(asdict(w), separators=(",", ":")),
@@ -185,11 +181,6 @@ def training_table(t: dict, first: str, others: list[str], per_trial: str) -> li
             f"| ours: async, n_sync 1, --rule {t['rule']}, server on {first} | {t['ours_samples_per_s']:.0f} | "
             f"{ratio_cell(vs)} | {loads_cell(t['load_avg'])} |",
             f"| torch DDP (gloo), its ranks on {' and '.join(others)} | {t['ddp_samples_per_s']:.0f} | | |"]
-
-
-def loads_cell(loads: list[float]) -> str:
-    """'1.9-3.4': the lowest and highest load average noted."""
-    return f"{min(loads):.1f}-{max(loads):.1f}"
 
 
 if __name__ == "__main__":

@@ -39,6 +39,16 @@ class Hosts:
         return Hosts(self.names[first:first + count], self.agent, self.env)
 
 
+def load_avg() -> float:
+    """The machine's load average over the last minute (what `uptime` prints first)."""
+    return round(os.getloadavg()[0], 2)
+
+
+def loads_cell(loads: list[float]) -> str:
+    """'1.9-3.4': the lowest and highest load average noted."""
+    return f"{min(loads):.1f}-{max(loads):.1f}"
+
+
 def host_flags(kind: str, hosts: Hosts) -> list[str]:
     """The launcher's flags that put one rank a host, in turn, on `hosts` (`kind` as
     `Launcher.kind` says: MPICH's hydra or Open MPI's)."""

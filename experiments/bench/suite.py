@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 from experiments.bench.hosts import measure_across
 from experiments.bench.hosts import tables as hosts_tables
-from experiments.bench.jobs import WARMUP, Hosts, median_of, mpi, ours_load, proxy_floats, trainer
+from experiments.bench.jobs import WARMUP, Hosts, load_avg, loads_cell, median_of, mpi, ours_load, proxy_floats, trainer
 from experiments.bench.trials import SPREAD, interleave, ratio_cell, summarise
 from paramserver.config import ConfigError
 from paramserver.rundir.durable import write_json_atomic, write_text_atomic
@@ -187,9 +187,12 @@ def run_bench(out: str, quick: bool, markdown: str | None = None, across: Hosts 
     measures = chosen(across, only)
     started = time.perf_counter()
     results = start_results(Path(out), quick, only)
+    loads = results["machine"].setdefault("load_avg", {})
     for name, measure in measures.items():
         print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        start = load_avg()
         results[name] = measure(quick)
+        loads[name] = [start, load_avg()]
         write_json_atomic(Path(out), results)  # a crash later loses only the section under way
     if not only:
         results["machine"]["bench_s"] = time.perf_counter() - started
@@ -244,6 +247,9 @@ def tables(r: dict[str, Any]) -> str:
     lines = [f"{r['machine']['cores']} cores, {r['machine']['mpi']}", "",
              f"Each ratio compares its two sides measured in turn, trial by trial: the {per_trial}. A median "
              "below a physical lower bound (raw MPI + apply; memcpy; pure compute) is marked as a measurement error."]
+    if r["machine"].get("load_avg"):
+        lines[0] += "; load average (1 min) as each section started and ended: " + ", ".join(
+            f"{name} {loads_cell(loads)}" for name, loads in r["machine"]["load_avg"].items())
     for name, table in (("wire", wire_table), ("load", load_table), ("idle", idle_line),
                         ("server_bound", server_tables), ("peers", peers_table), ("simulator", simulator_table),
                         ("hosts", hosts_tables)):

@@ -123,7 +123,11 @@ def test_only_some_sections_keeps_the_others_measured_before(tmp_path, stand_ins
     monkeypatch.setattr(suite, "simulator", lambda quick: changed)
     monkeypatch.setattr(suite, "measure_across", lambda quick, where: {"skipped": f"stand-in for {where}"})
     assert suite.run_bench(str(out), quick=False, across="cluster", only=("simulator", "hosts")) == 0
-    assert json.loads(out.read_text()) == {**before, "simulator": changed, "hosts": {"skipped": "stand-in for cluster"}}
+    after = json.loads(out.read_text())
+    loads = after["machine"].pop("load_avg")  # each section's load average as it started and ended, kept
+    assert loads.keys() == before["machine"].pop("load_avg").keys() | {"hosts"}
+    assert after == {**before, "simulator": changed, "hosts": {"skipped": "stand-in for cluster"}}
     page = (tmp_path / "bench.md").read_text()
     assert "| 8 | 320 | 99.90 | 8.30 |" in page and "| 1e+06 | 4.0 | 0.271 | 0.801 |" in page
     assert page.rstrip().endswith("Across hosts: not measured: stand-in for cluster.")
+    assert "load average (1 min) as each section started and ended: wire " in page
