@@ -81,11 +81,12 @@ test-install:
 	    "$$tmp/src" "$(INSTALL_TORCH)"
 
 # Performance against MPI, memcpy, torch DDP and an RPC parameter server (under about 12
-# minutes on 2 cores): prints its tables, writes results/bench.json and, once every section is
+# minutes on 2 cores), and across the hosts of a test cluster it brings up (root and ip
+# netns; elsewhere that section says why it was not measured): prints its tables, writes results/bench.json and, once every section is
 # measured, the tables as docs/results/bench.md (the page docs/performance.md links to;
 # written whole or not at all, so the docs never quote a half-finished run).
 bench: setup
-	$(BIN)/asgd bench --out results/bench.json --markdown docs/results/bench.md
+	$(BIN)/asgd bench --cluster --out results/bench.json --markdown docs/results/bench.md
 
 clean:
 	rm -rf runs results .pytest_cache

@@ -81,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             print(compare(*(read_results(Path(path)) for path in args.compare)))
             return 0
         if args.command == "bench":
-            from experiments.bench.suite import run_bench
-            return run_bench(args.out, args.quick, args.markdown)
+            return _bench(args)
         from experiments.report import report
         return report(args.path, args.window, args.figures, args.target, args.docs)
     except (ConfigError, InputError, RunDirError) as error:
@@ -93,6 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before a run directory had anything to record
         print("asgd: interrupted", file=sys.stderr)
         return 130
+
+
+def _bench(args: argparse.Namespace) -> int:
+    """`asgd bench`: its hosts and sections checked before anything is measured."""
+    from experiments.bench.hosts import CLUSTER, parse_hosts
+    from experiments.bench.suite import run_bench
+
+    across = parse_hosts(args.hosts) if args.hosts else CLUSTER if args.cluster else None
+    only = tuple(name.strip() for name in args.only.split(",")) if args.only else ()
+    return run_bench(args.out, args.quick, args.markdown, across, only)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -121,6 +130,15 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--markdown", help="the tables as a Markdown page (default: --out with the suffix .md; "
                                           "`make bench`: docs/results/bench.md)")
     bench.add_argument("--quick", action="store_true", help="fewer repeats and sizes (a smoke run, not for the docs)")
+    where = bench.add_mutually_exclusive_group()
+    where.add_argument("--cluster", action="store_true",
+                       help="also measure across hosts, on a test cluster the bench brings up and takes down "
+                            "(scripts/cluster.sh: root and ip netns; where missing, the section says so)")
+    where.add_argument("--hosts", metavar="H1,H2,H3",
+                       help="also measure across these hosts: the server on the first, clients on the others, "
+                            "reached as mpiexec reaches them (ssh); TMPDIR on a file system they share")
+    bench.add_argument("--only", metavar="SECTION,...", help="measure only these sections (wire, load, idle, "
+                       "server_bound, peers, simulator, hosts), keeping the others from --out")
     bench.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
                        help="measure nothing: how far two runs' ratios are apart (does it repeat?)")
     report = commands.add_parser("report", help="summarise a run or a sweep: tables, findings, figures")

@@ -56,6 +56,7 @@ class Workload:
     threads: int
     timeout: float
     port: int
+    host: str = "127.0.0.1"  # where rank 0 listens for the others (across hosts: the first one's name)
 
 
 @dataclass(frozen=True)
@@ -200,9 +201,14 @@ def run_processes(target: Callable[[int, Any], Any], nprocs: int, w: Workload | 
         results.close()
 
 
-def _child(target: Callable[[int, Any], Any], rank: int, w: Workload | Load, results: Any) -> None:
+def prepare(w: Workload | Load) -> None:
+    """What every baseline process sets first, wherever it was started."""
     torch.set_num_threads(w.threads)
     keep_freed_memory()  # the allocator every rank of ours has: the systems compared, not two mallocs
+
+
+def _child(target: Callable[[int, Any], Any], rank: int, w: Workload | Load, results: Any) -> None:
+    prepare(w)
     try:
         results.put((rank, True, target(rank, w)))
     except BaseException:

@@ -51,8 +51,13 @@ def ddp_throughput(clients: int, steps: int, batch_size: int = 64, model: str = 
     """DDP (gloo) with `clients` ranks; raises PeerError if the ranks do not end with identical weights."""
     w = make_workload(clients, steps, batch_size, model, warmup, threads, timeout)
     start = time.perf_counter()
-    ranks = run_processes(_ddp_rank, w.clients, w)
-    call_s = time.perf_counter() - start
+    ranks = run_processes(ddp_rank, w.clients, w)
+    return ddp_summary(w, ranks, time.perf_counter() - start)
+
+
+def ddp_summary(w: Workload, ranks: list[tuple[float, str]], call_s: float) -> dict:
+    """The samples/s of DDP ranks that each returned (timed seconds, weights digest),
+    wherever they ran; raises PeerError if their weights differ."""
     # DDP's contract: the same start and the same averaged gradient every step keep all
     # replicas bit-identical. A mismatch would mean the baseline is not doing its job.
     if len({weights for _, weights in ranks}) != 1:
@@ -140,10 +145,10 @@ class RpcLoadGroup:
         raise TimeoutError(f"the RPC load group gave no {kind} within {self.w.timeout} s")
 
 
-def _ddp_rank(rank: int, w: Workload) -> tuple[float, str]:
+def ddp_rank(rank: int, w: Workload) -> tuple[float, str]:
     """One DDP rank: its timed seconds and a digest of its final weights."""
     split = train_split(w)  # loaded before the rendezvous, so no rank waits on another's loading
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{w.port}", rank=rank, world_size=w.clients,
+    dist.init_process_group("gloo", init_method=f"tcp://{w.host}:{w.port}", rank=rank, world_size=w.clients,
                             timeout=timedelta(seconds=w.timeout))
     try:
         model = build(w)

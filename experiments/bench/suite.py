@@ -1,6 +1,7 @@
 """`asgd bench` (also `make bench`): every performance figure of the tool, side by side.
 
     asgd bench [--out results/bench.json] [--markdown PAGE.md] [--quick]
+               [--cluster | --hosts H1,H2,H3] [--only SECTION,...]
 
 One run measures, on this machine:
 1. wire: push + pull through the server against raw MPI plus the apply, and the apply
@@ -14,7 +15,9 @@ One run measures, on this machine:
 4. peers: samples/s of our async server (n_sync 1 and 10) and sync mode against torch
    DDP (gloo) and a torch.distributed.rpc parameter server (experiments/bench/peers.py),
    same model, data, clients and batch;
-5. simulator: its wall time against the pure compute of the same minibatches.
+5. simulator: its wall time against the pure compute of the same minibatches;
+6. with --cluster or --hosts, across hosts: the server on one, clients on others, over
+   TCP: the wire, no-compute load and training against DDP (experiments/bench/hosts.py).
 Every comparison runs its two sides in turn, trial by trial after a warm-up
 (experiments/bench/trials.py), and reports the median of the per-trial ratios with their
 interquartile range; a median below a physical lower bound is flagged as a measurement
@@ -24,56 +27,32 @@ cores; `--quick` is a smoke run.
 The JSON is rewritten after every section; at the end the same tables that are printed
 go to a Markdown page (default: beside the JSON; `make bench` writes
 docs/results/bench.md, the page docs/performance.md links to), so no measured number is
-ever copied by hand.
+ever copied by hand. `--only` measures some sections again and keeps the others from the JSON.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from experiments.bench.hosts import measure_across
+from experiments.bench.hosts import tables as hosts_tables
+from experiments.bench.jobs import WARMUP, Hosts, load_avg, loads_cell, median_of, mpi, ours_load, proxy_floats, trainer
 from experiments.bench.trials import SPREAD, interleave, ratio_cell, summarise
-from experiments.parent.mpiexec import find_mpiexec
-from paramserver.rundir.durable import read_jsonl, write_json_atomic, write_text_atomic
+from paramserver.config import ConfigError
+from paramserver.rundir.durable import write_json_atomic, write_text_atomic
 from paramserver.rundir.layout import RunDir
-
-PYTHON = [sys.executable, "-m"]
-WARMUP = 5
-
-
-def mpi(ranks: int, module: str, *args: str, timeout: float = 300) -> Any:
-    """Run a benchmark module on `ranks` MPI ranks; what rank 0 wrote to --json."""
-    with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "result.json"
-        command = [find_mpiexec() or "mpiexec", "-n", str(ranks), *PYTHON, module, *args, "--json", str(out)]
-        subprocess.run(command, check=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        return json.loads(out.read_text())
 
 
 def wire(quick: bool) -> list[dict]:
     sizes = "1e5,1e6,4e6" if quick else "1e5,1e6,4e6,1.6e7"
     return mpi(2, "experiments.bench.wire", "wire", "--sizes", sizes, "--trials", "3" if quick else "7",
                "--repeats", "5" if quick else "10")
-
-
-def ours_load(servers: int, clients: int, size: float, seconds: float) -> dict:
-    """`wire.py load` once."""
-    return mpi(servers + clients, "experiments.bench.wire", "load", "--size", str(size), "--seconds", str(seconds),
-               "--servers", str(servers))
-
-
-def median_of(runs: list[dict]) -> dict:
-    """The run with the median pushes/s: on a machine with fewer cores than ranks one
-    run's rate depends on how the scheduler happened to place them."""
-    runs = sorted(runs, key=lambda r: r["pushes_per_s"])
-    return {**runs[len(runs) // 2], "repeats_pushes_per_s": [r["pushes_per_s"] for r in runs]}
 
 
 def load(quick: bool) -> list[dict]:
@@ -88,17 +67,6 @@ def load(quick: bool) -> list[dict]:
 
 def idle() -> dict:
     return mpi(3, "experiments.bench.idle_wait", "2")
-
-
-def proxy_floats() -> int:
-    """Floats in the default model (`asgd train`'s, on Fashion-MNIST's shape): a push of the proxy CNN."""
-    from clients.models import build_model
-    from experiments.bench.peer_setup import SHAPES
-    from paramserver.config import RunConfig
-
-    cfg = RunConfig()
-    shape, classes = SHAPES[cfg.model]
-    return sum(p.numel() for p in build_model(cfg.model, shape, classes, cfg.seed).parameters())
 
 
 def server_bound(quick: bool) -> dict:
@@ -117,20 +85,6 @@ def server_bound(quick: bool) -> dict:
     return {"proxy_floats": proxy, "rows": rows}
 
 
-def asgd_train(out: Path, *flags: str, timeout: float = 600) -> dict:
-    """One `asgd train` run (it starts its own MPI job); its summary."""
-    command = [sys.executable, "-m", "experiments.cli", "train", "--quiet", "--out", str(out), *flags]
-    subprocess.run(command, check=True, timeout=timeout)
-    return RunDir(out).summary()
-
-
-def timed_rate(run: Path, clients: int, steps: int, batch: int) -> float:
-    """samples/s over steps WARMUP+1 .. WARMUP+steps, timed by the slowest client (as the peers are)."""
-    times = {(r["client"], r["step"]): r["time"] for r in read_jsonl(run / "clients.jsonl")}
-    slowest = max(times[(c, WARMUP + steps)] - times[(c, WARMUP)] for c in range(clients))
-    return clients * steps * batch / slowest
-
-
 OURS_N1 = "ours: async, n_sync 1"  # the row every peer is compared with
 
 
@@ -146,17 +100,9 @@ def peers(quick: bool, clients: int = 2, batch: int = 64) -> list[dict]:
     if not fashion_mnist_installed():
         return [{"system": "skipped: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)"}]
     steps, trials = (40, 1) if quick else (150, 4)
-    flags = ["--clients", str(clients), "--steps", str(WARMUP + steps), "--threads", "1", "--batch-size", str(batch),
-             "--eval-samples", "100"]
     with tempfile.TemporaryDirectory() as folder:
-        runs = itertools.count()
-
         def ours(*more: str) -> Callable[[], float]:
-            def rate() -> float:
-                run = Path(folder) / f"run{next(runs)}"
-                asgd_train(run, *flags, *more)
-                return timed_rate(run, clients, steps, batch)
-            return rate
+            return trainer(folder, clients, steps, batch, *more)
 
         def peer(measure: Callable[..., dict]) -> Callable[[], float]:
             return lambda: measure(clients, steps, batch, warmup=WARMUP, threads=1)["samples_per_s"]
@@ -230,25 +176,56 @@ def compute_steps() -> Callable[[int], float]:
     return seconds
 
 
-def run_bench(out: str, quick: bool, markdown: str | None = None) -> int:
-    """Measure everything, print the tables, write `out` (JSON) and `markdown` (the
-    tables as a page; default: `out` with the suffix .md)."""
-    from mpi4py import MPI
+SECTIONS = ("wire", "load", "idle", "server_bound", "peers", "simulator", "hosts")
 
+
+def run_bench(out: str, quick: bool, markdown: str | None = None, across: Hosts | str | None = None,
+              only: tuple[str, ...] = ()) -> int:
+    """Measure everything (or the sections in `only`, the others kept from `out`), print
+    the tables, write `out` (JSON) and `markdown` (the tables as a page; default: `out`
+    with the suffix .md). `across`: also the section across hosts (experiments/bench/hosts.py)."""
+    measures = chosen(across, only)
     started = time.perf_counter()
-    results: dict[str, Any] = {"machine": {"cores": os.cpu_count(), "mpi": MPI.Get_library_version().splitlines()[0],
-                                           "quick": quick, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}}
-    for name, measure in (("wire", wire), ("load", load), ("idle", lambda quick: idle()),
-                          ("server_bound", server_bound), ("peers", peers), ("simulator", simulator)):
+    results = start_results(Path(out), quick, only)
+    loads = results["machine"].setdefault("load_avg", {})
+    for name, measure in measures.items():
         print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        start = load_avg()
         results[name] = measure(quick)
+        loads[name] = [start, load_avg()]
         write_json_atomic(Path(out), results)  # a crash later loses only the section under way
-    results["machine"]["bench_s"] = time.perf_counter() - started
+    if not only:
+        results["machine"]["bench_s"] = time.perf_counter() - started
     write_json_atomic(Path(out), results)
     print(tables(results))
     page = write_markdown(Path(markdown) if markdown else Path(out).with_suffix(".md"), results)
     print(f"written: {out}, {page}", file=sys.stderr)
     return 0
+
+
+def chosen(across: Hosts | str | None, only: tuple[str, ...]) -> dict[str, Callable[[bool], Any]]:
+    """The sections to measure, in order; a bad `only` refused before anything runs."""
+    unknown = [name for name in only if name not in SECTIONS]
+    if unknown:
+        raise ConfigError(f"bench: --only: no section {unknown[0]!r} (the sections: {', '.join(SECTIONS)})")
+    if "hosts" in only and across is None:
+        raise ConfigError("bench: --only hosts needs --cluster or --hosts (where to measure across hosts)")
+    measures = {"wire": wire, "load": load, "idle": lambda quick: idle(), "server_bound": server_bound,
+                "peers": peers, "simulator": simulator}
+    if across is not None:
+        measures["hosts"] = lambda quick: measure_across(quick, across)
+    return {name: measure for name, measure in measures.items() if not only or name in only}
+
+
+def start_results(out: Path, quick: bool, only: tuple[str, ...]) -> dict[str, Any]:
+    """Where a run starts: this machine's description, or, measuring `only` some
+    sections, the results already at `out` (the other sections kept as they are)."""
+    from mpi4py import MPI
+
+    if only and out.exists():
+        return json.loads(out.read_text())
+    return {"machine": {"cores": os.cpu_count(), "mpi": MPI.Get_library_version().splitlines()[0], "quick": quick,
+                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}}
 
 
 def write_markdown(path: Path, results: dict[str, Any]) -> Path:
@@ -269,39 +246,58 @@ def tables(r: dict[str, Any]) -> str:
     per_trial = f"median of per-trial ratios ({SPREAD})"
     lines = [f"{r['machine']['cores']} cores, {r['machine']['mpi']}", "",
              f"Each ratio compares its two sides measured in turn, trial by trial: the {per_trial}. A median "
-             "below a physical lower bound (raw MPI + apply; memcpy; pure compute) is marked as a measurement error.",
-             "", "| floats | MB | raw one-way ms | push+pull ms | apply ms | apply / memcpy, " + per_trial +
+             "below a physical lower bound (raw MPI + apply; memcpy; pure compute) is marked as a measurement error."]
+    if r["machine"].get("load_avg"):
+        lines[0] += "; load average (1 min) as each section started and ended: " + ", ".join(
+            f"{name} {loads_cell(loads)}" for name, loads in r["machine"]["load_avg"].items())
+    for name, table in (("wire", wire_table), ("load", load_table), ("idle", idle_line),
+                        ("server_bound", server_tables), ("peers", peers_table), ("simulator", simulator_table),
+                        ("hosts", hosts_tables)):
+        if name in r:
+            lines += table(r[name], per_trial)
+    return "\n".join(lines)
+
+
+def wire_table(wire: list[dict], per_trial: str) -> list[str]:
+    lines = ["", "| floats | MB | raw one-way ms | push+pull ms | apply ms | apply / memcpy, " + per_trial +
              " | push+pull / (2 x raw one-way + apply), " + per_trial + " (target <= 1.25) |",
              "|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {w['floats']:.0e} | {w['mbytes']:.1f} | {w['raw_one_way_ms']:.3f} | {w['round_trip_ms']:.3f} | "
-              f"{w['apply_ms']:.3f} | {ratio_cell(w['apply_vs_copy'])} | {ratio_cell(w['vs_bound'])} |"
-              for w in r["wire"]]
-    lines += ["", "| servers | clients (no compute) | floats | pushes/s | MB/s through the servers | server 0 busy | "
-              "server 0's own us a push, wall: receive + check + apply + reply + record = total; its CPU "
-              "(target at the proxy size: <= 150) |", "|---:|---:|---:|---:|---:|---:|---|"]
-    lines += [f"| {x['servers']} | {x['clients']} | {x['floats']:.3g} | {x['pushes_per_s']:.0f} | "
-              f"{x['mbytes_per_s']:.0f} | {x['server_busy']:.0%} | {push_cost_cell(x.get('server_push_us'))} |"
-              for x in r["load"]]
-    idle = r["idle"]
-    lines += ["", f"A waiting rank (2 computing ranks beside it): blocking Recv burns {idle['blocking_cpu_s']:.2f} s "
-              f"CPU, our wait {idle['polled_cpu_s']:.2f} s; the computing ranks do {idle['speedup']:.2f}x the work "
-              f"beside ours."]
-    lines += server_tables(r["server_bound"], per_trial)
-    peers = r["peers"]
-    if "samples_per_s" in peers[0]:
-        rule = next((f"; ours with --rule {p['rule']}" for p in peers if "rule" in p), "")
-        trials = len(peers[0]["trials"])
-        lines += ["", f"| system (2 clients, same model, data, batch{rule}; {trials} trial(s), every system once a "
-                  f"trial) | samples/s (median) | ours async n_sync 1 / it, {per_trial} (target >= 1 against DDP "
-                  "and the RPC PS) |", "|---|---:|---:|"]
-        lines += [f"| {p['system']} | {p['samples_per_s']:.0f} | {ratio_cell(p['vs'])} |" for p in peers]
-    else:
-        lines += ["", f"peers: {peers[0]['system']}"]
-    lines += ["", "| simulated clients | minibatches a trial | sim wall s | pure compute s | sim / compute, "
-              f"{per_trial} (target <= 1.15) |", "|---:|---:|---:|---:|---:|"]
-    lines += [f"| {x['clients']} | {x['minibatches']} | {x['sim_wall_s']:.2f} | {x['compute_s']:.2f} | "
-              f"{ratio_cell(x['overhead'])} |" for x in r["simulator"]]
-    return "\n".join(lines)
+    return lines + [f"| {w['floats']:.0e} | {w['mbytes']:.1f} | {w['raw_one_way_ms']:.3f} | "
+                    f"{w['round_trip_ms']:.3f} | {w['apply_ms']:.3f} | {ratio_cell(w['apply_vs_copy'])} | "
+                    f"{ratio_cell(w['vs_bound'])} |" for w in wire]
+
+
+def load_table(load: list[dict], per_trial: str) -> list[str]:
+    lines = ["", "| servers | clients (no compute) | floats | pushes/s | MB/s through the servers | server 0 busy | "
+             "server 0's own us a push, wall: receive + check + apply + reply + record = total; its CPU "
+             "(target at the proxy size: <= 150) |", "|---:|---:|---:|---:|---:|---:|---|"]
+    return lines + [f"| {x['servers']} | {x['clients']} | {x['floats']:.3g} | {x['pushes_per_s']:.0f} | "
+                    f"{x['mbytes_per_s']:.0f} | {x['server_busy']:.0%} | {push_cost_cell(x.get('server_push_us'))} |"
+                    for x in load]
+
+
+def idle_line(idle: dict, per_trial: str) -> list[str]:
+    return ["", f"A waiting rank (2 computing ranks beside it): blocking Recv burns {idle['blocking_cpu_s']:.2f} s "
+            f"CPU, our wait {idle['polled_cpu_s']:.2f} s; the computing ranks do {idle['speedup']:.2f}x the work "
+            f"beside ours."]
+
+
+def peers_table(peers: list[dict], per_trial: str) -> list[str]:
+    if "samples_per_s" not in peers[0]:
+        return ["", f"peers: {peers[0]['system']}"]
+    rule = next((f"; ours with --rule {p['rule']}" for p in peers if "rule" in p), "")
+    trials = len(peers[0]["trials"])
+    lines = ["", f"| system (2 clients, same model, data, batch{rule}; {trials} trial(s), every system once a "
+             f"trial) | samples/s (median) | ours async n_sync 1 / it, {per_trial} (target >= 1 against DDP "
+             "and the RPC PS) |", "|---|---:|---:|"]
+    return lines + [f"| {p['system']} | {p['samples_per_s']:.0f} | {ratio_cell(p['vs'])} |" for p in peers]
+
+
+def simulator_table(simulator: list[dict], per_trial: str) -> list[str]:
+    lines = ["", "| simulated clients | minibatches a trial | sim wall s | pure compute s | sim / compute, "
+             f"{per_trial} (target <= 1.15) |", "|---:|---:|---:|---:|---:|"]
+    return lines + [f"| {x['clients']} | {x['minibatches']} | {x['sim_wall_s']:.2f} | {x['compute_s']:.2f} | "
+                    f"{ratio_cell(x['overhead'])} |" for x in simulator]
 
 
 def push_cost_cell(cost: dict[str, float] | None) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.bench.cluster import missing as cluster_missing
 from experiments.parent.mpiexec import OPEN_MPI_ENV
 from tests.conftest import BIN, ROOT, finish
 
@@ -34,14 +35,7 @@ SLURM_TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scancel", "sq
 
 def missing() -> str | None:
     """Why this machine cannot hold the test cluster (None: it can)."""
-    if os.geteuid() != 0:
-        return "the cluster tier needs root (network namespaces)"
-    for tool in ("ip", "nsenter", "unshare"):
-        if shutil.which(tool) is None:
-            return f"the cluster tier needs {tool} (iproute2, util-linux)"
-    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode:
-        return "the cluster tier needs 'ip netns' (iproute2 with network namespaces)"
-    return None
+    return cluster_missing("the cluster tier")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -110,3 +110,24 @@ def test_a_section_that_fails_writes_no_page(tmp_path, stand_ins, monkeypatch):
         suite.run_bench(str(out), quick=True, markdown=str(page))
     assert set(json.loads(out.read_text())) == {"machine", "wire", "load", "idle", "server_bound"}
     assert not page.exists()
+
+
+def test_only_some_sections_keeps_the_others_measured_before(tmp_path, stand_ins, monkeypatch):
+    """`--only`: the sections named are measured again (the one across hosts too), the
+    others kept as the JSON has them, and the page shows them all."""
+    out = tmp_path / "bench.json"
+    assert suite.run_bench(str(out), quick=False) == 0
+    before = json.loads(out.read_text())
+    monkeypatch.setattr(suite, "wire", lambda quick: pytest.fail("measured a section not asked for"))
+    changed = [{**SECTIONS["simulator"][0], "sim_wall_s": 99.9}]
+    monkeypatch.setattr(suite, "simulator", lambda quick: changed)
+    monkeypatch.setattr(suite, "measure_across", lambda quick, where: {"skipped": f"stand-in for {where}"})
+    assert suite.run_bench(str(out), quick=False, across="cluster", only=("simulator", "hosts")) == 0
+    after = json.loads(out.read_text())
+    loads = after["machine"].pop("load_avg")  # each section's load average as it started and ended, kept
+    assert loads.keys() == before["machine"].pop("load_avg").keys() | {"hosts"}
+    assert after == {**before, "simulator": changed, "hosts": {"skipped": "stand-in for cluster"}}
+    page = (tmp_path / "bench.md").read_text()
+    assert "| 8 | 320 | 99.90 | 8.30 |" in page and "| 1e+06 | 4.0 | 0.271 | 0.801 |" in page
+    assert page.rstrip().endswith("Across hosts: not measured: stand-in for cluster.")
+    assert "load average (1 min) as each section started and ended: wire " in page
