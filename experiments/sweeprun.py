@@ -110,7 +110,7 @@ class SweepRunner:
         if not measured:
             return
         if "sim_step_time" not in self.index:
-            from experiments.simulator import measure_timing
+            from experiments.simcosts import measure_timing
             step, push = measure_timing(measured[-1].config, self.threads)
             self.index.update(sim_step_time=step, sim_apply_time=push)
         base = {"sim_step_time": self.index["sim_step_time"], "sim_apply_time": self.index["sim_apply_time"]}

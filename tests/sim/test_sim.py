@@ -76,7 +76,7 @@ def test_paper_profile_charges_the_papers_costs(tmp_path, tiny_npz):
 def test_the_servers_push_cost_is_the_real_handlers(tmp_path, tiny_npz):
     """Left at 0, the push cost is measured on the server's own handler (a push with
     n_sync log rows and a reply) and recorded in the run's provenance."""
-    from experiments.simulator import measure_push
+    from experiments.simcosts import measure_push
     from paramserver.config import RunConfig
 
     cfg = RunConfig(data=str(tiny_npz), n_sync=4)
