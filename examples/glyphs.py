@@ -19,8 +19,8 @@ scale (McCandlish et al. 2018), and with it the batch beyond which averaging mor
 little, is about twice Fashion-MNIST's at the same point of training or more
 (docs/results.md says the measurement). Nothing was fitted to an asynchronous run.
 
-The images are a function of `SEED` alone (the same on every rank: numpy's generator
-and Pillow's rasteriser); 60,000 train and 10,000 test, Fashion-MNIST's sizes, so the
+The images are a function of `SEED` alone (the same on every rank of an installation:
+numpy's generator, Pillow's rasteriser, torch's resampling); 60,000 train and 10,000 test, Fashion-MNIST's sizes, so the
 study's batch, budgets and model carry over. Made once per process and kept.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ SIDE = 28
 SIZES = (12, 22)      # the glyph's font size in pixels, drawn uniformly: case by size is lost
 ROTATION = 15         # degrees either way
 SHIFT = 3             # pixels either way, from the centre
-BASE, CANVAS = 48, 96 # each glyph is drawn once at BASE pixels on a CANVAS square, then resampled
+BASE, CANVAS = 48, 96  # each glyph is drawn once at BASE pixels on a CANVAS square, then resampled
 NOISE = 40            # the background's grey levels, uniform in [0, NOISE)
 LABEL_NOISE = 0.2     # of the training labels, replaced by a class drawn uniformly (the test's are true)
 SEED = 0
@@ -83,7 +83,7 @@ def images(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     resampling, torch's grid_sample) and laid over the noise."""
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, len(CHARACTERS), n)
-    faces, strokes = rng.integers(0, len(FACES), n), rng.integers(0, 2, n)  # stroke 1: a bolder pen
+    faces, strokes = rng.integers(0, len(FACES), n), rng.integers(0, 2, n)  # 1: the bolder pen (2 pixels at BASE)
     scales = rng.uniform(*SIZES, n) / BASE
     angles = np.radians(rng.uniform(-ROTATION, ROTATION, n))
     shifts = rng.uniform(-SHIFT, SHIFT, (n, 2))
