@@ -42,12 +42,14 @@ test-openmpi:
 # Jobs across hosts: a test cluster on this machine (scripts/cluster.sh: network
 # namespaces, a real Slurm), under MPICH and, where `make test-openmpi` made its venv,
 # Open MPI (tests/cluster, docs/cluster.md). Needs root and `ip netns`, else every test
-# skips saying so; installs Debian's Slurm as root where it is missing (if apt fails,
-# the Slurm tests skip saying why).
-SLURM_PACKAGES := slurmd slurmctld slurm-client munge
+# skips saying so; installs Debian's Slurm as root where any of its packages is missing
+# (libpmix-dev: Slurm's PMIx plugin, for srun --mpi=pmix, dlopens its libpmix.so; if apt
+# fails, the Slurm tests skip saying why).
+SLURM_PACKAGES := slurmd slurmctld slurm-client munge libpmix-dev
 
 test-cluster: setup
-	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v slurmd >/dev/null; then \
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    [ "$$(dpkg-query -W -f='$${db:Status-Abbrev}\n' $(SLURM_PACKAGES) 2>/dev/null | grep -c '^ii')" != $(words $(SLURM_PACKAGES)) ]; then \
 	    echo "test-cluster: apt-get install $(SLURM_PACKAGES)"; \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SLURM_PACKAGES) >/dev/null) \
 	        || echo "test-cluster: could not install Slurm: its tests skip" >&2; \

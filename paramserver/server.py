@@ -95,7 +95,8 @@ class ServerLoop:
     spin: bool = True
 
     def __post_init__(self) -> None:
-        self.heard = {r: (self.clock(), "none") for r in self.state.client_ranks}  # rank -> (when, last tag)
+        self.excused = 0.0  # seconds the server spent waiting on one client: no other's silence (`_excuse`)
+        self.heard = {r: (self._now(), "none") for r in self.state.client_ranks}  # rank -> (when, last tag)
         self.in_flight: list[tuple[int, list, int]] = []  # replies under way: (rank, requests, bytes)
 
     def serve(self) -> ServerTally:
@@ -149,7 +150,7 @@ class ServerLoop:
         msg = self._next_message()
         if msg is None:  # woken: the clients a gathered step waits for are overdue
             return True
-        self.heard[msg.source] = (self.clock(), tag_name(msg.tag))
+        self.heard[msg.source] = (self._now(), tag_name(msg.tag))
         start = time.perf_counter()
         self.answer(msg)
         self.busy_s += time.perf_counter() - start
@@ -162,8 +163,8 @@ class ServerLoop:
         while True:
             waiting = self.state.waiting
             first = min(waiting, key=lambda r: self.heard[r][0])
-            now = self.clock()
-            left = self.heard[first][0] + self.stall_timeout - now
+            now = self.clock()  # the pace's clock; silence is measured by _now()
+            left = self.heard[first][0] + self.stall_timeout - self._now()
             if left <= 0:
                 raise self._stalled(first)
             wake = wake_at(self.state)
@@ -172,11 +173,14 @@ class ServerLoop:
             # Replies in flight move only while we call into MPI: poll closely while they should.
             in_flight = sum(nbytes for _, _, nbytes in self.in_flight)
             busy = 1e-3 + in_flight / 1e9 if self.spin else 0.0
+            start = self.clock()
             try:
                 return self.link.recv(timeout=left, busy=busy, into=self.state.landing)
             except PeerTimeout as timeout:
                 if timeout.peers:  # it stopped sending halfway through a message
-                    raise self._stalled(timeout.peers[0]) from None
+                    stalled = self._stalled(timeout.peers[0])
+                    self._excuse(self.clock() - start)
+                    raise stalled from None
                 if due:
                     return None
             except PeerDied as died:
@@ -193,8 +197,13 @@ class ServerLoop:
 
     def finish_replies(self) -> None:
         """Finish every reply in flight; a client that does not take its reply within the
-        stall timeout, or died, is lost (and the others' replies still finish)."""
+        stall timeout, or died, is lost (and the others' replies still finish). The time
+        spent here is excused (`_excuse`): whatever the others sent meanwhile waits for the
+        server, and their replies wait behind the one it finishes. (A reply to a host whose
+        link was cut held the server for the whole stall timeout; every other client was
+        then written off as silent at once, and a `continue` run ended with none.)"""
         replies, self.in_flight = self.in_flight, []
+        start = self.clock()
         for rank, requests, nbytes in replies:
             if rank in self.state.tally.lost:
                 continue
@@ -204,9 +213,18 @@ class ServerLoop:
                 self._lose(self._stalled(rank))
             except PeerDied as died:
                 self._lose(ClientDied(rank, str(died)))
+        self._excuse(self.clock() - start)
+
+    def _excuse(self, waited: float) -> None:
+        """Time the server spent waiting on one client does not count as the others' silence."""
+        self.excused += waited
+
+    def _now(self) -> float:
+        """The clock the clients' silence is measured by: it stops while the server waits on one."""
+        return self.clock() - self.excused
 
     def _stalled(self, rank: int) -> ClientStalled:
-        return ClientStalled(rank, f"silent for {self.clock() - self.heard[rank][0]:.0f} s "
+        return ClientStalled(rank, f"silent for {self._now() - self.heard[rank][0]:.0f} s "
                                    f"(stall timeout {self.stall_timeout:g} s)")
 
     def _lose(self, lost: ClientLost) -> None:

@@ -3,7 +3,10 @@
 # munged on this machine, slurmctld on h1 and one slurmd a host, each in its host's
 # namespaces, from a generated slurm.conf; every file under DIR/slurm, which down removes.
 # No cgroups needed: proctrack/linuxproc, task/none. Debian's packages: slurmd slurmctld
-# slurm-client munge.
+# slurm-client munge, and libpmix-dev for srun --mpi=pmix (the plugin dlopens libpmix.so).
+# Each host has a TmpFS of its own (DIR/slurm/tmp/<host>): the PMIx plugin makes its
+# client directory spmix_appdir_<uid>_<job>.<step> there on every node of a step, and the
+# hosts share one /tmp, where the second node's mkdir failed (EEXIST) and its tasks with it.
 #   cluster_slurm.sh up DIR N | down DIR
 set -Eeuo pipefail
 S=$2/slurm
@@ -25,6 +28,7 @@ AuthInfo=socket=$S/munge.socket
 CredType=cred/munge
 StateSaveLocation=$S/ctld
 SlurmdSpoolDir=$S/spool/%n
+TmpFS=$S/tmp/%n
 SlurmctldPidFile=$S/slurmctld.pid
 SlurmdPidFile=$S/slurmd-%n.pid
 SlurmctldLogFile=$S/slurmctld.log
@@ -51,7 +55,8 @@ up() {
     for tool in munged slurmctld slurmd sinfo; do
         command -v "$tool" >/dev/null || die "$tool not found (apt-get install slurmd slurmctld slurm-client munge)"
     done
-    mkdir -p "$S/ctld" "$S/spool"
+    mkdir -p "$S/ctld"
+    while read -r name addr ns; do mkdir -p "$S/spool/$name" "$S/tmp/$name"; done <"$dir/hosts"
     chmod 755 "$S"  # munged: its socket must be reachable by all
     write_conf "$dir" "$n" >"$S/slurm.conf"
     head -c 1024 /dev/urandom >"$S/munge.key"

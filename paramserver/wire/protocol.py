@@ -150,6 +150,10 @@ class Reply:
     payload: np.ndarray
 
 
+class ProtocolError(RuntimeError):
+    """A server's reply that cannot be read: the run cannot go on from it."""
+
+
 class PeerTimeout(TimeoutError):
     """No message came from the awaited rank(s) within the timeout. `peers`: the ranks
     it was awaited from (empty: any rank), so a half-received message names its sender."""

@@ -26,7 +26,8 @@ from mpi4py import MPI
 from paramserver.wire import frame
 from paramserver.wire.frame import FRAMED, HEADER_BYTES, rows_bytes
 from paramserver.wire.liveness import PeerDied, PeerWatch
-from paramserver.wire.protocol import Message, PeerFailed, PeerTimeout, Push, Tag, Weights, payload_target
+from paramserver.wire.protocol import (Message, PeerFailed, PeerTimeout, ProtocolError, Push, Tag, Weights,
+                                         payload_target)
 
 ANY = MPI.ANY_SOURCE
 _FIRST_SLEEP, _MAX_SLEEP = 50e-6, 1e-3
@@ -34,10 +35,6 @@ _BUSY = 1e-3  # a message the peer sends right after its last one comes within t
 ABORT_GRACE_S = 10.0
 _REMEMBERED = 16  # sends from distinct blocks kept in mind before the finished ones are forgotten
 _PROC_FAILED = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING)  # ULFM: a rank of the communicator died
-
-
-class ProtocolError(RuntimeError):
-    """A server's reply that cannot be read: the run cannot go on from it."""
 
 
 class Posted(list):
@@ -63,6 +60,7 @@ class Transport:
         self._staging: dict[tuple[str, int], np.ndarray] = {}  # see _staged
         self._in_place: dict[int, Posted] = {}  # block address -> the send from it still under way
         self.yields = True  # a transfer is polled, yielding the core, while its bytes should move (`wait_as_client`)
+        self._abandoned: list[list] = []  # a lost peer's transfers: MPI may resume them, into buffers kept here
 
     @classmethod
     def world(cls, timeout: float) -> Transport:
@@ -161,11 +159,17 @@ class Transport:
             header, payload = self._recv_frame(sender, got, status.Get_count(MPI.BYTE), into)
             message = Message(sender, got, header, payload)
         else:
-            message = Message(sender, got, self._dead_on_error(lambda: self.comm.recv(source=sender, tag=got),
-                                                               [sender]))
+            message = Message(sender, got, MPI.pickle.loads(self._take(sender, got, status.Get_count(MPI.BYTE))))
         # the server's PushCost reads them: taking it, not waiting for it
         self.receive_s, self.receive_cpu_s = time.perf_counter() - start, time.thread_time() - start_cpu
         return message
+
+    def _take(self, sender: int, tag: int, count: int, block: np.ndarray | None = None) -> np.ndarray:
+        """The `count` bytes the probe found, in `block` (or new bytes), within the timeout."""
+        block = np.empty(count, np.uint8) if block is None else block
+        request = self._dead_on_error(lambda: self.comm.Irecv([block, MPI.BYTE], sender, int(tag)), [sender])
+        self._complete(Posted([request], keep=[block]), self.timeout, [sender], count)
+        return block
 
     def _recv_frame(self, sender: int, tag: int, count: int, into: np.ndarray | None) -> tuple[Any, np.ndarray]:
         """A framed message of `count` bytes. When it is as long as `into` says and `into`
@@ -178,8 +182,7 @@ class Transport:
         in_place = block is not None
         if not in_place:
             block = self._staged(("from", sender), count)
-        request = self._dead_on_error(lambda: self.comm.Irecv([block, MPI.BYTE], sender, int(tag)), [sender])
-        self._complete([request], self.timeout, [sender], count)
+        self._take(sender, tag, count, block)
         nrows = min(frame.rows_length(block), max(count - HEADER_BYTES, 0))
         if not (in_place and nrows == tail):
             raw = block[HEADER_BYTES:count - nrows]
@@ -232,10 +235,13 @@ class Transport:
         only while we call into it), unless this rank does not yield (`wait_as_client`)."""
         if self._test(requests, peers):  # often done already: skip the polling's set-up
             return
-        self._poll(lambda: self._test(requests, peers), timeout,
-                   lambda: self._check(peers, collective=peers is None), 0.01 + nbytes / 1e9 if self.yields else 0.0,
-                   lambda: "no transfer with " + ("every rank" if peers is None else
-                                                  "rank " + ", ".join(map(str, peers))), peers)
+        what = "no transfer with " + ("every rank" if peers is None else "rank " + ", ".join(map(str, peers)))
+        try:
+            self._poll(lambda: self._test(requests, peers), timeout, lambda: self._check(peers, peers is None),
+                       0.01 + nbytes / 1e9 if self.yields else 0.0, lambda: what, peers)
+        except (PeerTimeout, PeerDied):
+            self._abandoned.append(requests)  # and a `Posted`'s buffers: mpi4py would free a dropped request's
+            raise
 
     def _wait(self, source: int, tag: int, timeout: float, busy: float = _BUSY) -> MPI.Status:
         status = MPI.Status()

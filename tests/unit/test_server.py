@@ -265,3 +265,41 @@ def test_a_server_that_shares_its_cores_waits_without_spinning(tmp_path, spin):
     ServerLoop(Link(), server.state, server.recorder, clock=lambda: 0.0, stall_timeout=60.0, spin=spin).serve()
     server.recorder.close()
     assert busy == ([1e-3, 1e-3 + 16 / 1e9] if spin else [0.0, 0.0])  # the PULL's reply, 16 bytes, in flight
+
+
+def test_a_reply_stuck_for_the_stall_timeout_loses_only_its_client(tmp_path):
+    """A reply to a client whose host's link was cut holds the server for the whole stall
+    timeout; that wait is not the other clients' silence, so under `continue` only the
+    stuck client is lost (each other one was written off at once before)."""
+    import numpy as np
+
+    from paramserver.server import ServerLoop
+    from paramserver.wire.protocol import Message, PeerTimeout, Pull, Stop
+    from tests.conftest import make_server, push
+
+    now = [0.0]
+    server = make_server(tmp_path / "run", np.zeros(4, np.float32), clients=3, clock=lambda: now[0])
+    messages = [Message(r, Tag.PULL, Pull()) for r in (1, 2, 3)]
+    tag, header, payload = push(1, np.ones(4, np.float32))
+    messages += [Message(2, tag, header, payload), Message(3, Tag.STOP, Stop(0, 0)), Message(2, Tag.STOP, Stop(1, 1))]
+
+    class Link:
+        def recv(self, timeout, **options):
+            assert timeout > 0
+            return messages.pop(0)
+
+        def post(self, dest, tag, header, payload):
+            return [dest]
+
+        def complete(self, requests, peers, nbytes, timeout):
+            if requests == [1]:  # rank 1's reply never goes out: the server waits it out
+                now[0] += timeout
+                raise PeerTimeout("no transfer with rank 1", (1,))
+            return []
+
+    loop = ServerLoop(Link(), server.state, server.recorder, clock=lambda: now[0], stall_timeout=5.0,
+                      on_client_failure="continue")
+    tally = loop.serve()
+    server.recorder.close()
+    assert not messages
+    assert list(tally.lost) == [1] and tally.stops == {3: Stop(0, 0), 2: Stop(1, 1)}
