@@ -57,3 +57,19 @@ def test_speed_models_name_the_panel():
     assert speeds(point(client_speeds="1,0.5")) == "spread"
     assert speeds(point(mtbf=100.0)) == "failures"
     assert speeds(point(step_sigma=0.5, mtbf=100.0)) == "stragglers+failures"
+
+
+def test_a_report_compares_points_whose_drawn_speeds_differ(tmp_path):
+    """Each seed draws its clients' speeds (config.json's `speeds_used`, a record, not a
+    setting): points of one spec are still one setting; a real setting that differs is not."""
+    import pytest
+
+    from experiments.sweepfolder import refuse_mixed
+    from paramserver.rundir.lock import RunDirError
+
+    points = [run_dir(tmp_path / f"s{seed}", {"speed_spread": 0.1, "lr": 0.03, "speeds_used": [1.0, 0.1 + seed / 10]},
+                      [], {}) for seed in (0, 1)]
+    refuse_mixed(points)
+    (tmp_path / "s1" / "config.json").write_text(json.dumps({"speed_spread": 0.1, "lr": 0.05}))
+    with pytest.raises(RunDirError, match="the points differ in lr"):
+        refuse_mixed(points)
