@@ -15,8 +15,9 @@ classifier, else the user's metric, else the test loss):
   and speed model (equal, or the spec's stragglers): the speedup (the tuned single
   client's time over the method's, medians over seeds, and their range where there are
   several), its fraction of C(K) (may pass
-  1: model averaging is not bound by it), its ratio to sync and to sync with backup
-  workers at the same K and speeds (above 1: faster than they), the share of seeds that
+  1: model averaging is not bound by it), its ratio to tuned sync and to tuned sync with
+  backup workers at the same K and speeds (the best median over their lrs and backup
+  counts; above 1: faster than they), the share of seeds that
   reached the target, whether a run diverged, and whether the simulated server was the
   bottleneck (busy most of the run).
 Speed models: `equal`, `stragglers` (per-minibatch noise, slow clients, jitter),
@@ -87,15 +88,26 @@ def speeds(point: SweepRun) -> str:
 
 
 def method(point: SweepRun) -> str:
-    if point.mode == "sync":  # "sync" is the tuned one; the linear rule's lr apart
+    """The method's name, with its lr where the point's departs from [base]'s (the point's id
+    names it): sync's lr grid gives one row an lr, the best of which is tuned sync."""
+    lr = point.get("lr")
+    own_lr = f", lr {lr}" if f"-lr{lr}-" in f"{point.id}-" else ""
+    if point.mode == "sync":  # the linear rule's lr apart
         backups = int(point.get("backup_workers", 0))
-        name = "sync, linear rule" if point.get("lr_scaling") == "linear" else "sync"
+        name = "sync, linear rule" if point.get("lr_scaling") == "linear" else "sync" + own_lr
         return f"{name}, {backups} backup" if backups else name
     if point.mode == "local-sgd":
         return f"local-sgd n{point.n_sync}"
-    lr = point.get("lr")  # named where it departs from [base]'s, as the point's id names it
-    own_lr = f"-lr{lr}-" in f"{point.id}-"
-    return f"async {point.rule}" + (f" n{point.n_sync}" if point.n_sync > 1 else "") + (f", lr {lr}" if own_lr else "")
+    return f"async {point.rule}" + (f" n{point.n_sync}" if point.n_sync > 1 else "") + own_lr
+
+
+def _tuned(times: dict[tuple[str, str, int], list], speed: str, k: int, backup: bool) -> float | None:
+    """Tuned sync at (speed, k): the best median time over its lrs (with `backup`, over its
+    backup-worker counts and lrs too); the linear rule is not tuned."""
+    medians = [_median(ts) for (s, m, kk), ts in times.items() if s == speed and kk == k and m.startswith("sync")
+               and "linear" not in m and m.endswith(" backup") == backup]
+    found = [t for t in medians if t is not None]
+    return min(found) if found else None
 
 
 def _base_batch(sweep: Sweep) -> int:
@@ -161,10 +173,7 @@ def scaling_table(sweep: Sweep) -> list[dict]:
                  for key, points in groups.items()}
         for (speed, name, k), points in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][2])):
             t = _median(times[(speed, name, k)])
-            sync, backup = _median(times.get((speed, "sync", k), [])), _median(
-                [t for (s, m, kk), ts in times.items() if s == speed and kk == k and m.startswith("sync, ") and m.endswith(" backup")
-                 and "linear" not in m
-                 for t in ts])
+            sync, backup = _tuned(times, speed, k, backup=False), _tuned(times, speed, k, backup=True)
             cap = caps.get(str(k), {}).get("ceiling")
             summaries = [load_json(p.run, "summary") for p in points]
             each = [_ratio(t1, x) for x in times[(speed, name, k)] if x is not None]
@@ -174,7 +183,8 @@ def scaling_table(sweep: Sweep) -> list[dict]:
                          "speedup_range": f"{min(each):.2f}-{max(each):.2f}" if len(points) > 1 and each else None,
                          "ceiling": cap,
                          "of_ceiling": _ratio(_ratio(t1, t), cap),
-                         "vs_sync": _ratio(sync, t) if name != "sync" else None,
+                         "vs_sync": _ratio(sync, t) if not (name.startswith("sync") and "backup" not in name
+                                                            and "linear" not in name) else None,
                          "vs_sync_backup": _ratio(backup, t) if not name.startswith("sync") else None,
                          "diverged": any(_diverged(p) for p in points),
                          "server_bound": any(_server_bound(s) for s in summaries),

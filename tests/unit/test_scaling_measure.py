@@ -73,3 +73,17 @@ def test_a_report_compares_points_whose_drawn_speeds_differ(tmp_path):
     (tmp_path / "s1" / "config.json").write_text(json.dumps({"speed_spread": 0.1, "lr": 0.05}))
     with pytest.raises(RunDirError, match="the points differ in lr"):
         refuse_mixed(points)
+
+
+def test_tuned_sync_is_the_best_lr_and_the_best_backup_count():
+    from plots.scaling import _tuned, method
+
+    times = {("spread", "sync, lr 0.08", 16): [10.0, 12.0, 11.0], ("spread", "sync, lr 0.16", 16): [9.0, None, 9.5],
+             ("spread", "sync, linear rule", 16): [1.0], ("spread", "sync, lr 0.08, 1 backup", 16): [8.0],
+             ("spread", "sync, lr 0.08, 2 backup", 16): [7.0, 7.5], ("equal", "sync, lr 0.08", 16): [2.0]}
+    assert _tuned(times, "spread", 16, backup=False) == 9.5  # lr 0.16's median (a miss counts as slowest)
+    assert _tuned(times, "spread", 16, backup=True) == 7.25
+    assert _tuned(times, "spread", 8, backup=False) is None
+    point = SweepRun("sync-c16-n1-cold-s0-backup_workers2-lr0.08", "sync", 16, 1, "cold", 0, Path("."), "complete",
+                     settings={"lr": 0.08, "backup_workers": 2})
+    assert method(point) == "sync, lr 0.08, 2 backup"
