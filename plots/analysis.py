@@ -249,7 +249,10 @@ def _cell(value: Any, markdown: bool) -> str:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    """Rounded to 3 significant digits; None is a dash; a `|` in a cell is escaped."""
+    """Rounded to 3 significant digits; None is a dash; a `|` in a cell is escaped; no rows
+    is a sentence, not a table of no columns (which renders as a stray line)."""
+    if not rows:
+        return "(none in this sweep)\n"
     columns = list(dict.fromkeys(k for row in rows for k in row))
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(row.get(c), True).replace("|", "\\|") for c in columns) + " |" for row in rows]

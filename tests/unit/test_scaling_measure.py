@@ -87,3 +87,10 @@ def test_tuned_sync_is_the_best_lr_and_the_best_backup_count():
     point = SweepRun("sync-c16-n1-cold-s0-backup_workers2-lr0.08", "sync", 16, 1, "cold", 0, Path("."), "complete",
                      settings={"lr": 0.08, "backup_workers": 2})
     assert method(point) == "sync, lr 0.08, 2 backup"
+
+
+def test_an_empty_table_is_a_sentence():
+    from plots.analysis import markdown_table
+
+    assert markdown_table([]) == "(none in this sweep)\n"
+    assert markdown_table([{"a": 1, "b": None}]) == "| a | b |\n|---|---|\n| 1 | – |\n"
