@@ -14,11 +14,12 @@ class Clock:
         return self.now
 
 
-def timed(compute: dict[int, float]) -> tuple[Pace, Clock]:
+def timed(compute: dict[int, float], make=Pace) -> tuple[Pace, Clock]:
     """Every client sent weights at 0 and pushed after its compute time, then sent
-    weights again at 10: each client's pace is its compute time."""
+    weights again at 10: each client's pace is its compute time (`make`: the pace's
+    class, also the bench's SpreadPace)."""
     clock = Clock()
-    pace = Pace(clock)
+    pace = make(clock)
     for rank in compute:
         pace.replied(rank)
     for rank, took in sorted(compute.items(), key=lambda kv: kv[1]):

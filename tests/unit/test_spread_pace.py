@@ -7,23 +7,11 @@ import pytest
 
 from experiments.bench.spread_pace import SpreadPace, computes_again, expected_time
 from paramserver.pace import SMOOTHING
-from tests.unit.test_pace import Clock
+from tests.unit.test_pace import Clock, timed as timed_by
 
 
 def timed(compute: dict[int, float]) -> tuple[SpreadPace, Clock]:
-    """Every client sent weights at 0 and pushed after its compute time, then sent
-    weights again at 10."""
-    clock = Clock()
-    pace = SpreadPace(clock)
-    for rank in compute:
-        pace.replied(rank)
-    for rank, took in sorted(compute.items(), key=lambda kv: kv[1]):
-        clock.now = took
-        pace.pushed(rank)
-    clock.now = 10.0
-    for rank in compute:
-        pace.replied(rank)
-    return pace, clock
+    return timed_by(compute, SpreadPace)
 
 
 def test_a_fixed_time_computes_again_only_if_it_is_in_time():
