@@ -5,6 +5,7 @@ doubled."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -116,8 +117,10 @@ def test_a_cut_link_under_continue_loses_that_client_alone(cluster, mpi, tmp_pat
     job = start_job(mpi, cluster, tiny_npz, run, "--on-client-failure", "continue", "--steps", "1000", launcher=flag)
     err = cut_h3_until_the_server_ends(job, run, 120)
     said = [line for line in err.splitlines() if line.startswith("asgd: client ")]
+    # "continuing with N": the clients still running then (0-3: on a quiet host the other three
+    # finished their 1,000 steps before the 5 s stall timeout named client 1; a CI run did)
     assert len(said) == 1 and said[0].startswith("asgd: client 1 (rank 2, host h3) lost: silent for 5 s") \
-        and said[0].endswith("continuing with 3 client(s)"), err
+        and re.search(r"continuing with [0-3] client\(s\)$", said[0]), err
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "complete", summary
     assert [(lost["client"], lost["rank"]) for lost in summary["lost_clients"]] == [(1, 2)]
