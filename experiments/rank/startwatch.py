@@ -23,15 +23,13 @@ from experiments.parent.mpiexec import launcher_rank
 # cluster); in a CI run some were read in halves ("mpi/pmi2: value not properly
 # terminated"), the peers got corrupt addresses and MPI_Init hung or aborted. The OFI
 # netmod's address is one 65-byte line. The user's own choice of netmod is kept.
-SLURM_PMI_NETMOD = {"MPIR_CVAR_CH4_NETMOD": "ofi"}
 
 
 def fit_launcher(environ: dict[str, str] | None = None) -> None:
     """Before MPI starts: under srun's PMI-2, MPICH's OFI netmod (Open MPI ignores it)."""
     env = os.environ if environ is None else environ
     if env.get("SLURM_MPI_TYPE") == "pmi2":
-        for name, value in SLURM_PMI_NETMOD.items():
-            env.setdefault(name, value)
+        env.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")
 
 
 @contextlib.contextmanager
