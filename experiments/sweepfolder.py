@@ -23,6 +23,7 @@ from typing import Any
 from experiments.sweeprun import SweepRunner
 from experiments.sweepspec import GRID_KEYS, VARIANT_KEYS, PlannedPoint, Spec, load_spec, read_spec, run_settings
 from paramserver.config import ConfigError
+from paramserver.configchecks import USER_CODE, USER_CODE_KEYS
 from paramserver.rundir.durable import write_text_atomic
 from paramserver.rundir.layout import RunDir
 from paramserver.rundir.lock import FolderLock, RunDirError
@@ -108,11 +109,25 @@ def refuse_mixed(points: list[Any]) -> None:
     for point in points:
         config = RunDir(point.run).record("config")
         for key in config.keys() - PER_POINT - RECORD_ONLY - axes:
-            first = seen.setdefault(key, (config[key], point.id))
-            if first[0] != config[key]:
+            value = _compared(key, config)
+            first = seen.setdefault(key, (value, point.id))
+            if first[0] != value:
                 raise RunDirError(f"report: the points differ in {key} ({first[0]!r} in {first[1]}, "
-                                  f"{config[key]!r} in {point.id}); a report compares points of one setting: "
+                                  f"{value!r} in {point.id}); a report compares points of one setting: "
                                   "report a folder of one spec")
+
+
+def _compared(key: str, config: dict[str, Any]) -> Any:
+    """A setting as two points must agree on it. User code is recorded by where it was
+    found (an absolute path), and a folder grown from two checkouts of one project records
+    the same file twice: it is compared by its file or module and name, and data by the
+    fingerprint of what it loaded (experiments/inputs.py) where one was recorded."""
+    value = config[key]
+    parts = USER_CODE.fullmatch(value) if key in USER_CODE_KEYS and isinstance(value, str) else None
+    if parts is None:
+        return value
+    code = f"{Path(parts['file']).name if parts['file'] else parts['module']}:{parts['name']}"
+    return (code, config["data_fingerprint"]) if key == "data" and "data_fingerprint" in config else code
 
 
 def _flat(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -75,6 +75,28 @@ def test_a_report_compares_points_whose_drawn_speeds_differ(tmp_path):
         refuse_mixed(points)
 
 
+
+def test_a_report_compares_one_data_module_found_in_two_checkouts(tmp_path):
+    """A folder grown from two checkouts records one data file at two absolute paths: the
+    same file name, function and fingerprint of what it loaded is one setting; another
+    fingerprint, or another file, is not."""
+    import pytest
+
+    from experiments.sweepfolder import refuse_mixed
+    from paramserver.rundir.lock import RunDirError
+
+    def config(checkout: str, name: str = "glyphs.py", sha: str = "ec2c") -> dict:
+        return {"data": f"/work/{checkout}/examples/{name}:make_data", "model": f"/work/{checkout}/net.py:Net",
+                "data_fingerprint": {"train": 60000, "test": 10000, "sample_sha256": sha}}
+
+    points = [run_dir(tmp_path / checkout, config(checkout), [], {}) for checkout in ("a", "b")]
+    refuse_mixed(points)
+    for other, key in ((config("b", sha="ffff"), "data"), (config("b", name="glyphs2.py"), "data"),
+                       ({**config("b"), "model": "/work/b/net2.py:Net"}, "model")):
+        (tmp_path / "b" / "config.json").write_text(json.dumps(other))
+        with pytest.raises(RunDirError, match=f"the points differ in {key}"):
+            refuse_mixed(points)
+
 def test_tuned_sync_is_the_best_lr_and_the_best_backup_count():
     from plots.scaling import _tuned, method
 
