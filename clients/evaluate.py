@@ -37,9 +37,9 @@ from clients.client import wrong
 from clients.data import Split
 from clients.metric import MetricTally
 from clients.models import load_flat
-from paramserver.rundir.durable import load_arrays, save_arrays
-from paramserver.rundir.layout import RunDir
-from paramserver.rundir.measure import Stop, curve_measure
+from rundir.durable import load_arrays, save_arrays
+from rundir.layout import RunDir
+from rundir.measure import Stop, curve_measure
 
 CURVE_SAMPLES = 1000  # test samples per point of the curve unless eval_samples says
 _CURVE_STREAM = 0xC0  # the seeded choice of them
@@ -167,7 +167,7 @@ class LiveCurve:
     cores, so that the curve shows while a client loses little of its core and the server
     few turns at the interpreter); what is left when training ends, `finish` measures at
     full speed (all of it, with a share of 0). A snapshot measured before (a resumed run's)
-    is not measured again. `stops`: the run's stop rules (paramserver/rundir/measure.py);
+    is not measured again. `stops`: the run's stop rules (rundir/measure.py);
     the first point that reaches one is `reached`, and the rule `stopped_by`."""
 
     POLL_S = 0.5

@@ -13,7 +13,7 @@ once, so a mean over tokens, not over batches, and with `finish`, any function o
 (perplexity = exp of the mean token loss), is what the curve shows. The metric's name is
 its `name` attribute, else the function's own; its direction, `higher_is_better` (False
 unless set). Both go into config.json (`metric_traits`), so that the report, TensorBoard
-and the stop rule read them without importing user code (paramserver/rundir/measure.py).
+and the stop rule read them without importing user code (rundir/measure.py).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import torch
 
 from clients.usercode import resolve
 from paramserver.config import USER_CODE, ConfigError
-from paramserver.rundir.measure import METRIC_HIGHER, METRIC_NAME
+from rundir.measure import METRIC_HIGHER, METRIC_NAME
 
 
 def metric_function(spec: str) -> Callable | None:

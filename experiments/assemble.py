@@ -32,13 +32,13 @@ from clients.models import flat_weights, run_model
 from clients.optimizers import user_optimizer
 from clients.sampling import ShardSampler, shard_indices
 from clients.usercode import loss_function, optimizer_factory
+from experiments.resume import ResumePoint, resume_point
 from experiments.runrecord import RunSetup
 from paramserver.config import RunConfig
 from paramserver.rules import rule_class
-from paramserver.rundir.durable import load_arrays
-from paramserver.rundir.layout import RunDir
-from paramserver.rundir.resume import ResumePoint, resume_point
 from paramserver.schedule import Schedule
+from rundir.durable import load_arrays
+from rundir.layout import RunDir
 
 # How rank 0's start weights and resume point reach every process (identity in one process).
 Share = Callable[[np.ndarray, ResumePoint | None], tuple[np.ndarray, ResumePoint | None]]

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING
 
 from experiments.inputs import absolute_paths
 from experiments.parent.mpiexec import launcher_rank
+from experiments.resume import resume_hint
 from paramserver.config import GROUPS, ConfigError, RunConfig, config_values, field_types, flag_type, group_of
-from paramserver.rundir.layout import RunDir
-from paramserver.rundir.lock import RunDirError
-from paramserver.rundir.resume import resume_hint
-from paramserver.rundir.smoothing import WINDOW
+from rundir.layout import RunDir
+from rundir.lock import RunDirError
+from rundir.smoothing import WINDOW
 
 if TYPE_CHECKING:
     from experiments.result import TrainResult
@@ -196,7 +196,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> TrainResult:
     if asked.get("epochs") and "steps" in asked:
         raise InputError("epochs: give steps or epochs, not both (epochs derives the steps)")
     if isinstance(asked.get("resume"), str) and asked["resume"]:  # by flag or config file: one door
-        from paramserver.rundir.resume import resumed_config
+        from experiments.resume import resumed_config
         cfg = resumed_config(asked)
     else:
         cfg = RunConfig(**asked)
@@ -237,7 +237,7 @@ def _run(cfg: RunConfig, out: str, argv: list[str], mpiexec: str) -> int:
     except (ConfigError, InputError, RunDirError):
         raise
     except Exception as error:  # noqa: BLE001 - the simulator's run failed: one line, the trace kept
-        from paramserver.rundir.summary import log_traceback
+        from rundir.summary import log_traceback
         where = log_traceback(out, error, "simulator")
         if cfg.debug:
             traceback.print_exception(error)
@@ -257,7 +257,7 @@ def _result(status: int, out: str) -> TrainResult:
     whose launcher would take a rank's non-zero exit for a failure."""
     from experiments.parent.supervise import LOCKED_RUN
     from experiments.result import TrainResult
-    from paramserver.rundir.status import exit_status
+    from rundir.status import exit_status
 
     run_dir = str(Path(out).absolute())
     if launcher_rank() not in (None, 0):

@@ -21,14 +21,14 @@ import numpy as np
 from clients.buffers import host_copy
 from clients.client import Client
 from clients.collective import Average, Away, Straggle, collective_step
+from experiments.resume import ResumePoint
 from experiments.runlife import RunLife
 from experiments.runrecord import RunSetup, stops_early
 from paramserver.config import RunConfig
 from paramserver.recorder import Background
-from paramserver.rundir.checkpoint import Checkpoint, save_point
-from paramserver.rundir.durable import read_jsonl
-from paramserver.rundir.layout import RunDir
-from paramserver.rundir.resume import ResumePoint
+from rundir.checkpoint import Checkpoint, save_point
+from rundir.durable import read_jsonl
+from rundir.layout import RunDir
 
 
 def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], average: Average,

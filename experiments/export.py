@@ -26,10 +26,10 @@ import torch
 from clients.data import DataError, load_dataset
 from clients.evaluate import has_running_stats, recalibrate
 from clients.models import load_flat, run_model
+from experiments.resume import recorded_config
 from paramserver.config import ConfigError, load_config
-from paramserver.rundir.durable import load_arrays
-from paramserver.rundir.layout import RunDir
-from paramserver.rundir.resume import recorded_config
+from rundir.durable import load_arrays
+from rundir.layout import RunDir
 
 
 def export(run_path: str, out: str | None = None, best: bool = False) -> int:

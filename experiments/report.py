@@ -22,13 +22,13 @@ import sys
 from pathlib import Path
 
 from experiments.sweepfolder import refuse_mixed
-from paramserver.rundir.durable import write_json_atomic, write_text_atomic
-from paramserver.rundir.lock import RunDirError
-from paramserver.rundir.measure import recorded_measure
-from paramserver.rundir.smoothing import window_for
-from paramserver.rundir.summary import clock_of, seconds
 from plots.curves import plot_run
 from plots.rundata import load_json
+from rundir.durable import write_json_atomic, write_text_atomic
+from rundir.lock import RunDirError
+from rundir.measure import recorded_measure
+from rundir.smoothing import window_for
+from rundir.summary import clock_of, seconds
 
 
 def report(path: str, window: int | None = None, figures: str | None = None, target: float | None = None,

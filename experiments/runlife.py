@@ -18,10 +18,10 @@ from typing import Any, Callable
 
 from clients.metric import metric_traits
 from experiments.progress import Progress
+from experiments.resume import cut_back
 from experiments.runrecord import RunSetup, eval_every, finish_run, live_curve, open_run, record_dir, record_failure
-from paramserver.rundir.checkpoint import Checkpoint
-from paramserver.rundir.layout import RunDir
-from paramserver.rundir.resume import cut_back
+from rundir.checkpoint import Checkpoint
+from rundir.layout import RunDir
 
 
 class RunLife:

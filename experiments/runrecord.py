@@ -1,6 +1,6 @@
 """The parts of a run's record that every mode shares: open, evaluate, summarise, fail.
 
-The summary itself is paramserver/rundir/summary.py's; here is what feeds it: the
+The summary itself is rundir/summary.py's; here is what feeds it: the
 config and provenance written first, the snapshots evaluated as they land (the live
 curve) and the final weights on the whole test split at the end.
 """
@@ -26,11 +26,11 @@ from clients.usercode import loss_function
 from experiments.inputs import fingerprint
 from experiments.progress import Progress
 from paramserver.config import RunConfig
-from paramserver.rundir.goodput import goodput
-from paramserver.rundir.layout import RunDir
-from paramserver.rundir.measure import curve_measure, stop_rules
-from paramserver.rundir.status import COMPLETE, reached_target
-from paramserver.rundir.summary import (VIRTUAL, WALL, ending, seconds, training_status, write_failure,
+from rundir.goodput import goodput
+from rundir.layout import RunDir
+from rundir.measure import curve_measure, stop_rules
+from rundir.status import COMPLETE, reached_target
+from rundir.summary import (VIRTUAL, WALL, ending, seconds, training_status, write_failure,
                                         write_result)
 
 
@@ -94,7 +94,7 @@ def open_run(setup: RunSetup, every: int) -> RunDir:
 
 def measured_config(cfg: RunConfig) -> dict[str, Any]:
     """The run's config with its metric's name and direction, as config.json records them:
-    what paramserver/rundir/measure.py decides the curve's measure and stop rules from."""
+    what rundir/measure.py decides the curve's measure and stop rules from."""
     return {**cfg.to_dict(), **metric_traits(cfg.metric)}
 
 

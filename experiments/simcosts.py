@@ -22,10 +22,10 @@ from experiments.assemble import build, server_optimizer_factory
 from paramserver.config import ConfigError, RunConfig
 from paramserver.handler import ServerState, handle
 from paramserver.recorder import Recorder
-from paramserver.rundir.layout import RunDir
-from paramserver.rundir.lock import RunDirError
 from paramserver.store import Store
 from paramserver.wire.protocol import Message, Push, Tag
+from rundir.layout import RunDir
+from rundir.lock import RunDirError
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,8 @@ from experiments.simcosts import SimTiming, sim_timing
 from paramserver.config import ConfigError, RunConfig
 from paramserver.gather import wake_at
 from paramserver.inprocess import InProcess
-from paramserver.rundir.durable import read_jsonl
 from paramserver.wire.protocol import Outgoing, Pull, Tag
+from rundir.durable import read_jsonl
 
 
 class StepClock:

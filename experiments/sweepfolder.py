@@ -20,14 +20,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from experiments.resume import CHANGEABLE, RECORD_ONLY
 from experiments.sweeprun import SweepRunner
 from experiments.sweepspec import GRID_KEYS, VARIANT_KEYS, PlannedPoint, Spec, load_spec, read_spec, run_settings
 from paramserver.config import ConfigError
 from paramserver.configchecks import USER_CODE, USER_CODE_KEYS
-from paramserver.rundir.durable import write_text_atomic
-from paramserver.rundir.layout import RunDir
-from paramserver.rundir.lock import FolderLock, RunDirError
-from paramserver.rundir.resume import CHANGEABLE, RECORD_ONLY
+from rundir.durable import write_text_atomic
+from rundir.layout import RunDir
+from rundir.lock import FolderLock, RunDirError
 
 FIRST = "spec.toml"
 # config keys a sweep's points may differ in: the grid's, what follows from them (the

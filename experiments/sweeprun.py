@@ -38,9 +38,9 @@ from experiments.parent.supervise import STOP_GRACE_S, kill_tree
 from experiments.progress import Progress
 from experiments.sweepspec import PlannedPoint, Spec, config_with, run_settings
 from paramserver.config import ConfigError
-from paramserver.rundir.durable import write_json_atomic
-from paramserver.rundir.layout import RunDir
-from paramserver.rundir.status import (FAILED, INTERRUPTED, LOCKED, PENDING, RUNNING, exit_status, failed, finished,
+from rundir.durable import write_json_atomic
+from rundir.layout import RunDir
+from rundir.status import (FAILED, INTERRUPTED, LOCKED, PENDING, RUNNING, exit_status, failed, finished,
                                        was_interrupted, word)
 
 

@@ -44,9 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments.resume import CHANGEABLE
 from paramserver.config import ConfigError, RunConfig, field_types, load_config
-from paramserver.rundir.resume import CHANGEABLE
-from paramserver.rundir.smoothing import WINDOW
+from rundir.smoothing import WINDOW
 
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")
 # Grid keys that are config keys as such: these five always in the index, with their

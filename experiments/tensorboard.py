@@ -16,7 +16,7 @@ plus virtual seconds, not when each row was computed. A resumed run's rows follo
 first start as if it never paused; a run recorded without a start time counts from 1970.
 Closed, each run's folder gets HParams: its settings (a sweep's point: its grid values)
 with its final value in the run's measure (`hparam/final_test_error`, or `final_test_loss`,
-`final_test_metric`: paramserver/rundir/measure.py) and time as metrics.
+`final_test_metric`: rundir/measure.py) and time as metrics.
 
 - `train/loss`, `train/error`: trailing mean over the last `window` minibatches of all
   clients, in arrival order (window: a twentieth of the run, at most 400).
@@ -42,9 +42,9 @@ from typing import Any
 
 from experiments.provenance import START_TIME
 from paramserver.config import ConfigError, RunConfig
-from paramserver.rundir.layout import RunDir
-from paramserver.rundir.measure import ERROR, LOSS, METRIC, metric_measure, recorded_measure
-from paramserver.rundir.smoothing import TrailingMean, window_for
+from rundir.layout import RunDir
+from rundir.measure import ERROR, LOSS, METRIC, metric_measure, recorded_measure
+from rundir.smoothing import TrailingMean, window_for
 
 RATE_PUSHES = 50
 

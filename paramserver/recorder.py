@@ -19,8 +19,8 @@ from paramserver.config import Fault
 from paramserver.events import (Applied, CheckpointDue, ClientRows, Dropped, Event, NoiseMeasured, Rejected,
                                 SnapshotDue)
 from paramserver.handler import ServerState
-from paramserver.rundir.checkpoint import Checkpoint, save_point
-from paramserver.rundir.layout import RunDir
+from rundir.checkpoint import Checkpoint, save_point
+from rundir.layout import RunDir
 
 
 FLUSH_EVERY = 0.1  # seconds a log row may wait in memory

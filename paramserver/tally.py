@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from paramserver.rundir.checkpoint import Checkpoint
 from paramserver.wire.protocol import Stop
+from rundir.checkpoint import Checkpoint
 
 
 @dataclass

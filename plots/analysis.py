@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.rundir.lock import RunDirError
-from paramserver.rundir.measure import recorded_measure
-from paramserver.rundir.smoothing import WINDOW
-from paramserver.rundir.status import finished
 from plots.rundata import load_json, load_log, smoothed_curve
+from rundir.lock import RunDirError
+from rundir.measure import recorded_measure
+from rundir.smoothing import WINDOW
+from rundir.status import finished
 
 ROOT = Path(__file__).resolve().parents[1]  # relative sweep paths in notebooks start here
 
@@ -77,7 +77,7 @@ class Sweep:
 @dataclass(frozen=True)
 class Curve:
     """Smoothed training curve of one run in its measure's training column (`column`: error,
-    or loss where the run has no error rate: paramserver/rundir/measure.py), in `error`
+    or loss where the run has no error rate: rundir/measure.py), in `error`
     either way; arrays are read-only because they are cached and shared."""
     time: np.ndarray
     minibatches: np.ndarray

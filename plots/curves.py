@@ -1,5 +1,5 @@
 """The curve of one run: its smoothed training curve and its test points against time, in
-the run's measure (paramserver/rundir/measure.py): error where the run classifies, else
+the run's measure (rundir/measure.py): error where the run classifies, else
 the user's metric (beside the training loss, on an axis of its own), else the loss."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from paramserver.rundir.measure import METRIC, Measure, recorded_measure
-from paramserver.rundir.smoothing import WINDOW
 from plots.backend import plt
 from plots.rundata import load_json, load_log, smoothed_curve
+from rundir.measure import METRIC, Measure, recorded_measure
+from rundir.smoothing import WINDOW
 
 
 def time_label(config: dict) -> str:

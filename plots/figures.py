@@ -13,11 +13,11 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from paramserver.rundir.smoothing import WINDOW
 from plots.analysis import (Curve, SweepRun, Sweep, curve, default_start, speedups,
                             staleness_table)
 from plots.backend import plt
 from plots.rundata import load_json, load_log
+from rundir.smoothing import WINDOW
 
 LINESTYLES = ["-", "--", ":", "-."]
 PAPER_SPEEDUP = (8, 3.2)  # Paine et al. 2013: 3.2x at 8 GPUs

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
-from paramserver.rundir.layout import RunDir
-from paramserver.rundir.smoothing import WINDOW, smoothed
+from rundir.layout import RunDir
+from rundir.smoothing import WINDOW, smoothed
 
 
 def load_log(run_dir: str | Path, log: str) -> list[dict]:
@@ -20,7 +20,7 @@ def load_json(run_dir: str | Path, name: str) -> dict:
 def smoothed_curve(rows: list[dict], window: int = WINDOW,
                    column: str = "error") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(time, minibatches, values): the paper's smoothed training curve
-    (paramserver/rundir/smoothing.py) of one column of all clients' rows (`error`, or
+    (rundir/smoothing.py) of one column of all clients' rows (`error`, or
     `loss` where the run has no error rate) merged in time order."""
     rows = sorted(rows, key=lambda r: r["time"])
     time = np.array([r["time"] for r in rows], dtype=np.float64)

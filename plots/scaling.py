@@ -1,7 +1,7 @@
 """The scaling study (`make scaling`): every method's speedup beside the measured ceiling.
 
 Read from a sweep whose spec says `study = "scaling"` and fixes its `targets` before the
-runs, in the runs' own measure (paramserver/rundir/measure.py: the test error of a
+runs, in the runs' own measure (rundir/measure.py: the test error of a
 classifier, else the user's metric, else the test loss):
 - time to a target: the first evaluation at which the mean of the measure over the last
   `SMOOTH` evaluations (the curve's fixed subset) reaches it, in the run's (virtual)
@@ -34,8 +34,8 @@ from matplotlib.figure import Figure
 
 from plots.analysis import Sweep, SweepRun
 from plots.backend import plt
-from paramserver.rundir.measure import ERROR, Measure, recorded_measure
 from plots.rundata import load_json, load_log
+from rundir.measure import ERROR, Measure, recorded_measure
 
 SMOOTH = 3           # evaluations averaged before a target counts as reached
 DIVERGED = 0.5       # a final test error above this (chance: 90%) counts as diverged; other measures: not finite

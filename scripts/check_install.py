@@ -15,7 +15,7 @@ START = time.monotonic()
 src, torch_spec = pathlib.Path(sys.argv[1]), sys.argv[2]
 site = pathlib.Path(sysconfig.get_paths()["purelib"]).resolve()
 asgd_command = pathlib.Path(sys.executable).parent / "asgd"
-PACKAGES = ("asgd", "paramserver", "clients", "experiments", "plots")
+PACKAGES = ("asgd", "rundir", "paramserver", "clients", "experiments", "plots")
 
 
 def say(message):

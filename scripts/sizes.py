@@ -2,9 +2,9 @@
 
     python scripts/sizes.py [--tests] [--module-lines 400] [--function-lines 60]
 
-Reads the .py files under paramserver, clients, experiments and plots (and tests with
---tests) with `ast`, imports none of them, prints each module and function over its limit,
-longest first, then the layering's offences (tests/layering.py, the checker
+Reads the .py files under asgd, rundir, paramserver, clients, experiments and plots (and
+tests with --tests) with `ast`, imports none of them, prints each module and function over
+its limit, longest first, then the layering's offences (tests/layering.py, the checker
 tests/unit/test_layering.py runs) and the totals. Exit status 1 when anything is listed,
 so a CI step or a Makefile can run it; 0 when the tree is within every limit.
 A function's length runs from its `def` to its last line, docstring and nested functions

@@ -225,8 +225,8 @@ def make_server(path: Path, weights: np.ndarray, clients: int, clock=lambda: 0.0
     from paramserver.inprocess import InProcess
     from paramserver.recorder import Recorder
     from paramserver.rules import make_rule
-    from paramserver.rundir.layout import RunDir
     from paramserver.store import Store
+    from rundir.layout import RunDir
 
     run = RunDir(path)
     run.create()

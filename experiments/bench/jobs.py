@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 from experiments.parent.mpiexec import Launcher, find_mpiexec
 from paramserver.config import ConfigError
-from paramserver.rundir.durable import read_jsonl
-from paramserver.rundir.layout import RunDir
+from rundir.durable import read_jsonl
+from rundir.layout import RunDir
 
 PYTHON = [sys.executable, "-m"]
 WARMUP = 5

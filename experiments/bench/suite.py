@@ -45,8 +45,8 @@ from experiments.bench.hosts import tables as hosts_tables
 from experiments.bench.jobs import WARMUP, Hosts, load_avg, loads_cell, median_of, mpi, ours_load, proxy_floats, trainer
 from experiments.bench.trials import SPREAD, interleave, ratio_cell, summarise
 from paramserver.config import ConfigError
-from paramserver.rundir.durable import write_json_atomic, write_text_atomic
-from paramserver.rundir.layout import RunDir
+from rundir.durable import write_json_atomic, write_text_atomic
+from rundir.layout import RunDir
 
 
 def wire(quick: bool) -> list[dict]:

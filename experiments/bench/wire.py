@@ -92,8 +92,8 @@ def serve_clients(transport: Transport, size: int, clients: int, servers: int = 
     slice of a `size`-float model, until every client stops."""
     from paramserver.handler import ServerState
     from paramserver.recorder import Recorder
-    from paramserver.rundir.layout import RunDir
     from paramserver.server import ServerLoop
+    from rundir.layout import RunDir
 
     lo, hi = shard_bounds(size, servers)[transport.rank]
     state = ServerState(add_store(hi - lo), list(range(servers, servers + clients)))

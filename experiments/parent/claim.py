@@ -16,10 +16,10 @@ from pathlib import Path
 
 from experiments.parent.mpiexec import launcher_rank
 from experiments.parent.supervise import LOCKED_RUN
+from experiments.resume import verify_logs
 from paramserver.config import ConfigError, RunConfig
-from paramserver.rundir.layout import RunDir
-from paramserver.rundir.lock import FolderLock
-from paramserver.rundir.resume import verify_logs
+from rundir.layout import RunDir
+from rundir.lock import FolderLock
 
 
 def claim(cfg: RunConfig, out: str) -> FolderLock | None:

@@ -30,10 +30,10 @@ from pathlib import Path
 
 from experiments.parent.lifeline import lifeline
 from experiments.parent.mpiexec import launcher_rank
-from paramserver.rundir.layout import RunDir
-from paramserver.rundir.resume import resume_hint
-from paramserver.rundir.status import finished, word
-from paramserver.rundir.summary import mark_failed
+from experiments.resume import resume_hint
+from rundir.layout import RunDir
+from rundir.status import finished, word
+from rundir.summary import mark_failed
 
 STDIO_FDS = "ASGD_STDIO_FDS"
 LOCKED_RUN = "ASGD_LOCKED_RUN"  # the run directory whose lock the job's supervisor holds

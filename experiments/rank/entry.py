@@ -29,12 +29,12 @@ from experiments.collectiverun import collective_run
 from experiments.parent.supervise import LOCKED_RUN, direct_stdio
 from experiments.provenance import provenance
 from experiments.rank.startwatch import bounded_start
+from experiments.resume import ResumePoint, resume_hint
 from experiments.serverrun import serve_mpi, serve_slice
 from paramserver.config import RunConfig
-from paramserver.rundir.resume import ResumePoint, resume_hint
-from paramserver.rundir.summary import log_traceback
 from paramserver.wire.farewell import say_bye, tell_recorders, wait_for_bye
 from paramserver.wire.liveness import PeerDied, PeerWatch
+from rundir.summary import log_traceback
 
 START_TIMEOUT_S = 600.0  # how long the ranks wait for each other's verdict on their start
 # The least time MPI may take to start: ranks reach MPI_Init as fast as they import torch,

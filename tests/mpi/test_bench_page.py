@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-import paramserver.rundir.durable
+import rundir.durable
 from experiments.bench import suite
 from experiments.bench.trials import summarise
 
@@ -72,7 +72,7 @@ def test_a_failed_write_leaves_the_previous_page(tmp_path, monkeypatch):
 
     def crash(*args):
         raise OSError("killed before the rename")
-    monkeypatch.setattr(paramserver.rundir.durable.os, "replace", crash)
+    monkeypatch.setattr(rundir.durable.os, "replace", crash)
     changed = {**results(), "simulator": [{**SECTIONS["simulator"][0], "sim_wall_s": 99.9}]}
     with pytest.raises(OSError, match="killed"):
         suite.write_markdown(page, changed)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from clients.data import load_dataset
-from paramserver.rundir.durable import load_arrays
+from rundir.durable import load_arrays
 from tests.conftest import BIN, mpi_train, run_command
 from tests.reference import plain_sgd
 

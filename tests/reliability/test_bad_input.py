@@ -35,9 +35,9 @@ from clients.models import build_model, flat_weights
 from experiments.cli import main
 from experiments.sweepspec import OWN_KEYS
 from paramserver.config import RunConfig, field_types
-from paramserver.rundir.checkpoint import Checkpoint
-from paramserver.rundir.durable import CorruptFile, load_arrays, save_arrays
-from paramserver.rundir.layout import RunDir
+from rundir.checkpoint import Checkpoint
+from rundir.durable import CorruptFile, load_arrays, save_arrays
+from rundir.layout import RunDir
 from tests.conftest import BIN, run_command
 
 FIELDS = [f.name for f in fields(RunConfig)]

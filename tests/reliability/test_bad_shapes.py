@@ -21,7 +21,7 @@ import torch
 from clients.data import load_dataset
 from experiments.api import train
 from experiments.cli import main
-from paramserver.rundir.status import EXIT_DIVERGED
+from rundir.status import EXIT_DIVERGED
 from tests.conftest import BIN, mpi_train, run_command
 from tests.sim.test_sim import TIMED
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from experiments.parent.supervise import descendants, kill_tree, rank_of
-from paramserver.rundir.durable import load_arrays
+from rundir.durable import load_arrays
 from tests.conftest import BIN, LAUNCHER, MPIEXEC, Started, assert_logged_once, mpi_train, run_command, start
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]

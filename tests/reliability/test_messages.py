@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from paramserver.inprocess import InProcess, land
-from paramserver.rundir.durable import read_jsonl
 from paramserver.server import ServerLoop
 from paramserver.wire.frame import Garbled
 from paramserver.wire.protocol import Fail, Message, Pull, Push, Stop, Tag, Weights, carries_payload
+from rundir.durable import read_jsonl
 from tests.conftest import make_server, push
 
 GOOD = np.ones(4, np.float32)

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from experiments.parent.supervise import alive, descendants, kill_tree
-from paramserver.rundir.durable import load_arrays
-from paramserver.rundir.lock import FolderLock
-from paramserver.rundir.status import EXIT_DIVERGED, was_interrupted
+from rundir.durable import load_arrays
+from rundir.lock import FolderLock
+from rundir.status import EXIT_DIVERGED, was_interrupted
 from tests.conftest import BIN, run_command, start
 from tests.sim.test_sim import TIMED
 

@@ -162,8 +162,8 @@ def test_ctrl_c_before_the_first_periodic_checkpoint_resumes_every_step_once(tmp
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_a_run_checkpoints_its_starting_state(tmp_path, tiny_npz, mode):
-    from paramserver.rundir.checkpoint import Checkpoint
-    from paramserver.rundir.layout import RunDir
+    from rundir.checkpoint import Checkpoint
+    from rundir.layout import RunDir
 
     run = tmp_path / "run"
     assert sim_run(run, tiny_npz, "--mode", mode, "--steps", "12", "--eval-every", "100",

@@ -16,8 +16,8 @@ import pytest
 
 from experiments.simulator import Simulation, SimTiming, StepClock
 from paramserver.inprocess import InProcess
-from paramserver.rundir.durable import read_jsonl
 from paramserver.wire.protocol import Outgoing, Pull, Push, Stop, Tag
+from rundir.durable import read_jsonl
 from tests.conftest import make_server
 
 CLIENTS, PUSHES_EACH, SIZE, SEED = 32, 3125, 1000, 7  # 10^5 pushes of 1,000 floats

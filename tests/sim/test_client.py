@@ -18,8 +18,8 @@ from paramserver.handler import ServerState
 from paramserver.inprocess import InProcess
 from paramserver.recorder import Recorder
 from paramserver.rules import make_rule, rule_class
-from paramserver.rundir.layout import RunDir
 from paramserver.store import Store
+from rundir.layout import RunDir
 from tests.reference import plain_sgd
 
 LR, MOMENTUM, WD, BATCH, STEPS = 0.05, 0.9, 5e-4, 32, 12

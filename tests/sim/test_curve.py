@@ -119,7 +119,7 @@ def test_an_aggregating_metric_is_the_curve_with_its_name_and_direction(code, tm
     result = summary(run)
     assert result["curve_measure"] == {"key": "test_metric", "name": "perplexity", "higher_is_better": False}
     model = resolve(f"{code}:make_model", "model")()
-    from paramserver.rundir.durable import load_arrays
+    from rundir.durable import load_arrays
     load_flat(model, load_arrays(run / "checkpoint" / "latest.npz")["weights"])
     _, test, _, _ = load_user_data(f"{code}:make_data")
     x, y = test.batch(np.arange(len(test)))
@@ -156,9 +156,9 @@ def test_a_stop_rule_that_cannot_fire_is_refused_before_launch(code, tmp_path, c
 
 
 def test_report_on_a_loss_only_run_draws_the_loss(code, tmp_path, capsys):
-    from paramserver.rundir.smoothing import smoothed
     from plots import analysis
     from plots.curves import run_series
+    from rundir.smoothing import smoothed
 
     run = tmp_path / "run"
     assert train(code, run, "--steps", "12", "--quiet") == 0

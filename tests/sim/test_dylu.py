@@ -14,8 +14,8 @@ from clients.loop import ClientLoop, ClientPlan
 from clients.models import build_model
 from clients.sampling import ShardSampler
 from experiments.cli import main
-from paramserver.rundir.durable import load_arrays
 from paramserver.wire.protocol import Tag, Weights
+from rundir.durable import load_arrays
 from tests.conftest import assert_logged_once
 from tests.sim.test_sim import TIMED, rows
 

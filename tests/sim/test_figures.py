@@ -246,7 +246,7 @@ def test_docs_page_holds_the_tables_and_says_where_the_runs_ran(tmp_path):
 
 def test_docs_page_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
     """A failure before the rename (a kill, a full disk) leaves the previous page as it was."""
-    import paramserver.rundir.durable
+    import rundir.durable
     from experiments.report import report
 
     root = make_sweep(tmp_path / "sweep", [point("async", 1, 1), point("async", 2, 1)])
@@ -256,7 +256,7 @@ def test_docs_page_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
 
     def crash(*args):
         raise OSError("killed before the rename")
-    monkeypatch.setattr(paramserver.rundir.durable.os, "replace", crash)
+    monkeypatch.setattr(rundir.durable.os, "replace", crash)
     with pytest.raises(OSError, match="killed"):
         report(str(root), 10, str(tmp_path / "fig"), None, str(page))
     assert page.read_text() == before and "smoothing window 20 minibatches" in before

@@ -25,8 +25,8 @@ from paramserver.arrays import ServerArrays
 from paramserver.config import ConfigError, RunConfig
 from paramserver.gpu import cuda_aware_mpi
 from paramserver.rules import RULES, make_rule
-from paramserver.rundir.durable import load_arrays, save_arrays
 from paramserver.store import Store
+from rundir.durable import load_arrays, save_arrays
 from tests.conftest import assert_same_store
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -89,8 +89,8 @@ def test_an_async_run_resumes_with_each_clients_optimizer_state(tmp_path, tiny_n
     """Each client's AdamW state in the checkpoint, at the step it records for that
     client (Adam counts its steps: the two agree), and back on the client after a resume:
     at the end every client's optimizer has counted all its steps, not those since."""
-    from paramserver.rundir.checkpoint import Checkpoint
-    from paramserver.rundir.layout import RunDir
+    from rundir.checkpoint import Checkpoint
+    from rundir.layout import RunDir
 
     run = tmp_path / "run"
     assert train("--data", str(tiny_npz), "--out", str(run), "--clients", "3", "--steps", "12", "--eval-every", "4",
@@ -105,8 +105,8 @@ def test_an_async_run_resumes_with_each_clients_optimizer_state(tmp_path, tiny_n
 
 
 def checkpoint_of(run) -> "Checkpoint":
-    from paramserver.rundir.checkpoint import Checkpoint
-    from paramserver.rundir.layout import RunDir
+    from rundir.checkpoint import Checkpoint
+    from rundir.layout import RunDir
     return Checkpoint.load(RunDir(run))
 
 

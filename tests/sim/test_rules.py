@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from experiments.cli import main
-from paramserver.rundir.durable import load_arrays
+from rundir.durable import load_arrays
 from tests.conftest import assert_logged_once
 from tests.sim.test_sim import TIMED, checkpoint_weights, rows, sim
 

@@ -11,7 +11,7 @@ import pytest
 
 from clients.data import load_dataset
 from experiments.cli import main
-from paramserver.rundir.durable import load_arrays
+from rundir.durable import load_arrays
 from tests.reference import plain_sgd
 from tests.sim.test_sim import TIMED, checkpoint_weights, rows, sim
 

@@ -107,7 +107,7 @@ def test_the_push_cost_can_come_from_a_real_runs_server(tmp_path, tiny_npz, caps
 
 
 def checkpoint_weights(run: Path):
-    from paramserver.rundir.durable import load_arrays
+    from rundir.durable import load_arrays
     return load_arrays(run / "checkpoint" / "latest.npz")["weights"]
 
 
@@ -253,7 +253,7 @@ def test_replay_of_a_run_that_does_not_fit_is_refused(tmp_path, tiny_npz, capsys
 def test_keep_best_keeps_the_curves_best_point_and_export_best_exports_it(tmp_path, tiny_npz, capsys):
     import torch
 
-    from paramserver.rundir.durable import load_arrays
+    from rundir.durable import load_arrays
 
     run = sim(tmp_path / "run", tiny_npz, "--clients", "2", "--steps", "30", "--eval-every", "6", "--keep-best",
               "--keep-snapshots")
@@ -311,7 +311,7 @@ def test_stop_at_error_ends_every_client_at_the_same_point_each_time_and_resumes
 def test_a_metric_of_yours_is_a_column_of_the_curve_and_in_the_summary(tmp_path, tiny_npz, capsys):
     from clients.data import load_dataset
     from clients.models import build_model, load_flat
-    from paramserver.rundir.durable import load_arrays
+    from rundir.durable import load_arrays
 
     code = tmp_path / "metrics.py"
     code.write_text("def accuracy(outputs, targets):\n    return (outputs.argmax(1) == targets).float().mean()\n\n"

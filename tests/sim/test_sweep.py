@@ -10,8 +10,8 @@ import pytest
 
 from experiments.cli import main
 from experiments.parent.supervise import descendants, kill_tree
-from paramserver.rundir.layout import RunDir
-from paramserver.rundir.status import finished
+from rundir.layout import RunDir
+from rundir.status import finished
 from tests.conftest import BIN, start
 
 

@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 
-OURS = ("paramserver", "clients", "experiments", "plots", "tests")
+OURS = ("rundir", "paramserver", "clients", "experiments", "plots", "tests")
 
 
 class NoMPI(importlib.abc.MetaPathFinder):

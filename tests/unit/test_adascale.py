@@ -13,10 +13,10 @@ from paramserver.events import NoiseMeasured
 from paramserver.handler import ServerState, handle
 from paramserver.rules import make_rule
 from paramserver.rules.scaling import gain
-from paramserver.rundir.durable import load_arrays, save_arrays
 from paramserver.schedule import Schedule
 from paramserver.store import Store
 from paramserver.wire.protocol import Message, Pull, Push, Tag
+from rundir.durable import load_arrays, save_arrays
 
 N, BATCH, LR = 2000, 8, 1e-3
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from experiments.api import TrainResult, train
-from paramserver.rundir.durable import write_json_atomic
+from rundir.durable import write_json_atomic
 
 
 def test_raise_systemexit_of_a_result_exits_with_its_status_and_prints_nothing():

@@ -10,8 +10,8 @@ import pytest
 from clients.collective import failed_tries
 from clients.stragglers import Failures, Stragglers, client_speeds
 from paramserver.config import ConfigError, RunConfig
-from paramserver.rundir.goodput import goodput
 from paramserver.wire.protocol import Rejoin, Tag, well_formed
+from rundir.goodput import goodput
 
 
 def test_speeds_are_log_uniform_from_the_seed_and_client_alone():

@@ -14,7 +14,7 @@ import pytest
 
 from experiments.parent import supervise
 from experiments.parent.mpiexec import Launcher
-from paramserver.rundir.layout import RunDir
+from rundir.layout import RunDir
 
 VERSIONS = {"hydra": "HYDRA build details:\n    Version:  5.0.2\n",
             "openmpi": "mpiexec (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/community/help/\n",

@@ -53,7 +53,7 @@ def test_a_simulated_run_and_a_refusal_need_no_mpi(tmp_path, tiny_npz, capsys):
 
 
 def test_every_atomic_writer_makes_its_folder(tmp_path):
-    from paramserver.rundir.durable import write_json_atomic
+    from rundir.durable import write_json_atomic
 
     path = tmp_path / "results" / "deeper" / "bench.json"
     write_json_atomic(path, {"wire": [1, 2]})

@@ -1,5 +1,5 @@
 """The run's measure (error, else the user's metric, else the loss), the stop rules on it,
-and a metric summed over the whole test pass (paramserver/rundir/measure.py, clients/metric.py)."""
+and a metric summed over the whole test pass (rundir/measure.py, clients/metric.py)."""
 from __future__ import annotations
 
 import math
@@ -14,7 +14,7 @@ from clients.evaluate import split_scores
 from clients.metric import MetricTally
 from clients.usercode import TorchSplit
 from paramserver.config import ConfigError, RunConfig
-from paramserver.rundir.measure import Measure, Stop, curve_measure, stop_rules
+from rundir.measure import Measure, Stop, curve_measure, stop_rules
 
 METRIC = {"metric": "m.py:perplexity", "metric_name": "perplexity", "metric_higher_is_better": False}
 

@@ -93,7 +93,7 @@ def test_the_readme_is_a_front_door():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 200
     assert any(line.startswith("## Your model") for line in lines[:60])
-    modules = [p for top in ("paramserver", "clients", "experiments", "plots", "scripts", "examples", "tests")
+    modules = [p for top in ("rundir", "paramserver", "clients", "experiments", "plots", "scripts", "examples", "tests")
                for p in (ROOT / top).rglob("*.py")]
     dated = [f"{path.relative_to(ROOT)}:{number}" for path in [ROOT / "README.md", *modules]
              for number, line in enumerate(path.read_text().splitlines(), 1) if DATED.search(line)]

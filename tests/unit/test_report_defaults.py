@@ -3,8 +3,8 @@ from __future__ import annotations
 
 
 def test_a_simulated_runs_curve_is_labelled_virtual_time():
-    from paramserver.rundir.smoothing import window_for
     from plots.curves import time_label
+    from rundir.smoothing import window_for
 
     assert time_label({"backend": "sim"}).startswith("virtual time")
     assert time_label({"backend": "mpi"}) == "wall time (s)"
@@ -12,7 +12,7 @@ def test_a_simulated_runs_curve_is_labelled_virtual_time():
 
 
 def test_a_summary_says_when_its_seconds_are_virtual_and_an_old_one_reads_as_wall():
-    from paramserver.rundir.summary import clock_of, seconds
+    from rundir.summary import clock_of, seconds
 
     assert seconds(2.5, clock_of({"time_s": 2.5, "clock": "virtual"})) == "2.5 s (virtual)"
     assert seconds(2.5, clock_of({"time_s": 2.5})) == "2.5 s"  # written before the field was kept
@@ -23,8 +23,8 @@ def test_a_notebook_reads_a_sweep_as_the_report_does(tmp_path, monkeypatch):
 
     import pytest
 
-    from paramserver.rundir.lock import RunDirError
     from plots import analysis
+    from rundir.lock import RunDirError
 
     (tmp_path / "sw").mkdir()
     (tmp_path / "sw" / "index.json").write_text(json.dumps({"window": 40, "points": []}))

@@ -13,8 +13,8 @@ import pytest
 
 from paramserver.config import RunConfig
 from paramserver.rules import RULES, make_rule
-from paramserver.rundir.durable import load_arrays, save_arrays
 from paramserver.store import Store
+from rundir.durable import load_arrays, save_arrays
 
 N, K = 7, 3
 SETTINGS = RunConfig(lr=0.05, server_lr=0.1, server_momentum=0.9, weight_decay=1e-3, dc_lambda=2.0)

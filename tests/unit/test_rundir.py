@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from paramserver.rundir.layout import RunDir
-from paramserver.rundir.lock import FolderLock, LockHeld, RunDirError
-from paramserver.rundir.summary import write_result
+from rundir.layout import RunDir
+from rundir.lock import FolderLock, LockHeld, RunDirError
+from rundir.summary import write_result
 
 
 def test_records_status_and_rows(tmp_path):

@@ -65,7 +65,7 @@ def test_a_report_compares_points_whose_drawn_speeds_differ(tmp_path):
     import pytest
 
     from experiments.sweepfolder import refuse_mixed
-    from paramserver.rundir.lock import RunDirError
+    from rundir.lock import RunDirError
 
     points = [run_dir(tmp_path / f"s{seed}", {"speed_spread": 0.1, "lr": 0.03, "speeds_used": [1.0, 0.1 + seed / 10]},
                       [], {}) for seed in (0, 1)]
@@ -83,7 +83,7 @@ def test_a_report_compares_one_data_module_found_in_two_checkouts(tmp_path):
     import pytest
 
     from experiments.sweepfolder import refuse_mixed
-    from paramserver.rundir.lock import RunDirError
+    from rundir.lock import RunDirError
 
     def config(checkout: str, name: str = "glyphs.py", sha: str = "ec2c") -> dict:
         return {"data": f"/work/{checkout}/examples/{name}:make_data", "model": f"/work/{checkout}/net.py:Net",

@@ -43,8 +43,8 @@ def test_recorder_writes_what_was_true_when_the_snapshot_was_due(tmp_path, monke
     import numpy as np
 
     import paramserver.recorder
-    from paramserver.rundir.checkpoint import Checkpoint
-    from paramserver.rundir.durable import load_arrays
+    from rundir.checkpoint import Checkpoint
+    from rundir.durable import load_arrays
     from tests.conftest import make_server, push
 
     changed, write = threading.Event(), paramserver.recorder.save_point

@@ -11,8 +11,8 @@ import torch
 
 from paramserver.config import RunConfig
 from paramserver.rules import make_rule
-from paramserver.rundir.durable import load_arrays, save_arrays
 from paramserver.store import Store
+from rundir.durable import load_arrays, save_arrays
 
 SIZE, LR, DECAY, CLIP = 50, 0.01, 0.1, 0.5
 

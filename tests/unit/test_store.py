@@ -7,8 +7,8 @@ import torch
 
 from paramserver.config import RunConfig
 from paramserver.rules import make_rule
-from paramserver.rundir.durable import load_arrays, save_arrays
 from paramserver.store import Store
+from rundir.durable import load_arrays, save_arrays
 
 
 def test_add_rule_adds_delta_and_bumps_version():
@@ -84,7 +84,7 @@ def test_checkpoint_round_trip_without_pickle(tmp_path):
 
 @pytest.mark.parametrize("where", [0.5, 0.9])
 def test_a_damaged_checkpoint_is_refused(tmp_path, where):
-    from paramserver.rundir.durable import CorruptFile
+    from rundir.durable import CorruptFile
 
     path = tmp_path / "ck.npz"
     save_arrays(path, {"weights": np.arange(1000, dtype=np.float32), "version": np.array(3)})
@@ -96,7 +96,7 @@ def test_a_damaged_checkpoint_is_refused(tmp_path, where):
 
 
 def test_a_checkpoint_with_tampered_arrays_fails_its_checksum(tmp_path):
-    from paramserver.rundir.durable import CorruptFile
+    from rundir.durable import CorruptFile
 
     path = tmp_path / "ck.npz"
     save_arrays(path, {"weights": np.zeros(4, np.float32)})

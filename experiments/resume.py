@@ -24,13 +24,13 @@ from typing import Any
 import numpy as np
 
 from paramserver.config import USER_CODE, USER_CODE_KEYS, ConfigError, RunConfig, load_config
-from paramserver.rundir.checkpoint import Checkpoint
-from paramserver.rundir.durable import CorruptFile, read_jsonl, truncate_jsonl, write_json_atomic
-from paramserver.rundir.layout import RunDir
-from paramserver.rundir.lock import RunDirError
-from paramserver.rundir.measure import METRIC_HIGHER, METRIC_NAME
-from paramserver.rundir.status import COMPLETE
-from paramserver.rundir.summary import SUMMARY, discard
+from rundir.checkpoint import Checkpoint
+from rundir.durable import CorruptFile, read_jsonl, truncate_jsonl, write_json_atomic
+from rundir.layout import RunDir
+from rundir.lock import RunDirError
+from rundir.measure import METRIC_HIGHER, METRIC_NAME
+from rundir.status import COMPLETE
+from rundir.summary import SUMMARY, discard
 
 # The one list of settings a resume may change: how the run is handled, never what it
 # trains (every other config key, whoever adds it, must keep the run's recorded value).

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from paramserver.rundir.layout import RunDir
+from rundir.layout import RunDir
 
 ERROR, LOSS, METRIC = "test_error", "test_loss", "test_metric"  # eval.jsonl's columns
 METRIC_NAME, METRIC_HIGHER = "metric_name", "metric_higher_is_better"  # config.json's record of the metric

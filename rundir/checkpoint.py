@@ -1,7 +1,7 @@
 """The checkpoint: what a run goes on from after a crash, and the one owner of its format.
 
 `checkpoint/latest.npz` in the run directory holds flat arrays only, so it loads without
-pickle, with the SHA-256 of every array checked on load (paramserver/rundir/durable.py): the
+pickle, with the SHA-256 of every array checked on load (rundir/durable.py): the
 weights and their version, the run's clock, the rows of the two logs it accounts for,
 the tallies, in an async run the Store's own arrays (each client's pulled version,
 the counters, the rule's state) and DyLU's measured speeds, and the clients' optimizer state: one for all in a
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from paramserver.rundir.durable import CorruptFile, load_arrays, save_arrays
-from paramserver.rundir.layout import RunDir
+from rundir.durable import CorruptFile, load_arrays, save_arrays
+from rundir.layout import RunDir
 
 OWN = ("weights", "version", "time", "lines", "tally.counts", "tally.client_steps", "tally.client_pushes")
 OPTIMIZER = "optimizer."  # the prefix of the clients' optimizer state's arrays

@@ -24,9 +24,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from paramserver.rundir.durable import JsonlWriter, read_jsonl, save_arrays, write_json_atomic
-from paramserver.rundir.lock import LOCK, FolderLock, RunDirError
-from paramserver.rundir.status import finished
+from rundir.durable import JsonlWriter, read_jsonl, save_arrays, write_json_atomic
+from rundir.lock import LOCK, FolderLock, RunDirError
+from rundir.status import finished
 
 
 class RunDir:
@@ -68,7 +68,7 @@ class RunDir:
 
     @property
     def checkpoint_path(self) -> Path:
-        """Where the run's checkpoint lives (paramserver/rundir/checkpoint.py owns its format)."""
+        """Where the run's checkpoint lives (rundir/checkpoint.py owns its format)."""
         return self.path / "checkpoint" / "latest.npz"
 
     @property

@@ -3,7 +3,7 @@
 So a run directory always says whether its results are complete: the recording rank
 writes the result, or the failure that ended training; the supervisor of an MPI job
 that ended before any rank could say so marks it failed. Its status words are
-paramserver/rundir/status.py's.
+rundir/status.py's.
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from paramserver.rundir import status as words
-from paramserver.rundir.durable import write_json_atomic
-from paramserver.rundir.layout import RunDir
+from rundir import status as words
+from rundir.durable import write_json_atomic
+from rundir.layout import RunDir
 
 SUMMARY = "summary.json"
 # The clock of `time_s` and the throughput: the simulator's seconds are virtual. A summary

@@ -37,7 +37,7 @@ def word(status: str) -> str:
 
 
 def reached_target(point: dict, stop) -> str:
-    """A run a stop rule ended early (`stop`: paramserver/rundir/measure.py's `Stop`, of
+    """A run a stop rule ended early (`stop`: rundir/measure.py's `Stop`, of
     stop_at_error, stop_at_loss or stop_at_metric): complete, at the curve's point that reached it."""
     return f"{COMPLETE}: reached target ({stop.describe(point)} at version {point['version']})"
 
