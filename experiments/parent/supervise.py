@@ -178,7 +178,9 @@ def _outcome(run: RunDir, returncode: int, interrupted: bool, failure: str | Non
         if started:
             mark_failed(run, None if interrupted else
                         failure or f"the MPI job ended with exit status {returncode}, no rank said why")
-        what = "interrupted" if interrupted else "failed"
+        # the recorded reason again: the rank's own line may not have come through (hydra can
+        # end the job before it forwards the failing rank's last output)
+        what = "interrupted" if interrupted else run.status() or "failed"
         print(f"asgd: run {run.path} {what}{resume_hint(run.path)}", file=sys.stderr)
         return 130 if interrupted else returncode or 1
     return returncode

@@ -77,11 +77,13 @@ def test_a_launcher_left_without_ranks_is_killed_and_one_that_ends_keeps_its_sta
     assert supervise._wait(ends) == 3
 
 
-def test_a_started_run_that_did_not_finish_failed_whatever_the_launchers_status(tmp_path):
+def test_a_started_run_that_did_not_finish_failed_whatever_the_launchers_status(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{}")
     said = "rank 1 (client 0) failed: PeerDied: rank 0 (server, host vm, pid 9) died"
     assert supervise._outcome(RunDir(tmp_path), 0, False, said) == 1  # Open MPI under ULFM ended 0
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == f"failed: {said}"
+    # the last line says why, as the run recorded it, whether or not the rank's own came through
+    assert capsys.readouterr().err == f"asgd: run {tmp_path} failed: {said}\n"
     assert supervise._outcome(RunDir(tmp_path / "never started"), 0, False, None) == 0
 
 
