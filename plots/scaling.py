@@ -231,7 +231,7 @@ def fig_scaling(sweep: Sweep, rows: list[dict] | None = None) -> Figure:
             ks = sorted({r["clients"] for r in mine} | set(caps))
             ax.plot(ks, ks, color="0.8", lw=1, ls=":", label="linear")
             if caps:
-                ax.plot(sorted(caps), [caps[k] for k in sorted(caps)], color="k", lw=2, label="ceiling C(K)")
+                ax.plot(sorted(caps), [caps[k] for k in sorted(caps)], color="k", lw=2, marker="_", ms=14, label="ceiling C(K)")
             for name in names:
                 line = sorted((r for r in mine if r["method"] == name), key=lambda r: r["clients"])
                 hit = [r for r in line if r["speedup"] is not None]
