@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 from functools import lru_cache
+from typing import Any
 
 from matplotlib.figure import Figure
 
@@ -40,6 +41,8 @@ from rundir.measure import ERROR, Measure, recorded_measure
 SMOOTH = 3           # evaluations averaged before a target counts as reached
 DIVERGED = 0.5       # a final test error above this (chance: 90%) counts as diverged; other measures: not finite
 SERVER_BOUND = 0.9   # a server busy this share of the run's time was the bottleneck
+# a sweep index entry's keys that say which run, not which method (plots/analysis.py, SweepRun)
+NOT_A_METHOD = {"id", "seed", "steps", "config", "status", "run", "train_size"}
 
 
 def is_scaling_sweep(sweep: Sweep) -> bool:
@@ -169,6 +172,7 @@ def scaling_table(sweep: Sweep) -> list[dict]:
         for p in sweep.points:
             if p.clients > 1:
                 groups.setdefault((speeds(p), method(p), p.clients), []).append(p)
+        groups = _apart(groups)
         times = {key: [(hit[0] if (hit := reached(p, target)) else None) for p in points]
                  for key, points in groups.items()}
         for (speed, name, k), points in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][2])):
@@ -190,6 +194,25 @@ def scaling_table(sweep: Sweep) -> list[dict]:
                          "server_bound": any(_server_bound(s) for s in summaries),
                          "final": _median([final(p) for p in points])})
     return rows
+
+
+def _apart(groups: dict[tuple[str, str, int], list[SweepRun]]) -> dict[tuple[str, str, int], list[SweepRun]]:
+    """A group's points in rows of their own where they differ in a setting the method's name
+    does not show (a grid over `max_staleness` beside the default's points): the row's name
+    gains each such key and its value, so one median never mixes two methods' seeds."""
+    out: dict[tuple[str, str, int], list[SweepRun]] = {}
+    for (speed, name, k), points in groups.items():
+        keys = sorted({key for p in points for key in p.settings} - NOT_A_METHOD)
+        apart = [key for key in keys if len({repr(_setting(p, key)) for p in points}) > 1]
+        for p in points:
+            out.setdefault((speed, name + "".join(f", {key} {_setting(p, key)}" for key in apart), k), []).append(p)
+    return out
+
+
+def _setting(point: SweepRun, key: str) -> Any:
+    """An axis of the point, else its recorded config's value (a point run before a later
+    spec made the key an axis has it only there)."""
+    return point.settings.get(key, point.settings.get("config", {}).get(key))
 
 
 def _server_bound(summary: dict) -> bool:

@@ -116,3 +116,23 @@ def test_an_empty_table_is_a_sentence():
 
     assert markdown_table([]) == "(none in this sweep)\n"
     assert markdown_table([{"a": 1, "b": None}]) == "| a | b |\n|---|---|\n| 1 | – |\n"
+
+
+def test_points_that_differ_in_a_setting_the_name_omits_are_rows_of_their_own():
+    """The default's seeds and the same rule at max_staleness 1 share a method name: one
+    median over both would mix two methods, so each gets its own row, named by the key."""
+    from plots.scaling import _apart
+
+    def point(seed: int, **axes) -> SweepRun:
+        settings = {"id": f"p{seed}{axes}", "seed": seed, "rule": "fresh", **axes,
+                    "config": {"max_staleness": 0, "rule": "fresh"}}
+        return SweepRun(settings["id"], "async", 16, 1, "cold", seed, Path("."), "complete", settings=settings)
+
+    group = {("spread", "async fresh, lr 0.03", 16): [point(0), point(1), point(0, max_staleness=1),
+                                                      point(1, max_staleness=1)]}
+    rows = _apart(group)
+    assert sorted(rows) == [("spread", "async fresh, lr 0.03, max_staleness 0", 16),
+                            ("spread", "async fresh, lr 0.03, max_staleness 1", 16)]
+    assert all(len(points) == 2 for points in rows.values())
+    alike = {("equal", "async fresh", 8): [point(0), point(1)]}
+    assert _apart(alike) == alike  # seeds alone: one row, its name unchanged
