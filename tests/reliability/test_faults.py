@@ -87,8 +87,10 @@ def test_a_killed_client_ends_the_job_named_and_the_run_resumes(tmp_path, tiny_n
     if not named and LAUNCHER.kind == "hydra":
         # hydra's known defect (the continue test's xfail says it): its proxy SIGKILLs every
         # rank when it reaps one that died of a signal, in 3 of 10 tries on a loaded 2-core
-        # machine before the server can name it (docs/reliability.md); the run still resumes
-        assert status.startswith("failed: the MPI job ended with exit status"), status
+        # machine before the server can name it (docs/reliability.md): the launcher's status,
+        # or the other client naming the server it saw die; the run still resumes
+        server_killed = "failed: PeerDied: rank 0 (server" in status and "died" in status
+        assert status.startswith("failed: the MPI job ended with exit status") or server_killed, status
     else:
         assert named and "rank 2" in err and "died" in err, status
     result = run_command([str(BIN / "asgd"), "train", "--quiet", "--resume", str(run)], timeout=180)
