@@ -106,6 +106,9 @@ def test_tuned_sync_is_the_best_lr_and_the_best_backup_count():
     assert _tuned(times, "spread", 16, backup=False) == 9.5  # lr 0.16's median (a miss counts as slowest)
     assert _tuned(times, "spread", 16, backup=True) == 7.25
     assert _tuned(times, "spread", 8, backup=False) is None
+    kept_apart = {("spread", "sync, lr 0.08, 1 backup, lr_warmup 0", 16): [5.0]}  # named on by _apart
+    assert _tuned(kept_apart, "spread", 16, backup=False) is None
+    assert _tuned(kept_apart, "spread", 16, backup=True) == 5.0
     point = SweepRun("sync-c16-n1-cold-s0-backup_workers2-lr0.08", "sync", 16, 1, "cold", 0, Path("."), "complete",
                      settings={"lr": 0.08, "backup_workers": 2})
     assert method(point) == "sync, lr 0.08, 2 backup"
