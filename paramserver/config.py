@@ -133,8 +133,9 @@ class RunConfig:
                                 "...)")
 
     # learning-rate schedule ([schedule] in a config file)
-    lr_warmup: int = _schedule(0, "samples over which the lr ramps linearly up to its value (0: none); samples the "
-                                  "server has applied (async) or steps x clients x batch_size (sync modes)")
+    lr_warmup: int = _schedule(0, "samples over which the lr ramps linearly up to its value (0: none); samples "
+                                  "pushed to the server (async, dropped ones too) or steps x clients x batch_size "
+                                  "(collective modes)")
     lr_schedule: str = _schedule("constant", "constant, cosine (to lr_floor over the run's planned samples) or step "
                                              "(times lr_step_factor at each of lr_milestones)")
     lr_floor: float = _schedule(0.0, "cosine: the last lr, as a fraction of the peak")

@@ -268,7 +268,7 @@ def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, list[Event]]:
     pulled, version = store.pulled.get(client, 0), store.version
     if state.schedule is not None:  # the lr at the progress before this push
         store.rule.lr_factor = state.schedule.factor(state.progress)
-        store.rule.scale_ramp = state.schedule.ramp(state.progress, store.rule.step_batch)
+        store.rule.scale_ramp = state.schedule.ramp(store.version)  # the steps taken, whatever was dropped
     # from the steps in the headers, which every server of a sharded run gets
     minibatches = max(1, header.step - int(state.tally.client_steps[client]))
     if state.windows is not None:

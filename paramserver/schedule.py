@@ -12,8 +12,9 @@ either is `(t - 1) x batch_size` before step t, so `factor(e * batch_size)` is t
 
     lr(s) = lr x scale(s) x warmup(s) x decay(s)
     warmup(s) = min(1, (s + batch_size) / lr_warmup)         (1 without warmup)
-    scale(s) = 1 + (batch_scale - 1) x ramp(s),  ramp(s) = min(1, (s + u) / (lr_scale_warmup x u))
-               (u = n x batch_size, the samples of one update)
+    scale(s) = 1 + (batch_scale - 1) x ramp(t),  ramp(t) = min(1, (t + 1) / lr_scale_warmup)
+               (t the updates taken before: the server's version under a server rule, whose
+               steps may drop pushes; s / (K x batch_size) in the collective modes)
     cosine:  decay(s) = floor + (1 - floor) (1 + cos(pi p)) / 2,
              p = min(1, (s - lr_warmup) / (planned - lr_warmup)) after the warmup, else 0
     step:    decay(s) = lr_step_factor ** (milestones <= s)
@@ -48,26 +49,29 @@ class Schedule:
     scaling: str = "none"
     averaged: int = 1             # the client minibatches one update averages (the scaling's n)
     scale_warmup: int = 0
+    counted: int = 1              # the client minibatches progress counts an update (K in the collective modes)
 
     @classmethod
     def for_run(cls, cfg: RunConfig, clients: int, lr: float | None = None) -> "Schedule":
         """The run's schedule of `lr` (default: the clients' lr) for `clients` clients."""
         averaged = clients - cfg.backup_workers if cfg.mode == "sync" else 1
+        counted = 1 if cfg.mode == "async" else clients  # a backup worker's gradient counts, unused
         return cls(cfg.lr if lr is None else lr, cfg.batch_size, clients * cfg.steps * cfg.batch_size,
                    cfg.lr_warmup, cfg.lr_schedule, cfg.lr_floor, parse_milestones(cfg.lr_milestones),
-                   cfg.lr_step_factor, cfg.lr_scaling, averaged, cfg.lr_scale_warmup)
+                   cfg.lr_step_factor, cfg.lr_scaling, averaged, cfg.lr_scale_warmup, counted)
 
     def factor(self, samples: int) -> float:
         """lr(samples) / lr: every multiplier at once."""
         warm = min(1.0, (samples + self.batch_size) / self.warmup) if self.warmup else 1.0
-        return ramped_scale(self.scaling, self.averaged, self.ramp(samples)) * warm * self._decay(samples)
+        updates = samples // (self.counted * self.batch_size)
+        return ramped_scale(self.scaling, self.averaged, self.ramp(updates)) * warm * self._decay(samples)
 
-    def ramp(self, samples: int, minibatches: int | None = None) -> float:
-        """How far the batch-size scaling has ramped in, 0 to 1, for updates of
-        `minibatches` client minibatches (default: the schedule's own): its warmup counts
-        updates, so it lasts as many steps at every K."""
-        update = (self.averaged if minibatches is None else minibatches) * self.batch_size
-        return min(1.0, (samples + update) / (self.scale_warmup * update)) if self.scale_warmup else 1.0
+    def ramp(self, updates: int) -> float:
+        """How far the batch-size scaling has ramped in, 0 to 1, for the update after
+        `updates` taken: its warmup counts updates, not samples, so it lasts as many steps
+        at every K and whatever share of the pushes `fresh`'s steps drop (counted in samples
+        pushed, the ramp under stragglers ended early, and with it the early steps' caution)."""
+        return min(1.0, (updates + 1) / self.scale_warmup) if self.scale_warmup else 1.0
 
     def at(self, samples: int) -> float:
         """The lr after `samples` of progress."""

@@ -4,12 +4,18 @@ from __future__ import annotations
 import math
 from re import escape
 
+import numpy as np
 import pytest
 
 from clients.collective import keep_fastest
 from clients.stragglers import Stragglers
 from paramserver.config import ConfigError, RunConfig, load_config
+from paramserver.events import Dropped
+from paramserver.handler import ServerState, handle
+from paramserver.rules import make_rule
 from paramserver.schedule import Schedule
+from paramserver.store import Store
+from paramserver.wire.protocol import Message, Pull, Push, Tag
 
 
 def test_warmup_ramps_linearly_then_holds():
@@ -107,6 +113,35 @@ def test_the_scale_warmup_ramps_the_scaling_in_from_one_minibatchs_lr_over_updat
     sync = Schedule.for_run(RunConfig(mode="sync", lr=0.01, lr_scaling="sqrt", lr_scale_warmup=10,
                                       batch_size=10, clients=16), 16)
     assert [sync.at(s) for s in (0, 640, 1440, 10**4)] == pytest.approx([0.013, 0.025, 0.04, 0.04])
-    assert [sync.ramp(s, 4) for s in (0, 160, 360)] == pytest.approx([0.1, 0.5, 1.0])
+    assert [sync.ramp(t) for t in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])
+    # 4 of 16 backup workers: an update averages 12 minibatches, and progress counts 16
+    backup = Schedule.for_run(RunConfig(mode="sync", lr=0.01, lr_scaling="sqrt", lr_scale_warmup=10,
+                                        batch_size=10, clients=16, backup_workers=4), 16)
+    assert backup.at(4 * 160) == pytest.approx(0.01 * (1 + (math.sqrt(12) - 1) * 0.5))
     one = Schedule.for_run(RunConfig(mode="sync", lr=0.01, lr_scaling="sqrt", clients=1), 1)
     assert one.at(0) == one.at(10**6) == 0.01
+
+
+def test_freshs_ramp_counts_its_steps_not_the_pushes_it_dropped():
+    """Three clients, S = 2, the linear rule ramped in over 4 steps: clients 1 and 2 take
+    each step, client 3's push comes a step late every time and is dropped. Step k's lr
+    is lr x (1 + (2 - 1) x k / 4), as without client 3 (counted in samples pushed, which
+    the dropped pushes swell by half, step 2 would be at 1.625)."""
+    n, batch, lr = 50, 4, 1e-3
+    cfg = RunConfig(lr=lr, momentum=0.0, weight_decay=0.0, batch_size=batch, lr_scaling="linear",
+                    lr_scale_warmup=4, fresh_batch=2, fresh_reply="wait")
+    state = ServerState(Store(np.zeros(n, np.float32), make_rule("fresh", cfg, 3)), [1, 2, 3],
+                        schedule=Schedule.for_run(cfg, 3))
+    for rank in (1, 2, 3):
+        handle(state, Message(rank, Tag.PULL, Pull()))
+    rng, lrs, dropped = np.random.default_rng(0), [], 0
+    for step in range(1, 7):
+        grads = [rng.standard_normal(n).astype(np.float32) for _ in range(3)]
+        before = state.store.weights.copy()
+        for rank, g in zip((1, 2, 3), grads):
+            _, events = handle(state, Message(rank, Tag.PUSH, Push(step, n, True), g))
+            dropped += any(isinstance(e, Dropped) for e in events)
+        mean = np.mean(grads[:2], axis=0, dtype=np.float64)
+        lrs.append(float(np.dot(before - state.store.weights, mean) / np.dot(mean, mean)))
+    assert state.store.version == 6 and dropped == 6 and state.progress == 18 * batch
+    assert lrs == pytest.approx([lr * s for s in (1.25, 1.5, 1.75, 2, 2, 2)], rel=1e-4)
