@@ -97,6 +97,7 @@ class Scalars:
                 self._add("server/noise_scale", row["noise_scale"], row["samples"], row["time"])
                 self._add("server/fresh_batch", row.get("fresh_batch"), row["samples"], row["time"])
                 self._add("server/gain", row.get("gain"), row["samples"], row["time"])
+                self._add("server/grad_norm", row.get("grad_norm"), row["samples"], row["time"])
             elif log == "eval":
                 for key, tag in self._test_tags().items():
                     self._add(tag, row.get(key), row["minibatches"], row["time"])

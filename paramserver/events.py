@@ -41,12 +41,15 @@ class Dropped:
 class NoiseMeasured:
     """A window of the gradient noise scale closed: a server.jsonl row. `fresh_batch`:
     the step size the fresh rule gathers from now on (None: another rule); `gain`: the lr
-    multiplier of such a step under adascale from now on (None: another scaling)."""
+    multiplier of such a step under adascale from now on (None: another scaling);
+    `grad_norm`: the norm of the window's mean gradient (at equal speeds, `fresh`'s
+    step's), the curve on which a loss spike shows first (docs/results.md)."""
 
     samples: int
     noise_scale: float | None
     fresh_batch: int | None
     gain: float | None = None
+    grad_norm: float | None = None
 
 
 @dataclass(slots=True)

@@ -285,7 +285,8 @@ def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, list[Event]]:
     events.append(_client_rows(state, client, header, pulled, result))
     if result.measured:
         rule = store.rule
-        events.append(NoiseMeasured(state.progress, rule.noise.estimate, rule.step_batch, rule.gain))
+        events.append(NoiseMeasured(state.progress, rule.noise.estimate, rule.step_batch, rule.gain,
+                                    rule.noise.mean_norm))
     if store.version != version:
         events += _snapshot_due(state)
     return result, events

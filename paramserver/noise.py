@@ -48,6 +48,7 @@ class NoiseScale:
         self.small = self.inverse = 0.0   # the window's sums of |G_i|^2 and of 1 / B_i
         self.g2 = self.trace = 0.0        # the moving averages, not yet bias-corrected
         self.windows = 0
+        self.mean_norm: float | None = None  # |G_W| of the last window closed: the gradient norm's curve
 
     @property
     def starts(self) -> bool:
@@ -71,6 +72,7 @@ class NoiseScale:
         if self.pushes < self.window:
             return False
         big = self.norm(self.total) / self.minibatches ** 2
+        self.mean_norm = big ** 0.5
         trace, g2 = window_estimates(self.small / self.pushes, self.pushes / self.inverse, big,
                                      self.minibatches * self.batch_size)
         self.trace = DECAY * self.trace + (1 - DECAY) * trace

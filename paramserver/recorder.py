@@ -100,7 +100,7 @@ class Recorder:
 
     def _noise(self, event: NoiseMeasured) -> None:
         row = {"time": self.clock(), "samples": event.samples, "noise_scale": event.noise_scale}
-        for name in ("fresh_batch", "gain"):
+        for name in ("fresh_batch", "gain", "grad_norm"):
             if getattr(event, name) is not None:
                 row[name] = getattr(event, name)
         self.server_log.write(row)

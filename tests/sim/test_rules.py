@@ -93,6 +93,8 @@ def test_noise_scale_rows_summary_and_auto_fresh_batch(tmp_path, tiny_npz):
     board.Reload()
     assert len(board.Scalars("server/noise_scale")) == len(measured)
     assert [e.value for e in board.Scalars("server/fresh_batch")] == [r["fresh_batch"] for r in noise]
+    assert all(r["grad_norm"] > 0 for r in noise)
+    assert [e.value for e in board.Scalars("server/grad_norm")] == pytest.approx([r["grad_norm"] for r in noise])
 
 
 def test_nesterov_runs_and_keeps_its_momentum(tmp_path, tiny_npz):

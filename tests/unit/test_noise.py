@@ -21,13 +21,14 @@ def test_two_windows_by_hand():
     noise = NoiseScale(batch_size=4, window=2)
     assert noise.estimate is None
     assert not noise.add(torch.tensor([1.0, 2.0]), 1) and noise.add(torch.tensor([3.0, 0.0]), 1)
-    assert noise.estimate == pytest.approx(16 / 3)
+    assert noise.estimate == pytest.approx(16 / 3) and noise.mean_norm == pytest.approx(5 ** 0.5)
     assert not noise.add(torch.tensor([0.0, 2.0]), 2) and noise.add(torch.tensor([2.0, 2.0]), 1)
     inverse = (1 / 8 + 1 / 4) / 2
     trace2 = (4.5 - 20 / 9) / (inverse - 1 / 12)
     g2 = 4.5 - trace2 * inverse
     expected = (DECAY * 0.1 * 16 + 0.1 * trace2) / (DECAY * 0.1 * 3 + 0.1 * g2)
     assert noise.estimate == pytest.approx(expected, rel=1e-12) and noise.windows == 2
+    assert noise.mean_norm == pytest.approx((20 / 9) ** 0.5)
 
 
 def synthetic_pushes(rng, count: int, batch: int, minibatches: int = 1):
