@@ -27,6 +27,8 @@ Never a method's own final value: every number is time to a target fixed in adva
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 from functools import lru_cache
 from typing import Any
@@ -198,15 +200,28 @@ def scaling_table(sweep: Sweep) -> list[dict]:
 
 def _apart(groups: dict[tuple[str, str, int], list[SweepRun]]) -> dict[tuple[str, str, int], list[SweepRun]]:
     """A group's points in rows of their own where they differ in a setting the method's name
-    does not show (a grid over `max_staleness` beside the default's points): the row's name
-    gains each such key and its value, so one median never mixes two methods' seeds."""
+    does not show (a grid over `max_staleness` beside the default's points), so one median
+    never mixes two methods' seeds: the row's name gains each such key and its value, but
+    for the value most points of that name hold across the sweep (the default's, at every
+    other K), which keeps the plain name and so stays on the method's line."""
+    named: dict[str, list[SweepRun]] = {}
+    for (_, name, _), points in groups.items():
+        named.setdefault(name, []).extend(points)
     out: dict[tuple[str, str, int], list[SweepRun]] = {}
     for (speed, name, k), points in groups.items():
         keys = sorted({key for p in points for key in p.settings} - NOT_A_METHOD)
         apart = [key for key in keys if len({repr(_setting(p, key)) for p in points}) > 1]
+        usual = {key: _usual(named[name], key) for key in apart}
         for p in points:
-            out.setdefault((speed, name + "".join(f", {key} {_setting(p, key)}" for key in apart), k), []).append(p)
+            shown = "".join(f", {key} {_setting(p, key)}" for key in apart if repr(_setting(p, key)) != usual[key])
+            out.setdefault((speed, name + shown, k), []).append(p)
     return out
+
+
+def _usual(points: list[SweepRun], key: str) -> str | None:
+    """The repr of the value of `key` that most of `points` hold (None on a tie)."""
+    counts = Counter(repr(_setting(p, key)) for p in points).most_common(2)
+    return None if len(counts) > 1 and counts[0][1] == counts[1][1] else counts[0][0]
 
 
 def _setting(point: SweepRun, key: str) -> Any:

@@ -139,3 +139,7 @@ def test_points_that_differ_in_a_setting_the_name_omits_are_rows_of_their_own():
     assert all(len(points) == 2 for points in rows.values())
     alike = {("equal", "async fresh", 8): [point(0), point(1)]}
     assert _apart(alike) == alike  # seeds alone: one row, its name unchanged
+    # the value the method holds at its other K keeps the plain name (its line goes on)
+    group[("spread", "async fresh, lr 0.03", 8)] = [point(2), point(3), point(4)]
+    assert sorted(_apart(group)) == [("spread", "async fresh, lr 0.03", 8), ("spread", "async fresh, lr 0.03", 16),
+                                     ("spread", "async fresh, lr 0.03, max_staleness 1", 16)]
