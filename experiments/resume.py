@@ -124,18 +124,19 @@ def _read_record(path: Path) -> dict[str, Any]:
         raise ConfigError(f"resume: {error}") from None
 
 
-def verify_logs(run_dir: str, steps: int) -> None:
+def verify_logs(run_dir: str, steps: int | None) -> None:
     """Refuse (one line naming the file and line) a run whose logs do not hold, whole, the
     rows its checkpoint accounts for: resuming it would lose or repeat minibatches. No
     silent repair. A torn last line of eval.jsonl (a kill mid-evaluation) is cut back.
-    `steps` may not be fewer than a client has already run."""
+    `steps` may not be fewer than a client has already run (None: the budget is the run's,
+    and a fast client has run more than its steps)."""
     run = RunDir(run_dir)
     try:
         checkpoint = Checkpoint.load(run)
     except CorruptFile as error:
         raise ConfigError(f"resume: {error}") from None
     done = int(max(checkpoint.client_steps, default=0))
-    if steps < done:
+    if steps is not None and steps < done:
         raise ConfigError(f"steps: {steps} is fewer than the {done} minibatches a client of {run_dir} has already "
                           f"run; pass --steps {done} or more")
     for log, lines in zip(("server", "clients"), checkpoint.lines):

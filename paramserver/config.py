@@ -66,6 +66,9 @@ class RunConfig:
                                            "in sync modes)")
     n_sync: int = _common(1, "push the update and fetch the weights every N minibatches")
     steps: int = _common(500, "minibatches per client")
+    budget: str = _common("client", "whose the steps are: client (each client computes steps minibatches) or run "
+                                    "(async: the run computes clients x steps in all, every client until the server "
+                                    "has had that many, so fast clients compute more and none idles at the end)")
     epochs: int = _common(0, "instead of steps: passes over each client's shard of the training set (the smallest "
                              "shard's, whole minibatches); steps is then derived from it and recorded (0: steps "
                              "decides)")
@@ -285,6 +288,11 @@ class RunConfig:
     def async_versions(self, clients: int) -> int:
         """The versions an async run of `clients` makes: one a push, or as its rule gathers them."""
         return rule_class(self.rule).versions(self, clients * math.ceil(self.steps / self.push_every), clients)
+
+    def client_steps(self, clients: int) -> int:
+        """The most minibatches one client may compute: its steps, or under a run-wide
+        budget the run's (the server stops it sooner, once the run's are in)."""
+        return self.steps * clients if self.budget == "run" else self.steps
 
     def for_data(self, train_size: int, clients: int) -> "RunConfig":
         """The config with the steps `epochs` makes for `clients` shards of `train_size`

@@ -224,7 +224,7 @@ def _flatten(gathered: list[list[dict]] | None) -> list[dict] | None:
 
 def _plan(index: int, servers: int, cfg: RunConfig, clients: int) -> ClientPlan:
     stragglers = Stragglers.for_run(cfg, clients)
-    return ClientPlan(index=index, steps=cfg.steps, n_push=cfg.push_every, n_fetch=cfg.fetch_every,
+    return ClientPlan(index=index, steps=cfg.client_steps(clients), n_push=cfg.push_every, n_fetch=cfg.fetch_every,
                       # Twice the server's: when one client stalls, the server (which names
                       # it) must give up before the others blame the busy server.
                       timeout=2 * cfg.stall_timeout, servers=tuple(range(servers)),

@@ -127,3 +127,16 @@ def test_dylu_windows_travel_in_the_replies_and_every_minibatch_is_run_once(tmp_
     assert applied == list(range(1, summary["pushes_applied"] + 1))
     slow = [r["step"] for r in client_rows if r["client"] == 2 and "staleness" in r]
     assert np.diff([0, *slow]).max() <= 4 and np.diff([0, *slow])[1:].min() < 4 and slow[-1] == 40
+
+
+def test_a_run_wide_budget_over_mpi_stops_every_client_once_the_runs_minibatches_are_in(tmp_path, tiny_npz):
+    """Speeds 1 and 0.25, 30 steps, the run's budget: the server's reply tells each client
+    to stop once 60 minibatches are in (with the push under way, one more at most), and
+    the fast client computed most of them."""
+    run = tmp_path / "run"
+    result = mpi_train(3, "--out", str(run), "--data", str(tiny_npz), "--clients", "2", "--client-speeds", "1,0.25",
+                       "--steps", "30", "--budget", "run", *TINY)
+    assert result.returncode == 0, result.stderr
+    computed = [sum(1 for r in rows(run) if r["client"] == c) for c in range(2)]
+    assert 60 <= sum(computed) <= 61 and computed[0] > 30 > computed[1]
+    assert json.loads((run / "summary.json").read_text())["status"] == "complete"
