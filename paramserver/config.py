@@ -66,9 +66,6 @@ class RunConfig:
                                            "in sync modes)")
     n_sync: int = _common(1, "push the update and fetch the weights every N minibatches")
     steps: int = _common(500, "minibatches per client")
-    budget: str = _common("client", "whose the steps are: client (each client computes steps minibatches) or run "
-                                    "(async: the run computes clients x steps in all, every client until the server "
-                                    "has had that many, so fast clients compute more and none idles at the end)")
     epochs: int = _common(0, "instead of steps: passes over each client's shard of the training set (the smallest "
                              "shard's, whole minibatches); steps is then derived from it and recorded (0: steps "
                              "decides)")
@@ -173,6 +170,9 @@ class RunConfig:
                                            "base time / speed (0: equal speeds)")
     client_speeds: str = _stragglers("", "uneven hardware: each client's speed listed, in (0, 1] of the fastest "
                                          "(\"1,0.5,0.25\": one a client)")
+    budget: str = _stragglers("client", "uneven hardware: whose the steps are: client (each computes steps "
+                                        "minibatches) or run (async: clients x steps in all, every client until the "
+                                        "server has had that many, so fast clients compute more and none idles)")
     mtbf: float = _stragglers(0.0, "failures: mean time between a client's failures, in base minibatch times of "
                                    "computing (exponential, seeded); the work since its last push is lost (0: none)")
     failure_length: float = _stragglers(20.0, "failures: base minibatch times a failed client is down before it "
