@@ -36,6 +36,20 @@ def test_async_run_killed_by_a_fault_resumes_then_extends(tmp_path, tiny_npz):
     assert main(["train", "--resume", str(run)]) == 2  # complete, nothing to do
 
 
+def test_a_run_wide_budget_resumes_to_the_runs_minibatches_each_logged_once(tmp_path, tiny_npz):
+    """Under budget = run the fast client has run 11 minibatches of its 8 steps at the
+    checkpoint (version 13): the resume takes that, and goes on to the run's 16 (with the
+    push under way, one more)."""
+    run = tmp_path / "run"
+    assert train("--data", str(tiny_npz), "--out", str(run), "--rule", "easgd", "--clients", "2", "--client-speeds",
+                 "1,0.25", "--steps", "8", "--budget", "run", "--eval-every", "4", "--inject-fault", "0:14") == 1
+    assert train("--resume", str(run)) == 0
+    steps = {c: [r["step"] for r in rows(run, "clients") if r["client"] == c] for c in range(2)}
+    assert all(s == list(range(1, len(s) + 1)) for s in steps.values())
+    assert 16 <= len(steps[0]) + len(steps[1]) <= 17 and len(steps[0]) > 8 > len(steps[1])
+    assert json.loads((run / "summary.json").read_text())["status"] == "complete"
+
+
 @pytest.mark.parametrize("mode", ["sync", "local-sgd"])
 def test_collective_run_resumes_from_its_checkpoint(tmp_path, tiny_npz, mode):
     run = tmp_path / "run"
