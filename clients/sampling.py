@@ -15,7 +15,7 @@ import torch
 from clients.data import DataError, Split
 
 
-def shard_indices(n: int, n_shards: int, shard: int, seed: int) -> np.ndarray:
+def shard_indices(n: int, n_shards: int, shard: int, seed: int | list[int]) -> np.ndarray:
     """A client's disjoint share of the training set; the shared seed makes all clients agree on it."""
     if n_shards < 1 or not 0 <= shard < n_shards:
         raise ValueError(f"shard {shard} out of range for {n_shards} shards")
@@ -28,18 +28,27 @@ class ShardSampler:
 
     ``epoch`` rolls over as soon as the last full batch of an epoch is handed out, so it
     counts finished epochs; the incomplete remainder of each epoch is dropped.
+
+    ``redeal`` (n, shards): the client's shard of the n samples is dealt afresh each
+    epoch (``shard_indices`` of (seed, epoch), as torch's DistributedSampler deals), for
+    runs whose clients run different numbers of epochs (a run-wide budget under uneven
+    speeds): a fixed shard would have a fast client learn its own share by heart.
+    ``indices`` is then shard ``client`` of the first deal's size, which every deal keeps.
     """
 
-    def __init__(self, indices: np.ndarray, batch_size: int, seed: int, client: int) -> None:
+    def __init__(self, indices: np.ndarray, batch_size: int, seed: int, client: int,
+                 redeal: tuple[int, int] | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self._indices = np.asarray(indices, dtype=np.int64)
         if len(self._indices) < batch_size:
             raise DataError(f"data: client shard has {len(self._indices)} samples, fewer than batch_size {batch_size}")
-        self.batch_size, self.seed, self.client = batch_size, seed, client
+        self.batch_size, self.seed, self.client, self.redeal = batch_size, seed, client, redeal
         self.seek(0)
 
     def _shuffle(self) -> None:
+        if self.redeal is not None:
+            self._indices = shard_indices(*self.redeal, self.client, [self.seed, self.epoch])
         rng = np.random.default_rng([self.seed, self.client, self.epoch])
         self._order = self._indices[rng.permutation(len(self._indices))]
 

@@ -90,3 +90,20 @@ def test_minibatches_read_ahead_by_a_worker_are_the_clients_own_in_order_and_aft
         epochs = [(seek + i) // per_epoch for i in range(per_epoch + 3)]  # across an epoch's end
         assert [e for e, _, _ in own] == [e for e, _, _ in ahead] == epochs
         assert all(torch.equal(a[1], b[1]) and torch.equal(a[2], b[2]) for a, b in zip(own, ahead))
+
+
+def test_a_redealt_shard_changes_each_epoch_the_clients_shards_still_disjoint() -> None:
+    """Under a run-wide budget each epoch deals the clients' shards afresh: over epochs a
+    client sees more than its first share; within an epoch the clients' shards are
+    disjoint and cover the set; a sampler seeked to a minibatch reads on as one that
+    handed it out."""
+    samplers = [ShardSampler(shard_indices(103, 4, k, seed=7), 5, 7, k, redeal=(103, 4)) for k in range(4)]
+    per_epoch = [len(shard_indices(103, 4, k, seed=7)) // 5 for k in range(4)]  # 5, 5, 5, 5
+    epochs = [[np.concatenate([s.next() for _ in range(n)]) for _ in range(3)] for s, n in zip(samplers, per_epoch)]
+    for e in range(3):
+        dealt = np.concatenate([epochs[k][e] for k in range(4)])
+        assert len(np.unique(dealt)) == len(dealt) == 100  # disjoint: 4 x 25 of 103 (the remainders dropped)
+    assert len(np.unique(np.concatenate(epochs[0]))) > 26  # client 0 saw more than one shard's worth
+    again = ShardSampler(shard_indices(103, 4, 1, seed=7), 5, 7, 1, redeal=(103, 4))
+    again.seek(7)
+    np.testing.assert_array_equal(again.next(), epochs[1][1][10:15])
