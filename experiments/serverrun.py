@@ -63,7 +63,7 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
         curve = life.curve
         # a stop rule reached, or the run's budget in: replies from then on say stop (server 0's
         # header is the one a client of sharded servers reads)
-        budget = clients * cfg.steps if cfg.budget == "run" else None
+        budget = cfg.client_steps(clients) if cfg.budget == "run" else None
         state.stop = lambda: curve.reached is not None or (budget is not None and state.tally.steps >= budget)
         recorder = Recorder(life.run, state, clock, lines, life.progress.update,
                             gatherer(link, bounds, cfg.stall_timeout), fault=cfg.fault_for(0, "the server", "version"),
