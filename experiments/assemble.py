@@ -122,7 +122,9 @@ def make_client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int
     shard = shard_indices(len(dataset.train), clients, index, cfg.seed)
     rule = rule_class(cfg.rule if cfg.mode == "async" else "add")  # the collective modes push no rule's way
     pushes, elastic = rule.pushes, rule.client_elastic(cfg, clients)
-    redeal = (len(dataset.train), clients) if cfg.budget == "run" else None  # fast clients run more epochs
+    # under the run's budget fast clients run more epochs: the shards are dealt afresh each, in
+    # every mode, so a collective run reads what an async run of equal speeds reads (one client's shard is all)
+    redeal = (len(dataset.train), clients) if cfg.budget == "run" and clients > 1 else None
     return Client(replica, dataset.train, ShardSampler(shard, cfg.batch_size, cfg.seed, index, redeal),
                   pushes=pushes, elastic=elastic, schedule=Schedule.for_run(cfg, clients), workers=cfg.data_workers)
 

@@ -124,21 +124,25 @@ def _read_record(path: Path) -> dict[str, Any]:
         raise ConfigError(f"resume: {error}") from None
 
 
-def verify_logs(run_dir: str, steps: int | None) -> None:
+def verify_logs(run_dir: str, steps: int, whole_run: bool) -> None:
     """Refuse (one line naming the file and line) a run whose logs do not hold, whole, the
     rows its checkpoint accounts for: resuming it would lose or repeat minibatches. No
     silent repair. A torn last line of eval.jsonl (a kill mid-evaluation) is cut back.
-    `steps` may not be fewer than a client has already run (None: the budget is the run's,
-    and a fast client has run more than its steps)."""
+    The budget may not be less than what has been run: `steps` fewer than a client has
+    run, or, where the budget is the run's (`whole_run`: a fast client ran more than its
+    steps), clients x `steps` fewer than the clients have run together."""
     run = RunDir(run_dir)
     try:
         checkpoint = Checkpoint.load(run)
     except CorruptFile as error:
         raise ConfigError(f"resume: {error}") from None
-    done = int(max(checkpoint.client_steps, default=0))
-    if steps is not None and steps < done:
-        raise ConfigError(f"steps: {steps} is fewer than the {done} minibatches a client of {run_dir} has already "
-                          f"run; pass --steps {done} or more")
+    ran, clients = checkpoint.client_steps, len(checkpoint.client_steps)
+    done, budget = (int(sum(ran)), steps * clients) if whole_run else (int(max(ran, default=0)), steps)
+    if budget < done:
+        who = f"the {clients} clients" if whole_run else "a client"
+        raise ConfigError(f"steps: {steps}{f' x {clients} clients' if whole_run else ''} is fewer than the {done} "
+                          f"minibatches {who} of {run_dir} ha{'ve' if whole_run else 's'} already run; pass --steps "
+                          f"{-(-done // clients) if whole_run else done} or more")
     for log, lines in zip(("server", "clients"), checkpoint.lines):
         _whole_rows(run.path / f"{log}.jsonl", lines)
     evals = run.path / "eval.jsonl"

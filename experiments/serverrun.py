@@ -61,10 +61,9 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
             state.load_arrays(life.checkpoint.store_state)
             state.tally, lines = ServerTally.from_checkpoint(life.checkpoint), life.checkpoint.lines
         curve = life.curve
-        # a stop rule reached, or the run's budget in: replies from then on say stop (server 0's
-        # header is the one a client of sharded servers reads)
-        budget = cfg.client_steps(clients) if cfg.budget == "run" else None
-        state.stop = lambda: curve.reached is not None or (budget is not None and state.tally.steps >= budget)
+        # a stop rule reached: replies from then on say stop (as they do once the run's budget
+        # is spent: state.budget; server 0's header is the one a client of sharded servers reads)
+        state.stop = lambda: curve.reached is not None
         recorder = Recorder(life.run, state, clock, lines, life.progress.update,
                             gatherer(link, bounds, cfg.stall_timeout), fault=cfg.fault_for(0, "the server", "version"),
                             after_snapshot=curve.catch_up if curve.inline else None)

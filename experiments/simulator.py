@@ -29,7 +29,7 @@ import math
 import os
 import platform
 import socket
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from pathlib import Path
 from typing import Any
 
@@ -263,15 +263,20 @@ def replay_order(cfg: RunConfig, clients: int) -> list[tuple[Tag, int]]:
                 first_pull.setdefault(row["client"], row["version_pulled"])
     except (OSError, ValueError, KeyError) as error:
         raise ConfigError(f"replay: cannot read the logs of {run} ({error})") from None
+    counts = Counter(pushes)  # under the run's budget a fast client pushed more than a slow one
     per_client = math.ceil(cfg.steps / cfg.push_every)
-    if sorted(pushes) != sorted(list(range(clients)) * per_client) or sorted(first_pull) != list(range(clients)):
-        raise ConfigError(f"replay: {run} does not hold {per_client} pushes from each of {clients} clients")
+    budget = clients * cfg.steps  # the run's: its pushes' windows make it, the last ones under way with it
+    fits = budget <= len(pushes) * cfg.push_every < budget + clients * cfg.fetch_every if cfg.run_budget \
+        else set(counts.values()) == {per_client}
+    if sorted(counts) != list(range(clients)) or sorted(first_pull) != list(range(clients)) or not fits:
+        held = f"{budget} minibatches from" if cfg.run_budget else f"{per_client} pushes from each of"
+        raise ConfigError(f"replay: {run} does not hold {held} {clients} clients")
     order = [(Tag.PULL, c) for c, v in first_pull.items() if v == 0]
     done = {c: 0 for c in range(clients)}
     for version, client in enumerate(pushes, start=1):
         order.append((Tag.PUSH, client))
         done[client] += 1
-        if done[client] == per_client:  # its STOP must not overtake its parked last push
+        if done[client] == counts[client]:  # its STOP must not overtake its parked last push
             order.append((Tag.STOP, client))
         order += [(Tag.PULL, c) for c, v in first_pull.items() if v == version]
     return order

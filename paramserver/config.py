@@ -170,9 +170,10 @@ class RunConfig:
                                            "base time / speed (0: equal speeds)")
     client_speeds: str = _stragglers("", "uneven hardware: each client's speed listed, in (0, 1] of the fastest "
                                          "(\"1,0.5,0.25\": one a client)")
-    budget: str = _stragglers("client", "uneven hardware: whose the steps are: client (each computes steps "
-                                        "minibatches) or run (async: clients x steps in all, every client until the "
-                                        "server has had that many, so fast clients compute more and none idles)")
+    budget: str = _stragglers("run", "uneven hardware: whose the steps are: run (clients x steps in all; async: "
+                                     "every client computes until the server has had that many, so fast clients "
+                                     "compute more and none idles) or client (each computes steps minibatches; the "
+                                     "collective modes' clients step together, so there the two are one)")
     mtbf: float = _stragglers(0.0, "failures: mean time between a client's failures, in base minibatch times of "
                                    "computing (exponential, seeded); the work since its last push is lost (0: none)")
     failure_length: float = _stragglers(20.0, "failures: base minibatch times a failed client is down before it "
@@ -289,10 +290,17 @@ class RunConfig:
         """The versions an async run of `clients` makes: one a push, or as its rule gathers them."""
         return rule_class(self.rule).versions(self, clients * math.ceil(self.steps / self.push_every), clients)
 
+    @property
+    def run_budget(self) -> bool:
+        """Whether the server ends the run once its clients' steps sum to the run's budget:
+        async only (a collective mode's clients step together, so each one's budget is the
+        run's share already)."""
+        return self.budget == "run" and self.mode == "async"
+
     def client_steps(self, clients: int) -> int:
         """The most minibatches one client may compute: its steps, or under a run-wide
         budget the run's (the server stops it sooner, once the run's are in)."""
-        return self.steps * clients if self.budget == "run" else self.steps
+        return self.steps * clients if self.run_budget else self.steps
 
     def for_data(self, train_size: int, clients: int) -> "RunConfig":
         """The config with the steps `epochs` makes for `clients` shards of `train_size`

@@ -103,10 +103,6 @@ def _check_common(cfg: Any) -> None:
     _require(not (cfg.epochs and cfg.replay), "epochs", "a replay repeats a recorded run's steps; leave epochs out")
     _at_least_one(cfg, "n_sync", "steps", "batch_size")
     _require(cfg.budget in ("client", "run"), "budget", f"must be client or run, got {cfg.budget!r}")
-    _require(cfg.budget == "client" or cfg.mode == "async", "budget",
-             "run needs --mode async (the collective modes step every client together: the budget is each one's)")
-    _require(cfg.budget == "client" or not cfg.replay, "budget", "a replay repeats a recorded run's pushes client by "
-                                                                  "client; leave budget out")
     _require(cfg.lr > 0, "lr", f"must be positive, got {cfg.lr}")
     _require(cfg.momentum is None or cfg.momentum == "auto" or 0 <= cfg.momentum < 1, "momentum",
              f"must be in [0, 1), got {cfg.momentum}")

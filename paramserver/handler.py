@@ -40,7 +40,7 @@ from paramserver.events import (Applied, CheckpointDue, ClientRows, Dropped, Eve
                                  SnapshotDue)
 from paramserver.gather import release_due, waits
 from paramserver.pace import Pace
-from paramserver.tally import ServerTally
+from paramserver.tally import RunBudget, ServerTally
 from paramserver.schedule import Schedule
 from paramserver.store import ApplyResult, Store
 from paramserver.wire import frame
@@ -79,6 +79,7 @@ class ServerState:
     (see the module's doc); `client_states`: client -> the state its last push handled (or
     STOP) came with, where it came with one; `arrived_states`: those awaiting their push.
     `windows`: with DyLU, the clients' speeds and the windows the replies give (paramserver/dylu.py).
+    `budget`: the run's, where the run has one (`budget = "run"`; paramserver/tally.py).
     """
 
     store: Store
@@ -100,6 +101,7 @@ class ServerState:
     checkpoint_every: float = 0.0  # seconds of `clock` after which a checkpoint is due between curve points
     checkpointed_at: float = 0.0   # `clock` when the last was asked for (from the start: __post_init__)
     windows: Windows | None = None
+    budget: RunBudget | None = None
 
     def __post_init__(self) -> None:
         self.checkpointed_at = self.clock()
@@ -119,7 +121,8 @@ class ServerState:
         return cls(Store.for_run(cfg, weights, clients, optimizer_factory), list(range(cfg.servers, cfg.servers + clients)),
                    codec=make_codec(cfg.compress),
                    schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr),
-                   windows=Windows.for_run(cfg, clients), **options)
+                   windows=Windows.for_run(cfg, clients),
+                   budget=RunBudget(cfg.client_steps(clients), cfg.fetch_every) if cfg.run_budget else None, **options)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """What a checkpoint holds of the server: the Store's arrays, and DyLU's speeds."""
@@ -256,9 +259,13 @@ def _weights_for(state: ServerState, rank: int) -> Reply:
     data = state.codec.encode(weights)
     state.wire_bytes[1] += data.nbytes
     windows = state.windows  # DyLU: the window, from the speeds of the clients still running
-    window = windows.reply(state.client(rank), state.clock(), map(state.client, state.waiting)) if windows else 0
-    return Reply(rank, Weights(version, weights.size, state.progress, state.stop(), state.checkpoint_due, window),
-                 data)
+    client, running = state.client(rank), [state.client(r) for r in state.waiting]
+    window = windows.reply(client, state.clock(), running) if windows else 0
+    budget = state.budget
+    stop = state.stop() or (budget is not None and budget.spent(state.tally, client, running))
+    if budget is not None and not stop:
+        budget.went(state.tally, client, window)
+    return Reply(rank, Weights(version, weights.size, state.progress, stop, state.checkpoint_due, window), data)
 
 
 def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, list[Event]]:

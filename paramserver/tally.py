@@ -1,7 +1,8 @@
 """What the server counts as it serves, for the summary and a checkpoint: minibatches,
 samples, rejections, each client's last step and pushes, the clients that stopped or
 were lost. Apart from the handler (paramserver/handler.py), which updates it, so a
-checkpoint and a summary read it without the handler's machinery.
+checkpoint and a summary read it without the handler's machinery. And the run's budget
+(`budget = "run"`), which the server spends by these counts.
 """
 from __future__ import annotations
 
@@ -41,3 +42,27 @@ class ServerTally:
         tally.steps = int(tally.client_steps.sum())
         tally.client_pushes[:] = checkpoint.client_pushes
         return tally
+
+
+@dataclass
+class RunBudget:
+    """The run's budget in minibatches (`budget = "run"`): a reply tells its client to stop
+    once what the clients have pushed, plus what the others were told to run and have not
+    pushed yet, makes the budget. Counting the windows under way, not only those in, is
+    what makes the budget exact: at equal speeds each client runs `steps` (its own budget's
+    count) instead of every client but the last running one window more. A lost client's
+    window is not counted (it will not come); one that comes back is told afresh."""
+
+    total: int
+    window: int  # the minibatches a reply that says go holds its client to: n_fetch (DyLU: the reply's)
+    due: dict[int, int] = field(default_factory=dict)  # client -> the step its running window ends at
+
+    def spent(self, tally: ServerTally, client: int, running: list[int]) -> bool:
+        """Whether `client` must stop: the run's minibatches are in or under way elsewhere
+        (`running`: the clients still sending)."""
+        owed = sum(max(0, self.due.get(c, 0) - int(tally.client_steps[c])) for c in running if c != client)
+        return tally.steps + owed >= self.total
+
+    def went(self, tally: ServerTally, client: int, window: int) -> None:
+        """`client` was told to run `window` minibatches (0: n_fetch) from its last step."""
+        self.due[client] = int(tally.client_steps[client]) + (window or self.window)

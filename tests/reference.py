@@ -21,7 +21,7 @@ def plain_sgd(dataset: Dataset, steps: int, *, model: str = "cnn", seed: int = 0
     under torch.autocast to `autocast` (float16: with torch's GradScaler, as its recipe).
 
     Each minibatch joins the next `batch_size` samples of each of `clients` shards (in
-    the order those clients would see them), so one client gives client 0's run and K
+    the order those clients would see them under the default run's budget), so one client gives client 0's run and K
     clients give the batch K*B that synchronous data parallelism is equivalent to.
     `lr_lambda`: a torch LambdaLR multiplier of the steps taken, stepped after each."""
     net = build_model(model, dataset.shape, dataset.num_classes, seed)
@@ -32,7 +32,8 @@ def plain_sgd(dataset: Dataset, steps: int, *, model: str = "cnn", seed: int = 0
         optimizer = getattr(torch.optim, optimizer)(net.parameters(), lr=lr, weight_decay=weight_decay)
     scaler = torch.amp.GradScaler("cpu") if autocast == torch.float16 else None
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda) if lr_lambda else None
-    samplers = [ShardSampler(shard_indices(len(dataset.train), clients, k, seed), batch_size, seed, k)
+    redeal = (len(dataset.train), clients) if clients > 1 else None  # dealt afresh each epoch, as the run's budget deals
+    samplers = [ShardSampler(shard_indices(len(dataset.train), clients, k, seed), batch_size, seed, k, redeal)
                 for k in range(clients)]
     for _ in range(steps):
         x, y = dataset.train.batch(np.concatenate([s.next() for s in samplers]))

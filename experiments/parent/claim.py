@@ -29,7 +29,7 @@ def claim(cfg: RunConfig, out: str) -> FolderLock | None:
     lock = RunDir(out).lock().acquire()
     try:
         if cfg.resume:
-            verify_logs(out, cfg.steps if cfg.budget == "client" else None)
+            verify_logs(out, cfg.steps, cfg.run_budget)
         elif not RunDir(out).empty():
             raise ConfigError(f"out: {out} already exists and is not an empty directory; choose another --out")
     except BaseException:

@@ -128,7 +128,9 @@ def test_a_cut_link_under_continue_loses_that_client_alone(cluster, mpi, tmp_pat
     steps = {}
     for row in rows(run, "clients"):
         steps[row["client"]] = max(steps.get(row["client"], 0), row["step"])
-    assert steps[0] == steps[2] == steps[3] == 1000 and steps[1] < 1000, steps
+    # the run's budget, 4,000: the other three ran client 1's share once it was named lost, or
+    # had stopped before, leaving it the one minibatch it was told to run (n_sync 1)
+    assert steps[1] < 1000 and sum(steps.values()) in (3999, 4000), steps
     assert_every_rank_gone(run, 30)
 
 

@@ -73,7 +73,7 @@ def test_speeds_and_failures_under_mpi_are_those_the_seed_draws_in_the_simulator
     clients sleep them, the simulator's clock has them; the recorded speeds, failures and
     lost minibatches agree with each other and with the pure schedule."""
     flags = ["--data", str(tiny_npz), "--clients", "2", "--steps", "16", "--n-sync", "2", "--speed-spread", "0.3",
-             "--mtbf", "6", "--failure-length", "1", "--seed", "3", *TINY]
+             "--mtbf", "6", "--failure-length", "1", "--seed", "3", "--budget", "client", *TINY]  # steps alike
     real, simulated = tmp_path / "mpi", tmp_path / "sim"
     result = mpi_train(3, "--out", str(real), *flags)
     assert result.returncode == 0, result.stderr
@@ -117,7 +117,7 @@ def test_dylu_windows_travel_in_the_replies_and_every_minibatch_is_run_once(tmp_
     run = tmp_path / "run"
     result = mpi_train(4, "--data", str(tiny_npz), "--out", str(run), "--clients", "3", "--steps", "40",
                        "--n-sync", "4", *TINY, "--rule", "nesterov", "--optimizer", "adamw", "--dylu",
-                       "--slow-clients", "1", "--slow-factor", "5")
+                       "--slow-clients", "1", "--slow-factor", "5", "--budget", "client")  # each its 40
     assert result.returncode == 0, result.stderr
     client_rows = rows(run)
     assert sorted((r["client"], r["step"]) for r in client_rows) == [(c, s) for c in range(3) for s in range(1, 41)]
@@ -131,12 +131,12 @@ def test_dylu_windows_travel_in_the_replies_and_every_minibatch_is_run_once(tmp_
 
 def test_a_run_wide_budget_over_mpi_stops_every_client_once_the_runs_minibatches_are_in(tmp_path, tiny_npz):
     """Speeds 1 and 0.25, 30 steps, the run's budget: the server's reply tells each client
-    to stop once 60 minibatches are in (with the push under way, one more at most), and
-    the fast client computed most of them."""
+    to stop once 60 minibatches are in or under way (exactly 60), and the fast client
+    computed most of them."""
     run = tmp_path / "run"
     result = mpi_train(3, "--out", str(run), "--data", str(tiny_npz), "--clients", "2", "--client-speeds", "1,0.25",
                        "--steps", "30", "--budget", "run", *TINY)
     assert result.returncode == 0, result.stderr
     computed = [sum(1 for r in rows(run) if r["client"] == c) for c in range(2)]
-    assert 60 <= sum(computed) <= 61 and computed[0] > 30 > computed[1]
+    assert sum(computed) == 60 and computed[0] > 30 > computed[1]
     assert json.loads((run / "summary.json").read_text())["status"] == "complete"

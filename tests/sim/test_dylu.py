@@ -21,7 +21,7 @@ from tests.sim.test_sim import TIMED, rows
 
 H, STEPS = 8, 48
 DILOCO = ["--clients", "3", "--steps", str(STEPS), "--n-sync", str(H), "--rule", "nesterov", "--optimizer", "adamw",
-          "--dylu", "--slow-clients", "1", "--slow-factor", "3"]
+          "--dylu", "--slow-clients", "1", "--slow-factor", "3", "--budget", "client"]  # each client's steps
 
 
 def train(*flags: str) -> int:
@@ -45,7 +45,7 @@ def test_a_slow_client_pushes_fewer_minibatches_as_often_as_the_fast_ones(tmp_pa
     run = tmp_path / "run"
     assert train("--data", str(tiny_npz), "--out", str(run), *DILOCO) == 0
     versions = len([r for r in rows(run, "server") if "version" in r])
-    assert_logged_once(run, clients=3, steps=STEPS, versions=versions)
+    assert assert_logged_once(run, clients=3, steps=STEPS, versions=versions) == [STEPS] * 3
     fast, slow = windows(run, 0), windows(run, 2)
     assert [n for _, n in fast] == [H] * (STEPS // H) == [n for _, n in windows(run, 1)]
     fast_end = max(fast[-1][0], windows(run, 1)[-1][0])
@@ -68,7 +68,7 @@ def test_a_dylu_run_resumes_with_its_measured_speeds(tmp_path, tiny_npz):
     assert int(checkpoint["version"]) == 12 and (speeds > 0).all() and speeds[2] < speeds[0] / 2
     assert train("--resume", str(run)) == 0
     versions = len([r for r in rows(run, "server") if "version" in r])
-    assert_logged_once(run, clients=3, steps=STEPS, versions=versions)
+    assert assert_logged_once(run, clients=3, steps=STEPS, versions=versions) == [STEPS] * 3
     after = [n for t, n in windows(run, 2)]
     pushed = np.cumsum(after)
     resumed_at = list(pushed).index(steps[2])

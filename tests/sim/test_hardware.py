@@ -39,18 +39,19 @@ def test_listed_speeds_stretch_each_client_and_a_spread_is_recorded(tmp_path, ti
 def test_a_run_wide_budget_lets_the_fast_clients_compute_the_slow_ones_share(tmp_path, tiny_npz):
     """Speeds 1, 1, 0.25, 0.25 and 40 steps: under the clients' budgets every client
     computes 40 and the run lasts as long as a slow client needs for them; under the
-    run's the server stops everyone once 160 minibatches are in (the pushes then under
-    way land too, one minibatch a client at most), most of them by the fast clients,
-    and the run ends sooner."""
+    run's the server stops everyone once 160 minibatches are in or under way (exactly
+    160), most of them by the fast clients, and the run ends sooner. At equal speeds the
+    run's budget is each client's 40."""
     flags = ["--clients", "4", "--client-speeds", "1,1,0.25,0.25", "--steps", "40"]
     each, shared = (sim(tmp_path / budget, tiny_npz, *flags, "--budget", budget) for budget in ("client", "run"))
     def computed(run) -> list[int]:
         return [sum(1 for r in rows(run, "clients") if r["client"] == c) for c in range(4)]
     assert computed(each) == [40] * 4
     fast, slow = computed(shared)[:2], computed(shared)[2:]
-    assert 160 <= sum(fast + slow) <= 164 and min(fast) > 40 > max(slow)
+    assert sum(fast + slow) == 160 and min(fast) > 40 > max(slow)
     assert summary(shared)["minibatches"] == sum(fast + slow) and summary(shared)["status"] == "complete"
     assert summary(shared)["time_s"] < 0.5 * summary(each)["time_s"]
+    assert computed(sim(tmp_path / "equal", tiny_npz, *flags[:2], "--n-sync", "2", "--steps", "40")) == [40] * 4
 
 
 def test_an_async_failure_loses_the_window_and_goodput_counts_it_by_hand(tmp_path, tiny_npz):

@@ -69,7 +69,6 @@ def test_a_sync_step_counts_the_tries_that_fail_before_one_survives():
     ({"failure_length": -1}, "failure_length: must be non-negative"),
     ({"mtbf": 10, "mode": "local-sgd"}, "mtbf: needs --mode async or sync"),
     ({"budget": "each"}, "budget: must be client or run"),
-    ({"budget": "run", "mode": "sync"}, "budget: run needs --mode async"),
 ])
 def test_bad_hardware_settings_are_refused_in_one_line(values, error):
     with pytest.raises(ConfigError) as caught:
