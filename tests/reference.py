@@ -32,7 +32,8 @@ def plain_sgd(dataset: Dataset, steps: int, *, model: str = "cnn", seed: int = 0
         optimizer = getattr(torch.optim, optimizer)(net.parameters(), lr=lr, weight_decay=weight_decay)
     scaler = torch.amp.GradScaler("cpu") if autocast == torch.float16 else None
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda) if lr_lambda else None
-    redeal = (len(dataset.train), clients) if clients > 1 else None  # dealt afresh each epoch, as the run's budget deals
+    # dealt afresh each epoch, as under the run's budget
+    redeal = (len(dataset.train), clients) if clients > 1 else None
     samplers = [ShardSampler(shard_indices(len(dataset.train), clients, k, seed), batch_size, seed, k, redeal)
                 for k in range(clients)]
     for _ in range(steps):
