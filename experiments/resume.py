@@ -137,12 +137,12 @@ def verify_logs(run_dir: str, steps: int, whole_run: bool) -> None:
     except CorruptFile as error:
         raise ConfigError(f"resume: {error}") from None
     ran, clients = checkpoint.client_steps, len(checkpoint.client_steps)
-    done, budget = (int(sum(ran)), steps * clients) if whole_run else (int(max(ran, default=0)), steps)
-    if budget < done:
-        who = f"the {clients} clients" if whole_run else "a client"
-        raise ConfigError(f"steps: {steps}{f' x {clients} clients' if whole_run else ''} is fewer than the {done} "
-                          f"minibatches {who} of {run_dir} ha{'ve' if whole_run else 's'} already run; pass --steps "
-                          f"{-(-done // clients) if whole_run else done} or more")
+    if whole_run and steps * clients < (done := int(sum(ran))):
+        raise ConfigError(f"steps: {steps} x {clients} clients is fewer than the {done} minibatches the {clients} "
+                          f"clients of {run_dir} have already run; pass --steps {-(-done // clients)} or more")
+    if not whole_run and steps < (done := int(max(ran, default=0))):
+        raise ConfigError(f"steps: {steps} is fewer than the {done} minibatches a client of {run_dir} has already "
+                          f"run; pass --steps {done} or more")
     for log, lines in zip(("server", "clients"), checkpoint.lines):
         _whole_rows(run.path / f"{log}.jsonl", lines)
     evals = run.path / "eval.jsonl"

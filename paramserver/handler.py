@@ -171,7 +171,13 @@ class ServerState:
     @property
     def waiting(self) -> list[int]:
         """Client ranks still expected to send something."""
-        return [r for r in self.client_ranks if r not in self.tally.stops and r not in self.tally.lost]
+        return [self.client_ranks[c] for c in self.running]
+
+    @property
+    def running(self) -> list[int]:
+        """The clients (indices) still expected to send something."""
+        tally = self.tally
+        return [c for c, r in enumerate(self.client_ranks) if r not in tally.stops and r not in tally.lost]
 
     @property
     def done(self) -> bool:
@@ -259,9 +265,9 @@ def _weights_for(state: ServerState, rank: int) -> Reply:
     data = state.codec.encode(weights)
     state.wire_bytes[1] += data.nbytes
     windows = state.windows  # DyLU: the window, from the speeds of the clients still running
-    client, running = state.client(rank), [state.client(r) for r in state.waiting]
-    window = windows.reply(client, state.clock(), running) if windows else 0
     budget = state.budget
+    client, running = state.client(rank), state.running if windows or budget else []
+    window = windows.reply(client, state.clock(), running) if windows else 0
     stop = state.stop() or (budget is not None and budget.spent(state.tally, client, running))
     if budget is not None and not stop:
         budget.went(state.tally, client, window)
