@@ -44,10 +44,12 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
     every client stopped, evaluate, summarise; returns the summary.
 
     `drive` runs the message loop: `ServerLoop` over MPI, the simulator's event loop in
-    sim. `link`: server 0's way to the other servers' slices, with sharded servers.
+    sim. `link`: server 0's way to the other servers' slices, with sharded servers; the
+    simulator has none and holds the whole vector, its one server standing for S servers
+    that take every message in the same order (experiments/simulator.py).
     """
     cfg, clients = setup.cfg, setup.clients
-    bounds = shard_bounds(setup.weights.size, cfg.servers)
+    bounds = shard_bounds(setup.weights.size, cfg.servers if link is not None else 1)
     # whether the clients' optimizer keeps state, which server 0 then gathers for each checkpoint
     keeps_state = OptimizerSettings(name=cfg.optimizer, momentum=cfg.client_momentum(clients),
                                     precision=cfg.precision).keeps_state

@@ -31,13 +31,15 @@ from rundir.lock import RunDirError
 @dataclass(frozen=True)
 class SimTiming:
     """Virtual costs. `push_bytes`: what a push or a pull of float32 weights carries (None:
-    the model's own bytes); a compressed payload carries its share of that."""
+    the model's own bytes); a compressed payload carries its share of that. `servers`:
+    the sharded servers the simulated one stands for, each sending its slice of a reply."""
 
     step_time: float
-    apply_time: float       # the server's time for a push: checks, apply, logs
+    apply_time: float       # a server's time for a push (of its slice): checks, apply, logs
     bandwidth: float
     latency: float
     push_bytes: float | None = None
+    servers: int = 1
 
     def wire_bytes(self, payload: np.ndarray | None) -> float:
         if payload is None:
@@ -46,6 +48,11 @@ class SimTiming:
 
     def transfer(self, payload: np.ndarray | None) -> float:
         return self.latency + self.wire_bytes(payload) / self.bandwidth
+
+    def served(self, payload: np.ndarray | None) -> float:
+        """What a reply occupies the server for: its slice's transfer (every server
+        sends its own at once)."""
+        return self.latency + self.wire_bytes(payload) / self.servers / self.bandwidth
 
 
 # The costs a profile gives the sim_* keys left at 0 (None: measured on this host).
@@ -67,13 +74,13 @@ STEP_SPREAD = 2.0   # slowest over fastest above this: the host was busy while i
 
 def sim_timing(cfg: RunConfig, replica: Replica, dataset: Dataset, size: int, clients: int) -> SimTiming:
     """The configured costs, else the profile's; a step or push time neither gives is
-    measured here, once."""
+    measured here, once (a push of one server's slice, with several)."""
     profile = PROFILES[cfg.sim_profile]
     step = cfg.sim_step_time or profile.step_time or _measure_step(replica, dataset, cfg.batch_size)
     apply = (cfg.sim_apply_time or (cfg.sim_calibrate and calibrated_push(cfg.sim_calibrate)) or profile.apply_time
-             or measure_push(cfg, size, clients))
+             or measure_push(cfg, -(-size // cfg.servers), clients))
     return SimTiming(step, apply, cfg.sim_bandwidth or profile.bandwidth, cfg.sim_latency or profile.latency,
-                     cfg.sim_push_bytes or profile.push_bytes)
+                     cfg.sim_push_bytes or profile.push_bytes, cfg.servers)
 
 
 def calibrated_push(run: str) -> float:

@@ -15,7 +15,12 @@ U(1-j, 1+j) by the seed), stretched per minibatch by the straggler model
 puts it down for `failure_length` of those base times); a message takes `latency + bytes / bandwidth`; the server is
 one queue: it handles one message at a time, a push costs it `apply_time` (by default
 the real handler's measured time for a push: checks, apply, log rows), and sending a
-reply occupies it for the reply's transfer. A client that pushes without fetching goes
+reply occupies it for the reply's transfer. With `servers` S > 1 it stands for S sharded
+servers: each gets every client message at the same time and costs the same, so all take
+them in one order and decide alike (a reply's pace is `wait` with several, as over MPI),
+and one server with the whole vector computes what they do, a push costing the time of
+its slice's (`apply_time`) and a reply the transfer of a slice. It departs from MPI's
+only where a push is finite in one slice and not in another. A client that pushes without fetching goes
 on once its push is sent. `time` in the logs is this virtual time. A cost profile
 (`sim_profile`, `PROFILES`) gives the costs not set: `measured` (this host and model)
 or `paper` (the paper's model size, GPUs and network, so n_sync's trade-off between
@@ -182,14 +187,14 @@ class Simulation:
 
     def _serve(self, server: InProcess, when: float, i: int, message: Outgoing) -> None:
         self.now = max(when, self.server_free)
-        replies = server.deliver(i + 1, message.tag, message.header, message.payload)
+        replies = server.deliver(server.state.client_ranks[i], message.tag, message.header, message.payload)
         self._replied(server, replies, self.timing.apply_time if message.tag == Tag.PUSH else 0.0)
 
     def _replied(self, server: InProcess, replies: list, cost: float = 0.0) -> None:
         """The server, busy from now for `cost`, sends `replies` (to the sender, or to those a step waited for)."""
         busy_until = self.now + cost
         for reply in replies:
-            busy_until += self.timing.transfer(reply.payload)
+            busy_until += self.timing.served(reply.payload)
             self._schedule(busy_until, "reply", server.state.client(reply.dest), reply)
         self.busy += busy_until - self.now
         self.server_free = busy_until

@@ -105,17 +105,19 @@ class SweepRunner:
 
     def _fix_sim_timings(self) -> None:
         """One step and push time for every point of the measured cost profile, measured
-        once and kept in index.json (a point's own sim_* keys and other profiles' values stand)."""
+        once and kept in index.json (a point's own sim_* keys and other profiles' values
+        stand). The push is one server's whole vector: a point with sharded servers times
+        its slice's itself, unless its spec gives it."""
         measured = [p for p in self.spec.points if p.config.sim_profile == "measured"]
         if not measured:
             return
         if "sim_step_time" not in self.index:
             from experiments.simcosts import measure_timing
-            step, push = measure_timing(measured[-1].config, self.threads)
+            step, push = measure_timing(config_with(measured[-1].config, {"servers": 1}), self.threads)
             self.index.update(sim_step_time=step, sim_apply_time=push)
-        base = {"sim_step_time": self.index["sim_step_time"], "sim_apply_time": self.index["sim_apply_time"]}
-        points = [PlannedPoint(p.id, p.settings,
-                               config_with(p.config, {k: getattr(p.config, k) or v for k, v in base.items()}))
+        points = [PlannedPoint(p.id, p.settings, config_with(p.config, {
+                      k: getattr(p.config, k) or self.index[k] for k in ("sim_step_time", "sim_apply_time")
+                      if k == "sim_step_time" or p.config.servers == 1}))
                   if p.config.sim_profile == "measured" else p for p in self.spec.points]
         self.spec = Spec(self.spec.name, self.spec.scale, self.spec.backend, self.spec.timeout, self.spec.window,
                          points, self.spec.meta)

@@ -223,8 +223,8 @@ class RunConfig:
                                               "paper (the paper's ImageNet model, GPUs and network; "
                                               "docs/simulator.md)")
     sim_step_time: float = _simulator(0.0, "sim: seconds per minibatch (0: the profile's; measured: from real steps)")
-    sim_apply_time: float = _simulator(0.0, "sim: server seconds per push, checks, apply and logs (0: the profile's; "
-                                            "measured: the real handler's)")
+    sim_apply_time: float = _simulator(0.0, "sim: server seconds per push, checks, apply and logs, each "
+                                            "server's for its slice (0: the profile's; measured: the real handler's)")
     sim_calibrate: str = _simulator("", "sim: the server's time a push as this MPI run directory's server measured "
                                         "it (its summary's server_push_us, but for taking the push off the wire, "
                                         "which the simulated transfer stands for); sim_apply_time, when set, comes "

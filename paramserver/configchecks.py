@@ -145,8 +145,7 @@ def _check_server(cfg: Any) -> None:
             raise ConfigError(problem)
     _check_dylu(cfg, chosen)
     _require(cfg.servers >= 1, "servers", f"must be at least 1, got {cfg.servers}")
-    _require(cfg.servers == 1 or (cfg.mode == "async" and cfg.backend == "mpi"), "servers",
-             "more than one server needs --mode async --backend mpi")
+    _require(cfg.servers == 1 or cfg.mode == "async", "servers", "more than one server needs --mode async")
     _require(cfg.servers == 1 or not cfg.resume, "servers",
              "a run with more than one server cannot be resumed (its servers' slices are not checkpointed together)")
 

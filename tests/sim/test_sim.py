@@ -330,3 +330,25 @@ def test_a_metric_of_yours_is_a_column_of_the_curve_and_in_the_summary(tmp_path,
                  "--metric", f"{code}:words"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("asgd: error: metric:") and "did not give a number" in err and len(err.splitlines()) == 1
+
+
+def test_sharded_servers_compute_what_one_does_in_their_slices_time(tmp_path, tiny_npz):
+    """--servers S in the simulator: S servers taking every message in one order, as one
+    server with the whole vector does, so at equal speeds the losses are one server's
+    (under `wait`, the reply of several: the pace is off, as over MPI); each server's push
+    cost is its slice's (the given time) and a reply occupies it for a slice's transfer."""
+    flags = ["--rule", "fresh", "--clients", "4", "--steps", "8"]
+    one = sim(tmp_path / "one", tiny_npz, *flags, "--fresh-reply", "wait", "--sim-apply-time", "0.002")
+    two = sim(tmp_path / "two", tiny_npz, *flags, "--servers", "2", "--sim-apply-time", "0.001")
+
+    def losses(run: Path) -> list[tuple[int, int, float]]:
+        return sorted((r["client"], r["step"], r["loss"]) for r in rows(run, "clients") if "loss" in r)
+    assert losses(two) == losses(one)
+    one_s, two_s = (json.loads((run / "summary.json").read_text()) for run in (one, two))
+    assert two_s["server_busy_s"] == pytest.approx(one_s["server_busy_s"] / 2, rel=0.01)
+    assert two_s["time_s"] < one_s["time_s"]
+    # a slow client, where one server's pace has the others compute again (it would fail this)
+    uneven = [*flags, "--steps", "30", "--slow-clients", "1", "--step-sigma", "0.5", "--sim-apply-time", "0.001"]
+    paced = sim(tmp_path / "paced", tiny_npz, *uneven, "--servers", "2")
+    waits = sim(tmp_path / "waits", tiny_npz, *uneven, "--servers", "2", "--fresh-reply", "wait")
+    assert (paced / "clients.jsonl").read_bytes() == (waits / "clients.jsonl").read_bytes()
