@@ -74,10 +74,12 @@ STEP_SPREAD = 2.0   # slowest over fastest above this: the host was busy while i
 
 def sim_timing(cfg: RunConfig, replica: Replica, dataset: Dataset, size: int, clients: int) -> SimTiming:
     """The configured costs, else the profile's; a step or push time neither gives is
-    measured here, once (a push of one server's slice, with several)."""
+    measured here, once. With several servers a push is one server's slice: measured on
+    it, or the profile's share (its time is passes over memory, so it goes with bytes)."""
     profile = PROFILES[cfg.sim_profile]
     step = cfg.sim_step_time or profile.step_time or _measure_step(replica, dataset, cfg.batch_size)
-    apply = (cfg.sim_apply_time or (cfg.sim_calibrate and calibrated_push(cfg.sim_calibrate)) or profile.apply_time
+    apply = (cfg.sim_apply_time or (cfg.sim_calibrate and calibrated_push(cfg.sim_calibrate))
+             or (profile.apply_time and profile.apply_time / cfg.servers)
              or measure_push(cfg, -(-size // cfg.servers), clients))
     return SimTiming(step, apply, cfg.sim_bandwidth or profile.bandwidth, cfg.sim_latency or profile.latency,
                      cfg.sim_push_bytes or profile.push_bytes, cfg.servers)

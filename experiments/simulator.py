@@ -18,10 +18,10 @@ the real handler's measured time for a push: checks, apply, log rows), and sendi
 reply occupies it for the reply's transfer. With `servers` S > 1 it stands for S sharded
 servers: each gets every client message at the same time and costs the same, so all take
 them in one order and decide alike (a reply's pace is `wait` with several, as over MPI),
-and one server with the whole vector computes what they do, a push costing the time of
-its slice's (`apply_time`) and a reply the transfer of a slice. It departs from MPI's
-only where a push is finite in one slice and not in another. A client that pushes without fetching goes
-on once its push is sent. `time` in the logs is this virtual time. A cost profile
+and one server with the whole vector computes what they do, a push costing one server's
+time for its slice (`apply_time`) and a reply a slice's transfer. It departs from MPI
+only where a push is finite in one slice and not in another. A client that pushes
+without fetching goes on once its push is sent. `time` in the logs is this virtual time. A cost profile
 (`sim_profile`, `PROFILES`) gives the costs not set: `measured` (this host and model)
 or `paper` (the paper's model size, GPUs and network, so n_sync's trade-off between
 communication and staleness shows even though the proxy model is small).

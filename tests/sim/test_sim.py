@@ -352,3 +352,10 @@ def test_sharded_servers_compute_what_one_does_in_their_slices_time(tmp_path, ti
     paced = sim(tmp_path / "paced", tiny_npz, *uneven, "--servers", "2")
     waits = sim(tmp_path / "waits", tiny_npz, *uneven, "--servers", "2", "--fresh-reply", "wait")
     assert (paced / "clients.jsonl").read_bytes() == (waits / "clients.jsonl").read_bytes()
+    # the paper profile's push is passes over memory: each of 2 servers takes half
+    paper = tmp_path / "paper"
+    assert main(["train", "--backend", "sim", "--data", str(tiny_npz), "--out", str(paper), "--clients", "1",
+                 "--steps", "2", "--batch-size", "32", "--eval-samples", "50", "--quiet", "--sim-profile", "paper",
+                 "--servers", "2"]) == 0
+    sim_costs = json.loads((paper / "config.json").read_text())["provenance"]["sim"]
+    assert sim_costs["apply_time"] == pytest.approx(0.05) and sim_costs["servers"] == 2
