@@ -42,7 +42,9 @@ def test_self_launched_run_on_fashion_mnist_matches_the_run_directory_contract(t
     assert {"git_commit", "packages", "mpi_library", "ranks", "hosts", "start_time"} <= set(config["provenance"])
     assert [r["role"] for r in config["provenance"]["ranks"]] == ["server", "client", "client"]
     client_rows = rows(run, "clients")
-    assert sorted((r["client"], r["step"]) for r in client_rows) == [(c, s) for c in (0, 1) for s in range(1, 31)]
+    # the run's budget: 60 minibatches shared by speed, in windows of 5 (a loaded host times them apart)
+    ran = each_logged_once([(r["client"], r["step"]) for r in client_rows], 2)
+    assert sum(ran) == 60 and all(n % 5 == 0 for n in ran)
     assert {"client", "step", "time", "loss", "error", "samples"} <= set(client_rows[0])
     synced = [r for r in client_rows if "staleness" in r]
     assert len(synced) == 12 and all("version_pulled" in r for r in synced)
