@@ -15,7 +15,10 @@
 - a run that lost clients under `--on-client-failure continue` but finished is a
   success, whatever the launcher's exit status (it reports the dead rank's signal); a
   job that ended before its run directory could say so gets a failed summary (naming
-  the rank that failed first, when one said so); a resumable run says how.
+  the rank that failed first, when one said so); a resumable run says how;
+- Open MPI's launcher now and then fails before any rank starts (PMIx's startup race:
+  `LAUNCHER_RACE`, docs/reliability.md): nothing of ours ran, so the job is started
+  once more.
 """
 from __future__ import annotations
 
@@ -38,11 +41,23 @@ from rundir.summary import mark_failed
 STDIO_FDS = "ASGD_STDIO_FDS"
 LOCKED_RUN = "ASGD_LOCKED_RUN"  # the run directory whose lock the job's supervisor holds
 STOP_GRACE_S = 10.0
+LAUNCHER_RACE = "PMIx server's listener thread failed to start"  # Open MPI's, before any rank
 
 
 def supervise(command: list[str], env: dict[str, str], out: str, lock_fd: int, forwarded: bool = False) -> int:
     """Run `command`; the exit status the user should see. `forwarded`: the launcher
     forwards its ranks' output itself (Open MPI's: its ranks cannot inherit ours)."""
+    returncode, interrupted, tee = _launch(command, env, out, lock_fd, forwarded)
+    if returncode != 0 and not interrupted and tee.race and not (Path(out) / "config.json").exists():
+        print("asgd: Open MPI's launcher failed before any rank started (PMIx's startup race); "
+              "starting the job once more", file=sys.stderr, flush=True)
+        returncode, interrupted, tee = _launch(command, env, out, lock_fd, forwarded)
+    return _outcome(RunDir(out), returncode, interrupted, tee.failure)
+
+
+def _launch(command: list[str], env: dict[str, str], out: str, lock_fd: int,
+            forwarded: bool) -> tuple[int, bool, "Tee"]:
+    """One launch: the launcher's exit status, whether we were interrupted, and its Tee."""
     sys.stdout.flush()
     # The ranks write straight to our stdout and stderr (a rank on this host inherits
     # them through MPICH's launcher): MPICH's launcher kills every rank that writes through
@@ -66,7 +81,7 @@ def supervise(command: list[str], env: dict[str, str], out: str, lock_fd: int, f
     finally:
         _end_stragglers(env[LOCKED_RUN])
         tee.close()
-    return _outcome(RunDir(out), returncode, interrupted, tee.failure)
+    return returncode, interrupted, tee
 
 
 def _wait(job: subprocess.Popen) -> int:
@@ -129,13 +144,15 @@ def _carrying(marker: bytes) -> list[int]:
 
 class Tee:
     """A pipe whose lines go on to our stderr; keeps the first line in which a rank says
-    it failed (experiments/rank/entry.py's `_fail`)."""
+    it failed (experiments/rank/entry.py's `_fail`), and whether the launcher lost
+    PMIx's startup race (`race`)."""
 
     FAILED = re.compile(r"^asgd: (rank \d+ \(.*\) failed: .*)$")
 
     def __init__(self) -> None:
         read, self.fd = os.pipe()
         self.failure: str | None = None
+        self.race = False
         self.thread = threading.Thread(target=self._pump, args=(read,), daemon=True)
         self.thread.start()
 
@@ -143,7 +160,9 @@ class Tee:
         with open(read, "rb", buffering=0) as lines:
             for line in lines:
                 os.write(2, line)
-                found = self.FAILED.match(line.decode(errors="replace").rstrip())
+                text = line.decode(errors="replace").rstrip()
+                self.race = self.race or LAUNCHER_RACE in text
+                found = self.FAILED.match(text)
                 if found and self.failure is None:
                     self.failure = found.group(1)
 
