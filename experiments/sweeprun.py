@@ -115,8 +115,9 @@ class SweepRunner:
             from experiments.simcosts import measure_timing
             step, push = measure_timing(config_with(measured[-1].config, {"servers": 1}), self.threads)
             self.index.update(sim_step_time=step, sim_apply_time=push)
+        base = {"sim_step_time": self.index["sim_step_time"], "sim_apply_time": self.index["sim_apply_time"]}
         points = [PlannedPoint(p.id, p.settings, config_with(p.config, {
-                      k: getattr(p.config, k) or self.index[k] for k in ("sim_step_time", "sim_apply_time")
+                      k: getattr(p.config, k) or v for k, v in base.items()
                       if k == "sim_step_time" or p.config.servers == 1}))
                   if p.config.sim_profile == "measured" else p for p in self.spec.points]
         self.spec = Spec(self.spec.name, self.spec.scale, self.spec.backend, self.spec.timeout, self.spec.window,
