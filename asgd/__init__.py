@@ -8,9 +8,20 @@
 (`RunConfig`, `load_config`) and the one error bad settings raise (`ConfigError`). The
 packages behind it keep the design's names (paramserver/, clients/, experiments/,
 plots/); this name is the one a user's code depends on.
-"""
-from experiments.api import train
-from experiments.result import TrainResult
-from paramserver.config import ConfigError, RunConfig, load_config
 
-__all__ = ["ConfigError", "RunConfig", "TrainResult", "load_config", "train"]
+The `asgd` command is asgd/command.py; so that it starts without torch, these names are
+imported on first use (PEP 562), not when the package is.
+"""
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {"train": "experiments.api", "TrainResult": "experiments.result", "ConfigError": "paramserver.config.run",
+          "RunConfig": "paramserver.config.run", "load_config": "paramserver.config.run"}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'asgd' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)

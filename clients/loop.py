@@ -5,7 +5,7 @@
 A push goes every `n_push` minibatches and at the last one (so no work is lost), a
 fetch every `n_fetch` minibatches before the last. With DyLU (`ClientPlan.dylu`) a push
 goes once the window the server's last reply gave has run since the previous push, and
-every push but the last fetches (paramserver/dylu.py). A client that fails (`failures`,
+every push but the last fetches (paramserver/reply/dylu.py). A client that fails (`failures`,
 clients/stragglers.py) loses the minibatches since its last push, is down for a while
 (`down`: a sleep under MPI, virtual time in the simulator) and pulls again, its lost
 rows riding in that PULL (`Rejoin`) so the server logs them. The minibatch rows travel inside
@@ -24,7 +24,7 @@ import numpy as np
 
 from clients.client import Client
 from clients.stragglers import Failures, Stragglers
-from paramserver.config import Fault
+from paramserver.config.run import Fault
 from paramserver.wire.compress import ErrorFeedback, make_codec
 from paramserver.wire.protocol import Outgoing, Pull, Push, Rejoin, State, Stop, Tag, Weights
 

@@ -24,8 +24,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import torch
 
-from paramserver.config import PRECISIONS, ConfigError
-from paramserver.rules.optimizer import flat_state, load_flat_state, sgd
+from paramserver.config.run import PRECISIONS, ConfigError
+from paramserver.optimizer import flat_state, load_flat_state, sgd
 
 AUTOCAST = dict(zip(PRECISIONS, (None, torch.bfloat16, torch.float16)))  # precision -> autocast's dtype
 
@@ -150,7 +150,7 @@ class TorchOptimizer(ClientOptimizer):
         self.scaler.update()
 
     def state_arrays(self) -> dict[str, np.ndarray]:
-        """torch's state_dict flattened (`paramserver.rules.optimizer.flat_state`: `state.I.NAME`
+        """torch's state_dict flattened (`paramserver.optimizer.flat_state`: `state.I.NAME`
         tensors, `number.I.NAME` numbers) and `scaler.NAME` for GradScaler's."""
         arrays = {k: _array(v) if torch.is_tensor(v) else np.array(v) for k, v in flat_state(self.optimizer).items()}
         if self.scaler is not None:

@@ -8,7 +8,7 @@ checked before launch.
     --optimizer package.module:factory   -> factory(params, lr=, ...), a torch Optimizer
 
 A run records a module with the folder it was found in (`FOLDER:package.module:factory`,
-`module_spec`) and a file by its absolute path (experiments/inputs.py, for every key of
+`module_spec`) and a file by its absolute path (experiments/run/inputs.py, for every key of
 `USER_CODE_KEYS`), so every rank, `asgd export` and `--resume` import the same code from
 whatever folder they are started in; the Python API records a callable so (`spec_of`).
 
@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset as TorchDataset, IterableDataset, TensorDataset, default_collate
 
-from paramserver.config import USER_CODE, ConfigError, is_user_code
+from paramserver.config.run import USER_CODE, ConfigError, is_user_code
 
 _FILE_MODULES = "_asgd_user."          # sys.modules keys of files imported by path
 _REGISTERED: dict[str, Callable] = {}  # spec -> callable, for the Python API (no re-import in this process)

@@ -6,6 +6,7 @@
     asgd report RUN_DIR | SWEEP_DIR                            summary, tables, findings, figures
     asgd export RUN_DIR [--out FILE] [--best]                  the last (or best) weights as a torch state_dict
     asgd tensorboard RUN_DIR | SWEEP_DIR                       TensorBoard event files, with HParams
+    asgd bench                                                 measurements (bench/command.py, handed in by asgd.command)
 
 Every input is checked here, before any MPI process starts: a bad one exits with
 status 2 and one line saying which field is wrong and why.
@@ -21,12 +22,12 @@ import time
 import traceback
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable, Mapping, Protocol
 
-from experiments.inputs import absolute_paths
+from experiments.run.inputs import absolute_paths
 from experiments.parent.mpiexec import launcher_rank
-from experiments.resume import resume_hint
-from paramserver.config import GROUPS, ConfigError, RunConfig, config_values, field_types, flag_type, group_of
+from experiments.run.resume import resume_hint
+from paramserver.config.run import GROUPS, ConfigError, RunConfig, config_values, field_types, flag_type, group_of
 from rundir.layout import RunDir
 from rundir.lock import RunDirError
 from rundir.smoothing import WINDOW
@@ -56,18 +57,29 @@ def _interrupt(signum: int, frame) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
 
-def main(argv: list[str] | None = None) -> int:
+class Subcommand(Protocol):
+    """A subcommand from above this package (the bench, which measures the tool from
+    outside it): asgd.command hands it in, so experiments imports nothing above it."""
+    name: str
+
+    def add(self, commands: argparse._SubParsersAction) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def main(argv: list[str] | None = None, extra: Iterable[Subcommand] = ()) -> int:
     """The exit status; `asgd train`'s is the run's TrainResult (an int), which
     experiments.api.train hands back."""
+    extra = {command.name: command for command in extra}
     argv = sys.argv[1:] if argv is None else argv
-    args = _parser().parse_args(argv)
+    args = _parser(extra).parse_args(argv)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
     try:
         if args.command == "train":
             return _train(args, argv)
         if args.command == "sweep":
-            from experiments.sweepfolder import run_sweep
+            from experiments.sweep.folder import run_sweep
             return run_sweep(args.spec, args.out, args.jobs, args.retry_failed, args.quiet)
         if args.command == "export":
             from experiments.export import export
@@ -75,13 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "tensorboard":
             from experiments.tensorboard import tensorboard
             return tensorboard(args.path, args.out)
-        if args.command == "bench" and args.compare:
-            from experiments.bench.compare import compare, read_results
-
-            print(compare(*(read_results(Path(path)) for path in args.compare)))
-            return 0
-        if args.command == "bench":
-            return _bench(args)
+        if args.command in extra:
+            return extra[args.command].run(args)
         from experiments.report import report
         return report(args.path, args.window, args.figures, args.target, args.docs)
     except (ConfigError, InputError, RunDirError) as error:
@@ -94,17 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _bench(args: argparse.Namespace) -> int:
-    """`asgd bench`: its hosts and sections checked before anything is measured."""
-    from experiments.bench.hosts import CLUSTER, parse_hosts
-    from experiments.bench.suite import run_bench
-
-    across = parse_hosts(args.hosts) if args.hosts else CLUSTER if args.cluster else None
-    only = tuple(name.strip() for name in args.only.split(",")) if args.only else ()
-    return run_bench(args.out, args.quick, args.markdown, across, only)
-
-
-def _parser() -> argparse.ArgumentParser:
+def _parser(extra: Mapping[str, Subcommand]) -> argparse.ArgumentParser:
     parser = _Parser(prog="asgd", description="Asynchronous SGD with a parameter server.")
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train one run (on MPI)")
@@ -125,22 +122,8 @@ def _parser() -> argparse.ArgumentParser:
                                 help="TensorBoard scalars and HParams of a run, or of every run of a sweep")
     board.add_argument("path", help="a run directory or a sweep folder")
     board.add_argument("--out", help="where the event files go (default: PATH/tensorboard)")
-    bench = commands.add_parser("bench", help="measure the server, the wire, peers and the simulator (minutes)")
-    bench.add_argument("--out", default="results/bench.json", help="where the figures go (default: %(default)s)")
-    bench.add_argument("--markdown", help="the tables as a Markdown page (default: --out with the suffix .md; "
-                                          "`make bench`: docs/results/bench.md)")
-    bench.add_argument("--quick", action="store_true", help="fewer repeats and sizes (a smoke run, not for the docs)")
-    where = bench.add_mutually_exclusive_group()
-    where.add_argument("--cluster", action="store_true",
-                       help="also measure across hosts, on a test cluster the bench brings up and takes down "
-                            "(scripts/cluster.sh: root and ip netns; where missing, the section says so)")
-    where.add_argument("--hosts", metavar="H1,H2,H3",
-                       help="also measure across these hosts: the server on the first, clients on the others, "
-                            "reached as mpiexec reaches them (ssh); TMPDIR on a file system they share")
-    bench.add_argument("--only", metavar="SECTION,...", help="measure only these sections (wire, load, idle, "
-                       "server_bound, peers, simulator, hosts), keeping the others from --out")
-    bench.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
-                       help="measure nothing: how far two runs' ratios are apart (does it repeat?)")
+    for command in extra.values():
+        command.add(commands)
     report = commands.add_parser("report", help="summarise a run or a sweep: tables, findings, figures")
     report.add_argument("path", help="a run directory or a sweep folder")
     report.add_argument("--window", type=int, help="smoothing window, in minibatches (default: the sweep spec's; "
@@ -196,7 +179,7 @@ def _train(args: argparse.Namespace, argv: list[str]) -> TrainResult:
     if asked.get("epochs") and "steps" in asked:
         raise InputError("epochs: give steps or epochs, not both (epochs derives the steps)")
     if isinstance(asked.get("resume"), str) and asked["resume"]:  # by flag or config file: one door
-        from experiments.resume import resumed_config
+        from experiments.run.resume import resumed_config
         cfg = resumed_config(asked)
     else:
         cfg = RunConfig(**asked)
@@ -220,7 +203,7 @@ def _run(cfg: RunConfig, out: str, argv: list[str], mpiexec: str) -> int:
     lock = claim(cfg, out)
     try:
         if cfg.backend == "sim":
-            from experiments.simulator import run_sim
+            from experiments.sim.simulator import run_sim
             return run_sim(cfg, out, cfg.clients or DEFAULT_CLIENTS)
         if mpiexec:
             clients = cfg.clients or DEFAULT_CLIENTS
@@ -276,7 +259,7 @@ def _check_inputs(cfg: RunConfig) -> None:
     from clients.check import check_user_code
     from clients.data import DataError, load_dataset
     from clients.models import model_factory
-    from paramserver.config import is_user_code
+    from paramserver.config.run import is_user_code
 
     if not is_user_code(cfg.model):
         try:
@@ -306,7 +289,7 @@ def _check_inputs(cfg: RunConfig) -> None:
     if cfg.init or cfg.resume:
         _check_start_weights(cfg, dataset)
     if cfg.resume:
-        from experiments.inputs import check_fingerprint
+        from experiments.run.inputs import check_fingerprint
         check_fingerprint(RunDir(cfg.resume).record("config").get("data_fingerprint"), dataset)
 
 
@@ -327,7 +310,7 @@ def _check_start_weights(cfg: RunConfig, dataset) -> None:
     """The checkpoint a run starts from (--resume's own, else --init's) fits the model this
     config builds: refused here in one line, not on every rank after MPI started."""
     from clients.models import flat_weights, run_model
-    from experiments.assemble import StartError, checkpoint_weights, start_checkpoint
+    from experiments.run.assemble import StartError, checkpoint_weights, start_checkpoint
 
     size = flat_weights(run_model(cfg, dataset)).size
     try:

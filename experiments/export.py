@@ -26,8 +26,8 @@ import torch
 from clients.data import DataError, load_dataset
 from clients.evaluate import has_running_stats, recalibrate
 from clients.models import load_flat, run_model
-from experiments.resume import recorded_config
-from paramserver.config import ConfigError, load_config
+from experiments.run.resume import recorded_config
+from paramserver.config.run import ConfigError, load_config
 from rundir.durable import load_arrays
 from rundir.layout import RunDir
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from experiments.sweepfolder import refuse_mixed
+from experiments.sweep.folder import refuse_mixed
 from plots.curves import plot_run
 from plots.rundata import load_json
 from rundir.durable import write_json_atomic, write_text_atomic

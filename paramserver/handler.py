@@ -12,11 +12,11 @@ reply's payload may be the live weights: the driver sends it before the next pus
 handled (the apply would change it under the transfer).
 
 A rule that gathers pushes into one step and defers replies (`fresh` with
-`fresh_reply = "wait"`, or with "auto" where `paramserver/pace.py` says the step comes
+`fresh_reply = "wait"`, or with "auto" where `paramserver/reply/pace.py` says the step comes
 before the sender could push again) leaves a gathered push unanswered until the step:
 its sender is `deferred`, and the push that completes the step is answered together
 with every deferred one, so `handle()` may return replies to earlier pushers. When every client
-still running waits so, or is overdue (paramserver/gather.py), no push will complete the
+still running waits so, or is overdue (paramserver/reply/gather.py), no push will complete the
 step: it is taken with what was gathered (`release`, also the driver's after it loses a
 client, or at `wake_at` when the clients it waits for fall overdue).
 
@@ -34,12 +34,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from paramserver.config import RunConfig
-from paramserver.dylu import Windows
+from paramserver.config.run import RunConfig
+from paramserver.reply.dylu import Windows
 from paramserver.events import (Applied, CheckpointDue, ClientRows, Dropped, Event, NoiseMeasured, Rejected,
                                  SnapshotDue)
-from paramserver.gather import release_due, waits
-from paramserver.pace import Pace
+from paramserver.reply.gather import release_due, waits
+from paramserver.reply.pace import Pace
 from paramserver.tally import RunBudget, ServerTally
 from paramserver.schedule import Schedule
 from paramserver.store import ApplyResult, Store
@@ -78,7 +78,7 @@ class ServerState:
     its client to stop. `collects_states`: checkpoints hold the clients' optimizer states
     (see the module's doc); `client_states`: client -> the state its last push handled (or
     STOP) came with, where it came with one; `arrived_states`: those awaiting their push.
-    `windows`: with DyLU, the clients' speeds and the windows the replies give (paramserver/dylu.py).
+    `windows`: with DyLU, the clients' speeds and the windows the replies give (paramserver/reply/dylu.py).
     `budget`: the run's, where the run has one (`budget = "run"`; paramserver/tally.py).
     """
 

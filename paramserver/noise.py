@@ -19,11 +19,11 @@ window of W pushes (G_W = sum d_i / sum n_i over sum B_i samples). Over each win
 and, as the paper does, each of tr and g2 is smoothed by an exponential moving average
 over windows (bias-corrected, `DECAY` a window) before the ratio is taken, since one
 window's g2 is noisy. Norms are summed in float64 (a host kernel's in float32 blocks of
-256 first, paramserver/hostkernel.py).
+256 first, paramserver/compute/hostkernel.py).
 
 The window's sum `total` is not cleared when a window closes: the next window's first
 push replaces it (a pass over the weights saved a window). Where the server's host
-kernel applies the pushes (paramserver/hostkernel.py), it sums each push into `total`
+kernel applies the pushes (paramserver/compute/hostkernel.py), it sums each push into `total`
 in the same pass as the update and sets `norm` to its own squares, so no push is read
 here again.
 """

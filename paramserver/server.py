@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from paramserver.events import Applied
-from paramserver.gather import release_due, wake_at
+from paramserver.reply.gather import release_due, wake_at
 from paramserver.handler import ClientLost, ServerState, handle, release, tag_name
 from paramserver.tally import ServerTally
 from paramserver.recorder import Recorder

@@ -6,15 +6,15 @@ last pulled: `version (before this apply) - version that client last pulled`. A 
 that is malformed (wrong length or dtype, NaN or Inf) is rejected before it can touch
 the weights, and counted.
 
-The weights are a torch tensor where `server_device` says (paramserver/arrays.py: on
+The weights are a torch tensor where `server_device` says (paramserver/compute/arrays.py: on
 the CPU it shares a numpy vector's memory), updated by the rule's torch arithmetic.
 Outside the Store they are always a host float32 vector (`weights`), so the server loop
 does not care where they live. The staleness of a push is known before its apply,
 because a rule may depend on it. By default each apply is the rule's fused formula as
 one kernel that does the NaN/Inf check too: on the host compiled by g++, where it is
-found, updating in place once the push is checked (paramserver/hostkernel.py); on a GPU
+found, updating in place once the push is checked (paramserver/compute/hostkernel.py); on a GPU
 with cupy installed a cupy kernel that writes new weights beside the old, so `array`
-is then a different tensor after each accepted push (paramserver/fused.py). With
+is then a different tensor after each accepted push (paramserver/compute/fused.py). With
 `server_kernel = "torch"` (or neither) the rule's torch arithmetic runs, in place.
 
 A rule may gather pushes before it steps (`fresh`): the version then moves only with a
@@ -31,9 +31,9 @@ from typing import Callable
 
 import numpy as np
 
-from paramserver import fused, hostkernel
-from paramserver.arrays import ServerArrays
-from paramserver.config import RunConfig
+from paramserver.compute import fused, hostkernel
+from paramserver.compute.arrays import ServerArrays
+from paramserver.config.run import RunConfig
 from paramserver.rules import make_rule
 from paramserver.rules.base import Rule
 
@@ -198,7 +198,7 @@ class Store:
 
 def kernel_path(backend: ServerArrays, rule: Rule, kernel: str = "auto") -> fused.Fused | hostkernel.InPlace | None:
     """The fused path for a Store (`kernel` auto) where the rule has a formula: on the host
-    where g++ is found (paramserver/hostkernel.py), on a GPU where cupy imports; None
+    where g++ is found (paramserver/compute/hostkernel.py), on a GPU where cupy imports; None
     elsewhere and with `kernel` torch (the rule's torch arithmetic runs)."""
     if kernel == "torch" or not rule.fusable() or not rule.formulas_fit:
         return None

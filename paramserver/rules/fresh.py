@@ -19,14 +19,14 @@ class FreshRule(SGDRule):
 
     Pushed gradient sums computed at most R = `max_staleness` versions ago are summed
     until they cover S = `fresh_batch` minibatches; then one step of the run's optimizer
-    (SGD with the server's momentum by default; paramserver/rules/optimizer.py) on their mean, at the lr for that many minibatches (times their count
+    (SGD with the server's momentum by default; paramserver/optimizer.py) on their mean, at the lr for that many minibatches (times their count
     with `lr_scaling = "linear"`, its root with "sqrt") and at the schedule's factor of
     the gather's first push, the progress its gradients were computed at. Staler pushes
     are dropped. The version moves only at a step, so staleness counts steps. With `fresh_reply = "wait"` a client
     whose push was gathered gets its reply at the step (S = K, R = 0 at equal speeds is
     then synchronous SGD); with "again" it gets the weights at once and computes there
     again, as a fast Rennala worker does; with "auto" it waits when the step is due
-    before it could push again, else computes again (paramserver/pace.py; with sharded
+    before it could push again, else computes again (paramserver/reply/pace.py; with sharded
     servers, which would time the clients apart, it waits). `fresh_batch = "auto"`: S =
     B_simple / b from the gradient noise scale, in [1, 4K] (K x n_push until it is
     measured).

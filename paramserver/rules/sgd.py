@@ -1,11 +1,11 @@
 """The `sgd` rule: the run's optimizer, at the server, on a pushed gradient sum (server lr,
-momentum, weight decay; paramserver/rules/optimizer.py)."""
+momentum, weight decay; paramserver/optimizer.py)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
 from paramserver.rules.base import Rule, RuleSettings, Update, refusals
-from paramserver.rules.optimizer import ServerOptimizer
+from paramserver.optimizer import ServerOptimizer
 
 if TYPE_CHECKING:  # as in base.py: torch loads with the weights
     from torch import Tensor

@@ -19,7 +19,7 @@ Message sequence (one client; the server serves all clients in arrival order):
       | -- PULL ---------------------------> |  remembers the version the client holds
       | <---------- WEIGHTS(version) + data - |
       |   n_push local minibatches (DyLU: the |
-      |   last reply's `window`)              |  (paramserver/dylu.py: from measured speeds)
+      |   last reply's `window`)              |  (paramserver/reply/dylu.py: from measured speeds)
       | -- PUSH(rows, fetch=True) + data ---> |  checks, applies, logs staleness
       | <---------- WEIGHTS(version) + data - |  (only when the push asks to fetch)
       |   while WEIGHTS say `state` (a        |
@@ -118,7 +118,7 @@ class Weights:
     samples: int = 0           # the server's progress (paramserver/schedule.py): the lr they train at
     stop: bool = False         # the run reached a target (stop_at_error, _loss, _metric): the client stops here
     state: bool = False        # a checkpoint is due: send the optimizer's state before each push
-    window: int = 0            # DyLU: the minibatches to run before the next push (0: n_push; paramserver/dylu.py)
+    window: int = 0            # DyLU: the minibatches to run before the next push (0: n_push; paramserver/reply/dylu.py)
 
 
 @dataclass(slots=True)

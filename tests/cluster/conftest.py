@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.bench.cluster import missing as cluster_missing
+from bench.cluster import missing as cluster_missing
 from experiments.parent.mpiexec import OPEN_MPI_ENV
 from tests.conftest import BIN, ROOT, each_logged_once, finish
 

@@ -1,4 +1,4 @@
-"""The one-sided measurement (experiments/bench/one_sided.py) under real mpiexec: both of its
+"""The one-sided measurement (bench/studies/one_sided.py) under real mpiexec: both of its
 sides push, and its one-sided pushes are neither lost nor applied twice, by 2 clients at
 once, in memory MPI shares between the ranks and in the server's own array."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.mpi
 @pytest.mark.parametrize("window, server", [("shared", "sleeps"), ("private", "spins")])
 def test_every_one_sided_push_lands_once_beside_our_server(tmp_path, window, server):
     out = tmp_path / "one_sided.json"
-    result = run_command([MPIEXEC, "-n", "3", str(BIN / "python"), "-m", "experiments.bench.one_sided",
+    result = run_command([MPIEXEC, "-n", "3", str(BIN / "python"), "-m", "bench.studies.one_sided",
                           "--sizes", "1000", "--trials", "1", "--seconds", "0.2", "--torn-checks", "50",
                           "--window", window, "--server", server, "--json", str(out)], timeout=120)
     assert result.returncode == 0, result.stderr

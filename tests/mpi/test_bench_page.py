@@ -10,8 +10,8 @@ import types
 import pytest
 
 import rundir.durable
-from experiments.bench import suite
-from experiments.bench.trials import summarise
+from bench import suite
+from bench.trials import summarise
 
 SECTIONS = {
     "wire": [{"floats": 1e6, "mbytes": 4.0, "raw_one_way_ms": 0.271, "round_trip_ms": 0.801, "apply_ms": 0.114,

@@ -1,4 +1,4 @@
-"""The benchmark baselines (experiments/bench/peers.py): they run, DDP ranks agree, and no
+"""The benchmark baselines (bench/peers/run.py): they run, DDP ranks agree, and no
 process outlives the call, whether it hangs or fails."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from experiments.bench.peer_setup import PeerError, Workload, make_workload, run_processes
-from experiments.bench.peers import ddp_throughput, rpc_ps_load, rpc_ps_throughput
+from bench.peers.setup import PeerError, Workload, make_workload, run_processes
+from bench.peers.run import ddp_throughput, rpc_ps_load, rpc_ps_throughput
 
 pytestmark = pytest.mark.slow  # every test spawns processes that import torch: seconds each
 

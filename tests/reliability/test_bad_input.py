@@ -29,12 +29,12 @@ from hypothesis import HealthCheck, event, example, given, settings, strategies 
 from hypothesis.extra import numpy as hnp
 
 import experiments.cli
-import experiments.sweepfolder
+import experiments.sweep.folder
 from clients.data import load_dataset
 from clients.models import build_model, flat_weights
 from experiments.cli import main
-from experiments.sweepspec import OWN_KEYS
-from paramserver.config import RunConfig, field_types
+from experiments.sweep.spec import OWN_KEYS
+from paramserver.config.run import RunConfig, field_types
 from rundir.checkpoint import Checkpoint
 from rundir.durable import CorruptFile, load_arrays, save_arrays
 from rundir.layout import RunDir
@@ -81,7 +81,7 @@ def sandbox(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(box.cwd)
         patch.setattr(experiments.cli, "_check_inputs", check_then_stop)
-        patch.setattr(experiments.sweepfolder, "SweepRunner", stop)
+        patch.setattr(experiments.sweep.folder, "SweepRunner", stop)
         yield box
 
 

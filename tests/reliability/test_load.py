@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 def test_sixteen_clients_under_load_lose_nothing_and_the_server_memory_stays_flat(tmp_path):
     out = tmp_path / "load.json"
-    result = run_command([MPIEXEC, "-n", "17", str(BIN / "python"), "-m", "experiments.bench.wire",
+    result = run_command([MPIEXEC, "-n", "17", str(BIN / "python"), "-m", "bench.wire",
                           "load", "--size", "1e6", "--seconds", "10", "--json", str(out)], timeout=240)
     assert result.returncode == 0, result.stderr
     load = json.loads(out.read_text())

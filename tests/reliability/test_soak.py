@@ -14,7 +14,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from experiments.simulator import Simulation, SimTiming, StepClock
+from experiments.sim.simulator import Simulation, SimTiming, StepClock
 from paramserver.inprocess import InProcess
 from paramserver.wire.protocol import Outgoing, Pull, Push, Stop, Tag
 from rundir.durable import read_jsonl

@@ -2,8 +2,8 @@
 
 What runs without a GPU runs everywhere: the CPU store's shared memory, the
 server_device config key, the CUDA-aware MPI check. The rest needs CUDA and skips
-without it, and the fused server kernels (paramserver/fused.py) need cupy as well
-(experiments/bench/gpu_check.sh runs this file on a GPU machine).
+without it, and the fused server kernels (paramserver/compute/fused.py) need cupy as well
+(bench/gpu_check.sh runs this file on a GPU machine).
 """
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from clients.data import load_dataset
 from clients.models import build_model
 from clients.sampling import ShardSampler
 from experiments.cli import main
-from experiments.provenance import provenance
-from paramserver import gpu
-from paramserver.arrays import ServerArrays
-from paramserver.config import ConfigError, RunConfig
-from paramserver.gpu import cuda_aware_mpi
+from experiments.run.provenance import provenance
+from paramserver.compute import gpu
+from paramserver.compute.arrays import ServerArrays
+from paramserver.config.run import ConfigError, RunConfig
+from paramserver.compute.gpu import cuda_aware_mpi
 from paramserver.rules import RULES, make_rule
 from paramserver.store import Store
 from rundir.durable import load_arrays, save_arrays

@@ -1,15 +1,15 @@
-"""The bench's section across hosts (experiments/bench/hosts.py), without hosts: where
+"""The bench's section across hosts (bench/hosts.py), without hosts: where
 each launcher puts the ranks, what is refused before anything runs, what a machine that
 cannot hold the test cluster records, and the tables. Nothing is measured here."""
 from __future__ import annotations
 
 import pytest
 
-from experiments.bench import cluster, hosts, suite
-from experiments.bench.jobs import Hosts, host_flags
-from experiments.bench.trials import summarise
-from experiments.cli import main
-from paramserver.config import ConfigError
+from bench import cluster, hosts, suite
+from bench.jobs import Hosts, host_flags
+from bench.trials import summarise
+from asgd.command import main
+from paramserver.config.run import ConfigError
 
 THREE = Hosts(("h1", "h2", "h3"), "/x/cluster-agent", {"ASGD_CLUSTER_DIR": "/run/c"})
 

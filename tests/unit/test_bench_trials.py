@@ -1,10 +1,10 @@
-"""The bench's one way to compare (experiments/bench/trials.py): both sides in turn, trial
+"""The bench's one way to compare (bench/trials.py): both sides in turn, trial
 by trial, summarised by the median of per-trial ratios; an impossible ratio is flagged."""
 from __future__ import annotations
 
 import pytest
 
-from experiments.bench.trials import ERROR, interleave, ratio_cell, summarise
+from bench.trials import ERROR, interleave, ratio_cell, summarise
 
 
 def test_sides_take_turns_after_the_warm_up_and_the_ratio_is_per_trial():
@@ -44,8 +44,8 @@ def bench_run(date: str, wire: float, vs_rpc: float, sim: float) -> dict:
 def test_compare_lists_every_ratio_of_two_runs_and_the_largest_difference(tmp_path):
     import json
 
-    from experiments.bench.compare import compare, read_results
-    from experiments.cli import main
+    from bench.compare import compare, read_results
+    from asgd.command import main
 
     first, second = bench_run("day 1", 1.20, 2.0, 1.10), bench_run("day 2", 1.26, 2.6, 1.10)
     text = compare(first, second)

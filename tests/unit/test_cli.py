@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from experiments.cli import main
+from asgd.command import main
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def test_help_lists_every_setting_and_exits_0(command, capsys):
     a stray % sign, breaks --help for the whole command)."""
     from dataclasses import fields
 
-    from paramserver.config import RunConfig
+    from paramserver.config.run import RunConfig
 
     with pytest.raises(SystemExit) as exit:
         main([command, "--help"])

@@ -1,4 +1,4 @@
-"""Dynamic local updates (paramserver/dylu.py): the windows from given speeds, the speeds
+"""Dynamic local updates (paramserver/reply/dylu.py): the windows from given speeds, the speeds
 the server measures from pushes on its clock, the windows its replies carry, and where
 the setting is refused."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from paramserver.config import ConfigError, RunConfig
-from paramserver.dylu import TOLERANCE, Windows, dylu_window
+from paramserver.config.run import ConfigError, RunConfig
+from paramserver.reply.dylu import TOLERANCE, Windows, dylu_window
 from paramserver.handler import ServerState, handle
 from paramserver.wire.protocol import Message, Pull, Push, Stop, Tag
 

@@ -1,4 +1,4 @@
-"""The fused kernels' formulas (paramserver/fused.py) against the torch rules, in numpy.
+"""The fused kernels' formulas (paramserver/compute/fused.py) against the torch rules, in numpy.
 
 Each rule is written twice: on torch tensors (paramserver/rules/, the CPU server) and
 as the statements a GPU server compiles into one cupy kernel. Here the statements run in
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from paramserver import fused, hostkernel
-from paramserver.config import RunConfig
+from paramserver.compute import fused, hostkernel
+from paramserver.config.run import RunConfig
 from paramserver.rules import RULES, FreshRule, Rule, Update, make_rule
 from paramserver.store import Store
 from tests.conftest import assert_same_store

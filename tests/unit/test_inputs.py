@@ -1,4 +1,4 @@
-"""What a run reads (experiments/inputs.py, issue 25): paths made absolute, data fingerprinted."""
+"""What a run reads (experiments/run/inputs.py, issue 25): paths made absolute, data fingerprinted."""
 from __future__ import annotations
 
 import pytest
@@ -7,8 +7,8 @@ from torch.utils.data import Dataset as TorchDataset, TensorDataset
 
 from clients.data import Dataset
 from clients.usercode import TorchSplit
-from experiments.inputs import absolute_paths, check_fingerprint, fingerprint
-from paramserver.config import ConfigError
+from experiments.run.inputs import absolute_paths, check_fingerprint, fingerprint
+from paramserver.config.run import ConfigError
 
 
 def test_paths_become_absolute_and_names_stay(tmp_path, monkeypatch):

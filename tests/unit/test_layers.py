@@ -16,11 +16,11 @@ import pytest
 from tests.conftest import ROOT
 
 BLOCK_MPI = "import sys; sys.modules['mpi4py'] = None\n"
-CORE = ["paramserver.config", "paramserver.wire.protocol", "paramserver.store", "paramserver.rules",
+CORE = ["paramserver.config.run", "paramserver.wire.protocol", "paramserver.store", "paramserver.rules",
         "paramserver.events", "paramserver.handler", "paramserver.recorder", "paramserver.server",
         "paramserver.inprocess",
-        "clients.loop", "clients.driver", "experiments.simulator", "experiments.rank.entry", "experiments.cli",
-        "experiments.sweepspec", "experiments.sweeprun", "experiments.parent.claim", "experiments.assemble",
+        "clients.loop", "clients.driver", "experiments.sim.simulator", "experiments.rank.entry", "experiments.cli",
+        "experiments.sweep.spec", "experiments.sweep.run", "experiments.parent.claim", "experiments.run.assemble",
         "plots.analysis", "plots.scaling", "paramserver.schedule", "clients.stragglers"]
 
 

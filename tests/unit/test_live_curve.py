@@ -124,8 +124,8 @@ def test_without_live_every_point_is_measured_after_training(parts):
 def test_auto_is_live_everywhere_at_a_trickle_where_the_ranks_fill_the_cores(monkeypatch):
     import socket
 
-    from experiments import runrecord
-    from paramserver.config import RunConfig
+    from experiments.run import record as runrecord
+    from paramserver.config.run import RunConfig
 
     host = socket.gethostname()
     monkeypatch.setattr(runrecord.os, "cpu_count", lambda: 2)
@@ -147,8 +147,8 @@ def test_a_short_run_gets_fewer_points_of_the_curve_than_a_long_one():
     forward passes; an eval_every set is kept."""
     from types import SimpleNamespace
 
-    from experiments.runrecord import eval_every
-    from paramserver.config import RunConfig
+    from experiments.run.record import eval_every
+    from paramserver.config.run import RunConfig
 
     def every(steps: int, net: nn.Module, **settings) -> int:
         setup = SimpleNamespace(cfg=RunConfig(steps=steps, batch_size=32, **settings), clients=2, model=net,

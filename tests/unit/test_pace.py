@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from paramserver.pace import LEAN, SMOOTHING, Pace
+from paramserver.reply.pace import LEAN, SMOOTHING, Pace
 
 
 class Clock:

@@ -64,7 +64,7 @@ def test_a_report_compares_points_whose_drawn_speeds_differ(tmp_path):
     setting): points of one spec are still one setting; a real setting that differs is not."""
     import pytest
 
-    from experiments.sweepfolder import refuse_mixed
+    from experiments.sweep.folder import refuse_mixed
     from rundir.lock import RunDirError
 
     points = [run_dir(tmp_path / f"s{seed}", {"speed_spread": 0.1, "lr": 0.03, "speeds_used": [1.0, 0.1 + seed / 10]},
@@ -82,7 +82,7 @@ def test_a_report_compares_one_data_module_found_in_two_checkouts(tmp_path):
     fingerprint, or another file, is not."""
     import pytest
 
-    from experiments.sweepfolder import refuse_mixed
+    from experiments.sweep.folder import refuse_mixed
     from rundir.lock import RunDirError
 
     def config(checkout: str, name: str = "glyphs.py", sha: str = "ec2c") -> dict:

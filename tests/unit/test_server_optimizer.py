@@ -1,4 +1,4 @@
-"""The server's optimizer under a gradient rule (paramserver/rules/optimizer.py): torch's
+"""The server's optimizer under a gradient rule (paramserver/optimizer.py): torch's
 Adam, AdamW, SGD with Nesterov and a user's factory, on the gathered gradient, with
 clipping, and their state through a checkpoint."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from paramserver.config import RunConfig
+from paramserver.config.run import RunConfig
 from paramserver.rules import make_rule
 from paramserver.store import Store
 from rundir.durable import load_arrays, save_arrays
@@ -173,7 +173,7 @@ def push_as(store: Store, client: int, d: np.ndarray) -> bool:
 def test_clipping_at_sharded_servers_is_refused(rule):
     """Each server of a sharded run holds a slice of the gathered gradient, so none can clip
     it by its whole norm: refused before launch, in one line naming the key."""
-    from paramserver.config import ConfigError
+    from paramserver.config.run import ConfigError
 
     with pytest.raises(ConfigError, match="^clip_grad_norm: the server clips"):
         RunConfig(rule=rule, servers=2, clip_grad_norm=1.0)

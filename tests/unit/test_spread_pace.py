@@ -1,12 +1,12 @@
-"""The reply by each client's mean and spread (experiments/bench/spread_pace.py), by hand."""
+"""The reply by each client's mean and spread (bench/studies/spread_pace.py), by hand."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from experiments.bench.spread_pace import SpreadPace, computes_again, expected_time
-from paramserver.pace import SMOOTHING
+from bench.studies.spread_pace import SpreadPace, computes_again, expected_time
+from paramserver.reply.pace import SMOOTHING
 from tests.unit.test_pace import Clock, timed as timed_by
 
 

@@ -3,7 +3,7 @@ evaluations a run, whatever a version is: a push, a step the rule gathers, a ste
 every client), and every spec the project ships."""
 from __future__ import annotations
 
-from experiments.sweepspec import load_spec
+from experiments.sweep.spec import load_spec
 
 
 def test_evaluations_count_the_versions_each_rule_makes(tmp_path):

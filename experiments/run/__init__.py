@@ -1,0 +1,1 @@
+"""A run's life: its setup, its record, the server's and the collectives' sides, resume."""

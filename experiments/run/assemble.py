@@ -1,0 +1,184 @@
+"""One recipe for a run's setup, for both backends: data, model, clients, start weights,
+resume point, each client positioned at its first step.
+
+It runs in two parts, because between them the simulator measures its costs on the
+clients it built (the warm start's rows are timed on that clock): `build` (data, model,
+this process's clients) and `start` (the start weights and resume point, decided by the
+process that records the run, then shared; every client synced and positioned). The MPI
+backend runs both on every rank, each for its own client (none on a server), sharing
+rank 0's decisions by broadcast; the simulator runs them once, for all K clients.
+
+Where training starts: fresh weights from the seed, a checkpoint (`--init`), and/or a
+single-client warm start (`--warm-start STEPS`, the paper's warm start). The warm start
+trains a model of its own on the whole training set, in an order drawn from the seed on
+a stream no client uses, with the run's optimizer settings. Its rows go to
+warm_start.jsonl; the run's clock starts after it.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from clients.buffers import host_copy
+from clients.client import Client, Replica
+from clients.data import Dataset, load_dataset
+from clients.models import flat_weights, run_model
+from clients.optimizers import user_optimizer
+from clients.sampling import ShardSampler, shard_indices
+from clients.usercode import loss_function, optimizer_factory
+from experiments.run.resume import ResumePoint, resume_point
+from experiments.run.record import RunSetup
+from paramserver.config.run import RunConfig
+from paramserver.rules import rule_class
+from paramserver.schedule import Schedule
+from rundir.durable import load_arrays
+from rundir.layout import RunDir
+
+# How rank 0's start weights and resume point reach every process (identity in one process).
+Share = Callable[[np.ndarray, ResumePoint | None], tuple[np.ndarray, ResumePoint | None]]
+WARM_STREAM = 1_000_003  # the ShardSampler "client" number of the warm-start order
+
+
+class StartError(ValueError):
+    """The --init checkpoint cannot be used (one line)."""
+
+
+@dataclass
+class Parts:
+    """What `build` makes: the data, the model (the recorder evaluates with it) and this
+    process's clients, numbered `indices` among the run's `clients`."""
+
+    cfg: RunConfig
+    device: str
+    clients: int
+    indices: list[int]
+    dataset: Dataset
+    model: nn.Module
+    local: list[Client]
+
+
+@dataclass(frozen=True)
+class Started:
+    setup: RunSetup
+    steps: list[int]           # each local client's first step (after a resume, its last pushed one)
+    point: ResumePoint | None
+
+
+def build(cfg: RunConfig, device: str, clients: int, indices: list[int]) -> Parts:
+    """The data, the model and the clients `indices` (sharing one replica, on `device`)."""
+    dataset = load_dataset(cfg.data, cfg.data_dir or None)
+    cfg = cfg.for_data(len(dataset.train), clients)  # every later reader of steps takes Parts.cfg
+    model = run_model(cfg, dataset)
+    replica = make_replica(cfg, model, device, clients) if indices else None
+    local = [make_client(cfg, replica, dataset, clients, i) for i in indices]
+    return Parts(cfg, device, clients, indices, dataset, model, local)
+
+
+def start(parts: Parts, out: str, records: bool, provenance: dict[str, Any], share: Share = lambda w, p: (w, p),
+          warm_clock: Callable[[], float] | None = None) -> Started:
+    """Start weights (seed, --init, --warm-start) and the resume point, decided where the run
+    is recorded (`records`) and `share`d; then every local client synced and positioned."""
+    cfg = parts.cfg
+    weights, warm_rows = (starting_weights(cfg, parts.dataset, parts.device, warm_clock) if records
+                          else (flat_weights(parts.model), []))
+    point = resume_point(out) if cfg.resume and records else None
+    weights, point = share(weights, point)
+    steps = []
+    for index, client in zip(parts.indices, parts.local):
+        client.sync(weights)
+        steps.append(start_client(client, cfg, index, point))
+    setup = RunSetup(cfg, out, parts.clients, parts.model, weights, parts.dataset, parts.device, provenance,
+                     warm_rows)
+    return Started(setup, steps, point)
+
+
+def make_replica(cfg: RunConfig, model: nn.Module, device: str, clients: int) -> Replica:
+    """The model with the run's client optimizer, for one of `clients` clients (the
+    momentum `auto` gives them)."""
+    return Replica(model, lr=cfg.lr, momentum=cfg.client_momentum(clients), weight_decay=cfg.weight_decay,
+                   device=device, loss=loss_function(cfg.loss), name=cfg.optimizer, nesterov=cfg.nesterov,
+                   clip_grad_norm=cfg.clip_grad_norm, precision=cfg.precision, factory=optimizer_factory(cfg.optimizer))
+
+
+def server_optimizer_factory(cfg: RunConfig) -> Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None:
+    """The user's optimizer for the server's step (a gradient rule's), with the server's lr,
+    momentum and weight decay bound; None for one of ours."""
+    factory = optimizer_factory(cfg.optimizer)
+    if factory is None:
+        return None
+    return functools.partial(user_optimizer, factory, spec=cfg.optimizer, lr=cfg.effective_server_lr,
+                             momentum=cfg.effective_server_momentum, weight_decay=cfg.weight_decay)
+
+
+def make_client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int, index: int) -> Client:
+    """Client `index` of `clients`, on its shard of the training set, stepping on `replica`,
+    pushing what the server's rule takes."""
+    shard = shard_indices(len(dataset.train), clients, index, cfg.seed)
+    rule = rule_class(cfg.rule if cfg.mode == "async" else "add")  # the collective modes push no rule's way
+    pushes, elastic = rule.pushes, rule.client_elastic(cfg, clients)
+    # under the run's budget fast clients run more epochs: the shards are dealt afresh each, in
+    # every mode, so a collective run reads what an async run of equal speeds reads (one client's shard is all)
+    redeal = (len(dataset.train), clients) if cfg.budget == "run" and clients > 1 else None
+    return Client(replica, dataset.train, ShardSampler(shard, cfg.batch_size, cfg.seed, index, redeal),
+                  pushes=pushes, elastic=elastic, schedule=Schedule.for_run(cfg, clients), workers=cfg.data_workers)
+
+
+def start_checkpoint(cfg: RunConfig) -> tuple[str, str] | None:
+    """(flag, path) of the checkpoint a run starts from: its own after --resume, else --init's."""
+    if cfg.resume:
+        return "resume", str(RunDir(cfg.resume).checkpoint_path)
+    return ("init", cfg.init) if cfg.init else None
+
+
+def checkpoint_weights(flag: str, path: str, size: int) -> np.ndarray:
+    """The weights saved in a checkpoint, checked against the model's; `flag` names the
+    option that chose the file (a checkpoint of another model names both shapes)."""
+    try:
+        weights = load_arrays(path, checksummed=flag == "resume")["weights"]
+    except (OSError, ValueError, KeyError) as error:
+        raise StartError(f"{flag}: cannot read weights from {path} ({error})") from None
+    if weights.dtype != np.float32 or weights.shape != (size,):
+        raise StartError(f"{flag}: {path} holds {weights.dtype} weights of shape {weights.shape}; "
+                         f"the model needs float32 of shape ({size},)")
+    return weights
+
+
+def starting_weights(cfg: RunConfig, dataset: Dataset, device: str,
+                     clock: Callable[[], float] | None = None) -> tuple[np.ndarray, list[dict]]:
+    """(initial weights, warm-start rows); `clock` times the rows (default: wall seconds)."""
+    model = run_model(cfg, dataset)
+    weights = flat_weights(model)
+    checkpoint = start_checkpoint(cfg)
+    if checkpoint:
+        weights = checkpoint_weights(*checkpoint, weights.size)
+    if cfg.resume or not cfg.warm_start:  # a resumed run's warm start is in its checkpoint
+        return weights, []
+    replica = make_replica(cfg, model, device, clients=1)
+    sampler = ShardSampler(np.arange(len(dataset.train)), cfg.batch_size, cfg.seed, WARM_STREAM)
+    client = Client(replica, dataset.train, sampler)
+    client.sync(weights)
+    began = time.perf_counter()
+    clock = clock or (lambda: time.perf_counter() - began)
+    rows = []
+    for step in range(1, cfg.warm_start + 1):
+        result = client.step()
+        rows.append(result.row(0, step, clock()))
+    return host_copy(client.weights), rows
+
+
+def start_client(client: Client, cfg: RunConfig, index: int, point: ResumePoint | None) -> int:
+    """Position a client's data order and RNG at its first step (after a resume, its
+    last pushed step, and its optimizer's state where the checkpoint has it); returns
+    that step. Dropout draws differ across clients and steps."""
+    step = point.client_steps[index] if point else 0
+    if point and point.optimizer_of(index):
+        client.optimizer.load_state_arrays(point.optimizer_of(index))
+    client.sampler.seek(step)
+    torch.manual_seed(int(np.random.SeedSequence([cfg.seed, index, step]).generate_state(1)[0]))
+    return step

@@ -1,0 +1,162 @@
+"""A synchronous baseline run (`--mode sync` or `local-sgd`), over MPI or simulated.
+
+There is no server: over MPI every rank is a client and rank 0 also records the run;
+the simulator steps all K clients itself. Rows of all clients reach the recorder each
+step (`gather`), so the run directory is the same as an async run's, with an empty
+server.jsonl. Snapshots for the test error are client 0's weights, which in sync mode
+every client shares and in local-sgd mode are averaged at each sync point.
+
+The recorder writes snapshots and checkpoints on a thread of its own, one at a time:
+the files (checksummed, fsynced) take milliseconds, which every other rank would
+otherwise spend waiting in the next allreduce. The weights are copied at the step, so
+a file holds exactly what it would have held written in line.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+import numpy as np
+
+from clients.buffers import host_copy
+from clients.client import Client
+from clients.collective import Average, Away, Straggle, collective_step
+from experiments.run.resume import ResumePoint
+from experiments.run.life import RunLife
+from experiments.run.record import RunSetup, stops_early
+from paramserver.config.run import RunConfig
+from paramserver.recorder import Background
+from rundir.checkpoint import Checkpoint, save_point
+from rundir.durable import read_jsonl
+from rundir.layout import RunDir
+
+
+def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], average: Average,
+                   clock: Callable[[], float], gather: Callable[[list[dict]], list[dict] | None],
+                   straggle: Straggle, point: ResumePoint | None = None,
+                   agree: Callable[[bool], bool] = lambda flag: flag, away: Away | None = None) -> int:
+    """Train every local client in lockstep; `gather` returns all rows on the recorder, else
+    None; `straggle` (clients/collective.py) slows the step as the straggler model says,
+    and `away` says who is down after a failure; `agree`: the recorder's word, on every
+    rank (whether the curve reached a stop rule, asked at each evaluation step)."""
+    cfg = setup.cfg
+    k, samples_per_step = setup.clients, setup.clients * cfg.batch_size
+    recorder = 0 in indices
+    with RunLife(setup, cfg.steps, clock, records=recorder) as life:
+        counts, lines = _opened(life, setup)
+        life.counts = lambda: counts
+        every = life.every
+        first = point.client_steps[0] + 1 if point else 1
+        stopping = stops_early(cfg)
+        faults = [f for i in indices if (f := cfg.fault_for(i, f"client {i}")) is not None]
+        files = Background() if recorder else None
+        if files is not None:
+            life.land_files = files.close
+        life.started()
+        saved_at = clock()  # when the last checkpoint was taken (the run's clock)
+        with life.run.writer("clients", lines) if recorder else contextlib.nullcontext() as log:
+            for step in range(first, cfg.steps + 1):
+                for client in clients:  # the lr schedule's progress: the samples of the steps before
+                    client.lr = client.schedule.at((step - 1) * samples_per_step)
+                outcomes = collective_step(clients, cfg.mode, step, cfg.steps, cfg.n_sync, average, straggle,
+                                           (k, cfg.backup_workers), away)
+                now = clock()
+                rows = [_row(r, i, step, now, fate) for i, done in zip(indices, outcomes) for r, fate in done]
+                for fault in faults:
+                    fault.strike(step)
+                everyone = gather(rows)
+                due = step % every == 0 or step == cfg.steps
+                timed = not due and _checkpoint_due(cfg, step, now - saved_at, recorder, agree)
+                checkpoint = (due or timed) and _resumable(cfg, step)
+                states = optimizer_states(cfg, clients, gather, recorder) if checkpoint else {}
+                saved_at = now if checkpoint else saved_at
+                if recorder:
+                    log.write_many(everyone)
+                    counts["minibatches"] += len(everyone)
+                    counts["samples"] += sum(r["samples"] for r in everyone)
+                    life.progress.update(counts["minibatches"])
+                    if due or timed:
+                        files.submit(_save, life.run, setup, host_copy(clients[0].weights), step, now,
+                                     dict(counts), log.lines, states, due)
+                        if due and life.curve.inline:
+                            files.wait()
+                            life.curve.catch_up()
+                if stopping and step % every == 0 and agree(recorder and life.curve.reached is not None):
+                    break
+        life.progress.close()
+        if recorder:
+            life.curve.stop()
+            files.close()
+            dropped = {"gradients_dropped": _dropped(life.run)} if cfg.backup_workers else {}
+            life.finish(dropped)
+    return 0
+
+
+def _row(result, client: int, step: int, now: float, fate: str) -> dict:
+    """A minibatch's row; a backup worker's dropped gradient says so, and a minibatch
+    lost to a failure."""
+    row = result.row(client, step, now)
+    if fate == "lost":  # each lost minibatch of a lockstep step is one failure
+        return {**row, "lost": True, "failed": True}
+    return row if fate == "kept" else {**row, fate: True}
+
+
+def _dropped(run: RunDir) -> int:
+    """Gradients the backup workers' rule dropped in the whole run (a resumed one too)."""
+    return sum(1 for row in read_jsonl(run.path / "clients.jsonl") if row.get("dropped"))
+
+
+def _opened(life: RunLife, setup: RunSetup) -> tuple[dict[str, Any], int]:
+    """The counts so far and the clients log's rows: a fresh run's starting state is
+    written (resumable from step 1), a resumed one's read from its checkpoint."""
+    if life.run is None:
+        return {}, 0
+    if life.checkpoint is None:
+        life.run.writer("server").close()  # no server in these modes: its log stays empty
+        counts = {"minibatches": 0, "samples": 0}
+        _save(life.run, setup, setup.weights, 0, 0.0, counts, 0)
+        return counts, 0
+    minibatches, samples, _ = life.checkpoint.counts
+    return {"minibatches": minibatches, "samples": samples}, life.checkpoint.lines[1]
+
+
+def optimizer_states(cfg: RunConfig, clients: list[Client], gather: Callable[[list], list | None],
+                     recorder: bool) -> dict[str, Any]:
+    """The clients' optimizer state for a checkpoint (Checkpoint's fields), copied: in sync
+    mode one for all (each steps with the same averaged gradient, so one client's is all
+    of theirs); in local-sgd each client's own, gathered from every rank (so every rank
+    calls this at the same steps)."""
+    if not clients[0].replica.optimizer.keeps_state:
+        return {}
+    if cfg.mode == "sync":
+        return {"optimizer": clients[0].optimizer.state_arrays()} if recorder else {}
+    states = gather([client.optimizer.state_arrays() for client in clients])
+    return {} if states is None else {"client_optimizers": dict(enumerate(states))}
+
+
+def _checkpoint_due(cfg: RunConfig, step: int, since: float, recorder: bool, agree: Callable[[bool], bool]) -> bool:
+    """Whether `checkpoint_every` seconds passed since the last checkpoint (`since`, by the
+    recorder's clock) at a step the run can go on from. In sync mode the recorder alone
+    writes it; in local-sgd every rank gives its optimizer state, so the recorder's word
+    is `agree`d by all, at the averaging steps alone (a broadcast where an allreduce is)."""
+    if not cfg.checkpoint_every or not _resumable(cfg, step):
+        return False
+    late = recorder and since >= cfg.checkpoint_every
+    return late if cfg.mode == "sync" else agree(late)
+
+
+def _resumable(cfg: RunConfig, step: int) -> bool:
+    """Whether every client holds the same weights after `step`: always in sync mode, at
+    averaging steps in local-sgd."""
+    return cfg.mode == "sync" or step % cfg.n_sync == 0 or step == cfg.steps
+
+
+def _save(run: RunDir, setup: RunSetup, weights: np.ndarray, step: int, now: float, counts: dict[str, Any],
+          lines: int, optimizers: dict[str, Any] | None = None, evaluated: bool = True) -> None:
+    """A snapshot of client 0's `weights` for the test error (`evaluated`: a point of the
+    curve) and, where the run can go on from it (`_resumable`), a checkpoint, with the
+    clients' `optimizers` state."""
+    k = setup.clients
+    save_point(run, Checkpoint(weights, step, now, (0, lines), (counts["minibatches"], counts["samples"], 0),
+                               np.full(k, step), np.zeros(k, np.int64), **(optimizers or {})),
+               resumable=_resumable(setup.cfg, step), evaluated=evaluated)

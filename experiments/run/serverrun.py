@@ -1,0 +1,97 @@
+"""The server's side of an async run (rank 0, or the simulator): serve, then record.
+
+With sharded servers (`--servers S`), rank 0 serves the first slice and records the
+run, reading the other slices for snapshots and checkpoints; ranks 1..S-1 serve their
+slice (`serve_slice`) and record nothing.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from clients.optimizers import OptimizerSettings
+from experiments.run.assemble import server_optimizer_factory
+from experiments.run.life import RunLife
+from experiments.run.record import RunSetup, spare_core
+from paramserver.handler import ServerState
+from paramserver.tally import ServerTally
+from paramserver.noise import summarise
+from paramserver.recorder import Recorder
+from paramserver.server import ServerLoop
+from paramserver.wire.fanout import gatherer
+from paramserver.wire.protocol import Link, Tag, shard_bounds
+
+# runs the message loop; returns what it measured for the summary (server_busy_s, ...)
+Drive = Callable[[ServerState, Recorder], dict[str, Any]]
+
+
+def serve_mpi(setup: RunSetup, link: Link, clock: Callable[[], float]) -> dict[str, Any]:
+    """Server 0 of an MPI run: serve the clients over `link`, record the run."""
+    cfg = setup.cfg
+    hosts = {r["rank"]: r["host"] for r in setup.provenance.get("ranks", [])}
+
+    def drive(state: ServerState, recorder: Recorder) -> dict[str, Any]:
+        loop = ServerLoop(link, state, recorder, clock, cfg.stall_timeout, cfg.on_client_failure, hosts,
+                          spin=spare_core(setup.provenance))
+        loop.serve()
+        return {"server_busy_s": loop.busy_s, "server_push_us": loop.cost.medians_us()}
+    return serve_run(setup, clock, drive, link)
+
+
+def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: Link | None = None,
+              apply_cost: float | None = None) -> dict[str, Any]:
+    """Create the run directory (or cut a resumed one back to its checkpoint), serve until
+    every client stopped, evaluate, summarise; returns the summary.
+
+    `drive` runs the message loop: `ServerLoop` over MPI, the simulator's event loop in
+    sim. `link`: server 0's way to the other servers' slices, with sharded servers; the
+    simulator has none and holds the whole vector, its one server standing for S servers
+    that take every message in the same order (experiments/sim/simulator.py).
+    """
+    cfg, clients = setup.cfg, setup.clients
+    bounds = shard_bounds(setup.weights.size, cfg.servers if link is not None else 1)
+    # whether the clients' optimizer keeps state, which server 0 then gathers for each checkpoint
+    keeps_state = OptimizerSettings(name=cfg.optimizer, momentum=cfg.client_momentum(clients),
+                                    precision=cfg.precision).keeps_state
+    with RunLife(setup, cfg.async_versions(clients), clock) as life:
+        state = ServerState.for_run(cfg, setup.weights[slice(*bounds[0])], clients, server_optimizer_factory(cfg),
+                                    eval_every=life.every, checkpoint_every=cfg.checkpoint_every,
+                                    apply_cost=apply_cost, clock=clock, collects_states=keeps_state)
+        life.counts = state.counts
+        lines = (0, 0)
+        if life.checkpoint is not None:
+            state.load_arrays(life.checkpoint.store_state)
+            state.tally, lines = ServerTally.from_checkpoint(life.checkpoint), life.checkpoint.lines
+        curve = life.curve
+        # a stop rule reached: replies from then on say stop (as they do once the run's budget
+        # is spent: state.budget; server 0's header is the one a client of sharded servers reads)
+        state.stop = lambda: curve.reached is not None
+        recorder = Recorder(life.run, state, clock, lines, life.progress.update,
+                            gatherer(link, bounds, cfg.stall_timeout), fault=cfg.fault_for(0, "the server", "version"),
+                            after_snapshot=curve.catch_up if curve.inline else None)
+        life.land_files = recorder.close
+        if life.checkpoint is None:
+            recorder.start()
+        life.started()
+        measured = drive(state, recorder)
+        curve.stop()  # before the last snapshot: a target it reaches stopped nothing
+        life.progress.close()
+        recorder.finish()
+        noise = {"noise_scale": summarise(life.run.rows("server"))} if state.store.rule.noise is not None else {}
+        return life.finish({**noise, **measured,
+                            "wire_bytes_pushed": state.wire_bytes[0], "wire_bytes_pulled": state.wire_bytes[1]})
+
+
+def serve_slice(setup: RunSetup, link: Link, clock: Callable[[], float], shard: int) -> int:
+    """Server `shard` > 0: serve its slice until every client stopped, then let server 0
+    read it until server 0 says BYE; returns the clients lost, as BYE tells. It records
+    nothing: server 0 records the run."""
+    cfg = setup.cfg
+    lo, hi = shard_bounds(setup.weights.size, cfg.servers)[shard]
+    state = ServerState.for_run(cfg, setup.weights[lo:hi], setup.clients, server_optimizer_factory(cfg), peers=(0,))
+    loop = ServerLoop(link, state, None, clock, cfg.stall_timeout, cfg.on_client_failure)
+    loop.serve()
+    while (msg := link.recv(math.inf, source=0)).tag == Tag.PULL:
+        loop.answer(msg)
+    loop.finish_replies()
+    return msg.header.lost

@@ -1,0 +1,1 @@
+"""The simulator: the same server and clients on a virtual clock, and what it charges."""

@@ -1,0 +1,292 @@
+"""The simulator backend: the server and K clients in one process, on a virtual clock.
+
+    asgd train --backend sim --clients 32 [CONFIG.toml] [flags]   (any --mode)
+
+It runs the very code of an MPI run (the Store and `handle()` on the server side,
+`Client` and `ClientLoop` on the client side) but moves messages through an event
+queue instead of MPI, so 32 clients need neither 32 GPUs nor 32 cores, and a run is
+reproducible: same seed and config (with the timings given, not measured), same bytes
+in clients.jsonl and server.jsonl. The K clients share one model (`Replica`); each owns
+only its flat vectors.
+
+Time model: client i's minibatch takes `step_time * factor_i` (factor_i drawn once from
+U(1-j, 1+j) by the seed), stretched per minibatch by the straggler model
+(clients/stragglers.py: its speed, lognormal noise, slow clients, pauses; a failure
+puts it down for `failure_length` of those base times); a message takes `latency + bytes / bandwidth`; the server is
+one queue: it handles one message at a time, a push costs it `apply_time` (by default
+the real handler's measured time for a push: checks, apply, log rows), and sending a
+reply occupies it for the reply's transfer. With `servers` S > 1 it stands for S sharded
+servers: each gets every client message at the same time and costs the same, so all take
+them in one order and decide alike (a reply's pace is `wait` with several, as over MPI),
+and one server with the whole vector computes what they do, a push costing one server's
+time for its slice (`apply_time`) and a reply a slice's transfer. It departs from MPI
+only where a push is finite in one slice and not in another. A client that pushes
+without fetching goes on once its push is sent. `time` in the logs is this virtual time. A cost profile
+(`sim_profile`, `PROFILES`) gives the costs not set: `measured` (this host and model)
+or `paper` (the paper's model size, GPUs and network, so n_sync's trade-off between
+communication and staleness shows even though the proxy model is small).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import os
+import platform
+import socket
+from collections import Counter, defaultdict, deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from clients.collective import Fate, failed_tries, keep_fastest, mean_in_place
+from clients.devices import keep_freed_memory, pick_device
+from clients.loop import ClientLoop, ClientPlan
+from clients.stragglers import Failures, Stragglers
+from experiments.run.assemble import build, start
+from experiments.run.collectiverun import collective_run
+from experiments.run.provenance import provenance
+from experiments.run.serverrun import serve_run
+from experiments.sim.costs import SimTiming, sim_timing
+from paramserver.config.run import ConfigError, RunConfig
+from paramserver.reply.gather import wake_at
+from paramserver.inprocess import InProcess
+from paramserver.wire.protocol import Outgoing, Pull, Tag
+from rundir.durable import read_jsonl
+
+
+class StepClock:
+    """A client's clock. ClientLoop reads it once per minibatch, so each read is one
+    minibatch later than the last: `step_time`, or as the straggler model stretches
+    client `client`'s minibatch number `step` (counted from `step`, its first)."""
+
+    def __init__(self, step_time: float, stragglers: Stragglers | None = None, client: int = 0, step: int = 0):
+        self.step_time, self.now = step_time, 0.0
+        self.stragglers, self.client, self.step = stragglers, client, step
+
+    def __call__(self) -> float:
+        self.step += 1
+        self.now += self.stragglers.duration(self.client, self.step, self.step_time) if self.stragglers \
+            else self.step_time
+        return self.now
+
+    def down(self, length: float, compute: float) -> float:
+        """The client failed: `length` of its base minibatch times pass (ClientLoop's `down`)."""
+        self.now += length * self.step_time
+        return length * self.step_time
+
+
+class LockstepClock:
+    """Virtual time of a sync or local-sgd run: each step waits for the slowest client it
+    keeps (with backup workers, the b slowest are dropped: `keep_fastest`), and an
+    average costs a ring allreduce (2(K-1)/K of the bytes, 2(K-1) latencies). A client
+    that fails is down `failure_length` of its base times from its failure (`back`); a
+    step that keeps it waits until it is back and has computed again."""
+
+    def __init__(self, step_times: list[float], timing: SimTiming, weights: np.ndarray, cfg: RunConfig,
+                 stragglers: Stragglers, failures: Failures | None = None):
+        k = len(step_times)
+        self.step_times, self.stragglers, self.failures = step_times, stragglers, failures
+        self.allreduce = 2 * (k - 1) * (timing.latency + timing.wire_bytes(weights) / k / timing.bandwidth)
+        self.cfg, self.now = cfg, 0.0
+        self.back = [0.0] * k  # when each client is back from its last failure
+
+    def away(self, step: int) -> list[bool]:
+        """The `Away` of clients/collective.py: who is down as the step begins."""
+        return [back - self.now > 1e-9 * self.step_times[i] for i, back in enumerate(self.back)]  # rounding: back
+
+    def straggle(self, step: int, compute_s: list[float | None]) -> list[Fate]:
+        """The `Straggle` of clients/collective.py: the step's virtual time, and its fates."""
+        cfg, length = self.cfg, self.failures.length if self.failures else 0.0
+        durations, tries = [], []
+        for i, base in enumerate(self.step_times):
+            minibatch = self.stragglers.duration(i, step, base)
+            tries.append(failed_tries(self.failures, i, step))
+            delay = max(0.0, self.back[i] - self.now)
+            durations.append(delay + (tries[i] + 1) * minibatch + tries[i] * length * base)
+        kept = keep_fastest(durations, cfg.backup_workers)
+        fates = []
+        for i, keep in enumerate(kept):
+            away = compute_s[i] is None
+            if not keep and tries[i] and not away:  # it failed, and the step goes on without it
+                self.back[i] = self.now + self.stragglers.duration(i, step, self.step_times[i]) + \
+                    length * self.step_times[i]
+            fates.append(Fate(keep, tries[i] if keep else int(bool(tries[i]) and not away), away))
+        averaged = cfg.mode == "sync" or step % cfg.n_sync == 0 or step == cfg.steps
+        self.now += max(d for d, keep in zip(durations, kept) if keep) + (self.allreduce if averaged else 0.0)
+        return fates
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Simulation:
+    """The event loop: who does what, when, in virtual seconds."""
+
+    def __init__(self, loops: list[ClientLoop], clocks: list[StepClock], timing: SimTiming, start: float = 0.0,
+                 replay: list[tuple[Tag, int]] | None = None):
+        self.loops, self.clocks, self.timing = loops, clocks, timing
+        self.busy = 0.0                   # virtual seconds the server spent on messages
+        self.events: list[tuple[float, int, str, int, Any]] = []
+        self.tickets = itertools.count()  # ties resolve in scheduling order: deterministic
+        self.server_free = start
+        self.now = start                  # the server's clock, read by its Recorder
+        self.replay = deque(replay) if replay is not None else None  # (tag, client), in recorded order
+        self.parked: dict[tuple[Tag, int], deque[tuple[float, Outgoing]]] = defaultdict(deque)
+        self.wake: float | None = None    # when the server is set to wake for a gathered step
+
+    def run(self, server: InProcess) -> float:
+        """Until every client stopped; returns the server's busy virtual seconds."""
+        for i in range(len(self.loops)):
+            self._schedule(self.now + self.timing.transfer(None), "arrive", i, Outgoing(Tag.PULL, Pull()))
+        while self.events:
+            when, _, kind, i, item = heapq.heappop(self.events)
+            if kind == "arrive":      # a message reaches the server
+                self._arrive(server, when, i, item)
+            elif kind == "wake":      # the clients a gathered step waits for fall overdue, unless a message came first
+                self._wake(server, when)
+            else:
+                if kind == "reply":   # weights reach client i
+                    self.loops[i].take_weights(item.payload, item.header)
+                self._window(when, i)
+            wake = wake_at(server.state)  # as the MPI loop's timed wait: an event then, unless one is set
+            if wake is not None and wake != self.wake:
+                self.wake = wake
+                self._schedule(wake, "wake", -1, None)
+        if not server.state.done:
+            raise RuntimeError("simulation: events ran out before every client stopped (replay order?)")
+        return self.busy
+
+    def _schedule(self, when: float, kind: str, client: int, item: Any) -> None:
+        heapq.heappush(self.events, (when, next(self.tickets), kind, client, item))
+
+    def _arrive(self, server: InProcess, when: float, i: int, message: Outgoing) -> None:
+        """With a replay order, pulls and pushes wait until the recorded order reaches them."""
+        if self.replay is None or message.tag == Tag.STATE:  # a STATE waits for its push in the server
+            self._serve(server, when, i, message)
+            return
+        self.parked[(message.tag, i)].append((when, message))
+        while self.replay and self.parked[self.replay[0]]:
+            tag, client = self.replay.popleft()
+            waited, parked = self.parked[(tag, client)].popleft()
+            self._serve(server, max(waited, self.now), client, parked)
+
+    def _wake(self, server: InProcess, when: float) -> None:
+        """The step goes without the overdue clients, as the MPI loop's timed wait takes it:
+        once the server is free and has taken the messages that reached it meanwhile."""
+        wake = wake_at(server.state)
+        if wake is None or wake > when:
+            return
+        if self.server_free > when:
+            self._schedule(self.server_free, "wake", -1, None)
+            return
+        self.now = when
+        self._replied(server, server.release())
+
+    def _serve(self, server: InProcess, when: float, i: int, message: Outgoing) -> None:
+        self.now = max(when, self.server_free)
+        replies = server.deliver(server.state.client_ranks[i], message.tag, message.header, message.payload)
+        self._replied(server, replies, self.timing.apply_time if message.tag == Tag.PUSH else 0.0)
+
+    def _replied(self, server: InProcess, replies: list, cost: float = 0.0) -> None:
+        """The server, busy from now for `cost`, sends `replies` (to the sender, or to those a step waited for)."""
+        busy_until = self.now + cost
+        for reply in replies:
+            busy_until += self.timing.served(reply.payload)
+            self._schedule(busy_until, "reply", server.state.client(reply.dest), reply)
+        self.busy += busy_until - self.now
+        self.server_free = busy_until
+
+    def _window(self, when: float, i: int) -> None:
+        """Client i trains from `when` up to its next sync point and sends its message."""
+        loop, clock = self.loops[i], self.clocks[i]
+        clock.now = when
+        message, fetch = loop.advance()
+        state = loop.state_before(message)
+        if state is not None:  # it arrives before the message it precedes
+            self._schedule(clock.now + self.timing.transfer(None), "arrive", i, state)
+        sent = clock.now + self.timing.transfer(message.payload)
+        self._schedule(sent, "arrive", i, message)
+        if not fetch and not loop.done:
+            self._schedule(sent, "window", i, None)
+
+
+def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
+    """One simulated run into `out`; the same run directory as an MPI run."""
+    order = replay_order(cfg, clients) if cfg.replay else None
+    # Set every time, never inherited from what this process ran before (a run's last
+    # evaluation takes every core): the same config gives the same floats; --threads as
+    # an MPI run's gives that run's.
+    torch.set_num_threads(cfg.threads or len(os.sched_getaffinity(0)))
+    keep_freed_memory()
+    device = pick_device(cfg.device)
+    parts = build(cfg, device, clients, list(range(clients)))
+    cfg = parts.cfg  # its steps, with epochs
+    timing = sim_timing(cfg, parts.local[0].replica, parts.dataset, parts.local[0].size, clients)
+    factors = _speed_factors(cfg.seed, clients, cfg.speed_jitter)
+    stragglers = Stragglers.for_run(cfg, clients)
+    failures = Failures.for_run(cfg, stragglers)
+    info = {"rank": 0, "role": "simulator", "host": socket.gethostname(), "device": device}
+    prov = provenance(f"none (simulator, {platform.python_implementation()})", [info])
+    prov["sim"] = {**timing.__dict__, "profile": cfg.sim_profile, "speed_factors": factors}
+    started = start(parts, out, records=True, provenance=prov, warm_clock=StepClock(timing.step_time))
+    setup, point = started.setup, started.point
+    if cfg.mode != "async":
+        lockstep = LockstepClock([timing.step_time * f for f in factors], timing, setup.weights, cfg, stragglers,
+                                 failures)
+        lockstep.now = point.time if point else 0.0
+        return collective_run(setup, parts.local, list(range(clients)), mean_in_place, lockstep,
+                              gather=lambda rows: rows, straggle=lockstep.straggle, point=point, away=lockstep.away)
+    clocks = [StepClock(timing.step_time * f, stragglers, i, started.steps[i]) for i, f in enumerate(factors)]
+    loops = [ClientLoop(c, ClientPlan(i, cfg.client_steps(clients), cfg.push_every, cfg.fetch_every, cfg.stall_timeout,
+                                      compress=cfg.compress, failures=failures, dylu=cfg.dylu), clk,
+                        step=started.steps[i], pushes=point.client_pushes[i] if point else 0, down=clk.down)
+             for i, (c, clk) in enumerate(zip(parts.local, clocks))]
+    simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order)
+    serve_run(setup, lambda: simulation.now,
+              lambda state, recorder: {"server_busy_s": simulation.run(InProcess(state, recorder))},
+              apply_cost=timing.apply_time)
+    return 0
+
+
+def replay_order(cfg: RunConfig, clients: int) -> list[tuple[Tag, int]]:
+    """The order in which a recorded run's server took each client's first pull, every
+    applied push and each STOP. A first pull goes right after the push that made the
+    version the client pulled (clients.jsonl's `version_pulled`), so every client starts
+    from the weights it started from then; later pulls come with their pushes
+    (n_fetch == n_push)."""
+    if cfg.push_every != cfg.fetch_every:
+        raise ConfigError("replay: needs n_push == n_fetch (later pulls are not recorded apart from pushes)")
+    run = Path(cfg.replay)
+    try:
+        pushes = [row["client"] for row in read_jsonl(run / "server.jsonl") if "version" in row]
+        first_pull: dict[int, int] = {}
+        for row in read_jsonl(run / "clients.jsonl"):
+            if "version_pulled" in row:
+                first_pull.setdefault(row["client"], row["version_pulled"])
+    except (OSError, ValueError, KeyError) as error:
+        raise ConfigError(f"replay: cannot read the logs of {run} ({error})") from None
+    counts = Counter(pushes)  # under the run's budget a fast client pushed more than a slow one
+    per_client = math.ceil(cfg.steps / cfg.push_every)
+    budget = clients * cfg.steps  # the run's: its pushes' windows make it, the last ones under way with it
+    fits = budget <= len(pushes) * cfg.push_every < budget + clients * cfg.fetch_every if cfg.run_budget \
+        else set(counts.values()) == {per_client}
+    if sorted(counts) != list(range(clients)) or sorted(first_pull) != list(range(clients)) or not fits:
+        held = f"{budget} minibatches from" if cfg.run_budget else f"{per_client} pushes from each of"
+        raise ConfigError(f"replay: {run} does not hold {held} {clients} clients")
+    order = [(Tag.PULL, c) for c, v in first_pull.items() if v == 0]
+    done = {c: 0 for c in range(clients)}
+    for version, client in enumerate(pushes, start=1):
+        order.append((Tag.PUSH, client))
+        done[client] += 1
+        if done[client] == counts[client]:  # its STOP must not overtake its parked last push
+            order.append((Tag.STOP, client))
+        order += [(Tag.PULL, c) for c, v in first_pull.items() if v == version]
+    return order
+
+
+def _speed_factors(seed: int, clients: int, jitter: float) -> list[float]:
+    rng = np.random.default_rng([seed, 0x5BEED])
+    return [float(f) for f in rng.uniform(1 - jitter, 1 + jitter, clients)] if jitter else [1.0] * clients

@@ -1,0 +1,1 @@
+"""Sweeps: a spec's grid of runs, run point by point into a resumable folder."""

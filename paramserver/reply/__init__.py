@@ -1,0 +1,1 @@
+"""When the server answers a push: gather, the pace, DyLU's windows."""
