@@ -11,14 +11,12 @@ A malformed message is rejected (a `Rejected` event) and never reaches the weigh
 reply's payload may be the live weights: the driver sends it before the next push is
 handled (the apply would change it under the transfer).
 
-A rule that gathers pushes into one step and defers replies (`fresh` with
-`fresh_reply = "wait"`, or with "auto" where `paramserver/reply/pace.py` says the step comes
-before the sender could push again) leaves a gathered push unanswered until the step:
-its sender is `deferred`, and the push that completes the step is answered together
-with every deferred one, so `handle()` may return replies to earlier pushers. When every client
-still running waits so, or is overdue (paramserver/reply/gather.py), no push will complete the
-step: it is taken with what was gathered (`release`, also the driver's after it loses a
-client, or at `wake_at` when the clients it waits for fall overdue).
+When to answer is the reply policy's (`ServerState.reply`, paramserver/reply/policy.py):
+a push its rule gathers into a step not yet taken may be left unanswered until the step,
+and the push that completes it is answered together with every deferred one, so
+`handle()` may return replies to earlier pushers. When the policy says no push will
+complete the step, it is taken with what was gathered (`release`, also the driver's after
+it loses a client, or at the policy's `wake_at` when the clients it waits for fall overdue).
 
 Where the clients' optimizer keeps state (`collects_states`, server 0), a checkpoint
 falls due with its snapshot but is taken only once every client still in the run has
@@ -35,13 +33,11 @@ from typing import Any, Callable
 import numpy as np
 
 from paramserver.config.run import RunConfig
-from paramserver.reply.dylu import Windows
 from paramserver.events import (Applied, CheckpointDue, ClientRows, Dropped, Event, NoiseMeasured, Rejected,
                                  SnapshotDue)
-from paramserver.reply.gather import release_due, waits
-from paramserver.reply.pace import Pace
-from paramserver.tally import RunBudget, ServerTally
+from paramserver.reply.policy import ReplyPolicy
 from paramserver.schedule import Schedule
+from paramserver.tally import RunBudget, ServerTally
 from paramserver.store import ApplyResult, Store
 from paramserver.wire import frame
 from paramserver.wire.compress import Codec, make_codec
@@ -71,14 +67,13 @@ class ServerState:
     logged as taking (the simulator's virtual cost); None: measured. `schedule`: the
     run's lr schedule (paramserver/schedule.py), whose progress the replies carry and
     whose multiplier the rule applies with; None: a constant lr. `clock`: the run's
-    (virtual in the simulator), by which a paced rule (`fresh_reply = "auto"`) times the
-    clients to decide who waits (`pace`; otherwise the rule's `defers` decides), and by
-    which a checkpoint is due `checkpoint_every` seconds after the last. `stop`:
+    (virtual in the simulator), by which a checkpoint is due `checkpoint_every` seconds
+    after the last. `reply`: when to answer a push, and DyLU's windows (its own clock:
+    the same). `stop`:
     whether the run reached a target (`stop_at_error`, `_loss`, `_metric`): every reply from then on tells
     its client to stop. `collects_states`: checkpoints hold the clients' optimizer states
     (see the module's doc); `client_states`: client -> the state its last push handled (or
     STOP) came with, where it came with one; `arrived_states`: those awaiting their push.
-    `windows`: with DyLU, the clients' speeds and the windows the replies give (paramserver/reply/dylu.py).
     `budget`: the run's, where the run has one (`budget = "run"`; paramserver/tally.py).
     """
 
@@ -91,8 +86,8 @@ class ServerState:
     apply_cost: float | None = None
     wire_bytes: list[int] = field(default_factory=lambda: [0, 0])  # payload bytes (pushed, pulled)
     schedule: Schedule | None = None
-    deferred: list[int] = field(default_factory=list)  # client ranks whose replies wait for a step
-    clock: Callable[[], float] = time.monotonic  # the run's clock, which `pace` times the clients by
+    reply: ReplyPolicy = field(default_factory=ReplyPolicy)
+    clock: Callable[[], float] = time.monotonic  # the run's clock
     stop: Callable[[], bool] = lambda: False
     collects_states: bool = False
     client_states: dict[int, State] = field(default_factory=dict)
@@ -100,7 +95,6 @@ class ServerState:
     checkpoint_due: bool = False
     checkpoint_every: float = 0.0  # seconds of `clock` after which a checkpoint is due between curve points
     checkpointed_at: float = 0.0   # `clock` when the last was asked for (from the start: __post_init__)
-    windows: Windows | None = None
     budget: RunBudget | None = None
 
     def __post_init__(self) -> None:
@@ -109,7 +103,6 @@ class ServerState:
         self.buffer = frame.empty(self.store.size, np.float32)  # pushes, as float32
         compressed = self.codec.wire_dtype != np.float32
         self.landing = frame.empty(self.store.size, self.codec.wire_dtype) if compressed else self.buffer  # as they come
-        self.pace = Pace(self.clock, overdue=self.store.rule.overdue) if self.store.rule.paced else None
 
     @classmethod
     def for_run(cls, cfg: RunConfig, weights: np.ndarray, clients: int, optimizer_factory: Callable | None = None,
@@ -118,21 +111,22 @@ class ServerState:
         (`optimizer_factory`: the user's optimizer, for its rule), the clients' ranks (after
         the servers'), the wire's codec, the lr schedule the server counts progress for and
         applies its rule's lr by (`options`: the other fields)."""
-        return cls(Store.for_run(cfg, weights, clients, optimizer_factory), list(range(cfg.servers, cfg.servers + clients)),
+        store = Store.for_run(cfg, weights, clients, optimizer_factory)
+        clock = options.get("clock", time.monotonic)
+        return cls(store, list(range(cfg.servers, cfg.servers + clients)),
                    codec=make_codec(cfg.compress),
                    schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr),
-                   windows=Windows.for_run(cfg, clients),
+                   reply=ReplyPolicy.for_run(cfg, store.rule.gathers, clients, clock),
                    budget=RunBudget(cfg.client_steps(clients), cfg.fetch_every) if cfg.run_budget else None, **options)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """What a checkpoint holds of the server: the Store's arrays, and DyLU's speeds."""
-        return {**self.store.state(), **(self.windows.state() if self.windows else {})}
+        """What a checkpoint holds of the server: the Store's arrays, and the reply policy's."""
+        return {**self.store.state(), **self.reply.state()}
 
     def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         """The server as a checkpoint's `arrays` hold it."""
         self.store.load_state(arrays)
-        if self.windows is not None:
-            self.windows.load_state(arrays)
+        self.reply.load_state(arrays)
 
     def counts(self) -> dict[str, Any]:
         """What the server counted, for the run's summary."""
@@ -206,16 +200,12 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
         events = _rejoined(state, msg.source, msg.header) if isinstance(msg.header, Rejoin) else []
         return [_weights_for(state, msg.source)], events
     version = state.store.version
-    if state.pace is not None:
-        state.pace.pushed(msg.source)
     _took_state(state, msg.source, msg.header.step)
-    result, events = _push(state, msg)
+    result, minibatches, events = _push(state, msg)
     events += _checkpoint_ready(state)
     replies = []
-    if msg.header.fetch and result.gathered and waits(state, msg.source):
-        state.deferred.append(msg.source)
-    elif msg.header.fetch:
-        replies.append(_weights_for(state, msg.source))
+    if msg.header.fetch and not (result.gathered and state.reply.defer(state, msg.source, minibatches)):
+        replies.append(_weights_for(state, msg.source))  # else answered with the step
     if state.store.version != version:
         replies += _answer_deferred(state)
     more, flushed = release(state)
@@ -225,14 +215,13 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
 def release(state: ServerState, overdue: bool = False) -> tuple[list[Reply], list[Event]]:
     """The step `release_due` says must be taken, with what was gathered, and the replies
     to the clients that waited for it."""
-    if not release_due(state, overdue) or not state.store.flush():
+    if not state.reply.release_due(state, overdue) or not state.store.flush():
         return [], []
     return _answer_deferred(state), _snapshot_due(state)
 
 
 def _answer_deferred(state: ServerState) -> list[Reply]:
-    ranks, state.deferred = state.deferred, []
-    return [_weights_for(state, rank) for rank in ranks if rank not in state.tally.lost]
+    return [_weights_for(state, rank) for rank in state.reply.answered() if rank not in state.tally.lost]
 
 
 def tag_name(tag: int) -> str:
@@ -260,39 +249,35 @@ def _message_problem(state: ServerState, msg: Message) -> str:
 
 def _weights_for(state: ServerState, rank: int) -> Reply:
     weights, version = state.store.pull(state.client(rank))
-    if state.pace is not None:
-        state.pace.replied(rank)
     data = state.codec.encode(weights)
     state.wire_bytes[1] += data.nbytes
-    windows = state.windows  # DyLU: the window, from the speeds of the clients still running
     budget = state.budget
-    client, running = state.client(rank), state.running if windows or budget else []
-    window = windows.reply(client, state.clock(), running) if windows else 0
+    client, running = state.client(rank), state.running if state.reply.windows or budget else []
+    window = state.reply.replied(rank, client, running)
     stop = state.stop() or (budget is not None and budget.spent(state.tally, client, running))
     if budget is not None and not stop:
         budget.went(state.tally, client, window)
     return Reply(rank, Weights(version, weights.size, state.progress, stop, state.checkpoint_due, window), data)
 
 
-def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, list[Event]]:
+def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, int, list[Event]]:
+    """Apply a push: its outcome, the minibatches it covers and the events to record."""
     header: Push = msg.header
     client, store, payload = state.client(msg.source), state.store, msg.payload
     state.wire_bytes[0] += payload.nbytes
     pulled, version = store.pulled.get(client, 0), store.version
-    if state.schedule is not None:  # the lr at the progress before this push
-        store.rule.lr_factor = state.schedule.factor(state.progress)
-        store.rule.scale_ramp = state.schedule.ramp(store.version)  # the steps taken, whatever was dropped
+    schedule = state.schedule  # the lr at the progress before this push; the ramp by the steps taken, whatever was dropped
+    at = (schedule.factor(state.progress), schedule.ramp(store.version)) if schedule is not None else (1.0, 1.0)
     # from the steps in the headers, which every server of a sharded run gets
     minibatches = max(1, header.step - int(state.tally.client_steps[client]))
-    if state.windows is not None:
-        state.windows.pushed(client, minibatches, state.clock())
+    state.reply.pushed(msg.source, client, minibatches)
     start = time.perf_counter()
     if header.dtype != state.codec.dtype or payload.dtype != state.codec.wire_dtype or header.size != store.size:
         reason = (f"payload of {payload.nbytes} bytes as {header.size} {header.dtype}, "
                   f"expected {store.size} {state.codec.dtype}")
         result = ApplyResult(False, store.version, store.version - pulled, reason)
     else:
-        result = store.apply(client, state.codec.decode(payload, state.buffer), minibatches)
+        result = store.apply(client, state.codec.decode(payload, state.buffer), minibatches, *at)
     apply_s = time.perf_counter() - start if state.apply_cost is None else state.apply_cost
     events: list[Event] = [_outcome(state, msg.source, client, result, apply_s)]
     events.append(_client_rows(state, client, header, pulled, result))
@@ -302,7 +287,7 @@ def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, list[Event]]:
                                     rule.noise.mean_norm))
     if store.version != version:
         events += _snapshot_due(state)
-    return result, events
+    return result, minibatches, events
 
 
 def _outcome(state: ServerState, rank: int, client: int, result: ApplyResult, apply_s: float) -> Event:

@@ -25,7 +25,7 @@ class InProcess:
         return self._recorded(*handle(self.state, Message(source, int(tag), header, landed)))
 
     def release(self) -> list[Reply]:
-        """The step a driver woke for (paramserver/reply/gather.py's `wake_at`), if it is still
+        """The step a driver woke for (the reply policy's `wake_at`), if it is still
         due: taken without the clients overdue, recorded; the replies, as `deliver`'s."""
         return self._recorded(*release(self.state, overdue=True))
 

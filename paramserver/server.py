@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from paramserver.events import Applied
-from paramserver.reply.gather import release_due, wake_at
 from paramserver.handler import ClientLost, ServerState, handle, release, tag_name
 from paramserver.tally import ServerTally
 from paramserver.recorder import Recorder
@@ -109,7 +108,7 @@ class ServerLoop:
                 if lost.named:
                     raise
                 self._lose(lost)
-            if release_due(self.state, overdue=woken):  # a lost (or, woken, an overdue) client's push was awaited
+            if self.state.reply.release_due(self.state, overdue=woken):  # a lost (or, woken, an overdue) client's push was awaited
                 self._release(overdue=woken)
         self.finish_replies()
         return self.state.tally
@@ -119,7 +118,7 @@ class ServerLoop:
         log rows are written while the weights are on their way, not before. A push's
         phases are timed (`cost`)."""
         start, start_cpu = time.perf_counter(), time.thread_time()
-        if msg.tag == Tag.PUSH or (msg.tag == Tag.STOP and self.state.deferred):
+        if msg.tag == Tag.PUSH or (msg.tag == Tag.STOP and self.state.reply.deferred):
             self.finish_replies()  # the apply, or a step a STOP releases, changes the weights they may read
         finished = time.perf_counter()
         replies, events = handle(self.state, msg)
@@ -167,7 +166,7 @@ class ServerLoop:
             left = self.heard[first][0] + self.stall_timeout - self._now()
             if left <= 0:
                 raise self._stalled(first)
-            wake = wake_at(self.state)
+            wake = self.state.reply.wake_at(self.state)
             due = wake is not None and wake <= now  # a message that came meanwhile is taken first
             left = 0.0 if due else left if wake is None else min(left, wake - now)
             # Replies in flight move only while we call into MPI: poll closely while they should.

@@ -35,7 +35,7 @@ from paramserver.compute import fused, hostkernel
 from paramserver.compute.arrays import ServerArrays
 from paramserver.config.run import RunConfig
 from paramserver.rules import make_rule
-from paramserver.rules.base import Rule
+from paramserver.rules.base import PushFacts, Rule
 
 
 @dataclass(slots=True)
@@ -97,8 +97,10 @@ class Store:
             return f"length {push.size}, expected {self.size}"
         return ""
 
-    def apply(self, client: int, push: np.ndarray, minibatches: int = 1) -> ApplyResult:
-        """Apply `client`'s push of `minibatches` minibatches (or reject, or drop it)."""
+    def apply(self, client: int, push: np.ndarray, minibatches: int = 1, lr_factor: float = 1.0,
+              scale_ramp: float = 1.0) -> ApplyResult:
+        """Apply `client`'s push of `minibatches` minibatches (or reject, or drop it), at the
+        schedule's `lr_factor` and the batch scaling's `scale_ramp` (`PushFacts`)."""
         staleness = self.version - self.pulled.get(client, 0)
         reason = self.check(push)
         dropped = "" if reason else self.rule.drops(staleness)
@@ -107,19 +109,19 @@ class Store:
             return ApplyResult(False, self.version, staleness, dropped, dropped=True)
         if not reason and self.fused is None and not finite(push):
             reason = "contains NaN or Inf"
-        self.rule.minibatches = minibatches
         d = None if reason else self.backend.upload(push)
-        if d is not None and self.fused:
+        facts = None if d is None else PushFacts(d, client, staleness, minibatches, lr_factor, scale_ramp)
+        if facts is not None and self.fused:
             try:
-                weights = self.fused.apply(self.array, d, client, staleness)
+                weights = self.fused.apply(self.array, facts)
             except fused.KernelFailed as error:
-                weights = self._unfused(error, push, d, client, staleness)
+                weights = self._unfused(error, push, facts)
             if weights is None:
                 reason = "contains NaN or Inf"
             else:
                 self.array = weights
-        elif d is not None:
-            self.rule.apply(self.array, d, client, staleness)
+        elif facts is not None:
+            self.rule.apply(self.array, facts)
         if reason:
             self.rejected[client] += 1
             return ApplyResult(False, self.version, staleness, reason)
@@ -132,7 +134,7 @@ class Store:
         self.staleness[staleness] += 1
         return ApplyResult(True, self.version, staleness, gathered=gathered, measured=measured)
 
-    def _unfused(self, error: fused.KernelFailed, push: np.ndarray, d, client: int, staleness: int):
+    def _unfused(self, error: fused.KernelFailed, push: np.ndarray, facts: PushFacts):
         """The GPU kernel failed before writing anything of the weights' (it writes
         spare buffers): say so once, and from this push on apply with the rule's torch
         arithmetic, as `server_kernel = "torch"` does. The new weights, or None for a
@@ -142,7 +144,7 @@ class Store:
         self.fused = None
         if not finite(push):
             return None
-        self.rule.apply(self.array, d, client, staleness)
+        self.rule.apply(self.array, facts)
         return self.array
 
     def flush(self) -> bool:

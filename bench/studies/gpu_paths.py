@@ -30,9 +30,10 @@ import torch
 
 from clients.buffers import host_copy, host_empty
 from paramserver.compute.arrays import ServerArrays
-from paramserver.config.run import RunConfig
 from paramserver.compute.fused import CupyKernel, Fused, numpy_kernel
+from paramserver.config.run import RunConfig
 from paramserver.rules import RULES, make_rule
+from paramserver.rules.base import PushFacts
 from paramserver.store import Store
 
 WARMUP = 3
@@ -87,13 +88,15 @@ def kernel_row(size: int, device: torch.device, rule: str, repeats: int) -> dict
     fused = Fused(fused_rule, CupyKernel() if on_gpu else numpy_kernel)
     w_torch, weights = start.clone(), [start.clone()]
 
+    push = PushFacts(d, 0, 1)
+
     def fused_step() -> None:  # returns after the flag is read: synchronised
-        weights[0] = fused.apply(weights[0], d, 0, 1)
+        weights[0] = fused.apply(weights[0], push)
 
     row = {"floats": size, "rule": rule,
            "fused_ms": median_ms(fused_step, repeats),
-           "torch_ms": median_ms(lambda: (torch_rule.apply(w_torch, d, 0, 1), sync()), repeats)}
-    update = fused_rule.fused(0, 1)
+           "torch_ms": median_ms(lambda: (torch_rule.apply(w_torch, push), sync()), repeats)}
+    update = fused_rule.fused(push)
     row["vectors_moved"] = 2 + len(update.reads) + 2 * (1 + len(update.state))  # w, d, reads in; w, state in and out
     source = torch.empty(size * row["vectors_moved"] // 2, device=device)  # a copy reads and writes it: the same bytes
     target = torch.empty_like(source)

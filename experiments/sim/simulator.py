@@ -51,7 +51,6 @@ from experiments.run.provenance import provenance
 from experiments.run.serverrun import serve_run
 from experiments.sim.costs import SimTiming, sim_timing
 from paramserver.config.run import ConfigError, RunConfig
-from paramserver.reply.gather import wake_at
 from paramserver.inprocess import InProcess
 from paramserver.wire.protocol import Outgoing, Pull, Tag
 from rundir.durable import read_jsonl
@@ -151,7 +150,7 @@ class Simulation:
                 if kind == "reply":   # weights reach client i
                     self.loops[i].take_weights(item.payload, item.header)
                 self._window(when, i)
-            wake = wake_at(server.state)  # as the MPI loop's timed wait: an event then, unless one is set
+            wake = server.state.reply.wake_at(server.state)  # as the MPI loop's timed wait: an event then, unless one is set
             if wake is not None and wake != self.wake:
                 self.wake = wake
                 self._schedule(wake, "wake", -1, None)
@@ -176,7 +175,7 @@ class Simulation:
     def _wake(self, server: InProcess, when: float) -> None:
         """The step goes without the overdue clients, as the MPI loop's timed wait takes it:
         once the server is free and has taken the messages that reached it meanwhile."""
-        wake = wake_at(server.state)
+        wake = server.state.reply.wake_at(server.state)
         if wake is None or wake > when:
             return
         if self.server_free > when:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from paramserver.rules import RULES
-from paramserver.rules.base import Rule, Update
+from paramserver.rules.base import PushFacts, Rule, Update
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -64,10 +64,10 @@ class Fused:
         self.rule, self.kernel = rule, kernel
         self.spare: dict[str, Tensor] = {}  # the buffers the next update writes into
 
-    def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> Tensor | None:
-        """The new weights (`w` becomes a spare), or None if d is not finite; the rule's
-        state is replaced likewise."""
-        update = self.rule.fused(client, staleness)
+    def apply(self, w: Tensor, push: PushFacts) -> Tensor | None:
+        """The new weights (`w` becomes a spare), or None if the push is not finite; the
+        rule's state is replaced likewise."""
+        update, d = self.rule.fused(push), push.d
         state = {k: w.new_zeros(w.shape) if v is None else v for k, v in update.state.items()}
         outputs = {k: self.spare.pop(k) if k in self.spare else w.new_empty(w.shape) for k in ("w", *state)}
         if not self.kernel(update, {"w": w, "d": d, **state, **update.reads}, outputs):

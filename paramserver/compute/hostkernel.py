@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paramserver.compute.fused import HOST_FMADD, statements
-from paramserver.rules.base import Rule, Update
+from paramserver.rules.base import PushFacts, Rule, Update
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -211,9 +211,9 @@ class InPlace:
         if self.sums_noise:
             rule.noise.norm = kernel.squares
 
-    def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> Tensor | None:
-        """`w`, updated, or None (nothing changed) if d is not finite."""
-        update = self.rule.fused(client, staleness)
+    def apply(self, w: Tensor, push: PushFacts) -> Tensor | None:
+        """`w`, updated, or None (nothing changed) if the push is not finite."""
+        update, d = self.rule.fused(push), push.d
         state = {k: w.new_zeros(w.shape) if v is None else v for k, v in update.state.items()}
         vectors = {"w": w, **state}
         noise = self.rule.noise if self.sums_noise else None

@@ -16,6 +16,7 @@ from dataclasses import fields
 from typing import Any, get_type_hints
 
 from paramserver.faults import fault_ok
+from paramserver.reply.policy import check_keys as reply_keys
 from paramserver.rules import RULES, rule_class
 from paramserver.wire.compress import CODECS
 
@@ -129,8 +130,8 @@ def _check_inputs(cfg: Any) -> None:
 
 
 def _check_server(cfg: Any) -> None:
-    """The server's settings; each rule's own keys (whichever runs, as every key is
-    checked), then the chosen rule's refusals: "field: reason" lines the rules write
+    """The server's settings; each rule's own keys and the reply policy's (whichever
+    runs, as every key is checked), then the chosen rule's refusals: "field: reason" lines the rules write
     (paramserver/rules/)."""
     _at_least_one(cfg, "n_push", "n_fetch")
     _require(cfg.server_lr is None or cfg.server_lr > 0, "server_lr", f"must be positive, got {cfg.server_lr}")
@@ -140,7 +141,8 @@ def _check_server(cfg: Any) -> None:
         chosen = rule_class(cfg.rule)
     except ValueError as error:  # an unknown name: the rules' own line
         raise ConfigError(str(error)) from None
-    for problem in [rule.check_keys(cfg) for rule in RULES.values()] + [chosen.check(cfg)]:
+    problems = [rule.check_keys(cfg) for rule in RULES.values()] + [reply_keys(cfg), chosen.check(cfg)]
+    for problem in problems:
         if problem:
             raise ConfigError(problem)
     _check_dylu(cfg, chosen)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from paramserver.rules.base import Rule, RuleSettings, Update
+from paramserver.rules.base import PushFacts, Rule, RuleSettings, Update
 
 if TYPE_CHECKING:  # as in base.py: torch loads with the weights
     from torch import Tensor
@@ -31,15 +31,16 @@ w_out = w + neg_lr * g / (sqrt(sum_out) + eps);"""
         self.weight_decay = settings.weight_decay
         self.sum: Tensor | None = None
 
-    def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
+    def apply(self, w: Tensor, push: PushFacts) -> None:
+        d = push.d
         g = d.add(w, alpha=self.weight_decay) if self.weight_decay else d
         if self.sum is None:
             self.sum = w.new_zeros(w.shape)
         self.sum.addcmul_(g, g)
-        w.addcdiv_(g, self.sum.sqrt().add_(self.EPS), value=-self.lr)
+        w.addcdiv_(g, self.sum.sqrt().add_(self.EPS), value=-self.lr(push))
 
-    def fused(self, client: int, staleness: int) -> Update:
-        return Update(self.FORMULA, {"neg_lr": -self.lr, "weight_decay": self.weight_decay, "eps": self.EPS},
+    def fused(self, push: PushFacts) -> Update:
+        return Update(self.FORMULA, {"neg_lr": -self.lr(push), "weight_decay": self.weight_decay, "eps": self.EPS},
                       {"sum": self.sum})
 
     def state(self) -> dict[str, Tensor]:

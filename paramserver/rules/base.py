@@ -1,6 +1,6 @@
-"""What every update rule shares: the settings it reads (`RuleSettings`), the update it
-hands a fused kernel (`Update`), and `Rule`, which is the `add` rule (w += d, the paper's)
-and the base of the others.
+"""What every update rule shares: the settings it reads (`RuleSettings`), the facts of a
+push it is given (`PushFacts`), the update it hands a fused kernel (`Update`), and `Rule`,
+which is the `add` rule (w += d, the paper's) and the base of the others.
 """
 from __future__ import annotations
 
@@ -28,8 +28,6 @@ class RuleSettings(Protocol):
     lr_scaling: str
     fresh_batch: int | str
     max_staleness: int
-    fresh_reply: str
-    overdue: float
     nesterov_every: int
     nesterov_momentum: float
     outer_lr: float
@@ -38,6 +36,19 @@ class RuleSettings(Protocol):
     optimizer: str
     nesterov: bool
     clip_grad_norm: float
+
+
+@dataclass(frozen=True, slots=True)
+class PushFacts:
+    """One push as a rule sees it, all it is told of it: made by the Store from what the
+    handler knows, never set on the rule from outside."""
+
+    d: Tensor             # the change, or gradient sum, as float32 where the weights live
+    client: int
+    staleness: int        # versions applied since the client pulled
+    minibatches: int = 1  # the minibatches it covers (from the header's step, which every server of a sharded run gets)
+    lr_factor: float = 1.0   # the lr schedule's multiplier at the server's progress before it (paramserver/schedule.py)
+    scale_ramp: float = 1.0  # how far the batch-size scaling has ramped in (`lr_scale_warmup`)
 
 
 @dataclass(slots=True)
@@ -68,9 +79,9 @@ class Rule:
     FORMULAS: tuple[str, ...] = (ADD,)  # every fused formula the rule's updates use
 
     pushes = "delta"   # what a client sends: its weight change ("delta"), "gradient" sums or "weights"
-    defers = False     # whether a reply may wait for a step being gathered (fresh's "wait")
-    paced = False      # whether the clients' pace decides that (fresh's "auto", paramserver/reply/pace.py)
-    overdue = 0.0      # the pace's factor of a client's mean compute time after which a step goes without it
+    # whether a push may join a step taken later (fresh): the reply policy
+    # (paramserver/reply/policy.py) may then answer it with the step
+    gathers = False
     step_batch: int | None = None  # the minibatches a step gathers, for rules that gather (fresh)
     gain: float | None = None      # the lr gain of such a step now, under adascale (fresh)
     steps_with_optimizer = False  # whether the server's step is the run's optimizer (sgd, fresh)
@@ -84,15 +95,6 @@ class Rule:
     def __init__(self, settings: RuleSettings, clients: int):
         self.clients = clients
         self.base_lr = settings.effective_server_lr
-        # The lr schedule's multiplier at the server's progress, set before each apply
-        # (paramserver/schedule.py): rules with an lr of their own follow the same curve
-        # as the clients.
-        self.lr_factor = 1.0
-        # How far the batch-size scaling has ramped in (`lr_scale_warmup`), set with it.
-        self.scale_ramp = 1.0
-        # The minibatches the push being applied covers (the Store sets it from the push
-        # header's step, which every server of a sharded run gets).
-        self.minibatches = 1
         # Pushed gradients carry the gradient noise scale; other pushes do not.
         self.noise = NoiseScale(settings.batch_size, clients) if self.pushes == "gradient" else None
 
@@ -117,9 +119,15 @@ class Rule:
         """The versions `pushes` applied pushes make (each makes one, but for fresh's)."""
         return pushes
 
+    def lr(self, push: PushFacts) -> float:
+        """The rule's own lr for `push`: rules with one follow the schedule's curve, as the
+        clients do."""
+        return self.base_lr * push.lr_factor
+
     @property
-    def lr(self) -> float:
-        return self.base_lr * self.lr_factor
+    def remaining(self) -> int:
+        """The minibatches the step being gathered still needs (0: the rule does not gather)."""
+        return 0
 
     @property
     def pending(self) -> bool:
@@ -130,10 +138,10 @@ class Rule:
         """Why a push this stale is left out (counted, not applied, not an error), or ""."""
         return ""
 
-    def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
-        w.add_(d)
+    def apply(self, w: Tensor, push: PushFacts) -> None:
+        w.add_(push.d)
 
-    def fused(self, client: int, staleness: int) -> Update:
+    def fused(self, push: PushFacts) -> Update:
         """`apply` as one fused kernel's update."""
         return Update(self.ADD)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from paramserver.rules.base import Rule, RuleSettings, Update, refusals
+from paramserver.rules.base import PushFacts, Rule, RuleSettings, Update, refusals
 
 if TYPE_CHECKING:  # as in base.py: torch loads with the weights
     from torch import Tensor
@@ -41,24 +41,26 @@ w_out = (w + d) - lr_lam * (g2 * (w - pulled) / (sqrt(meansquare_out) + eps));""
         else:
             self.backups[client] = w.clone()
 
-    def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
+    def apply(self, w: Tensor, push: PushFacts) -> None:
+        d, client, lr = push.d, push.client, self.lr(push)
         if not self.lam0 or client not in self.backups:
             w.add_(d)
             return
-        g2 = (d / self.lr).square_()
+        g2 = (d / lr).square_()
         if self.meansquare is None:
             self.meansquare = g2.clone()
         else:
             self.meansquare.mul_(self.MOMENTUM).add_(g2, alpha=1 - self.MOMENTUM)
         # w += d - lr * lam * g^2 * (w - w_pulled), lam = lam0 / sqrt(ms)
         g2.mul_(w - self.backups[client]).div_(self.meansquare.sqrt().add_(self.EPS))
-        w.add_(d).sub_(g2, alpha=self.lr * self.lam0)
+        w.add_(d).sub_(g2, alpha=lr * self.lam0)
 
-    def fused(self, client: int, staleness: int) -> Update:
+    def fused(self, push: PushFacts) -> Update:
+        client, lr = push.client, self.lr(push)
         if not self.lam0 or client not in self.backups:
             return Update(self.ADD)
         keep = 0.0 if self.meansquare is None else self.MOMENTUM
-        scalars = {"lr": self.lr, "lr_lam": self.lr * self.lam0, "eps": self.EPS, "keep": keep, "take": 1 - keep}
+        scalars = {"lr": lr, "lr_lam": lr * self.lam0, "eps": self.EPS, "keep": keep, "take": 1 - keep}
         return Update(self.FORMULA, scalars, {"meansquare": self.meansquare}, {"pulled": self.backups[client]})
 
     def state(self) -> dict[str, Tensor]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from paramserver.rules.base import Rule, RuleSettings, Update, refusals
+from paramserver.rules.base import PushFacts, Rule, RuleSettings, Update, refusals
 
 if TYPE_CHECKING:  # as in base.py: torch loads with the weights
     from torch import Tensor
@@ -45,10 +45,10 @@ class EASGDRule(Rule):
         which gives x - center_before = (x - center_after) / (1 - alpha)."""
         x.sub_(x - center, alpha=alpha / (1 - alpha))
 
-    def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
-        w.lerp_(d, self.alpha)
+    def apply(self, w: Tensor, push: PushFacts) -> None:
+        w.lerp_(push.d, self.alpha)
 
-    def fused(self, client: int, staleness: int) -> Update:
+    def fused(self, push: PushFacts) -> Update:
         return Update(self.FORMULA, {"alpha": self.alpha})
 
 

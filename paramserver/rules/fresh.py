@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from paramserver.rules.base import RuleSettings, Update, refusals
+from paramserver.rules.base import PushFacts, RuleSettings, Update, refusals
 from paramserver.rules.scaling import gain, ramped_scale
 from paramserver.rules.sgd import SGDRule
 
@@ -26,8 +26,9 @@ class FreshRule(SGDRule):
     whose push was gathered gets its reply at the step (S = K, R = 0 at equal speeds is
     then synchronous SGD); with "again" it gets the weights at once and computes there
     again, as a fast Rennala worker does; with "auto" it waits when the step is due
-    before it could push again, else computes again (paramserver/reply/pace.py; with sharded
-    servers, which would time the clients apart, it waits). `fresh_batch = "auto"`: S =
+    before it could push again, else computes again (the reply policy decides:
+    paramserver/reply/policy.py; with sharded servers, which would time the clients apart,
+    it waits). `fresh_batch = "auto"`: S =
     B_simple / b from the gradient noise scale, in [1, 4K] (K x n_push until it is
     measured).
 
@@ -37,7 +38,7 @@ class FreshRule(SGDRule):
     progress itself: `gained`, the steps' gains summed (AdaScale's tau), in minibatches,
     whose samples (x b) the replies carry, so warmup and decay stretch as AdaScale's do."""
 
-    REPLIES = ("wait", "again", "auto")
+    gathers = True
     # a push gathered (the weights copied through), or the one that completes the step:
     # the SGD step on the mean of the gathered pushes and this one
     GATHER = """total_out = total + d;
@@ -57,11 +58,6 @@ w_out = w - lr * momentum_buffer_out;"""
         self.auto = settings.fresh_batch == "auto"
         self.fixed = fixed_batch(settings, clients)
         self.scaling = settings.lr_scaling
-        # auto times the clients; sharded servers would each time them apart and could
-        # answer one client differently, so there it waits
-        self.paced = settings.fresh_reply == "auto" and settings.servers == 1
-        self.defers = settings.fresh_reply != "again" and not self.paced
-        self.overdue = settings.overdue
         self.batch_size = settings.batch_size
         self.total: Tensor | None = None  # the gathered pushes, summed
         self.covered = 0                  # the minibatches they cover
@@ -76,12 +72,7 @@ w_out = w - lr * momentum_buffer_out;"""
         return refusals(
             (batch == "auto" or batch >= 0,
              f"fresh_batch: must be a positive number of minibatches, 0 (clients) or auto, got {batch!r}"),
-            (settings.max_staleness >= 0, f"max_staleness: must be non-negative, got {settings.max_staleness}"),
-            (settings.fresh_reply in cls.REPLIES,
-             f"fresh_reply: expected {' or '.join(cls.REPLIES)}, got {settings.fresh_reply!r}"),
-            (settings.overdue == 0 or settings.overdue >= 1,
-             f"overdue: must be 0 (off) or a factor of at least 1 of a client's mean compute time, "
-             f"got {settings.overdue}"))
+            (settings.max_staleness >= 0, f"max_staleness: must be non-negative, got {settings.max_staleness}"))
 
     @classmethod
     def check(cls, settings: RuleSettings) -> str:
@@ -138,23 +129,23 @@ w_out = w - lr * momentum_buffer_out;"""
         if self.gained is not None:
             self.gained += scale
 
-    def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
+    def apply(self, w: Tensor, push: PushFacts) -> None:
         if self.total is None:
             self.total = w.new_zeros(w.shape)
-        self.total.add_(d)
-        self.gathered()
+        self.total.add_(push.d)
+        self.gathered(push)
         if self.covered >= self.step_batch:
             self.step(w)
 
-    def fused(self, client: int, staleness: int) -> Update:
-        covered = self.covered + self.minibatches
+    def fused(self, push: PushFacts) -> Update:
+        covered = self.covered + push.minibatches
         if covered < self.step_batch:
-            return Update(self.GATHER, {}, {"total": self.total}, after=self.gathered)
-        factor, ramp = (self.gather_factor, self.gather_ramp) if self.covered else (self.lr_factor, self.scale_ramp)
+            return Update(self.GATHER, {}, {"total": self.total}, after=lambda: self.gathered(push))
+        factor, ramp = (self.gather_factor, self.gather_ramp) if self.covered else (push.lr_factor, push.scale_ramp)
         scale = self.step_scale(covered, ramp)
 
         def after() -> None:
-            self.gathered()
+            self.gathered(push)
             self.stepped(scale)
         scalars = {"lr": self.base_lr * factor * scale, "inv_count": 1.0 / covered,
                    "weight_decay": self.weight_decay}
@@ -163,11 +154,11 @@ w_out = w - lr * momentum_buffer_out;"""
         return Update(self.STEP, {**scalars, "momentum": self.momentum},
                       {"total": self.total, "momentum_buffer": self.buffer}, after=after)
 
-    def gathered(self) -> None:
+    def gathered(self, push: PushFacts) -> None:
         """Count the push just summed; the gather's first push fixes its lr factor."""
         if not self.covered:
-            self.gather_factor, self.gather_ramp = self.lr_factor, self.scale_ramp
-        self.covered += self.minibatches
+            self.gather_factor, self.gather_ramp = push.lr_factor, push.scale_ramp
+        self.covered += push.minibatches
 
     def step(self, w: Tensor) -> None:
         scale = self.step_scale(self.covered, self.gather_ramp)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from paramserver.rules.base import Rule, RuleSettings, Update, refusals
+from paramserver.rules.base import PushFacts, Rule, RuleSettings, Update, refusals
 
 if TYPE_CHECKING:  # as in base.py: torch loads with the weights
     from torch import Tensor
@@ -70,7 +70,8 @@ w_out = (w + step_d * d) + look * momentum_out;"""
         c = self.activation
         return self.outer_lr * ((1 - c * self.every + c) if due else c) * self.beta
 
-    def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
+    def apply(self, w: Tensor, push: PushFacts) -> None:
+        d = push.d
         if self.total is None:
             self.total = w.new_zeros(w.shape)
         w.add_(d, alpha=self.step_d)
@@ -84,7 +85,7 @@ w_out = (w + step_d * d) + look * momentum_out;"""
         elif self.activation and self.momentum is not None:
             w.add_(self.momentum, alpha=self.look(False))
 
-    def fused(self, client: int, staleness: int) -> Update:
+    def fused(self, push: PushFacts) -> Update:
         scalars = {"step_d": self.step_d}
         if not self.due():
             if not self.activation or self.momentum is None:  # no look-ahead yet

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from paramserver.rules.base import Rule, Update
+from paramserver.rules.base import PushFacts, Rule, Update
 
 if TYPE_CHECKING:  # as in base.py: torch loads with the weights
     from torch import Tensor
@@ -15,8 +15,8 @@ class ScaledRule(Rule):
     STEP = "w_out = w + alpha * d;"
     FORMULAS = (STEP,)
 
-    def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
-        w.add_(d, alpha=1.0 / self.clients)
+    def apply(self, w: Tensor, push: PushFacts) -> None:
+        w.add_(push.d, alpha=1.0 / self.clients)
 
-    def fused(self, client: int, staleness: int) -> Update:
+    def fused(self, push: PushFacts) -> Update:
         return Update(self.STEP, {"alpha": 1.0 / self.clients})

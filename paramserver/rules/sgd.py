@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from paramserver.rules.base import Rule, RuleSettings, Update, refusals
+from paramserver.rules.base import PushFacts, Rule, RuleSettings, Update, refusals
 from paramserver.optimizer import ServerOptimizer
 
 if TYPE_CHECKING:  # as in base.py: torch loads with the weights
@@ -46,11 +46,11 @@ w_out = w - lr * momentum_buffer_out;"""
         """SGD's momentum buffer (None before the first step, and without momentum)."""
         return self.optimizer.vectors.get("momentum_buffer")
 
-    def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
-        self.optimizer.step(w, d, self.lr)
+    def apply(self, w: Tensor, push: PushFacts) -> None:
+        self.optimizer.step(w, push.d, self.lr(push))
 
-    def fused(self, client: int, staleness: int) -> Update:
-        scalars = {"lr": self.lr, "weight_decay": self.weight_decay}
+    def fused(self, push: PushFacts) -> Update:
+        scalars = {"lr": self.lr(push), "weight_decay": self.weight_decay}
         if not self.momentum:  # torch keeps no buffer then, and neither does the checkpoint
             return Update(self.PLAIN, scalars)
         return Update(self.MOMENTUM, {**scalars, "momentum": self.momentum}, {"momentum_buffer": self.buffer})

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from paramserver.rules.base import Rule, Update
+from paramserver.rules.base import PushFacts, Rule, Update
 from paramserver.rules.scaled import ScaledRule
 
 if TYPE_CHECKING:  # as in base.py: torch loads with the weights
@@ -16,11 +16,11 @@ class StalenessRule(Rule):
 
     FORMULAS = (ScaledRule.STEP,)
 
-    def apply(self, w: Tensor, d: Tensor, client: int, staleness: int) -> None:
-        w.add_(d, alpha=staleness_factor(staleness, self.clients))
+    def apply(self, w: Tensor, push: PushFacts) -> None:
+        w.add_(push.d, alpha=staleness_factor(push.staleness, self.clients))
 
-    def fused(self, client: int, staleness: int) -> Update:
-        return Update(ScaledRule.STEP, {"alpha": staleness_factor(staleness, self.clients)})
+    def fused(self, push: PushFacts) -> Update:
+        return Update(ScaledRule.STEP, {"alpha": staleness_factor(push.staleness, self.clients)})
 
 
 def staleness_factor(staleness: int, clients: int) -> float:

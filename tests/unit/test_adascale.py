@@ -11,6 +11,7 @@ import pytest
 from paramserver.config.run import ConfigError, RunConfig, load_config
 from paramserver.events import NoiseMeasured
 from paramserver.handler import ServerState, handle
+from paramserver.reply.policy import ReplyPolicy
 from paramserver.rules import make_rule
 from paramserver.rules.scaling import gain
 from paramserver.schedule import Schedule
@@ -82,7 +83,8 @@ def served(clients: int, **more) -> ServerState:
     cfg = settings(fresh_reply="wait", **more)
     rule = make_rule("fresh", cfg, clients)
     return ServerState(Store(np.zeros(N, np.float32), rule), list(range(1, clients + 1)),
-                       schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr))
+                       schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr),
+                       reply=ReplyPolicy.for_run(cfg, True, clients))
 
 
 def test_progress_counts_gain_weighted_steps_and_the_warmup_stretches_with_it():

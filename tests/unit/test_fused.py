@@ -20,6 +20,7 @@ import torch
 from paramserver.compute import fused, hostkernel
 from paramserver.config.run import RunConfig
 from paramserver.rules import RULES, FreshRule, Rule, Update, make_rule
+from paramserver.rules.base import PushFacts
 from paramserver.store import Store
 from tests.conftest import assert_same_store
 
@@ -185,7 +186,7 @@ def every_update() -> list[tuple[str, Update, tuple[str, ...], tuple[str, ...]]]
         for _ in range(3):  # fresh and nesterov: a push gathered, then the one that steps, then (its
             # momentum made) one that reads it
             store.apply(0, np.ones(4, np.float32))
-            update = store.rule.fused(0, 1)
+            update = store.rule.fused(PushFacts(torch.ones(4), 0, 1))
             found.append((rule, update, ("w", "d", *update.state, *update.reads), ("w", *update.state)))
     assert {u.code for _, u, _, _ in found} == set(fused.FORMULAS)  # every formula compiled
     return found

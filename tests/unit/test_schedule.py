@@ -12,6 +12,7 @@ from clients.stragglers import Stragglers
 from paramserver.config.run import ConfigError, RunConfig, load_config
 from paramserver.events import Dropped
 from paramserver.handler import ServerState, handle
+from paramserver.reply.policy import ReplyPolicy
 from paramserver.rules import make_rule
 from paramserver.schedule import Schedule
 from paramserver.store import Store
@@ -131,7 +132,7 @@ def test_freshs_ramp_counts_its_steps_not_the_pushes_it_dropped():
     cfg = RunConfig(lr=lr, momentum=0.0, weight_decay=0.0, batch_size=batch, lr_scaling="linear",
                     lr_scale_warmup=4, fresh_batch=2, fresh_reply="wait")
     state = ServerState(Store(np.zeros(n, np.float32), make_rule("fresh", cfg, 3)), [1, 2, 3],
-                        schedule=Schedule.for_run(cfg, 3))
+                        schedule=Schedule.for_run(cfg, 3), reply=ReplyPolicy.for_run(cfg, True, 3))
     for rank in (1, 2, 3):
         handle(state, Message(rank, Tag.PULL, Pull()))
     rng, lrs, dropped = np.random.default_rng(0), [], 0

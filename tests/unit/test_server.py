@@ -2,6 +2,8 @@
 are in tests/reliability/test_messages.py."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from paramserver.config.run import RunConfig
@@ -63,7 +65,7 @@ def test_recorder_writes_what_was_true_when_the_snapshot_was_due(tmp_path, monke
     np.testing.assert_array_equal(checkpoint.weights, np.ones(4))
 
 
-def fresh_state(clients: int, **settings):
+def fresh_state(clients: int, clock=time.monotonic, **settings):
     import numpy as np
 
     from paramserver.config.run import RunConfig
@@ -71,8 +73,12 @@ def fresh_state(clients: int, **settings):
     from paramserver.rules import make_rule
     from paramserver.store import Store
 
-    rule = make_rule("fresh", RunConfig(**{"lr": 0.5, "lr_scaling": "none", **settings}), clients)
-    return ServerState(Store(np.zeros(4, np.float32), rule), list(range(1, clients + 1)))
+    from paramserver.reply.policy import ReplyPolicy
+
+    cfg = RunConfig(**{"lr": 0.5, "lr_scaling": "none", **settings})
+    rule = make_rule("fresh", cfg, clients)
+    return ServerState(Store(np.zeros(4, np.float32), rule), list(range(1, clients + 1)), clock=clock,
+                       reply=ReplyPolicy.for_run(cfg, rule.gathers, clients, clock))
 
 
 def gradient(state, rank: int, step: int, fetch: bool = True):
@@ -95,7 +101,7 @@ def test_fresh_wait_answers_a_gathered_push_at_the_step_with_the_others():
     replies, _ = gradient(state, 3, 1)  # the third completes S = K = 3
     assert [(r.dest, r.header.version) for r in replies] == [(3, 1), (2, 1), (1, 1)]  # the pusher first
     assert state.store.weights.tolist() == [-1.0] * 4  # lr 0.5 x the mean gradient, 2
-    assert state.deferred == [] and state.store.pulled == {0: 1, 1: 1, 2: 1}
+    assert state.reply.deferred == [] and state.store.pulled == {0: 1, 1: 1, 2: 1}
 
 
 def test_fresh_wait_takes_the_step_when_every_running_client_waits():
@@ -111,7 +117,7 @@ def test_fresh_wait_takes_the_step_when_every_running_client_waits():
         handle(state, Message(rank, Tag.PULL, Pull()))
     assert gradient(state, 3, 1, fetch=False)[0] == []
     handle(state, Message(3, Tag.STOP, Stop(1, 1)))
-    assert gradient(state, 1, 1)[0] == [] and state.deferred == [1]
+    assert gradient(state, 1, 1)[0] == [] and state.reply.deferred == [1]
     replies, events = handle(state, Message(2, Tag.STOP, Stop(0, 0)))
     assert [(r.dest, r.header.version) for r in replies] == [(1, 1)] and events == [SnapshotDue(1)]
     assert state.store.weights.tolist() == [-1.0] * 4  # the mean of the two gathered, 2
@@ -134,11 +140,12 @@ def test_fresh_again_answers_at_once_with_the_same_weights():
 
 def test_fresh_auto_times_the_clients_with_one_server_and_waits_with_several():
     from paramserver.config.run import RunConfig
-    from paramserver.rules import make_rule
+    from paramserver.reply.policy import ReplyMode, ReplyPolicy
 
-    assert fresh_state(2, fresh_reply="auto").pace is not None and fresh_state(2, fresh_reply="wait").pace is None
-    sharded = make_rule("fresh", RunConfig(fresh_reply="auto", servers=2), 2)
-    assert not sharded.paced and sharded.defers
+    assert fresh_state(2, fresh_reply="auto").reply.pace is not None and fresh_state(2, fresh_reply="wait").reply.pace is None
+    sharded = ReplyPolicy.for_run(RunConfig(rule="fresh", fresh_reply="auto", servers=2), True, 2)
+    assert sharded.mode is ReplyMode.WAIT and sharded.pace is None
+    assert ReplyPolicy.for_run(RunConfig(rule="add", fresh_reply="wait"), False, 2).mode is ReplyMode.AGAIN
 
 
 def test_fresh_auto_takes_the_step_without_an_overdue_client_and_drops_its_late_push():
@@ -146,26 +153,26 @@ def test_fresh_auto_takes_the_step_without_an_overdue_client_and_drops_its_late_
     3, down, never pushes: at overdue 2 the step waits for it until 12 (`wake_at`), then
     goes without it. Its late push, computed at version 1, is dropped and answered with
     the new weights."""
-    from paramserver.reply.gather import release_due, wake_at
     from paramserver.handler import handle, release
     from paramserver.wire.protocol import Message, Pull
 
     now = [0.0]
-    state = fresh_state(3, fresh_reply="auto", overdue=2.0, server_momentum=0.0, weight_decay=0.0)
-    state.pace.clock = state.clock = lambda: now[0]
+    state = fresh_state(3, lambda: now[0], fresh_reply="auto", overdue=2.0, server_momentum=0.0, weight_decay=0.0)
+    reply = state.reply
     for rank in (1, 2, 3):
         handle(state, Message(rank, Tag.PULL, Pull()))
     now[0] = 1.0
     for rank in (1, 2, 3):  # the first round: every one waits; the third completes it
         gradient(state, rank, 1)
-    assert state.store.version == 1 and state.pace.compute == {1: 1.0, 2: 1.0, 3: 1.0}
+    assert state.store.version == 1 and reply.pace.compute == {1: 1.0, 2: 1.0, 3: 1.0}
     now[0] = 2.0
-    assert gradient(state, 1, 2)[0] == [] and gradient(state, 2, 2)[0] == [] and state.deferred == [1, 2]
-    assert wake_at(state) == 3.0 and not release_due(state, overdue=True) and release(state, overdue=True) == ([], [])
+    assert gradient(state, 1, 2)[0] == [] and gradient(state, 2, 2)[0] == [] and reply.deferred == [1, 2]
+    assert reply.wake_at(state) == 3.0 and not reply.release_due(state, overdue=True)
+    assert release(state, overdue=True) == ([], [])
     now[0] = 3.0
-    assert not release_due(state) and release(state) == ([], [])  # only a driver's wake-up counts 3 out
+    assert not reply.release_due(state) and release(state) == ([], [])  # only a driver's wake-up counts 3 out
     replies, _ = release(state, overdue=True)
-    assert [(r.dest, r.header.version) for r in replies] == [(1, 2), (2, 2)] and state.deferred == []
+    assert [(r.dest, r.header.version) for r in replies] == [(1, 2), (2, 2)] and reply.deferred == []
     assert state.store.weights.tolist() == [-1.75] * 4  # -1 (the mean 2 of 1, 2, 3) - 0.5 x the mean 1.5 of 1, 2
     [reply], events = gradient(state, 3, 2)
     assert (reply.dest, reply.header.version) == (3, 2) and type(events[0]).__name__ == "Dropped"
@@ -177,7 +184,7 @@ def test_overdue_is_off_at_0_and_no_factor_below_1():
 
     from paramserver.config.run import ConfigError, RunConfig
 
-    assert fresh_state(2, fresh_reply="auto", overdue=0).pace.wake_at([1]) is None
+    assert fresh_state(2, fresh_reply="auto", overdue=0).reply.pace.wake_at([1]) is None
     with pytest.raises(ConfigError, match=r"overdue: must be 0 \(off\) or a factor of at least 1"):
         RunConfig(overdue=0.5)
     assert RunConfig(overdue=1.5).overdue == 1.5

@@ -1,0 +1,159 @@
+"""When the server answers a client, and what the answer says of its next window: the
+server's reply policy, the one object `handle()` (paramserver/handler.py) and both
+drivers (the MPI loop's timed wait, the simulator's wake-up event) ask.
+
+A push is answered at once, unless its rule gathers it into a step not yet taken
+(`fresh`) and the policy defers the reply to that step (`ReplyMode.WAIT`, or `ReplyMode.AUTO`
+where the clients' pace says the step comes before the sender could push again:
+paramserver/reply/pace.py). The push that completes the step is answered with every
+deferred one. When every client still running waits so, or is overdue (computing for
+longer than the pace's bound: counted out as a lost client is), no push will complete the
+step: it is taken with what was gathered (`release_due`, then the handler's `release`),
+and `wake_at` tells a driver when that comes about if no message comes first. With DyLU
+each reply carries the client's next window (paramserver/reply/dylu.py).
+
+The policy keeps its own state (who waits, the pace's timings, DyLU's speeds); it reads
+of the server only what `Served` names: the store's version, what each client pulled and
+the rule's gather (`Rule.remaining`, `Rule.drops`).
+"""
+from __future__ import annotations
+
+import time
+from enum import Enum
+from typing import Callable, Protocol
+
+from paramserver.reply.dylu import Windows
+from paramserver.reply.pace import Pace
+
+
+class ReplyMode(str, Enum):
+    """`fresh_reply`: what a client whose push joins a step being gathered is answered."""
+
+    WAIT = "wait"    # the weights after the step
+    AGAIN = "again"  # the weights now, to compute again there (every non-gathering rule's)
+    AUTO = "auto"    # wait or again by the clients' pace
+
+
+class Gather(Protocol):
+    """What the policy reads of a rule (paramserver/rules/base.py)."""
+
+    remaining: int  # the minibatches the step being gathered still needs
+
+    def drops(self, staleness: int) -> str: ...
+
+
+class Weights(Protocol):
+    """What the policy reads of the Store (paramserver/store.py)."""
+
+    rule: Gather
+    version: int
+    pulled: dict[int, int]  # client -> the version it last pulled
+
+
+class Served(Protocol):
+    """What the policy reads of paramserver/handler.py's `ServerState`."""
+
+    store: Weights
+    waiting: list[int]  # client ranks still running
+
+    def client(self, rank: int) -> int: ...
+
+
+def check_keys(settings) -> str:
+    """Why the policy's keys are out of range (a ConfigError line), or ""."""
+    modes = [m.value for m in ReplyMode]
+    if settings.fresh_reply not in modes:
+        return f"fresh_reply: expected {' or '.join(modes)}, got {settings.fresh_reply!r}"
+    if settings.overdue != 0 and settings.overdue < 1:
+        return f"overdue: must be 0 (off) or a factor of at least 1 of a client's mean compute time, got {settings.overdue}"
+    return ""
+
+
+class ReplyPolicy:
+    def __init__(self, mode: ReplyMode = ReplyMode.AGAIN, clock: Callable[[], float] = time.monotonic,
+                 overdue: float = 0.0, windows: Windows | None = None):
+        self.mode = mode
+        self.pace = Pace(clock, overdue=overdue) if mode is ReplyMode.AUTO else None
+        self.windows = windows
+        self.clock = clock
+        self.deferred: list[int] = []  # client ranks whose replies wait for a step
+
+    @classmethod
+    def for_run(cls, cfg, gathers: bool, clients: int, clock: Callable[[], float] = time.monotonic) -> ReplyPolicy:
+        """The run's policy: `fresh_reply` where the rule gathers (with sharded servers, which
+        would each time the clients apart and answer one differently, `auto` waits), and
+        DyLU's windows where `dylu` is on."""
+        mode = ReplyMode(cfg.fresh_reply) if gathers else ReplyMode.AGAIN
+        if mode is ReplyMode.AUTO and cfg.servers > 1:
+            mode = ReplyMode.WAIT
+        return cls(mode, clock, cfg.overdue, Windows.for_run(cfg, clients))
+
+    def pushed(self, rank: int, client: int, minibatches: int) -> None:
+        """A push of `minibatches` minibatches came in: the client's pace and speed."""
+        if self.pace is not None:
+            self.pace.pushed(rank)
+        if self.windows is not None:
+            self.windows.pushed(client, minibatches, self.clock())
+
+    def replied(self, rank: int, client: int, running: list[int]) -> int:
+        """Weights go to `rank` now: its next window (0: n_push), from the speeds of the
+        clients still `running` (their numbers)."""
+        if self.pace is not None:
+            self.pace.replied(rank)
+        return self.windows.reply(client, self.clock(), running) if self.windows else 0
+
+    def defer(self, served: Served, rank: int, minibatches: int) -> bool:
+        """Whether the sender of a push the rule gathered (of `minibatches` minibatches) waits
+        for the step; if so it is deferred until `answered`."""
+        if self.mode is ReplyMode.AGAIN or (self.mode is ReplyMode.AUTO and not self._paced_wait(served, rank, minibatches)):
+            return False
+        self.deferred.append(rank)
+        return True
+
+    def _paced_wait(self, served: Served, rank: int, minibatches: int) -> bool:
+        """By the pace: wait unless the other clients still computing at weights the step
+        would take cannot complete it before this one could push again."""
+        store = served.store
+        out = self._counted_out(served, rank)
+        computing = [r for r in served.waiting if r != rank and r not in self.deferred and r not in out
+                     and not store.rule.drops(store.version - store.pulled.get(served.client(r), 0))]
+        needed = -(-store.rule.remaining // minibatches) - len(out)  # the step goes without those counted out
+        return needed <= 0 or self.pace.waits(rank, needed, computing)
+
+    def answered(self) -> list[int]:
+        """The deferred ranks, answered now (a step was taken)."""
+        ranks, self.deferred = self.deferred, []
+        return ranks
+
+    def _counted_out(self, served: Served, rank: int | None = None) -> list[int]:
+        """The clients still computing (but `rank`, whose push is being handled) that the
+        pace counts out as overdue."""
+        if self.pace is None:
+            return []
+        return self.pace.counted_out([r for r in served.waiting if r not in self.deferred and r != rank])
+
+    def release_due(self, served: Served, overdue: bool = False) -> bool:
+        """Whether every client still running waits for a step being gathered (or, with
+        `overdue`, is overdue): then no push will complete it, and the handler's `release`
+        takes it (a driver finishes replies in flight first: the step changes the weights
+        they may be reading). Overdue clients count only when a driver woke for them
+        (`wake_at`), idle and with no message waiting: while messages queue at a busy
+        server, an overdue client's push may be among them (measured: a server-bound
+        simulation dropped one)."""
+        out = self._counted_out(served) if overdue else []
+        return bool(self.deferred) and all(rank in self.deferred or rank in out for rank in served.waiting)
+
+    def wake_at(self, served: Served) -> float | None:
+        """When `release_due` comes true if no message comes first (None: only a message
+        can make it so): a driver acts then, with the clients it waits for overdue."""
+        if self.pace is None or not self.deferred:
+            return None
+        return self.pace.wake_at([r for r in served.waiting if r not in self.deferred])
+
+    def state(self) -> dict:
+        """What a checkpoint holds of the policy: DyLU's speeds (the pace is measured afresh)."""
+        return self.windows.state() if self.windows else {}
+
+    def load_state(self, arrays: dict) -> None:
+        if self.windows is not None:
+            self.windows.load_state(arrays)
