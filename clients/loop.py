@@ -24,7 +24,7 @@ import numpy as np
 
 from clients.client import Client
 from clients.stragglers import Failures, Stragglers
-from paramserver.config.run import Fault
+from paramserver.config.run import Fault, RunConfig
 from paramserver.wire.compress import ErrorFeedback, make_codec
 from paramserver.wire.protocol import Outgoing, Pull, Push, Rejoin, State, Stop, Tag, Weights
 
@@ -42,6 +42,20 @@ class ClientPlan:
     stragglers: Stragglers | None = None  # slept after each minibatch (MPI); the simulator's clock has them
     failures: Failures | None = None
     dylu: bool = False     # the server's replies set each window (n_push == n_fetch: each push fetches)
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig, index: int, clients: int, servers: int = 1, real_time: bool = True) -> ClientPlan:
+        """Client `index`'s plan of a run of `clients` clients, for both backends. The wait
+        for a reply is twice the server's stall timeout: when one client stalls, the server
+        (which names it) must give up before the others blame the busy server. In
+        `real_time` (MPI) the client sleeps the straggler model and fails where
+        `inject_fault` says; the simulator's clock has the stragglers instead."""
+        stragglers = Stragglers.for_run(cfg, clients)
+        return cls(index=index, steps=cfg.client_steps(clients), n_push=cfg.push_every, n_fetch=cfg.fetch_every,
+                   timeout=2 * cfg.stall_timeout, servers=tuple(range(servers)),
+                   fault=cfg.fault_for(index + servers, f"client {index}") if real_time else None,
+                   compress=cfg.compress, stragglers=stragglers if real_time and stragglers.active else None,
+                   failures=Failures.for_run(cfg, stragglers), dylu=cfg.dylu)
 
 
 def sleep_down(length: float, compute: float) -> float:

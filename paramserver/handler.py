@@ -159,8 +159,8 @@ class ServerState:
         progress itself (`fresh` under adascale: its steps' gains, one server, checkpointed
         with the rule), that count in samples."""
         batch = self.schedule.batch_size if self.schedule else 0
-        gained = self.store.rule.gained
-        return batch * self.tally.steps if gained is None else round(batch * gained)
+        own = self.store.rule.own_progress
+        return batch * self.tally.steps if own is None else round(batch * own)
 
     @property
     def waiting(self) -> list[int]:

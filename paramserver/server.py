@@ -123,7 +123,7 @@ class ServerLoop:
         finished = time.perf_counter()
         replies, events = handle(self.state, msg)
         handled = time.perf_counter()
-        posted = self._sent(replies, events)
+        posted = self._post_and_record(replies, events)
         if msg.tag == Tag.PUSH:
             apply = sum(e.apply_s for e in events if isinstance(e, Applied))
             self.cost.add(receive=getattr(self.link, "receive_s", 0.0), check=handled - finished - apply,
@@ -133,12 +133,12 @@ class ServerLoop:
 
     def _release(self, overdue: bool = False) -> None:
         self.finish_replies()
-        self._sent(*release(self.state, overdue))
+        self._post_and_record(*release(self.state, overdue))
 
-    def _sent(self, replies: list[Reply], events: list) -> float:
+    def _post_and_record(self, replies: list[Reply], events: list) -> float:
         """Post the replies, then record the events; returns when the replies were posted."""
         for reply in replies:
-            self._send(reply)
+            self._post(reply)
         posted = time.perf_counter()
         if self.recorder is not None:
             self.recorder.record(events)
@@ -187,7 +187,7 @@ class ServerLoop:
                 if clients:
                     raise ClientDied(clients[0], str(died)) from None
 
-    def _send(self, reply: Reply) -> None:
+    def _post(self, reply: Reply) -> None:
         """Start sending and go on serving: the transfer completes while we take the next
         message (waiting for it here would leave the server idle until the client is
         scheduled, half its time on a crowded machine)."""

@@ -61,7 +61,6 @@ class Store:
         self.version = version
         self.pulled: dict[int, int] = {}
         self.applied: Counter[int] = Counter()
-        self.rejected: Counter[int] = Counter()
         self.dropped: Counter[int] = Counter()
         self.staleness: Counter[int] = Counter()
 
@@ -122,8 +121,7 @@ class Store:
                 self.array = weights
         elif facts is not None:
             self.rule.apply(self.array, facts)
-        if reason:
-            self.rejected[client] += 1
+        if reason:  # counted by the handler's tally (pushes_rejected), with the other refusals
             return ApplyResult(False, self.version, staleness, reason)
         squared = self.fused.d_squared if self.fused else None  # summed by a host kernel on its way
         summed = self.fused is not None and self.fused.sums_noise  # d in the noise's window too, likewise
@@ -177,7 +175,7 @@ class Store:
             arrays.update({f"noise.{k}": np.array(v, np.float64) for k, v in noise.scalars().items()})
             if noise.total is not None:
                 arrays["noise_total"] = self.backend.export(noise.total)
-        for name in ("pulled", "applied", "rejected", "dropped", "staleness"):
+        for name in ("pulled", "applied", "dropped", "staleness"):
             arrays[f"store.{name}"] = np.array(sorted(dict(getattr(self, name)).items()), np.int64).reshape(-1, 2)
         return arrays
 
@@ -193,7 +191,7 @@ class Store:
             self.rule.noise.load_scalars({k[6:]: float(v) for k, v in arrays.items() if k.startswith("noise.")})
             self.rule.noise.total = self.backend.adopt(arrays["noise_total"]) if "noise_total" in arrays else None
         self.pulled = {int(k): int(v) for k, v in arrays["store.pulled"]}
-        for name in ("applied", "rejected", "dropped", "staleness"):
+        for name in ("applied", "dropped", "staleness"):  # an older checkpoint's store.rejected: unread
             counts = arrays.get(f"store.{name}", np.zeros((0, 2), np.int64))  # older checkpoints hold no drops
             setattr(self, name, Counter({int(k): int(v) for k, v in counts}))
 

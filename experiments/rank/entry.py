@@ -146,7 +146,7 @@ def _run_role(transport: Transport, started: Started, client: Client | None, ind
         if say_bye(transport, servers + setup.clients, serve_mpi(setup, transport, clock)["lost_clients"]):
             _exit(0)  # with clients lost, leave at once: MPI_Finalize would wait for them forever
         return 0
-    run_client(transport, client, _plan(index, servers, cfg, setup.clients), clock,
+    run_client(transport, client, ClientPlan.for_run(cfg, index, setup.clients, servers), clock,
                start=(started.steps[0], point.client_pushes[index] if point else 0))
     if wait_for_bye(transport):
         _exit(0)  # as server 0 did: see paramserver/wire/farewell.py
@@ -222,15 +222,6 @@ def _flatten(gathered: list[list[dict]] | None) -> list[dict] | None:
     return None if gathered is None else [row for rows in gathered for row in rows]
 
 
-def _plan(index: int, servers: int, cfg: RunConfig, clients: int) -> ClientPlan:
-    stragglers = Stragglers.for_run(cfg, clients)
-    return ClientPlan(index=index, steps=cfg.client_steps(clients), n_push=cfg.push_every, n_fetch=cfg.fetch_every,
-                      # Twice the server's: when one client stalls, the server (which names
-                      # it) must give up before the others blame the busy server.
-                      timeout=2 * cfg.stall_timeout, servers=tuple(range(servers)),
-                      fault=cfg.fault_for(index + servers, f"client {index}"), compress=cfg.compress,
-                      stragglers=stragglers if stragglers.active else None,
-                      failures=Failures.for_run(cfg, stragglers), dylu=cfg.dylu)
 
 
 def _fail(transport: Transport, error: Exception, index: int, servers: int, keep_going: bool, out: str,

@@ -87,7 +87,7 @@ class Rule:
     steps_with_optimizer = False  # whether the server's step is the run's optimizer (sgd, fresh)
     # the lr schedule's progress where the rule counts its own, in minibatches: the steps'
     # gains summed (fresh under adascale); None: the samples pushed are the progress
-    gained: float | None = None
+    own_progress: float | None = None
     # whether this rule's FORMULAS are its update with these settings (not, for the server's
     # Adam: then the fused paths stand aside and `apply` runs)
     formulas_fit = True

@@ -35,7 +35,7 @@ class FreshRule(SGDRule):
     `lr_scaling = "adascale"`: the step's lr is times AdaScale's gain r = (1 + B/b) /
     (1 + B/(S b)) from the noise scale B measured so far (rules/scaling.py `gain`; 1
     before the first window closes), not ramped, and the rule counts the schedule's
-    progress itself: `gained`, the steps' gains summed (AdaScale's tau), in minibatches,
+    progress itself: `own_progress`, the steps' gains summed (AdaScale's tau), in minibatches,
     whose samples (x b) the replies carry, so warmup and decay stretch as AdaScale's do."""
 
     gathers = True
@@ -64,7 +64,7 @@ w_out = w - lr * momentum_buffer_out;"""
         self.gather_factor = 1.0          # the lr factor at the gather's first push
         self.gather_ramp = 1.0            # and the scaling's ramp there
         self.adascale = settings.lr_scaling == "adascale"
-        self.gained = 0.0 if self.adascale else None
+        self.own_progress = 0.0 if self.adascale else None
 
     @classmethod
     def check_keys(cls, settings: RuleSettings) -> str:
@@ -122,31 +122,31 @@ w_out = w - lr * momentum_buffer_out;"""
             return ramped_scale(self.scaling, covered, ramp)
         return gain(covered, self.noise.estimate, self.batch_size) if self.noise.windows else 1.0
 
-    def stepped(self, scale: float) -> None:
+    def restart(self, scale: float) -> None:
         """A step was taken at lr x `scale`: the gather starts afresh; adascale's progress
         moves by the step's gain."""
         self.covered = 0
-        if self.gained is not None:
-            self.gained += scale
+        if self.own_progress is not None:
+            self.own_progress += scale
 
     def apply(self, w: Tensor, push: PushFacts) -> None:
         if self.total is None:
             self.total = w.new_zeros(w.shape)
         self.total.add_(push.d)
-        self.gathered(push)
+        self.count(push)
         if self.covered >= self.step_batch:
             self.step(w)
 
     def fused(self, push: PushFacts) -> Update:
         covered = self.covered + push.minibatches
         if covered < self.step_batch:
-            return Update(self.GATHER, {}, {"total": self.total}, after=lambda: self.gathered(push))
+            return Update(self.GATHER, {}, {"total": self.total}, after=lambda: self.count(push))
         factor, ramp = (self.gather_factor, self.gather_ramp) if self.covered else (push.lr_factor, push.scale_ramp)
         scale = self.step_scale(covered, ramp)
 
         def after() -> None:
-            self.gathered(push)
-            self.stepped(scale)
+            self.count(push)
+            self.restart(scale)
         scalars = {"lr": self.base_lr * factor * scale, "inv_count": 1.0 / covered,
                    "weight_decay": self.weight_decay}
         if not self.momentum:
@@ -154,7 +154,7 @@ w_out = w - lr * momentum_buffer_out;"""
         return Update(self.STEP, {**scalars, "momentum": self.momentum},
                       {"total": self.total, "momentum_buffer": self.buffer}, after=after)
 
-    def gathered(self, push: PushFacts) -> None:
+    def count(self, push: PushFacts) -> None:
         """Count the push just summed; the gather's first push fixes its lr factor."""
         if not self.covered:
             self.gather_factor, self.gather_ramp = push.lr_factor, push.scale_ramp
@@ -164,7 +164,7 @@ w_out = w - lr * momentum_buffer_out;"""
         scale = self.step_scale(self.covered, self.gather_ramp)
         self.optimizer.step(w, self.total.div_(self.covered), self.base_lr * self.gather_factor * scale)
         self.total.zero_()
-        self.stepped(scale)
+        self.restart(scale)
 
     def state(self) -> dict[str, Tensor]:
         return {**super().state(), **({} if self.total is None else {"total": self.total})}
@@ -174,17 +174,17 @@ w_out = w - lr * momentum_buffer_out;"""
         self.total = state.get("total")
 
     def scalars(self) -> dict[str, float]:
-        gained = {} if self.gained is None else {"gained": self.gained}
+        own = {} if self.own_progress is None else {"gained": self.own_progress}  # the checkpoint's name for it
         return {**super().scalars(), "covered": self.covered, "gather_factor": self.gather_factor,
-                "gather_ramp": self.gather_ramp, **gained}
+                "gather_ramp": self.gather_ramp, **own}
 
     def load_scalars(self, values: dict[str, float]) -> None:
         super().load_scalars(values)
         self.covered = int(values.get("covered", 0))
         self.gather_factor = float(values.get("gather_factor", 1.0))
         self.gather_ramp = float(values.get("gather_ramp", 1.0))
-        if self.gained is not None:
-            self.gained = float(values.get("gained", 0.0))
+        if self.own_progress is not None:
+            self.own_progress = float(values.get("gained", 0.0))
 
 
 def fixed_batch(settings: RuleSettings, clients: int) -> int:

@@ -65,7 +65,7 @@ def test_each_steps_lr_is_the_gain_of_the_noise_measured_before_it(kernel, sprea
     np.testing.assert_allclose(lrs, expected, rtol=2e-4)
     assert lrs[0] == pytest.approx(LR, rel=2e-4) and store.version == 60
     assert np.mean(lrs[-10:]) / LR == pytest.approx(gain(4, noise_scale, BATCH), rel=0.05)
-    assert rule.gained == pytest.approx(sum(lrs) / LR, rel=2e-4)
+    assert rule.own_progress == pytest.approx(sum(lrs) / LR, rel=2e-4)
 
 
 def test_one_client_at_one_minibatch_has_the_gain_1_and_counts_its_steps():
@@ -76,7 +76,7 @@ def test_one_client_at_one_minibatch_has_the_gain_1_and_counts_its_steps():
             s.pull(0)
             s.apply(0, g)
     np.testing.assert_array_equal(store.weights, plain.weights)
-    assert store.rule.gained == 12.0 and plain.rule.gained is None
+    assert store.rule.own_progress == 12.0 and plain.rule.own_progress is None
 
 
 def served(clients: int, **more) -> ServerState:
@@ -135,10 +135,10 @@ def test_a_stop_and_resume_changes_nothing(tmp_path, kernel):
     save_arrays(tmp_path / "ckpt.npz", stopped.state())
     resumed = Store(np.ones(N, np.float32), make_rule("fresh", cfg, 3), kernel=kernel)
     resumed.load_state(load_arrays(tmp_path / "ckpt.npz"))
-    assert resumed.rule.gained == stopped.rule.gained > 10
+    assert resumed.rule.own_progress == stopped.rule.own_progress > 10
     run(resumed, grads[31:], 31)
     np.testing.assert_array_equal(resumed.weights, straight.weights)
-    assert resumed.rule.gained == straight.rule.gained and resumed.version == straight.version == 20
+    assert resumed.rule.own_progress == straight.rule.own_progress and resumed.version == straight.version == 20
 
 
 @pytest.mark.parametrize("overrides,says", [
