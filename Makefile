@@ -105,7 +105,7 @@ fig1 starts modes scaling scaling-glyphs scaling-defaults: setup
 
 # Figs. 2 (cold), 3 (warm) and 4 (speedup) come from one sweep: results/$(SCALE)/starts/.
 # `make scaling`: every method's speedup to fixed targets against the tuned single client,
-# beside the measured ceiling (docs/results.md, How we report speedup); `make rules` is
+# beside the measured ceiling (DESIGN.md, How we report speedup; docs/results.md); `make rules` is
 # the same study, which holds every update rule; `make scaling-glyphs` the study's second
 # task, whose critical batch is larger (proxy scale only); `make scaling-defaults` the tool's
 # default re-measured on five seeds against issue 43's targets (proxy scale only).

@@ -17,7 +17,8 @@ what one human annotator gives CIFAR-10 (CIFAR-10N, Wei et al. 2022: 17%). Both 
 per-sample gradients disagreeing after the easy part is learnt, so the gradient noise
 scale (McCandlish et al. 2018), and with it the batch beyond which averaging more buys
 little, is about twice Fashion-MNIST's at the same point of training or more
-(docs/results.md says the measurement). Nothing was fitted to an asynchronous run.
+(docs/results/notes.md, The second task, says the measurement). Nothing was fitted to an
+asynchronous run.
 
 The images are a function of `SEED` alone (the same on every rank of an installation:
 numpy's generator, Pillow's rasteriser, torch's resampling); 60,000 train and 10,000 test, Fashion-MNIST's sizes, so the

@@ -43,7 +43,7 @@ class NoiseMeasured:
     the step size the fresh rule gathers from now on (None: another rule); `gain`: the lr
     multiplier of such a step under adascale from now on (None: another scaling);
     `grad_norm`: the norm of the window's mean gradient (at equal speeds, `fresh`'s
-    step's), the curve on which a loss spike shows first (docs/results.md)."""
+    step's), the curve on which a loss spike shows first (docs/results/notes.md)."""
 
     samples: int
     noise_scale: float | None

@@ -22,7 +22,7 @@ checkpointed: a resumed run waits for one round, then decides as before.
 A client the step would wait for that has computed for `overdue` times its mean compute
 time since it was sent weights is counted out (`overdue`, a factor: 0 = off): it is more
 likely down than late (a failure loses its work and it comes back only with a PULL), so
-the step is taken without it (paramserver/reply/gather.py's `release_due`, which each driver
+the step is taken without it (paramserver/reply/policy.py's `release_due`, which each driver
 calls at `wake_at`, the time the last client the step waits for falls overdue, when no
 message comes before: the MPI loop's timed wait, the simulator's event), and its late
 push, if one comes, is stale and dropped at R = 0, answered with the new weights. A factor
