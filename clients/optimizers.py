@@ -32,7 +32,7 @@ AUTOCAST = dict(zip(PRECISIONS, (None, torch.bfloat16, torch.float16)))  # preci
 
 @dataclass(frozen=True)
 class OptimizerSettings:
-    """The clients' optimizer, as the config gives it (`name`: one of configchecks.OPTIMIZERS,
+    """The clients' optimizer, as the config gives it (`name`: one of paramserver/config/checks.py's OPTIMIZERS,
     or the spec of the user's `factory`)."""
 
     name: str = "sgd"

@@ -13,7 +13,7 @@ base minibatch times, no server or wire cost. The straggler models are the proje
 Policies: `wait`; `lean L`, paramserver/reply/pace.py's own `Pace` on the model's clock at its
 `LEAN` L (`fresh_reply = "auto"` at LEAN 0.7: compute again iff L x the mean compute time
 brings the push in before the step, an overdue client due now; `lean L overdue F`: with
-the step taken without a client computing past F x its mean, as paramserver/reply/gather.py
+the step taken without a client computing past F x its mean, as paramserver/reply/policy.py
 takes it, the server waking then); `spread`, the rule
 derived from each client's mean and spread (bench/studies/spread_pace.py); `oracle`,
 which knows every client's next compute time and failure. Beside them, sync (every step waits for the slowest, and for a
@@ -110,12 +110,12 @@ class Model:
             due = sorted(self.finish[c] for c in computing)
             return len(due) >= needed and self.now + self.stragglers.factor(client, n) >= due[needed - 1]
         out = self.pace.counted_out([c for c in range(self.k) if c != client and c not in self.deferred])
-        needed -= len(out)  # as paramserver/reply/gather.py's `waits`: the step goes without them
+        needed -= len(out)  # as paramserver/reply/policy.py's `defer`: the step goes without them
         computing = [c for c in computing if c not in out]
         return needed <= 0 or self.pace.waits(client, needed, computing)
 
     def release(self) -> None:
-        """paramserver/reply/gather.py's `release_due`: the step without the clients counted out
+        """paramserver/reply/policy.py's `release_due`: the step without the clients counted out
         once every other client waits for it; else the server wakes when they all are."""
         running = [c for c in range(self.k) if c not in self.deferred]
         if not self.deferred:

@@ -22,7 +22,7 @@ from paramserver.config.file import read_toml
 from paramserver.faults import Fault, fault_on
 from paramserver.rules import RULES, rule_class
 
-# what importers take from here; the checks' words and the fault live in configchecks and faults
+# what importers take from here; the checks' words and the fault live in config/checks.py and faults
 __all__ = ["GROUPS", "PRECISIONS", "USER_CODE", "USER_CODE_KEYS", "ConfigError", "Fault", "RunConfig",
            "auto_momentum", "config_values", "field_types", "flag_type", "group_of", "is_user_code", "load_config",
            "model_args_text", "model_arguments", "parse_milestones"]
