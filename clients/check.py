@@ -16,7 +16,7 @@ from clients.models import run_model
 from clients.optimizers import user_optimizer
 from clients.metric import MetricTally, metric_function, metric_traits
 from clients.usercode import first_line, loss_function, optimizer_factory
-from paramserver.config.run import ConfigError, RunConfig
+from runconfig.settings import ConfigError, RunConfig
 
 
 LABEL_SAMPLE = 256  # items of each split whose labels are read, where not every label is at hand

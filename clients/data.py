@@ -103,7 +103,7 @@ MAX_CLASSES = 100_000  # a larger label is a mistake, not a class: the classifie
 
 def load_dataset(spec: str, data_dir: str | None = None) -> Dataset:
     """One entry point so the --dataset/--data-dir flags map straight onto a Dataset."""
-    from paramserver.config.run import is_user_code
+    from runconfig.settings import is_user_code
 
     if is_user_code(spec):  # the user's factory of torch Datasets
         from clients.usercode import load_user_data

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from clients.usercode import resolve
-from paramserver.config.run import USER_CODE, ConfigError
+from runconfig.settings import USER_CODE, ConfigError
 from rundir.measure import METRIC_HIGHER, METRIC_NAME
 
 

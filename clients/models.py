@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from clients.buffers import host_copy
-from paramserver.config.run import ConfigError, RunConfig, is_user_code, model_arguments
+from runconfig.settings import ConfigError, RunConfig, is_user_code, model_arguments
 
 if TYPE_CHECKING:
     from clients.data import Dataset

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset as TorchDataset, IterableDataset, TensorDataset, default_collate
 
-from paramserver.config.run import USER_CODE, ConfigError, is_user_code
+from runconfig.settings import USER_CODE, ConfigError, is_user_code
 
 _FILE_MODULES = "_asgd_user."          # sys.modules keys of files imported by path
 _REGISTERED: dict[str, Callable] = {}  # spec -> callable, for the Python API (no re-import in this process)

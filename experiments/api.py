@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 from clients import usercode
 from experiments.result import TrainResult
-from paramserver.config.run import USER_CODE_KEYS, ConfigError, RunConfig, field_types, model_args_text
+from runconfig.settings import USER_CODE_KEYS, ConfigError, RunConfig, field_types, model_args_text
 
 
 def train(model: Callable | str, data: Callable | str, *, loss: Callable | str | None = None,

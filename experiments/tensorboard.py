@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.run.provenance import START_TIME
-from paramserver.config.run import ConfigError, RunConfig
+from runconfig.settings import ConfigError, RunConfig
 from rundir.layout import RunDir
 from rundir.measure import ERROR, LOSS, METRIC, metric_measure, recorded_measure
 from rundir.smoothing import TrailingMean, window_for

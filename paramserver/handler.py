@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from paramserver.config.run import RunConfig
+from paramserver.settings import RunSettings
 from paramserver.events import (Applied, CheckpointDue, ClientRows, Dropped, Event, NoiseMeasured, Rejected,
                                  SnapshotDue)
 from paramserver.reply.policy import ReplyPolicy
@@ -105,7 +105,7 @@ class ServerState:
         self.landing = frame.empty(self.store.size, self.codec.wire_dtype) if compressed else self.buffer  # as they come
 
     @classmethod
-    def for_run(cls, cfg: RunConfig, weights: np.ndarray, clients: int, optimizer_factory: Callable | None = None,
+    def for_run(cls, cfg: RunSettings, weights: np.ndarray, clients: int, optimizer_factory: Callable | None = None,
                 **options: Any) -> ServerState:
         """A server's state for its slice `weights` of a run of `clients` clients: its store
         (`optimizer_factory`: the user's optimizer, for its rule), the clients' ranks (after

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from paramserver.config.run import RunConfig, parse_milestones
+from paramserver.settings import RunSettings
 from paramserver.rules.scaling import ramped_scale
 
 
@@ -52,7 +52,7 @@ class Schedule:
     counted: int = 1              # the client minibatches progress counts an update (K in the collective modes)
 
     @classmethod
-    def for_run(cls, cfg: RunConfig, clients: int, lr: float | None = None) -> "Schedule":
+    def for_run(cls, cfg: RunSettings, clients: int, lr: float | None = None) -> "Schedule":
         """The run's schedule of `lr` (default: the clients' lr) for `clients` clients."""
         averaged = clients - cfg.backup_workers if cfg.mode == "sync" else 1
         counted = 1 if cfg.mode == "async" else clients  # a backup worker's gradient counts, unused
@@ -84,3 +84,11 @@ class Schedule:
             p = min(1.0, (samples - self.warmup) / (self.planned - self.warmup))
             return self.floor + (1 - self.floor) * (1 + math.cos(math.pi * p)) / 2
         return 1.0
+
+
+def parse_milestones(text: str) -> tuple[int, ...]:
+    """`lr_milestones` as sample counts ("" is none); ValueError unless positive and increasing."""
+    milestones = tuple(int(part) for part in text.split(",")) if text.strip() else ()
+    if any(m <= 0 for m in milestones) or list(milestones) != sorted(set(milestones)):
+        raise ValueError(text)
+    return milestones

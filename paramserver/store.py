@@ -33,7 +33,7 @@ import numpy as np
 
 from paramserver.compute import fused, hostkernel
 from paramserver.compute.arrays import ServerArrays
-from paramserver.config.run import RunConfig
+from paramserver.settings import RunSettings
 from paramserver.rules import make_rule
 from paramserver.rules.base import PushFacts, Rule
 
@@ -65,7 +65,7 @@ class Store:
         self.staleness: Counter[int] = Counter()
 
     @classmethod
-    def for_run(cls, cfg: RunConfig, weights: np.ndarray, clients: int, optimizer_factory: Callable | None = None) -> Store:
+    def for_run(cls, cfg: RunSettings, weights: np.ndarray, clients: int, optimizer_factory: Callable | None = None) -> Store:
         """The server's store for these weights: its rule for `clients` clients, on its device
         (`optimizer_factory`: the user's optimizer, where the rule steps with it)."""
         return cls(weights, make_rule(cfg.rule, cfg, clients, optimizer_factory), backend=ServerArrays(cfg.server_device),

@@ -2,8 +2,8 @@
 
     offences(read_sources(ROOT)) -> ["path:line: imports X (reason)", ...]
 
-The rules: no import circle among the project's modules; rundir <- paramserver <- clients
-<- experiments <- bench <- asgd, never upward; the run directory (rundir) imports nothing else of ours, so
+The rules: no import circle among the project's modules; rundir <- paramserver <-
+runconfig <- clients <- experiments <- bench <- asgd, never upward; the run directory (rundir) imports nothing else of ours, so
 every package reads it without reaching into another's; plots reads run directories only
 (rundir); inside paramserver the wire imports nothing of the rest of it; mpi4py only in
 the wire's transport, the launch code and the bench. Every import counts, at module level,
@@ -17,17 +17,18 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGES = ("asgd", "bench", "rundir", "paramserver", "clients", "experiments", "plots")
+PACKAGES = ("asgd", "bench", "rundir", "paramserver", "runconfig", "clients", "experiments", "plots")
 
 # What each package may import of ours, by module-name prefix (its own modules included),
 # and why not the rest. experiments may import plots: `asgd report` draws the figures.
 MAY_IMPORT = {
     "rundir": (("rundir",), "rundir is the lowest layer: it imports nothing of the rest"),
-    "paramserver": (("rundir", "paramserver"), "upward: rundir <- paramserver <- clients <- experiments"),
-    "clients": (("rundir", "paramserver", "clients"), "upward: clients sit below experiments and plots"),
-    "experiments": (("rundir", "paramserver", "clients", "experiments", "plots"),
+    "paramserver": (("rundir", "paramserver"), "upward: rundir <- paramserver <- runconfig <- clients <- experiments"),
+    "runconfig": (("rundir", "paramserver", "runconfig"), "upward: the run's config sits below clients"),
+    "clients": (("rundir", "paramserver", "runconfig", "clients"), "upward: clients sit below experiments and plots"),
+    "experiments": (("rundir", "paramserver", "runconfig", "clients", "experiments", "plots"),
                     "upward: experiments sits below asgd"),
-    "bench": (("rundir", "paramserver", "clients", "experiments", "plots", "bench"),
+    "bench": (("rundir", "paramserver", "runconfig", "clients", "experiments", "plots", "bench"),
               "the bench measures the tool from outside it: only asgd sits above it"),
     "asgd": (PACKAGES, "asgd, the public import and the command, is the top layer"),
     "plots": (("plots", "rundir"), "plots reads run directories only: rundir"),

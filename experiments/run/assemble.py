@@ -34,7 +34,7 @@ from clients.sampling import ShardSampler, shard_indices
 from clients.usercode import loss_function, optimizer_factory
 from experiments.run.resume import ResumePoint, resume_point
 from experiments.run.record import RunSetup
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from paramserver.rules import rule_class
 from paramserver.schedule import Schedule
 from rundir.durable import load_arrays

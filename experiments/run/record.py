@@ -25,7 +25,7 @@ from clients.stragglers import client_speeds
 from clients.usercode import loss_function
 from experiments.run.inputs import fingerprint
 from experiments.progress import Progress
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from rundir.goodput import goodput
 from rundir.layout import RunDir
 from rundir.measure import curve_measure, stop_rules

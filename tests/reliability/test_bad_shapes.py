@@ -254,7 +254,7 @@ def test_a_class_axis_the_data_does_not_confirm_is_refused(own, capsys):
 ])
 def test_the_default_loss_takes_axis_1_only_where_it_is_sure_to_be_the_classes(outputs, targets, classes, says):
     from clients.check import _check_class_axis
-    from paramserver.config.run import ConfigError
+    from runconfig.settings import ConfigError
 
     out = torch.zeros(outputs)
     y = torch.zeros(targets) if len(targets) == len(outputs) and targets == outputs else \

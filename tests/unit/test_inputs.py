@@ -8,7 +8,7 @@ from torch.utils.data import Dataset as TorchDataset, TensorDataset
 from clients.data import Dataset
 from clients.usercode import TorchSplit
 from experiments.run.inputs import absolute_paths, check_fingerprint, fingerprint
-from paramserver.config.run import ConfigError
+from runconfig.settings import ConfigError
 
 
 def test_paths_become_absolute_and_names_stay(tmp_path, monkeypatch):

@@ -46,7 +46,7 @@ def test_the_checker_names_each_offence_by_file_and_line():
         "experiments/a.py:1: imports experiments.b (import circle: experiments.a -> experiments.b "
         "(experiments/a.py:1) -> experiments.c (experiments/b.py:2) -> experiments.a (experiments/c.py:1))",
         "paramserver/store.py:2: imports clients.client "
-        "(upward: rundir <- paramserver <- clients <- experiments)",
+        "(upward: rundir <- paramserver <- runconfig <- clients <- experiments)",
         "paramserver/wire/frame.py:4: imports paramserver.store (the wire sits below the rest of paramserver)",
         "rundir/layout.py:1: imports paramserver.wire "
         "(rundir is the lowest layer: it imports nothing of the rest)",

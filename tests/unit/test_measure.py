@@ -13,7 +13,7 @@ from torch.utils.data import TensorDataset
 from clients.evaluate import split_scores
 from clients.metric import MetricTally
 from clients.usercode import TorchSplit
-from paramserver.config.run import ConfigError, RunConfig
+from runconfig.settings import ConfigError, RunConfig
 from rundir.measure import Measure, Stop, curve_measure, stop_rules
 
 METRIC = {"metric": "m.py:perplexity", "metric_name": "perplexity", "metric_higher_is_better": False}

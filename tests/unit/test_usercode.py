@@ -21,7 +21,7 @@ from clients.usercode import resolve, spec_of
 from experiments.api import settings_flags, train
 from experiments.cli import main
 from experiments.parent.mpiexec import refuse_torchrun
-from paramserver.config.run import ConfigError, RunConfig, config_values
+from runconfig.settings import ConfigError, RunConfig, config_values
 
 USER = '''
 import math

@@ -3,7 +3,7 @@ patterns they accept.
 
 Every check runs as a RunConfig is made, so a bad run fails with one line
 (`ConfigError`, naming the field) before any MPI process starts. The checks read the
-config's fields by name and import nothing of paramserver.config.run, which calls them.
+config's fields by name and import nothing of runconfig.settings, which calls them.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Any, get_type_hints
 from paramserver.faults import fault_ok
 from paramserver.reply.policy import check_keys as reply_keys
 from paramserver.rules import RULES, rule_class
+from paramserver.schedule import parse_milestones
 from paramserver.wire.compress import CODECS
 
 BACKENDS = ("mpi", "sim")
@@ -287,14 +288,6 @@ def _check_performance(cfg: Any) -> None:
              f"expected auto or torch, got {cfg.server_kernel!r}")
     _require(cfg.compress in CODECS, "compress", f"expected {', '.join(CODECS)}, got {cfg.compress!r}")
     _require(cfg.compress == "none" or cfg.mode == "async", "compress", "needs --mode async (pushes and pulls)")
-
-
-def parse_milestones(text: str) -> tuple[int, ...]:
-    """`lr_milestones` as sample counts ("" is none); ValueError unless positive and increasing."""
-    milestones = tuple(int(part) for part in text.split(",")) if text.strip() else ()
-    if any(m <= 0 for m in milestones) or list(milestones) != sorted(set(milestones)):
-        raise ValueError(text)
-    return milestones
 
 
 def parse_speeds(text: str) -> list[float]:

@@ -1,0 +1,8 @@
+"""The run's settings as the server reads them. The run config is declared above this
+package (runconfig/settings.py's `RunConfig`, whose checks ask the rules and the reply
+policy here about their own keys), so the server takes it by duck type: each `for_run`
+reads the keys it names, and a rule's are listed in paramserver/rules/base.py's
+`RuleSettings`."""
+from typing import Any
+
+RunSettings = Any  # a runconfig.settings.RunConfig, or anything with the keys a reader names
