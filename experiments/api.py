@@ -36,7 +36,7 @@ import sys
 from dataclasses import fields
 from typing import Any, Callable
 
-from clients import usercode
+from clients.user import code as usercode
 from experiments.result import TrainResult
 from runconfig.settings import USER_CODE_KEYS, ConfigError, RunConfig, field_types, model_args_text
 

@@ -256,7 +256,7 @@ def _result(status: int, out: str) -> TrainResult:
 
 def _check_inputs(cfg: RunConfig) -> None:
     """What the config alone cannot know: the data, the model, the run directory."""
-    from clients.check import check_user_code
+    from clients.user.check import check_user_code
     from clients.data import DataError, load_dataset
     from clients.models import model_factory
     from runconfig.settings import is_user_code

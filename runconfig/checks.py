@@ -30,7 +30,7 @@ AUTO_KEYS = ("momentum", "fresh_batch")  # keys that also take the word "auto"
 LR_SCHEDULES = ("constant", "cosine", "step")
 LR_SCALINGS = ("none", "linear", "sqrt", "adascale")
 SIM_PROFILES = ("measured", "paper")  # their values: experiments/sim/costs.py
-# user code named in a config (clients/usercode.py imports it): a .py file, or a module (recorded with
+# user code named in a config (clients/user/code.py imports it): a .py file, or a module (recorded with
 # the folder it was found in, FOLDER:module:name, so it imports again from any working directory), a name in it
 USER_CODE = re.compile(r"(?:(?P<file>[^:]+\.py)|(?:(?P<folder>[^:]+):)?(?P<module>[A-Za-z_][\w.]*))"
                        r":(?P<name>[A-Za-z_][\w.]*)")

@@ -57,7 +57,7 @@ def _travelling(spec: str) -> str:
         return f"{_absolute(parts['file'])}:{parts['name']}"
     if parts["folder"]:
         return f"{_absolute(parts['folder'])}:{parts['module']}:{parts['name']}"
-    from clients.usercode import module_spec
+    from clients.user.code import module_spec
     return module_spec(parts["module"], parts["name"])
 
 

@@ -6,7 +6,7 @@ import torch
 from torch.utils.data import Dataset as TorchDataset, TensorDataset
 
 from clients.data import Dataset
-from clients.usercode import TorchSplit
+from clients.user.code import TorchSplit
 from experiments.run.inputs import absolute_paths, check_fingerprint, fingerprint
 from runconfig.settings import ConfigError
 

@@ -10,7 +10,7 @@ from torch.utils.data import Dataset
 
 from clients.evaluate import RECALIBRATE_SAMPLES, EvalItems, LiveCurve, curve_samples, final_measurement
 from clients.models import flat_weights
-from clients.usercode import TorchSplit
+from clients.user.code import TorchSplit
 from rundir.layout import RunDir
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import torch
 
-from clients.usercode import resolve
+from clients.user.code import resolve
 from runconfig.settings import USER_CODE, ConfigError
 from rundir.measure import METRIC_HIGHER, METRIC_NAME
 

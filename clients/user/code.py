@@ -18,7 +18,7 @@ takes two arguments (with the run's `model_args` as keywords), else as
 initial weights. A data factory is called with no arguments; each client reads a
 disjoint seeded shard of its train Dataset (`TorchSplit` puts any map-style Dataset behind
 the `Split.batch(idx)` protocol, so `ShardSampler` orders and resumes it as any other).
-`clients/check.py` imports the three, checks what they return and runs one sample forward
+`clients/user/check.py` imports the three, checks what they return and runs one sample forward
 and through the loss, so a mistake is one `ConfigError` line before any MPI process starts.
 """
 from __future__ import annotations
