@@ -236,7 +236,7 @@ class ServerLoop:
         what = (f"client {client} (rank {lost.rank}, host {self.hosts.get(lost.rank, '?')}) lost: {lost}; "
                 f"last step {step}, last message {self.heard[lost.rank][1]}")
         if self.recorder is not None:
-            self.recorder.lost({"client": client, "rank": lost.rank, "lost": what, "kind": type(lost).__name__})
+            self.recorder.membership({"client": client, "rank": lost.rank, "lost": what, "kind": type(lost).__name__})
         if self.on_client_failure != "continue":
             raise type(lost)(lost.rank, what, named=True)
         tally.lost[lost.rank] = {"client": client, "rank": lost.rank, "last_step": step,
