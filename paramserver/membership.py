@@ -111,6 +111,16 @@ def _free_slot(state: ServerState) -> tuple[int, int]:
     return len(state.client_ranks), 0
 
 
+def lose(state: ServerState, rank: int, reason: str) -> dict[str, Any]:
+    """The run goes on without client rank `rank` (`on_client_failure = "continue"`): its
+    entry in the summary's lost_clients. Its number is never given again; its shard
+    waits for a joiner where it stood (`_free_slot`)."""
+    client = state.client(rank)
+    entry = {"client": client, "rank": rank, "last_step": int(state.tally.client_steps[client]), "reason": reason}
+    state.tally.lost[rank] = entry
+    return entry
+
+
 def grow(state: ServerState, rank: int) -> int:
     """The server's per-client state, one client more; its number."""
     state.client_ranks.append(rank)
