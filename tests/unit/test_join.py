@@ -15,7 +15,7 @@ SECRET = "s3cret"
 
 def _state(secret: str | None = SECRET, **settings) -> ServerState:
     """Two clients (ranks 1 and 2) of DC-ASGD with DyLU, each budgeted 10 minibatches."""
-    cfg = RunConfig(clients=2, rule="dcasgd", dylu=True, budget="client", steps=10, n_sync=2,
+    cfg = RunConfig(clients=2, rule="dcasgd", dylu=True, budget="client", steps=10, n_sync=2, backend="sim",
                     joinable=secret is not None, **settings)
     state = ServerState.for_run(cfg, np.arange(4, dtype=np.float32), 2, secret=secret, clock=lambda: 0.0)
     for rank in (1, 2):
@@ -98,7 +98,7 @@ def test_a_refused_join_is_named_and_changes_nothing(case, reason):
 
 
 def test_under_the_runs_budget_a_joiner_is_refused_once_the_budget_is_spent():
-    cfg = RunConfig(clients=1, budget="run", steps=4, n_sync=2, joinable=True)
+    cfg = RunConfig(clients=1, budget="run", steps=4, n_sync=2, backend="sim", joinable=True)
     state = ServerState.for_run(cfg, np.zeros(4, np.float32), 1, secret=SECRET, clock=lambda: 0.0)
     handle(state, Message(1, Tag.PULL, Pull()))
     [reply], _ = _join(state, rank=2)
@@ -107,3 +107,20 @@ def test_under_the_runs_budget_a_joiner_is_refused_once_the_budget_is_spent():
     _push(state, 2, 2)  # the budget's 4 are in
     _, [event] = _join(state, rank=3)
     assert isinstance(event, JoinRefused) and "finished" in event.reason
+
+
+@pytest.mark.parametrize("settings, field", [
+    ({"joinable": True}, "joinable"),  # over MPI: refused, the measured reason in docs/joining.md
+    ({"backend": "sim", "joinable": True, "mode": "sync"}, "joinable"),
+    ({"backend": "sim", "joins": "2@1"}, "joins"),
+    ({"backend": "sim", "joinable": True, "joins": "2@x"}, "joins"),
+    ({"backend": "sim", "joinable": True, "joins": "3@1"}, "joins"),
+    ({"backend": "sim", "joinable": True, "joins": "3@1,2@2"}, "joins"),
+    ({"backend": "sim", "joinable": True, "max_clients": 1}, "max_clients"),
+    ({"backend": "sim", "max_clients": 3}, "max_clients"),
+])
+def test_join_settings_are_checked_before_anything_runs(settings, field):
+    from paramserver.config.run import ConfigError
+    with pytest.raises(ConfigError, match=f"^{field}:"):
+        RunConfig(clients=2, **settings)
+    RunConfig(clients=2, backend="sim", joinable=True, joins="3@1,2@0.5", max_clients=4)  # in time order: fine
