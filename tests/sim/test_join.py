@@ -65,3 +65,18 @@ def test_a_run_that_clients_joined_is_refused_a_resume_in_one_line(tmp_path, tin
               "--joinable", "--joins", "1@0.02")
     assert main(["train", "--resume", str(run), "--steps", "20"]) == 2
     assert "joined" in capsys.readouterr().err
+
+
+def test_a_joiner_far_slower_than_the_others_pulls_once_pushes_and_the_budget_holds(tmp_path, tiny_npz):
+    """Speeds 1 and 0.05: joiner 2 runs on client 0's hardware, joiner 3 on client 1's, 20
+    times slower. Under the run's budget (40 minibatches) the fast clients compute most of
+    it; the slow joiner pulls once (on joining), pushes the window it was told to run, from
+    the version it joined at, and is told to stop: the run's minibatches are exactly its budget."""
+    run = sim(tmp_path / "slow", tiny_npz, "--clients", "2", "--steps", "20", "--n-sync", "2",
+              "--client-speeds", "1,0.05", "--joinable", "--joins", "2@0.05,3@0.06")
+    counts = each_once(run)
+    joined = {r["joined"]: r["version"] for r in rows(run, "server") if "joined" in r}
+    slow = [r for r in rows(run, "clients") if r["client"] == 3]
+    pulls = [r["version_pulled"] for r in slow if "version_pulled" in r]
+    assert len(slow) == 2 and pulls == [joined[3]]
+    assert sum(counts.values()) == summary(run)["minibatches"] == 40 and counts[0] > counts[3]
