@@ -21,7 +21,10 @@ them in one order and decide alike (a reply's pace is `wait` with several, as ov
 and one server with the whole vector computes what they do, a push costing one server's
 time for its slice (`apply_time`) and a reply a slice's transfer. It departs from MPI
 only where a push is finite in one slice and not in another. A client that pushes
-without fetching goes on once its push is sent. `time` in the logs is this virtual time. A cost profile
+without fetching goes on once its push is sent. With `joins` (and `joinable`) a process
+sends JOIN at its virtual time and, let in, trains as client K, K+1, ... (docs/joining.md);
+under `on_client_failure = "continue"` a client dies where `inject_fault` says and the
+server is told at once, as MPI tells it of a dead process. `time` in the logs is this virtual time. A cost profile
 (`sim_profile`, `PROFILES`) gives the costs not set: `measured` (this host and model)
 or `paper` (the paper's model size, GPUs and network, so n_sync's trade-off between
 communication and staleness shows even though the proxy model is small).
@@ -206,12 +209,11 @@ class Simulation:
         self.now = when
         self._replied(server, server.release())
 
-    def _join(self, server: InProcess, when: float, n: int, join: Join) -> None:
-        """A JOIN from rank after the clients' (`n`: its number among all processes): a
+    def _join(self, server: InProcess, when: float, i: int, join: Join) -> None:
+        """A JOIN from a rank after the K clients' (`i`: K + its place among the joins): a
         Welcome makes it client `len(loops)`, which trains once the weights reach it."""
         self.now = max(when, self.server_free)
-        ranks = server.state.client_ranks
-        replies = server.deliver(ranks[0] + n, Tag.JOIN, join)
+        replies = server.deliver(server.state.client_ranks[0] + i, Tag.JOIN, join)
         if replies:
             loop, clock = self.joiner(replies[0].header)
             self.loops.append(loop)
