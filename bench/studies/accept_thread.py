@@ -1,7 +1,7 @@
 """Whether a server can wait for joiners on a thread blocked in MPI_Comm_accept while its
 main thread serves: two separately launched jobs, MPI's dynamic processes.
 
-    python -m bench.studies.accept_thread [--joiners 2] [--wait 20]
+    python -m bench.studies.accept_thread [--joiners 2] [--wait 20] [--knock | --dead]
 
 Issue 55's `asgd train --joinable` needs server 0 to accept new clients without stopping
 its loop. MPI has no non-blocking accept, so the natural design is a thread blocked in
@@ -12,7 +12,11 @@ name to a file, accepts `--joiners` times on a thread and answers each JOIN from
 loop) and each joiner as another `mpiexec -n 1` job, one after the other, each allowed
 `--wait` seconds for its answer. It prints, in the server's seconds since the port was
 open, when each connection was accepted and when its JOIN was seen and answered, and
-each joiner's own times. A measurement, not a test: what it found is in docs/joining.md.
+each joiner's own times. `--knock`: the other design, no thread: each joiner writes a
+knock file once its `Connect` is under way (on a thread of its own) and the server calls
+`Accept` in its main thread only after a knock; `--dead`: so, but the joiner exits 0.2 s
+after knocking and the server accepts 2 s after the knock (a joiner killed while it joins).
+A measurement, not a test: what it found is in docs/joining.md.
 """
 from __future__ import annotations
 
@@ -27,6 +31,27 @@ import time
 from pathlib import Path
 
 JOIN = 10  # the message tag of the probe's join and its answer
+
+
+def serve_knocked(port_file: str, joiners: int, dead: bool) -> None:
+    """Accept in the main thread, once a joiner has knocked."""
+    from mpi4py import MPI
+    port = MPI.Open_port()
+    Path(port_file).write_text(port)
+    for n in range(joiners):
+        knock = Path(f"{port_file}.knock{n}")
+        while not knock.exists():
+            time.sleep(0.01)
+        time.sleep(2.0 if dead else 0.0)
+        began = time.monotonic()
+        print(f"server: knock {n + 1}; accepting", flush=True)
+        comm = MPI.COMM_SELF.Accept(port).Merge(high=False)
+        print(f"server: accepted after {time.monotonic() - began:.3f} s", flush=True)
+        if not dead:
+            comm.recv(source=1, tag=JOIN)
+            comm.send("welcome", dest=1, tag=JOIN)
+    print("server: done", flush=True)
+    os._exit(0)
 
 
 def serve(port_file: str, joiners: int, wait: float) -> None:
@@ -56,10 +81,19 @@ def serve(port_file: str, joiners: int, wait: float) -> None:
     os._exit(0)  # a joiner may still be connected: MPI_Finalize would wait for it
 
 
-def join(port_file: str) -> None:
+def join(port_file: str, knock: str = "", dead: bool = False) -> None:
     from mpi4py import MPI
     began = time.monotonic()
-    comm = MPI.COMM_SELF.Connect(Path(port_file).read_text()).Merge(high=True)
+    port, connected = Path(port_file).read_text(), queue.Queue()
+    if knock:  # the Connect under way on a thread, then the knock
+        threading.Thread(target=lambda: connected.put(MPI.COMM_SELF.Connect(port)), daemon=True).start()
+        time.sleep(0.3)
+        Path(knock).write_text("knock")
+        if dead:
+            time.sleep(0.2)
+            print("joiner: exiting after its knock", flush=True)
+            os._exit(0)
+    comm = (connected.get() if knock else MPI.COMM_SELF.Connect(port)).Merge(high=True)
     print(f"joiner: connected in {time.monotonic() - began:.3f} s", flush=True)
     comm.send("join", dest=0, tag=JOIN)
     comm.recv(source=0, tag=JOIN)
@@ -71,16 +105,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--joiners", type=int, default=2)
     parser.add_argument("--wait", type=float, default=20.0, help="seconds a joiner waits for its answer")
+    parser.add_argument("--knock", action="store_true", help="accept after a knock, in the main thread")
+    parser.add_argument("--dead", action="store_true", help="--knock, each joiner exiting after its knock")
     parser.add_argument("--role", choices=("server", "joiner"), help=argparse.SUPPRESS)
     parser.add_argument("--port-file", help=argparse.SUPPRESS)
+    parser.add_argument("--knock-file", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    knocked = args.knock or args.dead
     if args.role == "server":
-        return serve(args.port_file, args.joiners, args.wait)
+        return serve_knocked(args.port_file, args.joiners, args.dead) if knocked else \
+            serve(args.port_file, args.joiners, args.wait)
     if args.role == "joiner":
-        return join(args.port_file)
+        return join(args.port_file, args.knock_file, args.dead)
     mpiexec = str(Path(sys.executable).with_name("mpiexec"))
     me = [sys.executable, "-m", "bench.studies.accept_thread", "--joiners", str(args.joiners), "--wait",
-          str(args.wait)]
+          str(args.wait), *(["--knock"] if args.knock else []), *(["--dead"] if args.dead else [])]
     with tempfile.TemporaryDirectory() as folder:
         port_file = os.path.join(folder, "port")
         server = subprocess.Popen([mpiexec, "-n", "1", *me, "--role", "server", "--port-file", port_file],
@@ -90,7 +129,8 @@ def main() -> None:
         for n in range(args.joiners):
             print(f"launching joiner {n + 1}", flush=True)
             try:
-                subprocess.run([mpiexec, "-n", "1", *me, "--role", "joiner", "--port-file", port_file],
+                knock = ["--knock-file", f"{port_file}.knock{n}"] if knocked else []
+                subprocess.run([mpiexec, "-n", "1", *me, "--role", "joiner", "--port-file", port_file, *knock],
                                timeout=args.wait, start_new_session=True)
             except subprocess.TimeoutExpired:
                 print(f"joiner {n + 1}: no answer within {args.wait:g} s", flush=True)
