@@ -97,7 +97,7 @@ def resumed_config(asked: dict[str, Any]) -> RunConfig:
 def _refuse_joiners(run_dir: str, clients: int | None) -> None:
     """A run that clients joined cannot be resumed yet: its checkpoint counts clients the
     resume would not start (docs/joining.md says what is missing)."""
-    held = len(load_arrays(RunDir(run_dir).checkpoint_path, checksummed=True)["tally.client_steps"])
+    held = len(load_arrays(RunDir(run_dir).checkpoint_path, checksummed=True).get("tally.client_steps", ()))
     if clients is not None and held > clients:
         raise ConfigError(f"resume: {held - clients} client(s) joined {run_dir} while it ran; resuming a run "
                           "with joiners is not supported yet (docs/joining.md)")
