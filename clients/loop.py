@@ -49,11 +49,14 @@ class ClientPlan:
         for a reply is twice the server's stall timeout: when one client stalls, the server
         (which names it) must give up before the others blame the busy server. In
         `real_time` (MPI) the client sleeps the straggler model and fails where
-        `inject_fault` says; the simulator's clock has the stragglers instead."""
+        `inject_fault` says; the simulator's clock has the stragglers instead, and its
+        clients fail where `inject_fault` says only under `continue` (the client dies;
+        the run goes on without it, as over MPI)."""
         stragglers = Stragglers.for_run(cfg, clients)
         return cls(index=index, steps=cfg.client_steps(clients), n_push=cfg.push_every, n_fetch=cfg.fetch_every,
                    timeout=2 * cfg.stall_timeout, servers=tuple(range(servers)),
-                   fault=cfg.fault_for(index + servers, f"client {index}") if real_time else None,
+                   fault=cfg.fault_for(index + servers, f"client {index}")
+                   if real_time or cfg.on_client_failure == "continue" else None,
                    compress=cfg.compress, stragglers=stragglers if real_time and stragglers.active else None,
                    failures=Failures.for_run(cfg, stragglers), dylu=cfg.dylu)
 

@@ -23,6 +23,13 @@ def shard_indices(n: int, n_shards: int, shard: int, seed: int | list[int]) -> n
     return np.array_split(order, n_shards)[shard].astype(np.int64)
 
 
+def slot_indices(n: int, n_shards: int, slot: int, seed: int | list[int]) -> np.ndarray:
+    """The samples of shard `slot`: one of the run's `n_shards` (`shard_indices`), or for a
+    slot beyond them (a client that joined a job with no lost client's shard free:
+    paramserver/membership.py) the whole training set, in an order of its own."""
+    return shard_indices(n, n_shards, slot, seed) if slot < n_shards else np.arange(n, dtype=np.int64)
+
+
 class ShardSampler:
     """Minibatches of one client's shard in an order fixed by (seed, client, epoch), so runs repeat and resume.
 

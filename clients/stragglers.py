@@ -76,7 +76,7 @@ class Stragglers:
     def factor(self, client: int, step: int) -> float:
         """The compute time multiplier of `client`'s minibatch number `step` (from 1)."""
         z = self._draws(client, step)[0] if self.sigma else 0.0
-        return self.slow[client] * math.exp(self.sigma * z)
+        return self.slow[client % self.clients] * math.exp(self.sigma * z)  # a joiner: as K's hardware wraps
 
     def pause(self, client: int, step: int) -> float:
         """Seconds of pause after that minibatch."""

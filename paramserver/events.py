@@ -77,4 +77,25 @@ class CheckpointDue:
     version: int
 
 
-Event = Applied | Rejected | Dropped | NoiseMeasured | ClientRows | SnapshotDue | CheckpointDue
+@dataclass(frozen=True)
+class Joined:
+    """A process joined the running job as client `client` (a new number) at `version`:
+    a server.jsonl row and an entry of the summary's `joined_clients`."""
+
+    client: int
+    rank: int
+    host: str
+    version: int
+
+
+@dataclass(frozen=True)
+class JoinRefused:
+    """A JOIN the server refused (wrong secret, full, finished, not joinable, malformed),
+    which changed nothing: a server.jsonl row, and a line on the console."""
+
+    rank: int
+    host: str
+    reason: str
+
+
+Event = Applied | Rejected | Dropped | NoiseMeasured | ClientRows | SnapshotDue | CheckpointDue | Joined | JoinRefused

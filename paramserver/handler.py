@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from paramserver import membership
 from paramserver.settings import RunSettings
 from paramserver.events import (Applied, CheckpointDue, ClientRows, Dropped, Event, NoiseMeasured, Rejected,
                                  SnapshotDue)
@@ -42,7 +43,9 @@ from paramserver.store import ApplyResult, Store
 from paramserver.wire import frame
 from paramserver.wire.compress import Codec, make_codec
 from paramserver.wire.frame import Garbled
-from paramserver.wire.protocol import FROM_CLIENTS, Message, Push, Rejoin, Reply, State, Tag, Weights, well_formed
+from paramserver.membership import Membership
+from paramserver.wire.protocol import (FROM_CLIENTS, Message, Push, Rejoin, Reply, State, Tag, Weights, Welcome,
+                                       well_formed)
 
 
 class ClientLost(RuntimeError):
@@ -69,12 +72,12 @@ class ServerState:
     whose multiplier the rule applies with; None: a constant lr. `clock`: the run's
     (virtual in the simulator), by which a checkpoint is due `checkpoint_every` seconds
     after the last. `reply`: when to answer a push, and DyLU's windows (its own clock:
-    the same). `stop`:
-    whether the run reached a target (`stop_at_error`, `_loss`, `_metric`): every reply from then on tells
-    its client to stop. `collects_states`: checkpoints hold the clients' optimizer states
+    the same). `stop`: whether the run reached a target (`stop_at_error`, `_loss`,
+    `_metric`): every reply from then on tells its client to stop. `collects_states`: checkpoints hold the clients' optimizer states
     (see the module's doc); `client_states`: client -> the state its last push handled (or
     STOP) came with, where it came with one; `arrived_states`: those awaiting their push.
     `budget`: the run's, where the run has one (`budget = "run"`; paramserver/tally.py).
+    `members`: who may join and each client's shard (paramserver/membership.py).
     """
 
     store: Store
@@ -96,8 +99,10 @@ class ServerState:
     checkpoint_every: float = 0.0  # seconds of `clock` after which a checkpoint is due between curve points
     checkpointed_at: float = 0.0   # `clock` when the last was asked for (from the start: __post_init__)
     budget: RunBudget | None = None
+    members: Membership | None = None
 
     def __post_init__(self) -> None:
+        self.members = self.members or Membership.for_clients(len(self.client_ranks), 0)
         self.checkpointed_at = self.clock()
         self.tally = self.tally or ServerTally(len(self.client_ranks))
         self.buffer = frame.empty(self.store.size, np.float32)  # pushes, as float32
@@ -106,18 +111,21 @@ class ServerState:
 
     @classmethod
     def for_run(cls, cfg: RunSettings, weights: np.ndarray, clients: int, optimizer_factory: Callable | None = None,
-                **options: Any) -> ServerState:
+                secret: str | None = None, **options: Any) -> ServerState:
         """A server's state for its slice `weights` of a run of `clients` clients: its store
         (`optimizer_factory`: the user's optimizer, for its rule), the clients' ranks (after
         the servers'), the wire's codec, the lr schedule the server counts progress for and
-        applies its rule's lr by (`options`: the other fields)."""
+        applies its rule's lr by, who may join (`secret`: None, not joinable) (`options`:
+        the other fields)."""
         store = Store.for_run(cfg, weights, clients, optimizer_factory)
         clock = options.get("clock", time.monotonic)
+        members = Membership.for_clients(clients, cfg.client_steps(clients), secret, cfg.max_clients)
         return cls(store, list(range(cfg.servers, cfg.servers + clients)),
                    codec=make_codec(cfg.compress),
                    schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr),
                    reply=ReplyPolicy.for_run(cfg, store.rule.gathers, clients, clock),
-                   budget=RunBudget(cfg.client_steps(clients), cfg.fetch_every) if cfg.run_budget else None, **options)
+                   budget=RunBudget(cfg.client_steps(clients), cfg.fetch_every) if cfg.run_budget else None,
+                   members=members, **options)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """What a checkpoint holds of the server: the Store's arrays, and the reply policy's."""
@@ -146,6 +154,7 @@ class ServerState:
             # memory the rule's state takes beside the weights (DC-ASGD's copies, momentum, sums)
             "rule_state_bytes": sum(t.numel() * t.element_size() for t in store.rule.state().values()),
             "lost_clients": sorted(tally.lost.values(), key=lambda lost: lost["client"]),
+            "joined_clients": list(self.members.joined),
         }
 
     def client(self, rank: int) -> int:
@@ -183,6 +192,8 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
     if msg.source in state.peers and msg.tag == Tag.PULL:  # server 0 reads this slice for a snapshot
         return [Reply(msg.source, Weights(state.store.version, state.store.size, state.progress),
                       state.store.weights)], []
+    if msg.tag == Tag.JOIN:
+        return _join(state, msg)
     problem = _message_problem(state, msg)
     if problem:
         return [], [_reject(state, msg.source, problem)]
@@ -225,10 +236,7 @@ def _answer_deferred(state: ServerState) -> list[Reply]:
 
 
 def tag_name(tag: int) -> str:
-    try:
-        return Tag(tag).name
-    except ValueError:
-        return f"unknown tag {tag}"
+    return Tag(tag).name if tag in Tag._value2member_map_ else f"unknown tag {tag}"
 
 
 def _message_problem(state: ServerState, msg: Message) -> str:
@@ -258,6 +266,18 @@ def _weights_for(state: ServerState, rank: int) -> Reply:
     if budget is not None and not stop:
         budget.went(state.tally, client, window)
     return Reply(rank, Weights(version, weights.size, state.progress, stop, state.checkpoint_due, window), data)
+
+
+def _join(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
+    """A process asks to join (paramserver/membership.py): refused, changing nothing, or a
+    client from now on, answered with the weights as a pull is and its place in the run."""
+    refused = membership.refusal(state, msg)
+    if refused is not None:
+        return [], [refused]
+    client, steps, slot, position = membership.seat(state, msg.source)
+    weights = _weights_for(state, msg.source)
+    welcome = Welcome(client, steps, slot, position, weights.header)
+    return [Reply(msg.source, welcome, weights.payload)], [membership.joined(state, client, msg.source, msg.header.host)]
 
 
 def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, int, list[Event]]:

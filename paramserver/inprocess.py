@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from paramserver import membership
 from paramserver.handler import ServerState, handle, release
 from paramserver.recorder import Recorder
 from paramserver.wire.protocol import Message, Reply, Tag, carries_payload, payload_target
@@ -28,6 +29,14 @@ class InProcess:
         """The step a driver woke for (the reply policy's `wake_at`), if it is still
         due: taken without the clients overdue, recorded; the replies, as `deliver`'s."""
         return self._recorded(*release(self.state, overdue=True))
+
+    def lose(self, rank: int, what: str) -> list[Reply]:
+        """Client rank `rank` died (the simulator's `inject_fault` under `continue`): recorded
+        as the MPI loop records a lost client, and a step that waited for it taken; the
+        replies, as `deliver`'s."""
+        self.recorder.membership({"client": self.state.client(rank), "rank": rank, "lost": what, "kind": "ClientDied"})
+        membership.lose(self.state, rank, f"ClientDied: {what}")
+        return self._recorded(*release(self.state))
 
     def _recorded(self, replies: list[Reply], events: list) -> list[Reply]:
         self.recorder.record(events)

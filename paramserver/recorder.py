@@ -10,14 +10,15 @@ written in line; and the Recorder is closed (every file out) before anyone reads
 """
 from __future__ import annotations
 
+import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 import numpy as np
 
+from paramserver.events import (Applied, CheckpointDue, ClientRows, Dropped, Event, Joined, JoinRefused,
+                                NoiseMeasured, Rejected, SnapshotDue)
 from paramserver.faults import Fault
-from paramserver.events import (Applied, CheckpointDue, ClientRows, Dropped, Event, NoiseMeasured, Rejected,
-                                SnapshotDue)
 from paramserver.handler import ServerState
 from rundir.checkpoint import Checkpoint, save_point
 from rundir.layout import RunDir
@@ -73,7 +74,8 @@ class Recorder:
         self._writers: dict[type, Callable[[Any], None]] = {
             Applied: self._applied, Rejected: self._rejected, Dropped: self._dropped, NoiseMeasured: self._noise,
             ClientRows: self._client_rows, SnapshotDue: lambda event: self.snapshot(checkpoint=event.checkpoint),
-            CheckpointDue: lambda event: self.snapshot(evaluated=False)}
+            CheckpointDue: lambda event: self.snapshot(evaluated=False), Joined: self._joined,
+            JoinRefused: self._join_refused}
 
     def record(self, events: list[Event]) -> None:
         for event in events:
@@ -109,8 +111,17 @@ class Recorder:
         self.client_log.write_many(event.rows)
         self.progress(event.minibatches)
 
-    def lost(self, row: dict[str, Any]) -> None:
-        """A server.jsonl row naming a client the run lost (on disk at once)."""
+    def _joined(self, event: Joined) -> None:
+        self.membership({"joined": event.client, "rank": event.rank, "host": event.host, "version": event.version})
+
+    def _join_refused(self, event: JoinRefused) -> None:
+        """Named on the console too: whoever runs the job should see who knocked."""
+        self.membership({"rank": event.rank, "host": event.host, "join_refused": event.reason})
+        print(f"asgd: join refused: rank {event.rank} (host {event.host}): {event.reason}", file=sys.stderr, flush=True)
+
+    def membership(self, row: dict[str, Any]) -> None:
+        """A server.jsonl row of the run's membership: a client lost, joined or refused (on
+        disk at once)."""
         self.server_log.write({"time": self.clock(), **row})
         self.server_log.flush()
 

@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from paramserver import membership
 from paramserver.events import Applied
 from paramserver.handler import ClientLost, ServerState, handle, release, tag_name
 from paramserver.tally import ServerTally
@@ -236,10 +237,9 @@ class ServerLoop:
         what = (f"client {client} (rank {lost.rank}, host {self.hosts.get(lost.rank, '?')}) lost: {lost}; "
                 f"last step {step}, last message {self.heard[lost.rank][1]}")
         if self.recorder is not None:
-            self.recorder.lost({"client": client, "rank": lost.rank, "lost": what, "kind": type(lost).__name__})
+            self.recorder.membership({"client": client, "rank": lost.rank, "lost": what, "kind": type(lost).__name__})
         if self.on_client_failure != "continue":
             raise type(lost)(lost.rank, what, named=True)
-        tally.lost[lost.rank] = {"client": client, "rank": lost.rank, "last_step": step,
-                                 "reason": f"{type(lost).__name__}: {lost}"}
+        membership.lose(self.state, lost.rank, f"{type(lost).__name__}: {lost}")
         print(f"asgd: {what}; continuing with {len(self.state.waiting)} client(s)", file=sys.stderr, flush=True)
 

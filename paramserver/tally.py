@@ -30,6 +30,12 @@ class ServerTally:
         self.client_pushes = np.zeros(self.clients, np.int64)  # pushes handled, per client
         self.steps = 0  # client_steps' sum, kept as it changes: the lr schedule reads it on every push
 
+    def grow(self) -> None:
+        """One client more (a joiner: paramserver/membership.py), with nothing counted yet."""
+        self.clients += 1
+        self.client_steps = np.append(self.client_steps, 0)
+        self.client_pushes = np.append(self.client_pushes, 0)
+
     def stepped(self, client: int, step: int) -> None:
         """`client`'s last push handled came at `step`."""
         self.steps += step - int(self.client_steps[client])

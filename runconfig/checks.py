@@ -223,6 +223,14 @@ def _check_stragglers(cfg: Any) -> None:
              "continue needs --mode async (a collective cannot go on without a rank)")
     _require(cfg.stall_timeout > 0, "stall_timeout", f"must be positive, got {cfg.stall_timeout}")
     _require(fault_ok(cfg.inject_fault), "inject_fault", f"expected RANK:STEP, got {cfg.inject_fault!r}")
+    _require(not cfg.joinable or cfg.mode == "async", "joinable", "needs --mode async (a client joins the server)")
+    _require(not cfg.joinable or cfg.backend == "sim", "joinable",
+             "over MPI not yet: with the mpich wheel a thread blocked in MPI_Comm_accept stalls the server's other "
+             "messages until a joiner connects (docs/joining.md); --backend sim --joins studies joins")
+    _require(cfg.max_clients >= 0, "max_clients", f"must be non-negative (0: no bound), got {cfg.max_clients}")
+    _require(not cfg.max_clients or cfg.joinable, "max_clients", "needs --joinable")
+    _require(not cfg.max_clients or cfg.clients is None or cfg.max_clients >= cfg.clients, "max_clients",
+             f"must be at least clients ({cfg.clients}), got {cfg.max_clients}")
 
 
 def _check_hardware(cfg: Any) -> None:
@@ -272,6 +280,33 @@ def _check_simulator(cfg: Any) -> None:
              "needs --backend sim and --mode async")
     _require(not cfg.sim_calibrate or (cfg.backend == "sim" and cfg.mode == "async"), "sim_calibrate",
              "needs --backend sim and --mode async (only the async server pushes)")
+    if cfg.joins:
+        _check_joins(cfg)
+
+
+def _check_joins(cfg: Any) -> None:
+    _require(cfg.backend == "sim" and cfg.joinable, "joins", "needs --backend sim and --joinable")
+    _require(not cfg.replay, "joins", "cannot be replayed (replay orders the first K clients only)")
+    try:
+        joins = parse_joins(cfg.joins)
+    except ValueError:
+        joins = None
+    _require(joins is not None, "joins", f"expected C@T[,C@T...] (client, virtual seconds), got {cfg.joins!r}")
+    numbers = [client for client, _ in joins]
+    first = cfg.clients if cfg.clients is not None else numbers[0]
+    _require(numbers == list(range(first, first + len(numbers))), "joins",
+             f"the joiners must be clients {first}, {first + 1}, ... in the order of their times, got {cfg.joins!r}")
+
+
+def parse_joins(text: str) -> list[tuple[int, float]]:
+    """`joins`' C@T pairs, sorted by time; ValueError on a malformed one or a negative time."""
+    pairs = []
+    for item in text.split(","):
+        client, at = item.strip().split("@")
+        pairs.append((int(client), float(at)))
+    if any(at < 0 or not math.isfinite(at) for _, at in pairs):
+        raise ValueError(text)
+    return sorted(pairs, key=lambda pair: pair[1])
 
 
 def _check_performance(cfg: Any) -> None:

@@ -184,6 +184,11 @@ class RunConfig:
                                                   "server carries on with the other clients; async mode)")
     stall_timeout: float = _stragglers(600.0, "seconds any rank waits for a peer before failing the job")
     inject_fault: str = _stragglers("", "RANK:STEP; raise an exception there (for tests)")
+    joinable: bool = _stragglers(False, "async: clients may join the running job (asgd join RUN_DIR; the simulator: "
+                                        "joins), each a new client on a lost client's shard or one of its own "
+                                        "(docs/joining.md)")
+    max_clients: int = _stragglers(0, "joinable: the most clients training at once; a join beyond it is refused "
+                                      "(0: no bound)")
 
     # evaluation and records ([evaluation] in a config file)
     eval_every: int = _evaluation(0, "server versions between test evaluations (0: about 20 a run, fewer where 20 "
@@ -236,6 +241,8 @@ class RunConfig:
                                         "measured: the model's)")
     speed_jitter: float = _simulator(0.0, "sim: client i's step time is sim_step_time * U(1-j, 1+j), seeded")
     replay: str = _simulator("", "sim: apply pushes in the order of this run directory's server.jsonl")
+    joins: str = _simulator("", "sim: C@T[,C@T...]: client C (K, K+1, ... in time order) joins the running job at "
+                                "virtual second T, pulling the server's weights first (docs/joining.md)")
 
     # performance ([performance] in a config file)
     threads: int = _performance(0, "torch threads per client (0: a node's cores shared by its client ranks; all "

@@ -30,13 +30,14 @@ from clients.client import Client, Replica
 from clients.data import Dataset, load_dataset
 from clients.models import flat_weights, run_model
 from clients.optimizers import user_optimizer
-from clients.sampling import ShardSampler, shard_indices
+from clients.sampling import ShardSampler, slot_indices
 from clients.user.code import loss_function, optimizer_factory
 from experiments.run.resume import ResumePoint, resume_point
 from experiments.run.record import RunSetup
 from runconfig.settings import RunConfig
 from paramserver.rules import rule_class
 from paramserver.schedule import Schedule
+from paramserver.wire.protocol import Welcome
 from rundir.durable import load_arrays
 from rundir.layout import RunDir
 
@@ -117,16 +118,27 @@ def server_optimizer_factory(cfg: RunConfig) -> Callable[[list[nn.Parameter]], t
 
 
 def make_client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int, index: int) -> Client:
-    """Client `index` of `clients`, on its shard of the training set, stepping on `replica`,
-    pushing what the server's rule takes."""
-    shard = shard_indices(len(dataset.train), clients, index, cfg.seed)
+    """Client `index` of `clients`, on its shard of the training set (`index`: the shard's
+    slot, for a joiner; `slot_indices`), stepping on `replica`, pushing what the server's
+    rule takes."""
+    shard = slot_indices(len(dataset.train), clients, index, cfg.seed)
     rule = rule_class(cfg.rule if cfg.mode == "async" else "add")  # the collective modes push no rule's way
     pushes, elastic = rule.pushes, rule.client_elastic(cfg, clients)
     # under the run's budget fast clients run more epochs: the shards are dealt afresh each, in
     # every mode, so a collective run reads what an async run of equal speeds reads (one client's shard is all)
-    redeal = (len(dataset.train), clients) if cfg.budget == "run" and clients > 1 else None
+    redeal = (len(dataset.train), clients) if cfg.budget == "run" and 1 < clients and index < clients else None
     return Client(replica, dataset.train, ShardSampler(shard, cfg.batch_size, cfg.seed, index, redeal),
                   pushes=pushes, elastic=elastic, schedule=Schedule.for_run(cfg, clients), workers=cfg.data_workers)
+
+
+def join_client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int, welcome: Welcome) -> Client:
+    """The client of a process the server let join (paramserver/membership.py): on the
+    shard its `welcome` deals, standing where that shard's order was left; it syncs to
+    the weights that came with the welcome."""
+    client = make_client(cfg, replica, dataset, clients, welcome.slot)
+    client.sampler.seek(welcome.position)
+    torch.manual_seed(int(np.random.SeedSequence([cfg.seed, welcome.client, 0]).generate_state(1)[0]))
+    return client
 
 
 def start_checkpoint(cfg: RunConfig) -> tuple[str, str] | None:

@@ -25,7 +25,7 @@ import numpy as np
 
 from runconfig.settings import USER_CODE, USER_CODE_KEYS, ConfigError, RunConfig, load_config
 from rundir.checkpoint import Checkpoint
-from rundir.durable import CorruptFile, read_jsonl, truncate_jsonl, write_json_atomic
+from rundir.durable import CorruptFile, load_arrays, read_jsonl, truncate_jsonl, write_json_atomic
 from rundir.layout import RunDir
 from rundir.lock import RunDirError
 from rundir.measure import METRIC_HIGHER, METRIC_NAME
@@ -83,6 +83,7 @@ def resumed_config(asked: dict[str, Any]) -> RunConfig:
         Checkpoint.verify(RunDir(run_dir))
     except CorruptFile as error:
         raise ConfigError(f"resume: {error}") from None
+    _refuse_joiners(run_dir, stored.get("clients"))
     handling = {key: value for key, value in asked.items() if key in CHANGEABLE}  # the rest: as recorded
     cfg = load_config(None, {**stored, **handling, "out": run_dir, "resume": run_dir})
     summary = Path(run_dir) / SUMMARY
@@ -91,6 +92,15 @@ def resumed_config(asked: dict[str, Any]) -> RunConfig:
         raise ConfigError(f"resume: {run_dir} is complete; pass a larger --{'epochs' if cfg.epochs else 'steps'} "
                           "to train on")
     return cfg
+
+
+def _refuse_joiners(run_dir: str, clients: int | None) -> None:
+    """A run that clients joined cannot be resumed yet: its checkpoint counts clients the
+    resume would not start (docs/joining.md says what is missing)."""
+    held = len(load_arrays(RunDir(run_dir).checkpoint_path, checksummed=True).get("tally.client_steps", ()))
+    if clients is not None and held > clients:
+        raise ConfigError(f"resume: {held - clients} client(s) joined {run_dir} while it ran; resuming a run "
+                          "with joiners is not supported yet (docs/joining.md)")
 
 
 def _same_setting(key: str, asked: Any, recorded: Any) -> bool:

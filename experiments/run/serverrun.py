@@ -39,14 +39,15 @@ def serve_mpi(setup: RunSetup, link: Link, clock: Callable[[], float]) -> dict[s
 
 
 def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: Link | None = None,
-              apply_cost: float | None = None) -> dict[str, Any]:
+              apply_cost: float | None = None, secret: str | None = None) -> dict[str, Any]:
     """Create the run directory (or cut a resumed one back to its checkpoint), serve until
     every client stopped, evaluate, summarise; returns the summary.
 
     `drive` runs the message loop: `ServerLoop` over MPI, the simulator's event loop in
     sim. `link`: server 0's way to the other servers' slices, with sharded servers; the
     simulator has none and holds the whole vector, its one server standing for S servers
-    that take every message in the same order (experiments/sim/simulator.py).
+    that take every message in the same order (experiments/sim/simulator.py). `secret`:
+    what a process that joins must show (None: the run is not joinable).
     """
     cfg, clients = setup.cfg, setup.clients
     bounds = shard_bounds(setup.weights.size, cfg.servers if link is not None else 1)
@@ -56,7 +57,8 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
     with RunLife(setup, cfg.async_versions(clients), clock) as life:
         state = ServerState.for_run(cfg, setup.weights[slice(*bounds[0])], clients, server_optimizer_factory(cfg),
                                     eval_every=life.every, checkpoint_every=cfg.checkpoint_every,
-                                    apply_cost=apply_cost, clock=clock, collects_states=keeps_state)
+                                    apply_cost=apply_cost, clock=clock, collects_states=keeps_state,
+                                    secret=secret)
         life.counts = state.counts
         lines = (0, 0)
         if life.checkpoint is not None:

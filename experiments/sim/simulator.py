@@ -21,13 +21,18 @@ them in one order and decide alike (a reply's pace is `wait` with several, as ov
 and one server with the whole vector computes what they do, a push costing one server's
 time for its slice (`apply_time`) and a reply a slice's transfer. It departs from MPI
 only where a push is finite in one slice and not in another. A client that pushes
-without fetching goes on once its push is sent. `time` in the logs is this virtual time. A cost profile
+without fetching goes on once its push is sent. With `joins` (and `joinable`) a process
+sends JOIN at its virtual time and, let in, trains as client K, K+1, ... (docs/joining.md);
+under `on_client_failure = "continue"` a client dies where `inject_fault` says and the
+server is told at once, as MPI tells it of a dead process. `time` in the logs is this virtual time. A cost profile
 (`sim_profile`, `PROFILES`) gives the costs not set: `measured` (this host and model)
 or `paper` (the paper's model size, GPUs and network, so n_sync's trade-off between
 communication and staleness shows even though the proxy model is small).
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import heapq
 import itertools
 import math
@@ -36,7 +41,7 @@ import platform
 import socket
 from collections import Counter, defaultdict, deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -45,15 +50,20 @@ from clients.collective import Fate, failed_tries, keep_fastest, mean_in_place
 from clients.devices import keep_freed_memory, pick_device
 from clients.loop import ClientLoop, ClientPlan
 from clients.stragglers import Failures, Stragglers
-from experiments.run.assemble import build, start
+from experiments.run.assemble import build, join_client, start
 from experiments.run.collectiverun import collective_run
 from experiments.run.provenance import provenance
 from experiments.run.serverrun import serve_run
 from experiments.sim.costs import SimTiming, sim_timing
+from paramserver.faults import InjectedFault
+from runconfig.checks import parse_joins
 from runconfig.settings import ConfigError, RunConfig
 from paramserver.inprocess import InProcess
-from paramserver.wire.protocol import Outgoing, Pull, Tag
+from paramserver.wire.protocol import Join, Outgoing, Pull, Tag, Welcome
 from rundir.durable import read_jsonl
+
+
+SIM_SECRET = "simulated"  # what the simulator's joiners show: its processes are its own
 
 
 class StepClock:
@@ -121,12 +131,19 @@ class LockstepClock:
         return self.now
 
 
+# makes the client of a process let in by a Welcome: its loop and its clock
+Joiner = Callable[[Welcome], tuple[ClientLoop, StepClock]]
+
+
 class Simulation:
-    """The event loop: who does what, when, in virtual seconds."""
+    """The event loop: who does what, when, in virtual seconds. `joins`: (virtual second,
+    JOIN) a process sends to the server, whose Welcome `joiner` turns into a client."""
 
     def __init__(self, loops: list[ClientLoop], clocks: list[StepClock], timing: SimTiming, start: float = 0.0,
-                 replay: list[tuple[Tag, int]] | None = None):
+                 replay: list[tuple[Tag, int]] | None = None, joins: list[tuple[float, Join]] = (),
+                 joiner: Joiner | None = None):
         self.loops, self.clocks, self.timing = loops, clocks, timing
+        self.joins, self.joiner = list(joins), joiner
         self.busy = 0.0                   # virtual seconds the server spent on messages
         self.events: list[tuple[float, int, str, int, Any]] = []
         self.tickets = itertools.count()  # ties resolve in scheduling order: deterministic
@@ -140,15 +157,23 @@ class Simulation:
         """Until every client stopped; returns the server's busy virtual seconds."""
         for i in range(len(self.loops)):
             self._schedule(self.now + self.timing.transfer(None), "arrive", i, Outgoing(Tag.PULL, Pull()))
+        for n, (at, join) in enumerate(self.joins):  # from ranks after the K clients', one a join
+            self._schedule(max(at, self.now) + self.timing.transfer(None), "join", len(self.loops) + n, join)
         while self.events:
             when, _, kind, i, item = heapq.heappop(self.events)
             if kind == "arrive":      # a message reaches the server
                 self._arrive(server, when, i, item)
             elif kind == "wake":      # the clients a gathered step waits for fall overdue, unless a message came first
                 self._wake(server, when)
+            elif kind == "join":      # a process asks to join: the server lets it in or not
+                self._join(server, when, i, item)
+            elif kind == "lost":      # the server learns client i died
+                self.now = max(when, self.server_free)
+                self._replied(server, server.lose(server.state.client_ranks[i], item))
             else:
-                if kind == "reply":   # weights reach client i
-                    self.loops[i].take_weights(item.payload, item.header)
+                if kind == "reply":   # weights reach client i (a joiner's with its Welcome)
+                    header = item.header
+                    self.loops[i].take_weights(item.payload, header.weights if isinstance(header, Welcome) else header)
                 self._window(when, i)
             wake = server.state.reply.wake_at(server.state)  # as the MPI loop's timed wait: an event then, unless one is set
             if wake is not None and wake != self.wake:
@@ -184,6 +209,17 @@ class Simulation:
         self.now = when
         self._replied(server, server.release())
 
+    def _join(self, server: InProcess, when: float, i: int, join: Join) -> None:
+        """A JOIN from a rank after the K clients' (`i`: K + its place among the joins): a
+        Welcome makes it client `len(loops)`, which trains once the weights reach it."""
+        self.now = max(when, self.server_free)
+        replies = server.deliver(server.state.client_ranks[0] + i, Tag.JOIN, join)
+        if replies:
+            loop, clock = self.joiner(replies[0].header)
+            self.loops.append(loop)
+            self.clocks.append(clock)
+        self._replied(server, replies)
+
     def _serve(self, server: InProcess, when: float, i: int, message: Outgoing) -> None:
         self.now = max(when, self.server_free)
         replies = server.deliver(server.state.client_ranks[i], message.tag, message.header, message.payload)
@@ -202,7 +238,11 @@ class Simulation:
         """Client i trains from `when` up to its next sync point and sends its message."""
         loop, clock = self.loops[i], self.clocks[i]
         clock.now = when
-        message, fetch = loop.advance()
+        try:
+            message, fetch = loop.advance()
+        except InjectedFault as fault:  # it died (under continue): the server hears of it as MPI's would
+            self._schedule(clock.now + self.timing.transfer(None), "lost", i, str(fault))
+            return
         state = loop.state_before(message)
         if state is not None:  # it arrives before the message it precedes
             self._schedule(clock.now + self.timing.transfer(None), "arrive", i, state)
@@ -242,11 +282,24 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     loops = [ClientLoop(c, ClientPlan.for_run(cfg, i, clients, real_time=False), clk,
                         step=started.steps[i], pushes=point.client_pushes[i] if point else 0, down=clk.down)
              for i, (c, clk) in enumerate(zip(parts.local, clocks))]
-    simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order)
+    joiner = functools.partial(_joiner, cfg, parts, clients, timing.step_time, factors, stragglers)
+    simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order,
+                            joins=[(at, Join(SIM_SECRET, info["host"])) for _, at in parse_joins(cfg.joins)]
+                            if cfg.joins else [], joiner=joiner)
     serve_run(setup, lambda: simulation.now,
               lambda state, recorder: {"server_busy_s": simulation.run(InProcess(state, recorder))},
-              apply_cost=timing.apply_time)
+              apply_cost=timing.apply_time, secret=SIM_SECRET if cfg.joinable else None)
     return 0
+
+
+def _joiner(cfg: RunConfig, parts, clients: int, step_time: float, factors: list[float], stragglers: Stragglers,
+            welcome: Welcome) -> tuple[ClientLoop, StepClock]:
+    """A joiner's loop, on the shard and budget its Welcome deals, and its clock: the speed
+    of client `client mod K`'s hardware, its own straggling (clients/stragglers.py)."""
+    client = join_client(cfg, parts.local[0].replica, parts.dataset, clients, welcome)
+    clock = StepClock(step_time * factors[welcome.client % clients], stragglers, welcome.client)
+    plan = dataclasses.replace(ClientPlan.for_run(cfg, welcome.client, clients, real_time=False), steps=welcome.steps)
+    return ClientLoop(client, plan, clock, down=clock.down), clock
 
 
 def replay_order(cfg: RunConfig, clients: int) -> list[tuple[Tag, int]]:

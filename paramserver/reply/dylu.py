@@ -59,6 +59,11 @@ class Windows:
         """The run's windows, where `dylu` is on (None: every window is n_push)."""
         return cls(cfg.push_every, clients) if cfg.dylu else None
 
+    def grow(self) -> None:
+        """One client more (a joiner), its speed not measured yet."""
+        self.speeds = np.append(self.speeds, 0.0)
+        self.replied = np.append(self.replied, math.nan)
+
     def pushed(self, client: int, minibatches: int, now: float) -> None:
         """`client` pushed `minibatches` minibatches at `now`: its speed since the last reply."""
         seconds = now - self.replied[client]

@@ -88,6 +88,12 @@ class ReplyPolicy:
             mode = ReplyMode.WAIT
         return cls(mode, clock, cfg.overdue, Windows.for_run(cfg, clients))
 
+    def grow(self) -> None:
+        """One client more (a joiner): DyLU measures its speed from its first push; the
+        pace, keyed by rank, times it from its first reply."""
+        if self.windows is not None:
+            self.windows.grow()
+
     def pushed(self, rank: int, client: int, minibatches: int) -> None:
         """A push of `minibatches` minibatches came in: the client's pace and speed."""
         if self.pace is not None:

@@ -34,6 +34,11 @@ Message sequence (one client; the server serves all clients in arrival order):
       | <---------------------- BYE(lost) --- |  once the run is recorded; then all exit
       | -- FAIL(reason) --------------------> |  on an exception; then the job aborts
 
+A process that joins a running job (`--joinable`, docs/joining.md) sends JOIN(secret,
+host) from a rank the server has not seen; the server answers WELCOME(client, steps,
+slot, position, weights) with the weights as a pull's, and from then on it is a client
+like the others (its next message a PUSH). A JOIN the server refuses gets no answer.
+
 With n_fetch != n_push a client also sends PUSH(fetch=False) (no reply) or a bare
 PULL at its fetch steps. A client back from a failure (`mtbf`, clients/stragglers.py)
 sends PULL with a `Rejoin` header: the step it failed at and the rows it lost. STATE is sent only by clients whose optimizer keeps state
@@ -64,6 +69,7 @@ class Tag(IntEnum):
     GATHER = 7     # a small object to or from the root of a gather or scatter (startup, sync modes' rows)
     BYE = 8
     STATE = 9      # a client's optimizer state, for the checkpoint (before a push or STOP)
+    JOIN = 10      # a process asks to become a new client of the running job (`Join`; answered with a `Welcome`)
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,15 @@ class State:
 
 
 @dataclass(frozen=True)
+class Join:
+    """A process that asks to join the running job: the run's secret (from the run
+    directory, readable by its owner only) and the host it runs on, for the record."""
+
+    secret: str
+    host: str = ""
+
+
+@dataclass(frozen=True)
 class Fail:
     reason: str
 
@@ -119,6 +134,21 @@ class Weights:
     stop: bool = False         # the run reached a target (stop_at_error, _loss, _metric): the client stops here
     state: bool = False        # a checkpoint is due: send the optimizer's state before each push
     window: int = 0            # DyLU: the minibatches to run before the next push (0: n_push; paramserver/reply/dylu.py)
+
+
+@dataclass(frozen=True)
+class Welcome:
+    """The server's answer to a JOIN: the joiner's new client number (a lost client's is
+    never given again), its share of the run's budget in minibatches, the shard of the
+    training set it draws from (`slot`: a lost client's, or one of its own) and how many
+    minibatches of that shard's order were drawn already (`position`), and the weights'
+    header (version, the schedule's position) before the payload."""
+
+    client: int
+    steps: int
+    slot: int
+    position: int
+    weights: Weights
 
 
 @dataclass(slots=True)
@@ -146,7 +176,7 @@ class Reply:
     """What the server sends back: weights (header and payload) to `dest`."""
 
     dest: int
-    header: Weights
+    header: Weights | Welcome
     payload: np.ndarray
 
 
@@ -196,7 +226,7 @@ def shard_bounds(size: int, servers: int) -> list[tuple[int, int]]:
 
 
 HEADERS = {Tag.PULL: (Pull, Rejoin), Tag.PUSH: Push, Tag.STOP: Stop, Tag.FAIL: Fail, Tag.WEIGHTS: Weights,
-           Tag.BYE: Bye, Tag.STATE: State}
+           Tag.BYE: Bye, Tag.STATE: State, Tag.JOIN: Join}
 FROM_CLIENTS = (Tag.PULL, Tag.PUSH, Tag.STOP, Tag.FAIL, Tag.STATE)
 _LOGGABLE = (int, float, str, bool, type(None))
 
@@ -223,6 +253,8 @@ def well_formed(tag: int, header: Any) -> bool:
                 and isinstance(header.dtype, str) and _loggable(header.rows))
     if isinstance(header, Rejoin):
         return _is_int(header.step) and _loggable(header.rows)
+    if isinstance(header, Join):
+        return isinstance(header.secret, str) and isinstance(header.host, str)
     if isinstance(header, Stop):
         return _is_int(header.steps) and _is_int(header.pushes)
     if isinstance(header, State):

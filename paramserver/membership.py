@@ -1,0 +1,129 @@
+"""Who trains in a running job, and what a client that joins it is given.
+
+The server is the donor: a JOIN (paramserver/wire/protocol.py) is one message in, one
+`Welcome` out, and a `Joined` event in the record, decided here without I/O and
+dispatched by `handle()` (paramserver/handler.py) as a push is. A joiner gets a new
+client number, never a lost client's, so every row of clients.jsonl stays once; the
+server's per-client state grows for it (`grow`): the tallies, DyLU's speed (measured
+from its first push; until then its window is n_push), the pace (keyed by rank, so it
+starts untimed) and the rule's per-client state (DC-ASGD's backup is taken at its first
+pull, as any client's).
+
+Its data: a joiner takes over the shard of a client lost before it (`slot`), at the
+minibatch of that shard's order the lost client had pushed up to (`position`), so the
+samples of that shard are drawn once in the epoch however the client holding it
+changed. Where no lost client's shard is free (the job grows beyond its K), the joiner
+draws from the whole training set in an order of its own (clients/sampling.py's
+`joiner_sampler`): its samples may then be drawn by another client in the same epoch.
+Its share of the budget: under the run's budget (`budget = "run"`) it computes until
+the server tells it to stop, as every client does; under each client's budget, what the
+lost client whose shard it took had left of `steps`, or `steps` on a shard of its own.
+
+A JOIN is refused, changing nothing but a `JoinRefused` row, when the run is not
+joinable, the secret is wrong, the rank is a client already, the run has finished (a
+stop target reached, the run's budget spent, or every client stopped), or
+`max_clients` clients are running already.
+"""
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass, field
+from typing import Any
+
+from paramserver.events import Joined, JoinRefused
+from paramserver.wire.protocol import Join, Message, Tag, well_formed
+
+ServerState = Any  # paramserver/handler.py's, which dispatches a JOIN here (an import back would be a circle)
+
+
+@dataclass
+class Membership:
+    """The run's door: its secret (None: not joinable), the bound on clients at once (0:
+    none), a client's budget (`steps`; the run's under `budget = "run"`), and each client's
+    shard: `seats[c]` is (slot, the position in its order where client c began)."""
+
+    secret: str | None = None
+    max_clients: int = 0
+    steps: int = 0
+    seats: list[tuple[int, int]] = field(default_factory=list)
+    joined: list[dict[str, Any]] = field(default_factory=list)  # the summary's joined_clients
+
+    @classmethod
+    def for_clients(cls, clients: int, steps: int, secret: str | None = None, max_clients: int = 0) -> Membership:
+        return cls(secret, max_clients, steps, [(c, 0) for c in range(clients)])
+
+
+def refusal(state: ServerState, msg: Message) -> JoinRefused | None:
+    """Why this JOIN is refused (a `JoinRefused`), or None to let it in."""
+    header = msg.header
+    host = header.host if isinstance(header, Join) and isinstance(header.host, str) else "?"
+    why = _problem(state, msg)
+    return JoinRefused(msg.source, host, why) if why else None
+
+
+def _problem(state: ServerState, msg: Message) -> str:
+    members, tally = state.members, state.tally
+    if not well_formed(Tag.JOIN, msg.header):
+        return f"malformed join: header {type(msg.header).__name__}"
+    if members.secret is None:
+        return "the run is not joinable (start it with --joinable)"
+    if not hmac.compare_digest(msg.header.secret.encode(), members.secret.encode()):
+        return "wrong secret"
+    if msg.source in state.client_ranks:
+        return f"rank {msg.source} is a client of the run already"
+    running = state.running
+    if state.stop() or (state.budget is not None and state.budget.spent(tally, -1, running)) \
+            or (tally.stops and not running):
+        return "the run has finished"
+    if members.max_clients and len(running) >= members.max_clients:
+        return f"the run is full ({len(running)} clients running, max_clients {members.max_clients})"
+    return ""
+
+
+def seat(state: ServerState, rank: int) -> tuple[int, int, int, int]:
+    """Make rank `rank` a client: (its number, its steps, its slot, the position in it)."""
+    slot, position = _free_slot(state)
+    members = state.members
+    client = grow(state, rank)
+    members.seats.append((slot, position))
+    steps = members.steps if state.budget is not None else members.steps - position
+    return client, steps, slot, position
+
+
+def joined(state: ServerState, client: int, rank: int, host: str) -> Joined:
+    """The record of a join (server.jsonl, and the summary's joined_clients)."""
+    event = Joined(client, rank, host, state.store.version)
+    state.members.joined.append({"client": client, "rank": rank, "host": host, "version": event.version,
+                                 "slot": state.members.seats[client][0]})
+    return event
+
+
+def _free_slot(state: ServerState) -> tuple[int, int]:
+    """The lowest shard whose last holder was lost with minibatches of it left, where that
+    holder stood; else a slot of the joiner's own (its number)."""
+    members, tally = state.members, state.tally
+    holder = {slot: client for client, (slot, _) in enumerate(members.seats)}  # the last one wins
+    for slot in sorted(holder):
+        client = holder[slot]
+        position = members.seats[client][1] + int(tally.client_steps[client])
+        if state.client_ranks[client] in tally.lost and (state.budget is not None or position < members.steps):
+            return slot, position
+    return len(state.client_ranks), 0
+
+
+def lose(state: ServerState, rank: int, reason: str) -> dict[str, Any]:
+    """The run goes on without client rank `rank` (`on_client_failure = "continue"`): its
+    entry in the summary's lost_clients. Its number is never given again; its shard
+    waits for a joiner where it stood (`_free_slot`)."""
+    client = state.client(rank)
+    entry = {"client": client, "rank": rank, "last_step": int(state.tally.client_steps[client]), "reason": reason}
+    state.tally.lost[rank] = entry
+    return entry
+
+
+def grow(state: ServerState, rank: int) -> int:
+    """The server's per-client state, one client more; its number."""
+    state.client_ranks.append(rank)
+    state.tally.grow()
+    state.reply.grow()
+    return len(state.client_ranks) - 1
