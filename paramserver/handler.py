@@ -85,11 +85,11 @@ class ServerState:
     store: Store
     client_ranks: list[int]
     eval_every: int = 0
-    codec: Codec = field(default_factory=Codec)
+    codec: Codec = field(default_factory=Codec)       # pushes'
+    pull_codec: Codec = field(default_factory=Codec)  # replies' (`compress_pulls`)
     tally: ServerTally | None = None
     peers: tuple[int, ...] = ()
     apply_cost: float | None = None
-    wire_bytes: list[int] = field(default_factory=lambda: [0, 0])  # payload bytes (pushed, pulled)
     schedule: Schedule | None = None
     deferred: list[int] = field(default_factory=list)  # client ranks whose replies wait for a step
     clock: Callable[[], float] = time.monotonic  # the run's clock, which `pace` times the clients by
@@ -108,7 +108,8 @@ class ServerState:
         self.tally = self.tally or ServerTally(len(self.client_ranks))
         self.buffer = frame.empty(self.store.size, np.float32)  # pushes, as float32
         compressed = self.codec.wire_dtype != np.float32
-        self.landing = frame.empty(self.store.size, self.codec.wire_dtype) if compressed else self.buffer  # as they come
+        self.landing = frame.empty(self.codec.wire_size(self.store.size), self.codec.wire_dtype) if compressed \
+            else self.buffer  # as they come
         self.pace = Pace(self.clock, overdue=self.store.rule.overdue) if self.store.rule.paced else None
 
     @classmethod
@@ -119,7 +120,7 @@ class ServerState:
         the servers'), the wire's codec, the lr schedule the server counts progress for and
         applies its rule's lr by (`options`: the other fields)."""
         return cls(Store.for_run(cfg, weights, clients, optimizer_factory), list(range(cfg.servers, cfg.servers + clients)),
-                   codec=make_codec(cfg.compress),
+                   codec=make_codec(cfg.compress), pull_codec=make_codec(cfg.compress if cfg.compress_pulls else "none"),
                    schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr),
                    windows=Windows.for_run(cfg, clients),
                    budget=RunBudget(cfg.client_steps(clients), cfg.fetch_every) if cfg.run_budget else None, **options)
@@ -262,8 +263,7 @@ def _weights_for(state: ServerState, rank: int) -> Reply:
     weights, version = state.store.pull(state.client(rank))
     if state.pace is not None:
         state.pace.replied(rank)
-    data = state.codec.encode(weights)
-    state.wire_bytes[1] += data.nbytes
+    data = state.pull_codec.encode(weights)
     windows = state.windows  # DyLU: the window, from the speeds of the clients still running
     budget = state.budget
     client, running = state.client(rank), state.running if windows or budget else []
@@ -271,13 +271,12 @@ def _weights_for(state: ServerState, rank: int) -> Reply:
     stop = state.stop() or (budget is not None and budget.spent(state.tally, client, running))
     if budget is not None and not stop:
         budget.went(state.tally, client, window)
-    return Reply(rank, Weights(version, weights.size, state.progress, stop, state.checkpoint_due, window), data)
+    return Reply(rank, Weights(version, data.size, state.progress, stop, state.checkpoint_due, window), data)
 
 
 def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, list[Event]]:
     header: Push = msg.header
     client, store, payload = state.client(msg.source), state.store, msg.payload
-    state.wire_bytes[0] += payload.nbytes
     pulled, version = store.pulled.get(client, 0), store.version
     if state.schedule is not None:  # the lr at the progress before this push
         store.rule.lr_factor = state.schedule.factor(state.progress)
@@ -287,12 +286,14 @@ def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, list[Event]]:
     if state.windows is not None:
         state.windows.pushed(client, minibatches, state.clock())
     start = time.perf_counter()
-    if header.dtype != state.codec.dtype or payload.dtype != state.codec.wire_dtype or header.size != store.size:
+    codec = state.codec
+    wire_size = codec.wire_size(store.size)  # a truncated or padded payload is refused here, before decoding
+    if (header.dtype, payload.dtype, header.size, payload.size) != (codec.dtype, codec.wire_dtype, wire_size, wire_size):
         reason = (f"payload of {payload.nbytes} bytes as {header.size} {header.dtype}, "
-                  f"expected {store.size} {state.codec.dtype}")
+                  f"expected {wire_size} {codec.wire_dtype} of {codec.dtype}")
         result = ApplyResult(False, store.version, store.version - pulled, reason)
     else:
-        result = store.apply(client, state.codec.decode(payload, state.buffer), minibatches)
+        result = store.apply(client, codec.decode(payload, state.buffer), minibatches)
     apply_s = time.perf_counter() - start if state.apply_cost is None else state.apply_cost
     events: list[Event] = [_outcome(state, msg.source, client, result, apply_s)]
     events.append(_client_rows(state, client, header, pulled, result))

@@ -229,6 +229,7 @@ def _plan(index: int, servers: int, cfg: RunConfig, clients: int) -> ClientPlan:
                       # it) must give up before the others blame the busy server.
                       timeout=2 * cfg.stall_timeout, servers=tuple(range(servers)),
                       fault=cfg.fault_for(index + servers, f"client {index}"), compress=cfg.compress,
+                      compress_pulls=cfg.compress_pulls,
                       stragglers=stragglers if stragglers.active else None,
                       failures=Failures.for_run(cfg, stragglers), dylu=cfg.dylu)
 

@@ -241,7 +241,8 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
                               gather=lambda rows: rows, straggle=lockstep.straggle, point=point, away=lockstep.away)
     clocks = [StepClock(timing.step_time * f, stragglers, i, started.steps[i]) for i, f in enumerate(factors)]
     loops = [ClientLoop(c, ClientPlan(i, cfg.client_steps(clients), cfg.push_every, cfg.fetch_every, cfg.stall_timeout,
-                                      compress=cfg.compress, failures=failures, dylu=cfg.dylu), clk,
+                                      compress=cfg.compress, compress_pulls=cfg.compress_pulls, failures=failures,
+                                      dylu=cfg.dylu), clk,
                         step=started.steps[i], pushes=point.client_pushes[i] if point else 0, down=clk.down)
              for i, (c, clk) in enumerate(zip(parts.local, clocks))]
     simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order)

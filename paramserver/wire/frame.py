@@ -111,6 +111,11 @@ def rows_bytes(header: Push) -> bytes:
     return _ROWS.encode(header.rows).encode() if header.rows else b""
 
 
+def nbytes(header: Push | Weights, payload: np.ndarray) -> int:
+    """The bytes of `header`'s frame with `payload`, as `Transport.post` sends it."""
+    return HEADER_BYTES + payload.nbytes + (len(rows_bytes(header)) if isinstance(header, Push) else 0)
+
+
 def rows_length(head: np.ndarray) -> int:
     """The rows' byte count a header announces (0 when the header is unreadable)."""
     if head.nbytes < HEADER_BYTES or bytes(head[:4]) != MAGIC:
