@@ -153,6 +153,10 @@ class Blockwise(Codec):
 
     def _unpack(self, records: np.ndarray, values: np.ndarray) -> None:
         scales = records[:, :4].view(np.float32)
+        with np.errstate(invalid="ignore", over="ignore"):  # a NaN or Inf scale: the server rejects the push
+            self._scaled(records, scales, values)
+
+    def _scaled(self, records: np.ndarray, scales: np.ndarray, values: np.ndarray) -> None:
         if self.bits == 8:
             np.multiply(records[:, 4:].view(np.int8), scales, out=values)
             return
