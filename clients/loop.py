@@ -26,7 +26,8 @@ from clients.client import Client
 from clients.stragglers import Failures, Stragglers
 from paramserver.config.run import Fault
 from paramserver.wire import frame
-from paramserver.wire.compress import ErrorFeedback, make_codec
+from paramserver.compute.quantkernel import make_codec
+from paramserver.wire.compress import ErrorFeedback
 from paramserver.wire.protocol import Outgoing, Pull, Push, Rejoin, State, Stop, Tag, Weights
 
 

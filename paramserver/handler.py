@@ -44,7 +44,8 @@ from paramserver.tally import RunBudget, ServerTally
 from paramserver.schedule import Schedule
 from paramserver.store import ApplyResult, Store
 from paramserver.wire import frame
-from paramserver.wire.compress import Codec, make_codec
+from paramserver.compute.quantkernel import make_codec
+from paramserver.wire.compress import Codec
 from paramserver.wire.frame import Garbled
 from paramserver.wire.protocol import FROM_CLIENTS, Message, Push, Rejoin, Reply, State, Tag, Weights, well_formed
 

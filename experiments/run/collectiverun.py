@@ -53,8 +53,7 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
         if files is not None:
             life.land_files = files.close
         life.started()
-        saved_at = clock()  # when the last checkpoint was taken (the run's clock)
-        averages = 0
+        saved_at, averages = clock(), 0  # when the last checkpoint was taken (the run's clock); averages taken
         with life.run.writer("clients", lines) if recorder else contextlib.nullcontext() as log:
             for step in range(first, cfg.steps + 1):
                 for client in clients:  # the lr schedule's progress: the samples of the steps before

@@ -23,7 +23,7 @@ from paramserver.config.run import ConfigError, RunConfig
 from paramserver.handler import ServerState, handle
 from paramserver.recorder import Recorder
 from paramserver.store import Store
-from paramserver.wire.compress import make_codec
+from paramserver.compute.quantkernel import make_codec
 from paramserver.wire.protocol import Message, Push, Tag
 from rundir.layout import RunDir
 from rundir.lock import RunDirError

@@ -36,6 +36,8 @@ B roughly normal values grows as sqrt(2 ln B): 2.9 sigma at 64, 3.3 at 256, 3.7 
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 CODECS = ("none", "fp16", "bf16", "int8", "int4")
@@ -59,6 +61,13 @@ class Codec:
 
     def encode(self, vector: np.ndarray) -> np.ndarray:
         return vector
+
+    def encode_owing(self, push: np.ndarray, residual: np.ndarray, scratch: np.ndarray) -> np.ndarray:
+        """`push` + `residual` encoded, `residual` left holding what the encoding lost."""
+        total = push + residual
+        data = self.encode(total)
+        np.subtract(total, self.decode(data, scratch), out=residual)
+        return data
 
     def decode(self, data: np.ndarray, out: np.ndarray) -> np.ndarray:
         """The float32 vector (`data` itself when it already is one, else written to `out`)."""
@@ -98,13 +107,18 @@ class BFloat16(Codec):
 
 
 class Blockwise(Codec):
-    """Integers of `bits` bits a block of `BLOCK`, each block after its float32 scale."""
+    """Integers of `bits` bits a block of `BLOCK`, each block after its float32 scale.
+
+    `kernel`: the same arithmetic compiled, bit for bit (paramserver/compute/quantkernel.py,
+    which the wire cannot import: it sits below the rest of paramserver), as the functions
+    (encode(n, push, residual or None, out), decode(n, data, out)) on the arrays' memory;
+    None: numpy's passes, several a push."""
 
     wire_dtype = np.dtype(np.uint8)
     block = BLOCK
 
-    def __init__(self, bits: int):
-        self.bits, self.dtype = bits, f"int{bits}"
+    def __init__(self, bits: int, kernel: tuple[Callable, Callable] | None = None):
+        self.bits, self.dtype, self.kernel = bits, f"int{bits}", kernel
         self.levels = 2 ** (bits - 1) - 1  # 127, 7: symmetric, so 0 is exact
         self.record = 4 + self.codes(BLOCK)  # bytes a whole block takes
 
@@ -118,11 +132,26 @@ class Blockwise(Codec):
 
     def encode(self, vector: np.ndarray) -> np.ndarray:
         data = np.empty(self.wire_size(vector.size), np.uint8)
+        if self.kernel is not None:
+            self.kernel[0](vector.size, _address(vector), None, _address(data))
+            return data
         for values, records in self._blocks(vector, data):
             self._pack(values, records)
         return data
 
+    def encode_owing(self, push: np.ndarray, residual: np.ndarray, scratch: np.ndarray) -> np.ndarray:
+        if self.kernel is None:
+            return super().encode_owing(push, residual, scratch)
+        data = np.empty(self.wire_size(push.size), np.uint8)
+        self.kernel[0](push.size, _address(push), _address(residual), _address(data))
+        return data
+
     def decode(self, data: np.ndarray, out: np.ndarray) -> np.ndarray:
+        if data.nbytes != self.wire_size(out.size):  # the server refuses it before; a kernel must not read past it
+            raise ValueError(f"{data.nbytes} bytes do not hold {out.size} elements as {self.dtype}")
+        if self.kernel is not None:
+            self.kernel[1](out.size, _address(data), _address(out))
+            return out
         for values, records in self._blocks(out, data):
             self._unpack(records, values)
         return out
@@ -168,9 +197,17 @@ class Blockwise(Codec):
         np.multiply(codes[:, :values.shape[1]], scales, out=values)
 
 
-def make_codec(name: str) -> Codec:
+def _address(array: np.ndarray) -> int:
+    """Where a contiguous array's bytes start, for a compiled kernel."""
+    if not array.flags.c_contiguous:
+        raise ValueError("a compiled codec takes contiguous arrays")
+    return array.__array_interface__["data"][0]
+
+
+def make_codec(name: str, kernel: tuple[Callable, Callable] | None = None) -> Codec:
+    """The codec `name` (CODECS); `kernel`: a blockwise one's compiled arithmetic."""
     if name in ("int8", "int4"):
-        return Blockwise(int(name[3:]))
+        return Blockwise(int(name[3:]), kernel)
     return {"none": Codec, "fp16": Float16, "bf16": BFloat16}[name]()
 
 
@@ -183,7 +220,4 @@ class ErrorFeedback:
         self.decoded = np.empty(size, np.float32)
 
     def encode(self, push: np.ndarray) -> np.ndarray:
-        total = push + self.residual
-        data = self.codec.encode(total)
-        np.subtract(total, self.codec.decode(data, self.decoded), out=self.residual)
-        return data
+        return self.codec.encode_owing(np.ascontiguousarray(push, np.float32), self.residual, self.decoded)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from paramserver.compute import hostkernel
+from paramserver.compute.quantkernel import make_codec as compiled
 from paramserver.wire.compress import BLOCK, Blockwise, ErrorFeedback, make_codec
 from paramserver.wire.protocol import Push, Tag, shard_bounds
 
@@ -51,6 +53,31 @@ def test_each_element_is_within_half_its_blocks_scale(name, n):
     assert data[:4].view(np.float32)[0] == np.float32(np.abs(first).max()) / np.float32(LEVELS[name])
     if n > 2 * BLOCK:
         assert np.all(decoded[BLOCK:2 * BLOCK] == 0)  # a zero block decodes to zeros exactly
+
+
+@pytest.mark.skipif(not hostkernel.available(), reason="no g++: numpy's codec runs")
+@pytest.mark.parametrize("name", ["int8", "int4"])
+def test_the_compiled_codec_gives_numpys_bytes(name):
+    """The same arithmetic in the same order: the same records, decodes and residuals."""
+    fast, slow = compiled(name), make_codec(name)
+    assert fast.kernel is not None and slow.kernel is None
+    for n in SIZES:
+        x = ragged(n, seed=n + 1)
+        data = fast.encode(x)
+        np.testing.assert_array_equal(data, slow.encode(x))
+        np.testing.assert_array_equal(fast.decode(data, np.empty(n, np.float32)),
+                                      slow.decode(data, np.empty(n, np.float32)))
+        fed = [ErrorFeedback(codec, n) for codec in (fast, slow)]
+        for f in fed:
+            f.residual[:] = ragged(n, seed=n + 2) * 1e-2
+        for k in range(3):
+            np.testing.assert_array_equal(*(f.encode(x * (k + 1)) for f in fed))
+            np.testing.assert_array_equal(fed[0].residual, fed[1].residual)
+    x = ragged(3 * BLOCK)
+    x[[5, BLOCK + 7]] = np.nan, np.inf  # the scales say so alike; the codes of those blocks do not matter
+    for codec in (fast, slow):
+        decoded = codec.decode(codec.encode(x), np.empty_like(x))
+        assert not np.isfinite(decoded[:2 * BLOCK]).any() and np.isfinite(decoded[2 * BLOCK:]).all()
 
 
 def test_the_codes_reach_both_ends_and_int4_packs_two_a_byte():
@@ -141,9 +168,10 @@ def _server(tmp_path, codec):
     return InProcess(state, Recorder(run, state, lambda: 0.0))
 
 
+@pytest.mark.parametrize("make", [make_codec, compiled], ids=["numpy", "compiled"])
 @pytest.mark.parametrize("name", ["int8", "int4"])
-def test_a_malformed_compressed_push_is_refused_before_the_weights(tmp_path, name):
-    codec = make_codec(name)
+def test_a_malformed_compressed_push_is_refused_before_the_weights(tmp_path, name, make):
+    codec = make(name)
     server = _server(tmp_path, codec)
     state, size = server.state, 2 * BLOCK + 10
     before = state.store.weights.copy()
