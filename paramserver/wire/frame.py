@@ -37,7 +37,7 @@ HEADER_BYTES = 64
 # magic, format, tag, dtype code, fetch, client rank, step, version, length, rows bytes, window | crc
 _FIELDS = struct.Struct("<4sBBBBiqqqII")
 _CRC = struct.Struct("<I")
-DTYPES = ("float32", "float16", "bfloat16")  # a push header's dtype name, by its code on the wire
+DTYPES = ("float32", "float16", "bfloat16", "int8", "int4")  # a push header's codec name, by its code on the wire
 FRAMED = (Tag.PUSH, Tag.WEIGHTS)
 ROWS_ROOM = 1 << 16  # bytes kept after a vector from `empty()`, for a push's rows
 # vector address -> a weak reference to its frame. Not a WeakValueDictionary: its callback

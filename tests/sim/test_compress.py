@@ -23,24 +23,26 @@ def summary_of(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
-def frame_bytes(run: Path, codec: str, pulls: bool = False) -> tuple[int, int]:
-    """(pushed, pulled): the frames' bytes a run's pushes and replies took on one server,
-    rebuilt from its logs: a push is a header, the codec's payload and the rows the client
-    sent (its clients.jsonl rows up to the sync point, without what the server added)."""
+def frame_bytes(run: Path, codec: str, pulls: bool = False, servers: int = 1) -> tuple[int, int]:
+    """(pushed, pulled): the frames' bytes a run's pushes and replies took, rebuilt from its
+    logs: a push is a header to each server, the codec's payload (in slices) and the rows
+    the client sent, to server 0 (its clients.jsonl rows up to the sync point, without what
+    the server added); a reply a header from each server and the weights."""
     size = np.load(run / "checkpoint" / "latest.npz")["weights"].size
-    pushed, clients = 0, {r["client"] for r in rows(run, "clients")}
+    clients = sorted({r["client"] for r in rows(run, "clients")})
+    allowed = len(clients) * json.loads((run / "config.json").read_text())["steps"]  # a client's plan, under the budget
+    pushed = replies = 0
     for client in clients:
-        window = []
+        window, replies = [], replies + 1  # its first pull
         for row in (r for r in rows(run, "clients") if r["client"] == client):
             window.append({k: v for k, v in row.items() if k not in SERVER_KEYS})
             if "version_pulled" in row:
-                pushed += HEADER_BYTES + make_codec(codec).wire_size(size) * make_codec(codec).wire_dtype.itemsize
+                pushed += servers * HEADER_BYTES + make_codec(codec).wire_size(size) * make_codec(codec).wire_dtype.itemsize
                 pushed += len(rows_bytes(Push(0, 0, False, rows=tuple(window))))
+                replies += row["step"] < allowed  # every push fetches but one at the end of the plan
                 window = []
     pull = make_codec(codec if pulls else "none")
-    # a first pull each, and every push: under the run's budget a client stops when a reply says so
-    replies = len(clients) + summary_of(run)["pushes_applied"]
-    return pushed, replies * (HEADER_BYTES + pull.wire_size(size) * pull.wire_dtype.itemsize)
+    return pushed, replies * (servers * HEADER_BYTES + pull.wire_size(size) * pull.wire_dtype.itemsize)
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +77,16 @@ def test_easgd_pushes_its_weights_compressed_without_error_feedback(tmp_path, ti
     plain_summary, summary = summary_of(plain), summary_of(packed)
     assert summary["pushes_applied"] == 40 and summary["bytes_pushed"] == frame_bytes(packed, "bf16")[0]
     assert summary["final_test_error"] <= plain_summary["final_test_error"] + 0.05
+
+
+def test_the_collective_modes_count_what_their_averages_move(tmp_path, tiny_npz):
+    """sync averages every step, local-sgd every n_sync and at the last: each client's
+    float32 vector in, the mean back."""
+    for mode, averages in (("sync", 10), ("local-sgd", 4)):  # local-sgd: steps 3, 6, 9 and 10
+        run = sim(tmp_path / mode, tiny_npz, "--mode", mode, "--clients", "2", "--steps", "10", "--n-sync", "3")
+        size = np.load(run / "checkpoint" / "latest.npz")["weights"].size
+        s = summary_of(run)
+        assert s["bytes_pushed"] == s["bytes_pulled"] == averages * 2 * 4 * size
 
 
 @pytest.mark.parametrize("clients", [1, 4])
