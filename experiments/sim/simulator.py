@@ -241,6 +241,7 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
                               gather=lambda rows: rows, straggle=lockstep.straggle, point=point, away=lockstep.away)
     clocks = [StepClock(timing.step_time * f, stragglers, i, started.steps[i]) for i, f in enumerate(factors)]
     loops = [ClientLoop(c, ClientPlan(i, cfg.client_steps(clients), cfg.push_every, cfg.fetch_every, cfg.stall_timeout,
+                                      servers=tuple(range(cfg.servers)),  # the frames the client's bytes count
                                       compress=cfg.compress, compress_pulls=cfg.compress_pulls, failures=failures,
                                       dylu=cfg.dylu), clk,
                         step=started.steps[i], pushes=point.client_pushes[i] if point else 0, down=clk.down)
