@@ -201,3 +201,14 @@ def test_a_malformed_compressed_push_is_refused_before_the_weights(tmp_path, nam
         np.testing.assert_allclose(state.store.weights, before + 0.5, rtol=1e-6)  # 0.5 is a code exactly
     finally:
         server.recorder.close()
+
+
+@pytest.mark.skipif(not hostkernel.available(), reason="no g++: nothing compiled to compare")
+def test_the_codec_study_times_both_sides(capsys):
+    """bench/studies/codecs.py, small: both sides timed, a ratio each codec (a measurement,
+    printed, never asserted on)."""
+    from bench.studies import codecs
+
+    results = codecs.measure(size=1000, trials=2, repeats=1)
+    assert set(results) == {"int8", "int4"}
+    assert all(len(r["ours"]) == len(r["other"]) == 2 and r["ratio"] > 0 for r in results.values())
