@@ -3,10 +3,9 @@ with its error feedback in one pass, a payload decoded in one.
 
 numpy takes several passes over the vector (the sum with the residual, |x|, the blocks'
 maxima, the product, the rounding, the cast, int4's nibbles, then a decode and a
-subtraction for the residual): measured in one process on this project's 2-core
-machine at the default CNN's 206,922 floats, an int8 push with its feedback took
-0.68-0.93 ms and its decode 0.12 ms; int4 1.6-2.0 ms and 0.39-0.77 ms (docs/training.md
-has the table, `asgd bench` style: bench/studies/codecs.py). Here each block of 256 is
+subtraction for the residual): at the default CNN's 206,922 floats more than the 1 ms a
+push the issue allows for encode and decode on one core, int4's most (bench/studies/
+codecs.py measures both sides; docs/performance.md has the numbers). Here each block of 256 is
 summed with its residual into a buffer that stays in L1, its largest |x| taken, its codes
 and the new residual written in a second pass over that buffer; a decode reads each
 record once. The arithmetic is numpy's in the same order (float32 L / absmax, x times it

@@ -133,7 +133,7 @@ class Blockwise(Codec):
     def encode(self, vector: np.ndarray) -> np.ndarray:
         data = np.empty(self.wire_size(vector.size), np.uint8)
         if self.kernel is not None:
-            self.kernel[0](vector.size, _address(vector), None, _address(data))
+            self.kernel[0](vector.size, _address(np.ascontiguousarray(vector, np.float32)), None, _address(data))
             return data
         for values, records in self._blocks(vector, data):
             self._pack(values, records)

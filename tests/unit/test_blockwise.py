@@ -204,7 +204,7 @@ def test_a_malformed_compressed_push_is_refused_before_the_weights(tmp_path, nam
 
 
 @pytest.mark.skipif(not hostkernel.available(), reason="no g++: nothing compiled to compare")
-def test_the_codec_study_times_both_sides(capsys):
+def test_the_codec_study_times_both_sides():
     """bench/studies/codecs.py, small: both sides timed, a ratio each codec (a measurement,
     printed, never asserted on)."""
     from bench.studies import codecs
