@@ -92,7 +92,7 @@ def test_the_collective_modes_count_what_their_averages_move(tmp_path, tiny_npz)
 @pytest.mark.parametrize("clients", [1, 4])
 def test_int8_trains_as_float32_does(tmp_path, tiny_npz, clients):
     """The default rule (`add`, deltas through error feedback): int8's final test error
-    within 0.05 of float32's on the tiny task (its 192 test samples: one is 0.005)."""
+    within 0.05 of float32's on the tiny task (4 of its 76 test samples)."""
     flags = ["--clients", str(clients), "--steps", str(240 // clients), "--n-sync", "2"]
     plain = summary_of(sim(tmp_path / "plain", tiny_npz, *flags))
     packed = summary_of(sim(tmp_path / "int8", tiny_npz, *flags, "--compress", "int8"))
