@@ -25,8 +25,8 @@ import numpy as np
 from clients.client import Client
 from clients.stragglers import Failures, Stragglers
 from paramserver.config.run import Fault
-from paramserver.wire import frame
 from paramserver.compute.quantkernel import make_codec
+from paramserver.wire import frame
 from paramserver.wire.compress import ErrorFeedback
 from paramserver.wire.protocol import Outgoing, Pull, Push, Rejoin, State, Stop, Tag, Weights
 
