@@ -121,7 +121,8 @@ class ServerState:
         the servers'), the wire's codec, the lr schedule the server counts progress for and
         applies its rule's lr by (`options`: the other fields)."""
         return cls(Store.for_run(cfg, weights, clients, optimizer_factory), list(range(cfg.servers, cfg.servers + clients)),
-                   codec=make_codec(cfg.compress), pull_codec=make_codec(cfg.compress if cfg.compress_pulls else "none"),
+                   codec=make_codec(cfg.compress),
+                   pull_codec=make_codec(cfg.compress if cfg.compress_pulls else "none"),
                    schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr),
                    windows=Windows.for_run(cfg, clients),
                    budget=RunBudget(cfg.client_steps(clients), cfg.fetch_every) if cfg.run_budget else None, **options)
@@ -289,7 +290,8 @@ def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, list[Event]]:
     start = time.perf_counter()
     codec = state.codec
     wire_size = codec.wire_size(store.size)  # a truncated or padded payload is refused here, before decoding
-    if (header.dtype, payload.dtype, header.size, payload.size) != (codec.dtype, codec.wire_dtype, wire_size, wire_size):
+    expected = (codec.dtype, codec.wire_dtype, wire_size, wire_size)
+    if (header.dtype, payload.dtype, header.size, payload.size) != expected:
         reason = (f"payload of {payload.nbytes} bytes as {header.size} {header.dtype}, "
                   f"expected {wire_size} {codec.wire_dtype} of {codec.dtype}")
         result = ApplyResult(False, store.version, store.version - pulled, reason)

@@ -32,12 +32,13 @@ def frame_bytes(run: Path, codec: str, pulls: bool = False, servers: int = 1) ->
     clients = sorted({r["client"] for r in rows(run, "clients")})
     allowed = len(clients) * json.loads((run / "config.json").read_text())["steps"]  # a client's plan, under the budget
     pushed = replies = 0
+    push = make_codec(codec)
     for client in clients:
         window, replies = [], replies + 1  # its first pull
         for row in (r for r in rows(run, "clients") if r["client"] == client):
             window.append({k: v for k, v in row.items() if k not in SERVER_KEYS})
             if "version_pulled" in row:
-                pushed += servers * HEADER_BYTES + make_codec(codec).wire_size(size) * make_codec(codec).wire_dtype.itemsize
+                pushed += servers * HEADER_BYTES + push.wire_size(size) * push.wire_dtype.itemsize
                 pushed += len(rows_bytes(Push(0, 0, False, rows=tuple(window))))
                 replies += row["step"] < allowed  # every push fetches but one at the end of the plan
                 window = []
