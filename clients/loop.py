@@ -24,7 +24,7 @@ import numpy as np
 
 from clients.client import Client
 from clients.stragglers import Failures, Stragglers
-from paramserver.config.run import Fault
+from runconfig.settings import Fault
 from paramserver.compute.quantkernel import make_codec
 from paramserver.wire import frame
 from paramserver.wire.compress import ErrorFeedback

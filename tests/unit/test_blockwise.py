@@ -153,7 +153,7 @@ def test_error_feedback_owes_one_rounding_however_many_pushes_went(name):
 
 
 def _server(tmp_path, codec):
-    from paramserver.config.run import RunConfig
+    from runconfig.settings import RunConfig
     from paramserver.handler import ServerState
     from paramserver.inprocess import InProcess
     from paramserver.recorder import Recorder
