@@ -19,7 +19,9 @@ def run_client(transport: Link, client: Client, plan: ClientPlan,
     """Train up to `plan.steps` minibatches over MPI, from `start` = (step, pushes so far,
     after a resume); returns the number of pushes sent in all."""
     loop = ClientLoop(client, plan, clock, *start)
-    link = ServerLink(transport, plan.servers, shard_bounds(client.size, len(plan.servers)), plan.timeout)
+    bounds = shard_bounds(client.size, len(plan.servers), loop.codec.block)
+    link = ServerLink(transport, plan.servers, loop.codec.wire_bounds(bounds), plan.timeout,
+                      loop.pull_codec.wire_bounds(bounds))
     loop.take_weights(loop.landing, link.exchange(Outgoing(Tag.PULL, Pull()), loop.landing))
     while not loop.done:
         message, fetch = loop.advance()

@@ -24,8 +24,10 @@ import numpy as np
 
 from clients.client import Client
 from clients.stragglers import Failures, Stragglers
+from paramserver.compute.quantkernel import make_codec
+from paramserver.wire import frame
+from paramserver.wire.compress import ErrorFeedback
 from runconfig.settings import Fault, RunConfig
-from paramserver.wire.compress import ErrorFeedback, make_codec
 from paramserver.wire.protocol import Outgoing, Pull, Push, Rejoin, State, Stop, Tag, Weights
 
 
@@ -38,7 +40,8 @@ class ClientPlan:
     timeout: float         # longest wait for the server's reply
     servers: tuple[int, ...] = (0,)  # server ranks, in the order of their slices
     fault: Fault | None = None
-    compress: str = "none"  # pushes and pulls on the wire (paramserver/wire/compress.py)
+    compress: str = "none"  # pushes on the wire (paramserver/wire/compress.py)
+    compress_pulls: bool = False  # the weights replies too
     stragglers: Stragglers | None = None  # slept after each minibatch (MPI); the simulator's clock has them
     failures: Failures | None = None
     dylu: bool = False     # the server's replies set each window (n_push == n_fetch: each push fetches)
@@ -57,8 +60,8 @@ class ClientPlan:
                    timeout=2 * cfg.stall_timeout, servers=tuple(range(servers)),
                    fault=cfg.fault_for(index + servers, f"client {index}")
                    if real_time or cfg.on_client_failure == "continue" else None,
-                   compress=cfg.compress, stragglers=stragglers if real_time and stragglers.active else None,
-                   failures=Failures.for_run(cfg, stragglers), dylu=cfg.dylu)
+                   compress=cfg.compress, compress_pulls=cfg.compress_pulls,
+                   stragglers=stragglers if real_time and stragglers.active else None, failures=Failures.for_run(cfg, stragglers), dylu=cfg.dylu)
 
 
 def sleep_down(length: float, compute: float) -> float:
@@ -82,6 +85,8 @@ class ClientLoop:
     stopping: bool = False        # the server said the run reached its target
     state_due: bool = False       # the server asks for the optimizer's state: a checkpoint is due
     rows: list[dict] = field(default_factory=list)
+    pushed_bytes: int = 0         # the push frames' bytes, to every server (STOP tells the server)
+    pulled_bytes: int = 0         # the weights frames' bytes, from every server
     down: Callable[[float, float], float] = sleep_down  # (base times, compute s) -> seconds down
     window: int = field(init=False)      # minibatches from one push to the next: n_push, or DyLU's
     pushed_at: int = field(init=False)   # the step of the last push (or the first step)
@@ -89,18 +94,21 @@ class ClientLoop:
     def __post_init__(self) -> None:
         self.window, self.pushed_at = self.plan.n_push, self.step
         self.codec = make_codec(self.plan.compress)
+        self.pull_codec = make_codec(self.plan.compress if self.plan.compress_pulls else "none")
         compressed = self.plan.compress != "none"
         # Updates keep what the codec dropped for the next push; weights (EASGD) are
         # rounded afresh each time, the error bounded by the codec's and never summed.
         updates = self.client.pushes != "weights"
         self.feedback = ErrorFeedback(self.codec, self.client.size) if compressed and updates else None
         # where pulled weights land, as they come over the wire
-        self.landing = np.empty(self.client.size, self.codec.wire_dtype) if compressed else self.client.incoming
+        self.landing = np.empty(self.pull_codec.wire_size(self.client.size), self.pull_codec.wire_dtype) \
+            if self.plan.compress_pulls else self.client.incoming
 
     def take_weights(self, data: np.ndarray, reply: Weights | None = None) -> None:
         """The server's weights, as they came over the wire, at the progress its `reply`
         says; a reply saying stop (the run reached its target) ends the loop here."""
-        self.client.sync(self.codec.decode(data, self.client.incoming), reply.samples if reply else None)
+        self.client.sync(self.pull_codec.decode(data, self.client.incoming), reply.samples if reply else None)
+        self.pulled_bytes += len(self.plan.servers) * frame.HEADER_BYTES + data.nbytes
         self.stopping = self.stopping or (reply is not None and reply.stop)
         self.state_due = reply is not None and reply.state
         if reply is not None and reply.window:
@@ -138,7 +146,7 @@ class ClientLoop:
         if self.rows:  # told to stop between pushes: the work done goes to the server first
             return self._push(False), False
         self.done = True
-        return Outgoing(Tag.STOP, Stop(self.step, self.pushes)), False
+        return Outgoing(Tag.STOP, Stop(self.step, self.pushes, self.pushed_bytes, self.pulled_bytes)), False
 
     def _failed(self, compute: float) -> Outgoing:
         """The client failed after this minibatch: its work since the last push is lost
@@ -164,5 +172,7 @@ class ClientLoop:
         push = self.client.take_push()
         push = self.codec.encode(push) if self.feedback is None else self.feedback.encode(push)
         header = Push(self.step, push.size, fetch, self.codec.dtype, rows=tuple(self.rows))
+        # a frame to each server, the rows to server 0 alone (paramserver/wire/fanout.py)
+        self.pushed_bytes += frame.nbytes(header, push) + (len(self.plan.servers) - 1) * frame.HEADER_BYTES
         self.rows, self.pushes, self.pushed_at = [], self.pushes + 1, self.step
         return Outgoing(Tag.PUSH, header, push)

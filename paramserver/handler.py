@@ -41,7 +41,8 @@ from paramserver.schedule import Schedule
 from paramserver.tally import RunBudget, ServerTally
 from paramserver.store import ApplyResult, Store
 from paramserver.wire import frame
-from paramserver.wire.compress import Codec, make_codec
+from paramserver.compute.quantkernel import make_codec
+from paramserver.wire.compress import Codec
 from paramserver.wire.frame import Garbled
 from paramserver.membership import Membership
 from paramserver.wire.protocol import (FROM_CLIENTS, Message, Push, Rejoin, Reply, State, Tag, Weights, Welcome,
@@ -83,11 +84,11 @@ class ServerState:
     store: Store
     client_ranks: list[int]
     eval_every: int = 0
-    codec: Codec = field(default_factory=Codec)
+    codec: Codec = field(default_factory=Codec)       # pushes'
+    pull_codec: Codec = field(default_factory=Codec)  # replies' (`compress_pulls`)
     tally: ServerTally | None = None
     peers: tuple[int, ...] = ()
     apply_cost: float | None = None
-    wire_bytes: list[int] = field(default_factory=lambda: [0, 0])  # payload bytes (pushed, pulled)
     schedule: Schedule | None = None
     reply: ReplyPolicy = field(default_factory=ReplyPolicy)
     clock: Callable[[], float] = time.monotonic  # the run's clock
@@ -107,7 +108,8 @@ class ServerState:
         self.tally = self.tally or ServerTally(len(self.client_ranks))
         self.buffer = frame.empty(self.store.size, np.float32)  # pushes, as float32
         compressed = self.codec.wire_dtype != np.float32
-        self.landing = frame.empty(self.store.size, self.codec.wire_dtype) if compressed else self.buffer  # as they come
+        self.landing = frame.empty(self.codec.wire_size(self.store.size), self.codec.wire_dtype) if compressed \
+            else self.buffer  # as they come
 
     @classmethod
     def for_run(cls, cfg: RunSettings, weights: np.ndarray, clients: int, optimizer_factory: Callable | None = None,
@@ -122,6 +124,7 @@ class ServerState:
         members = Membership.for_clients(clients, cfg.client_steps(clients), secret, cfg.max_clients)
         return cls(store, list(range(cfg.servers, cfg.servers + clients)),
                    codec=make_codec(cfg.compress),
+                   pull_codec=make_codec(cfg.compress if cfg.compress_pulls else "none"),
                    schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr),
                    reply=ReplyPolicy.for_run(cfg, store.rule.gathers, clients, clock),
                    budget=RunBudget(cfg.client_steps(clients), cfg.fetch_every) if cfg.run_budget else None,
@@ -257,15 +260,14 @@ def _message_problem(state: ServerState, msg: Message) -> str:
 
 def _weights_for(state: ServerState, rank: int) -> Reply:
     weights, version = state.store.pull(state.client(rank))
-    data = state.codec.encode(weights)
-    state.wire_bytes[1] += data.nbytes
+    data = state.pull_codec.encode(weights)
     budget = state.budget
     client, running = state.client(rank), state.running if state.reply.windows or budget else []
     window = state.reply.replied(rank, client, running)
     stop = state.stop() or (budget is not None and budget.spent(state.tally, client, running))
     if budget is not None and not stop:
         budget.went(state.tally, client, window)
-    return Reply(rank, Weights(version, weights.size, state.progress, stop, state.checkpoint_due, window), data)
+    return Reply(rank, Weights(version, data.size, state.progress, stop, state.checkpoint_due, window), data)
 
 
 def _join(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
@@ -284,7 +286,6 @@ def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, int, list[Even
     """Apply a push: its outcome, the minibatches it covers and the events to record."""
     header: Push = msg.header
     client, store, payload = state.client(msg.source), state.store, msg.payload
-    state.wire_bytes[0] += payload.nbytes
     pulled, version = store.pulled.get(client, 0), store.version
     schedule = state.schedule  # the lr at the progress before this push; the ramp by the steps taken, whatever was dropped
     at = (schedule.factor(state.progress), schedule.ramp(store.version)) if schedule is not None else (1.0, 1.0)
@@ -292,12 +293,15 @@ def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, int, list[Even
     minibatches = max(1, header.step - int(state.tally.client_steps[client]))
     state.reply.pushed(msg.source, client, minibatches)
     start = time.perf_counter()
-    if header.dtype != state.codec.dtype or payload.dtype != state.codec.wire_dtype or header.size != store.size:
+    codec = state.codec
+    wire_size = codec.wire_size(store.size)  # a truncated or padded payload is refused here, before decoding
+    expected = (codec.dtype, codec.wire_dtype, wire_size, wire_size)
+    if (header.dtype, payload.dtype, header.size, payload.size) != expected:
         reason = (f"payload of {payload.nbytes} bytes as {header.size} {header.dtype}, "
-                  f"expected {store.size} {state.codec.dtype}")
+                  f"expected {wire_size} {codec.wire_dtype} of {codec.dtype}")
         result = ApplyResult(False, store.version, store.version - pulled, reason)
     else:
-        result = store.apply(client, state.codec.decode(payload, state.buffer), minibatches, *at)
+        result = store.apply(client, codec.decode(payload, state.buffer), minibatches, *at)
     apply_s = time.perf_counter() - start if state.apply_cost is None else state.apply_cost
     events: list[Event] = [_outcome(state, msg.source, client, result, apply_s)]
     events.append(_client_rows(state, client, header, pulled, result))

@@ -41,6 +41,13 @@ class ServerTally:
         self.steps += step - int(self.client_steps[client])
         self.client_steps[client] = step
 
+    def wire_bytes(self) -> dict[str, int]:
+        """The push and weights frames' bytes (headers, payloads, rows) the clients put on
+        the wire, as each said in its STOP: every server's, which server 0 alone could not
+        see; a lost client never said (so a run with one lost counts less)."""
+        return {"bytes_pushed": sum(stop.pushed_bytes for stop in self.stops.values()),
+                "bytes_pulled": sum(stop.pulled_bytes for stop in self.stops.values())}
+
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint) -> "ServerTally":
         tally = cls(len(checkpoint.client_steps), *checkpoint.counts)

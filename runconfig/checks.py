@@ -323,6 +323,7 @@ def _check_performance(cfg: Any) -> None:
              f"expected auto or torch, got {cfg.server_kernel!r}")
     _require(cfg.compress in CODECS, "compress", f"expected {', '.join(CODECS)}, got {cfg.compress!r}")
     _require(cfg.compress == "none" or cfg.mode == "async", "compress", "needs --mode async (pushes and pulls)")
+    _require(not cfg.compress_pulls or cfg.compress != "none", "compress_pulls", "needs a --compress codec")
 
 
 def parse_speeds(text: str) -> list[float]:

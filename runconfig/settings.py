@@ -256,8 +256,11 @@ class RunConfig:
                                               "kernel: compiled by g++ for the CPU where g++ is found, by cupy on a "
                                               "GPU; else torch) or torch (the rule's torch arithmetic, several "
                                               "passes a push)")
-    compress: str = _performance("none", "none, fp16 or bf16: pushes (with error feedback) and pulls as 16-bit "
-                                         "floats on the wire; the server keeps float32 weights")
+    compress: str = _performance("none", "none, fp16, bf16, int8 or int4: pushes on the wire as 16-bit floats, or "
+                                         "8- or 4-bit integers with a float32 scale per block of 256, with error "
+                                         "feedback; the server decodes them and keeps float32 weights")
+    compress_pulls: bool = _performance(False, "pulls (the weights a reply carries) through the same codec too, "
+                                               "rounded afresh each time (no error feedback: nothing accumulates)")
 
     def __post_init__(self) -> None:
         check(self)

@@ -53,13 +53,14 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
         if files is not None:
             life.land_files = files.close
         life.started()
-        saved_at = clock()  # when the last checkpoint was taken (the run's clock)
+        saved_at, averages = clock(), 0  # when the last checkpoint was taken (the run's clock); averages taken
         with life.run.writer("clients", lines) if recorder else contextlib.nullcontext() as log:
             for step in range(first, cfg.steps + 1):
                 for client in clients:  # the lr schedule's progress: the samples of the steps before
                     client.lr = client.schedule.at((step - 1) * samples_per_step)
                 outcomes = collective_step(clients, cfg.mode, step, cfg.steps, cfg.n_sync, average, straggle,
                                            (k, cfg.backup_workers), away)
+                averages += _resumable(cfg, step)  # the steps that average are those every client leaves alike
                 now = clock()
                 rows = [_row(r, i, step, now, fate) for i, done in zip(indices, outcomes) for r, fate in done]
                 for fault in faults:
@@ -88,8 +89,17 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
             life.curve.stop()
             files.close()
             dropped = {"gradients_dropped": _dropped(life.run)} if cfg.backup_workers else {}
-            life.finish(dropped)
+            life.finish({**dropped, **_wire_bytes(averages, k, setup.weights.nbytes)})
     return 0
+
+
+def _wire_bytes(averages: int, clients: int, nbytes: int) -> dict[str, int]:
+    """What the averages moved, as the async modes' frame bytes are counted: each client
+    hands its vector (gradient or weights, float32) to each average and takes the mean
+    back. Not the allreduce's own traffic, which MPI's algorithm decides (a ring sends
+    2(K-1)/K of a vector each way)."""
+    moved = averages * clients * nbytes
+    return {"bytes_pushed": moved, "bytes_pulled": moved}
 
 
 def _row(result, client: int, step: int, now: float, fate: str) -> dict:

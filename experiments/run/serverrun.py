@@ -18,6 +18,7 @@ from paramserver.tally import ServerTally
 from paramserver.noise import summarise
 from paramserver.recorder import Recorder
 from paramserver.server import ServerLoop
+from paramserver.wire.compress import make_codec
 from paramserver.wire.fanout import gatherer
 from paramserver.wire.protocol import Link, Tag, shard_bounds
 
@@ -50,7 +51,7 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
     what a process that joins must show (None: the run is not joinable).
     """
     cfg, clients = setup.cfg, setup.clients
-    bounds = shard_bounds(setup.weights.size, cfg.servers if link is not None else 1)
+    bounds = shard_bounds(setup.weights.size, cfg.servers if link is not None else 1, make_codec(cfg.compress).block)
     # whether the clients' optimizer keeps state, which server 0 then gathers for each checkpoint
     keeps_state = OptimizerSettings(name=cfg.optimizer, momentum=cfg.client_momentum(clients),
                                     precision=cfg.precision).keeps_state
@@ -80,8 +81,7 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
         life.progress.close()
         recorder.finish()
         noise = {"noise_scale": summarise(life.run.rows("server"))} if state.store.rule.noise is not None else {}
-        return life.finish({**noise, **measured,
-                            "wire_bytes_pushed": state.wire_bytes[0], "wire_bytes_pulled": state.wire_bytes[1]})
+        return life.finish({**noise, **measured, **state.tally.wire_bytes()})
 
 
 def serve_slice(setup: RunSetup, link: Link, clock: Callable[[], float], shard: int) -> int:
@@ -89,7 +89,7 @@ def serve_slice(setup: RunSetup, link: Link, clock: Callable[[], float], shard: 
     read it until server 0 says BYE; returns the clients lost, as BYE tells. It records
     nothing: server 0 records the run."""
     cfg = setup.cfg
-    lo, hi = shard_bounds(setup.weights.size, cfg.servers)[shard]
+    lo, hi = shard_bounds(setup.weights.size, cfg.servers, make_codec(cfg.compress).block)[shard]
     state = ServerState.for_run(cfg, setup.weights[lo:hi], setup.clients, server_optimizer_factory(cfg), peers=(0,))
     loop = ServerLoop(link, state, None, clock, cfg.stall_timeout, cfg.on_client_failure)
     loop.serve()

@@ -23,6 +23,7 @@ from runconfig.settings import ConfigError, RunConfig
 from paramserver.handler import ServerState, handle
 from paramserver.recorder import Recorder
 from paramserver.store import Store
+from paramserver.compute.quantkernel import make_codec
 from paramserver.wire.protocol import Message, Push, Tag
 from rundir.layout import RunDir
 from rundir.lock import RunDirError
@@ -31,8 +32,9 @@ from rundir.lock import RunDirError
 @dataclass(frozen=True)
 class SimTiming:
     """Virtual costs. `push_bytes`: what a push or a pull of float32 weights carries (None:
-    the model's own bytes); a compressed payload carries its share of that. `servers`:
-    the sharded servers the simulated one stands for, each sending its slice of a reply."""
+    the model's own bytes); a compressed payload carries its share of that (its bytes
+    over the `size` float32 of the model's). `servers`: the sharded servers the simulated
+    one stands for, each sending its slice of a reply."""
 
     step_time: float
     apply_time: float       # a server's time for a push (of its slice): checks, apply, logs
@@ -40,11 +42,12 @@ class SimTiming:
     latency: float
     push_bytes: float | None = None
     servers: int = 1
+    size: int = 0
 
     def wire_bytes(self, payload: np.ndarray | None) -> float:
         if payload is None:
             return 0.0
-        return payload.nbytes if self.push_bytes is None else self.push_bytes * payload.itemsize / 4
+        return payload.nbytes if self.push_bytes is None else self.push_bytes * payload.nbytes / (4 * self.size)
 
     def transfer(self, payload: np.ndarray | None) -> float:
         return self.latency + self.wire_bytes(payload) / self.bandwidth
@@ -82,7 +85,7 @@ def sim_timing(cfg: RunConfig, replica: Replica, dataset: Dataset, size: int, cl
              or (profile.apply_time and profile.apply_time / cfg.servers)
              or measure_push(cfg, -(-size // cfg.servers), clients))
     return SimTiming(step, apply, cfg.sim_bandwidth or profile.bandwidth, cfg.sim_latency or profile.latency,
-                     cfg.sim_push_bytes or profile.push_bytes, cfg.servers)
+                     cfg.sim_push_bytes or profile.push_bytes, cfg.servers, size)
 
 
 def calibrated_push(run: str) -> float:
@@ -132,21 +135,25 @@ def _measure_step(replica: Replica, dataset: Dataset, batch_size: int) -> float:
 
 def measure_push(cfg: RunConfig, size: int, clients: int) -> float:
     """The real server's own time for one push beside the wire's: the handler with its
-    checks, the rule's apply and the client's n_push log rows (median of 15 after 3), in a
-    scratch run directory, the push already landed where the transport lands it.
+    checks, the decoding of a compressed push, the rule's apply, the client's n_push log
+    rows and the reply's encoding (median of 15 after 3), in a scratch run directory, the
+    push already landed where the transport lands it.
     Calibrates the simulated server, which adds the wire's part (the reply's transfer
     occupies it, as taking the push off the wire occupies the real one: about the same
     bytes at the same rate), so simulated clients queue at it when real ones would."""
     with tempfile.TemporaryDirectory() as scratch:
         run = RunDir(scratch)
         run.create()
-        state = ServerState(Store.for_run(cfg, np.zeros(size, np.float32), clients, server_optimizer_factory(cfg)), [1])
+        state = ServerState(Store.for_run(cfg, np.zeros(size, np.float32), clients, server_optimizer_factory(cfg)), [1],
+                            codec=make_codec(cfg.compress),
+                            pull_codec=make_codec(cfg.compress if cfg.compress_pulls else "none"))
         recorder = Recorder(run, state, time.perf_counter)
         row = StepResult(2.3, 0.9, cfg.batch_size, cfg.lr).row(0, 1, 0.0)
-        state.landing[:] = 0
+        state.landing[:] = state.codec.encode(np.zeros(size, np.float32))
         times = []
         for step in range(1, 19):
-            header = Push(cfg.push_every * step, size, True, rows=(row,) * cfg.push_every)
+            header = Push(cfg.push_every * step, state.landing.size, True, state.codec.dtype,
+                          rows=(row,) * cfg.push_every)
             start = time.perf_counter()
             recorder.record(handle(state, Message(1, Tag.PUSH, header, state.landing))[1])
             times.append(time.perf_counter() - start)

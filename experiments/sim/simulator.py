@@ -279,7 +279,7 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
         return collective_run(setup, parts.local, list(range(clients)), mean_in_place, lockstep,
                               gather=lambda rows: rows, straggle=lockstep.straggle, point=point, away=lockstep.away)
     clocks = [StepClock(timing.step_time * f, stragglers, i, started.steps[i]) for i, f in enumerate(factors)]
-    loops = [ClientLoop(c, ClientPlan.for_run(cfg, i, clients, real_time=False), clk,
+    loops = [ClientLoop(c, ClientPlan.for_run(cfg, i, clients, cfg.servers, real_time=False), clk,
                         step=started.steps[i], pushes=point.client_pushes[i] if point else 0, down=clk.down)
              for i, (c, clk) in enumerate(zip(parts.local, clocks))]
     joiner = functools.partial(_joiner, cfg, parts, clients, timing.step_time, factors, stragglers)

@@ -24,8 +24,11 @@ class ServerLink:
     for it would be a deadlock."""
 
     def __init__(self, transport: Link, servers: tuple[int, ...], bounds: list[tuple[int, int]],
-                 timeout: float):
+                 timeout: float, pull_bounds: list[tuple[int, int]] | None = None):
+        """`bounds`: each server's slice of a push as the wire carries it (a codec's
+        elements: `Codec.wire_bounds`), `pull_bounds` of the weights (None: the same)."""
         self.transport, self.servers, self.bounds, self.timeout = transport, servers, bounds, timeout
+        self.pull_bounds = bounds if pull_bounds is None else pull_bounds
 
     def to_first(self, message: Outgoing) -> None:
         """A message for server 0 alone (which records the run): a client's STATE."""
@@ -34,7 +37,7 @@ class ServerLink:
     def exchange(self, message: Outgoing, into: np.ndarray | None) -> Weights | None:
         """Send `message`; with `into`, the servers' weights come back into it, and server
         0's header is returned (its progress, the lr schedule's; whether to stop)."""
-        slices = [] if into is None else [into[lo:hi] for lo, hi in self.bounds]
+        slices = [] if into is None else [into[lo:hi] for lo, hi in self.pull_bounds]
         replies = self.transport.expect_weights(list(self.servers), slices)
         self.transport.send_many([(server, message.tag, _sliced(message.header, i, lo, hi),
                                    None if message.payload is None else message.payload[lo:hi])

@@ -37,7 +37,7 @@ HEADER_BYTES = 64
 # magic, format, tag, dtype code, fetch, client rank, step, version, length, rows bytes, window | crc
 _FIELDS = struct.Struct("<4sBBBBiqqqII")
 _CRC = struct.Struct("<I")
-DTYPES = ("float32", "float16", "bfloat16")  # a push header's dtype name, by its code on the wire
+DTYPES = ("float32", "float16", "bfloat16", "int8", "int4")  # a push header's codec name, by its code on the wire
 FRAMED = (Tag.PUSH, Tag.WEIGHTS)
 ROWS_ROOM = 1 << 16  # bytes kept after a vector from `empty()`, for a push's rows
 # vector address -> a weak reference to its frame. Not a WeakValueDictionary: its callback
@@ -109,6 +109,11 @@ _ROWS = json.JSONEncoder(separators=(",", ":"))  # one, not one a push as json.d
 
 def rows_bytes(header: Push) -> bytes:
     return _ROWS.encode(header.rows).encode() if header.rows else b""
+
+
+def nbytes(header: Push | Weights, payload: np.ndarray) -> int:
+    """The bytes of `header`'s frame with `payload`, as `Transport.post` sends it."""
+    return HEADER_BYTES + payload.nbytes + (len(rows_bytes(header)) if isinstance(header, Push) else 0)
 
 
 def rows_length(head: np.ndarray) -> int:

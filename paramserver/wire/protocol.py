@@ -99,6 +99,8 @@ class Push:
 class Stop:
     steps: int                 # minibatches the client ran
     pushes: int                # pushes it sent
+    pushed_bytes: int = 0      # the bytes of its push frames (headers, payloads, rows), to every server
+    pulled_bytes: int = 0      # the bytes of the weights frames it took, from every server
 
 
 @dataclass(frozen=True)
@@ -219,9 +221,12 @@ class Link(Protocol):
     def complete(self, requests: list, peers: list[int], nbytes: int, timeout: float) -> list[Weights]: ...
 
 
-def shard_bounds(size: int, servers: int) -> list[tuple[int, int]]:
-    """The contiguous slice of the flat vector each of `servers` server ranks owns."""
-    edges = [size * s // servers for s in range(servers + 1)]
+def shard_bounds(size: int, servers: int, block: int = 1) -> list[tuple[int, int]]:
+    """The contiguous slice of the flat vector each of `servers` server ranks owns, each
+    starting at a multiple of `block` (a blockwise codec's, paramserver/wire/compress.py:
+    then a slice of a push is whole blocks, which its server decodes alone)."""
+    blocks = -(-size // block)
+    edges = [min(size, block * (blocks * s // servers)) for s in range(servers + 1)]
     return list(zip(edges[:-1], edges[1:]))
 
 
@@ -256,7 +261,7 @@ def well_formed(tag: int, header: Any) -> bool:
     if isinstance(header, Join):
         return isinstance(header.secret, str) and isinstance(header.host, str)
     if isinstance(header, Stop):
-        return _is_int(header.steps) and _is_int(header.pushes)
+        return all(_is_int(v) for v in (header.steps, header.pushes, header.pushed_bytes, header.pulled_bytes))
     if isinstance(header, State):
         return _is_int(header.step) and isinstance(header.arrays, dict) and all(
             isinstance(k, str) and isinstance(v, np.ndarray) and v.dtype != object for k, v in header.arrays.items())

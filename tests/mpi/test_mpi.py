@@ -12,6 +12,7 @@ from clients.data import load_dataset
 from rundir.durable import load_arrays
 from tests.conftest import BIN, each_logged_once, mpi_train, run_command
 from tests.reference import plain_sgd
+from tests.sim.test_compress import frame_bytes
 
 pytestmark = pytest.mark.mpi
 # the rule these tests were written for (a version a push) and no lr scaling, so their
@@ -219,7 +220,30 @@ def test_compressed_pushes_and_pulls_under_mpi(tmp_path, tiny_npz):
     assert result.returncode == 0, result.stderr
     s = summary(run)
     assert s["pushes_applied"] == s["version"] == 40 and s["pushes_rejected"] == 0
-    assert s["wire_bytes_pushed"] == 40 * 2 * np.load(run / "checkpoint" / "latest.npz")["weights"].size
+    assert (s["bytes_pushed"], s["bytes_pulled"]) == frame_bytes(run, "bf16")  # the pulls stay float32
+
+
+def test_int8_pushes_and_pulls_to_two_sharded_servers_compute_what_one_simulated_does(tmp_path, tiny_npz):
+    """Each server decodes its slice alone (the slices start at whole blocks), so the run
+    is the simulator's, which holds the whole vector, loss for loss; the frames' bytes are
+    what two headers a push and a reply and the codec's payloads make, in both."""
+    flags = ["--clients", "1", "--data", str(tiny_npz), *TINY, "--rule", "add", "--steps", "12", "--n-sync", "2",
+             "--compress", "int8", "--compress-pulls", "--eval-samples", "50"]
+    result = mpi_train(3, "--servers", "2", *flags, "--out", str(tmp_path / "mpi"))
+    assert result.returncode == 0, result.stderr
+    sim_run = run_command([str(BIN / "asgd"), "train", "--backend", "sim", "--servers", "2", "--quiet", *flags,
+                           "--out", str(tmp_path / "sim")], timeout=120)
+    assert sim_run.returncode == 0, sim_run.stderr
+    mpi, simulated = tmp_path / "mpi", tmp_path / "sim"
+    assert [r["loss"] for r in rows(mpi, "clients")] == [r["loss"] for r in rows(simulated, "clients")]
+    np.testing.assert_array_equal(load_arrays(mpi / "checkpoint" / "latest.npz")["weights"],
+                                  load_arrays(simulated / "checkpoint" / "latest.npz")["weights"])
+    s = summary(mpi)
+    assert s["pushes_applied"] == 6 and s["pushes_rejected"] == 0
+    assert (s["bytes_pushed"], s["bytes_pulled"]) == frame_bytes(mpi, "int8", pulls=True, servers=2)
+    # the simulator counts alike (its rows' times are virtual ones: other digits, other bytes)
+    assert (summary(simulated)["bytes_pushed"], summary(simulated)["bytes_pulled"]) == \
+        frame_bytes(simulated, "int8", pulls=True, servers=2)
 
 
 def test_one_client_with_two_sharded_servers_equals_plain_sgd(tmp_path, tiny_npz):

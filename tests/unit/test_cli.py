@@ -74,8 +74,11 @@ def test_a_used_run_directory_is_refused(tmp_path, capsys, tiny_npz):
 @pytest.mark.parametrize("flags, message", [
     (["--servers", "2", "--mode", "sync"], "servers: more than one server needs --mode async"),
     (["--servers", "0"], "servers: must be at least 1"),
-    (["--compress", "fp8"], "compress: expected none, fp16, bf16"),
+    (["--compress", "fp8"], "compress: expected none, fp16, bf16, int8, int4"),
     (["--compress", "bf16", "--mode", "sync"], "compress: needs --mode async"),
+    (["--compress", "int3"], "compress: expected none, fp16, bf16, int8, int4, got 'int3'"),
+    (["--compress", "int4", "--mode", "local-sgd"], "compress: needs --mode async"),
+    (["--compress-pulls"], "compress_pulls: needs a --compress codec"),
     (["--on-client-failure", "retry"], "on_client_failure: expected abort or continue"),
     (["--on-client-failure", "continue", "--mode", "local-sgd"], "on_client_failure: continue needs --mode async"),
 ])
