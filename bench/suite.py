@@ -124,10 +124,12 @@ def simulator(quick: bool) -> list[dict]:
     """The sim backend's wall time for K clients against pure compute of as many minibatches
     in this process (a lower bound), trial by trial: its overhead (events, binding K clients
     to one model, the server). Both run here, so no process start-up is timed."""
+    from clients.devices import threads_kept
+
     total, trials, clients = (160, 1, (8,)) if quick else (240, 3, (1, 8, 32))
-    compute = compute_steps()
     rows = []
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, threads_kept():
+        compute = compute_steps()
         for k in clients:
             runs = iter(range(1, 100))
 
@@ -168,7 +170,7 @@ def compute_steps() -> Callable[[int], float]:
         client.step()
 
     def seconds(minibatches: int) -> float:
-        torch.set_num_threads(1)  # again: a run in this process restores the count it found when it ends
+        torch.set_num_threads(1)  # again: set here, never inherited from the simulated run before it
         start = time.perf_counter()
         for _ in range(minibatches):
             client.step()
