@@ -28,7 +28,7 @@ import torch
 
 from experiments.parent.forked import Forked
 from experiments.parent.mpiexec import Launcher, find_mpiexec
-from experiments.parent.supervise import kill_tree
+from experiments.parent.tree import kill_tree
 from paramserver.wire.protocol import Push, Tag
 from tests import preloaded
 

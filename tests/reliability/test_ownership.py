@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.parent.supervise import alive, descendants, kill_tree
+from experiments.parent.tree import alive, descendants, kill_tree
 from rundir.durable import load_arrays
 from rundir.lock import FolderLock
 from rundir.status import EXIT_DIVERGED, was_interrupted
@@ -199,6 +199,24 @@ def test_sigkill_of_the_command_takes_its_job_down(tmp_path, tiny_npz):
     FolderLock(run).acquire().release()  # and the run is free to resume
 
 
+def test_sigkill_of_the_command_ends_a_job_whose_launcher_passes_nothing_on(tmp_path, tiny_npz):
+    """Hydra, sent SIGTERM, has now and then not passed it on, and its ranks trained on
+    after asgd was SIGKILLed. The launcher stopped here, so it cannot: the lifeline
+    between asgd and it kills every process below it once the grace time is over."""
+    run = tmp_path / "run"
+    job = start([str(BIN / "asgd"), "train", "--clients", "2", "--steps", "100000", "--data", str(tiny_npz),
+                 "--batch-size", "32", "--eval-samples", "50", "--quiet", "--out", str(run)])
+    try:
+        wait_for(lambda: (run / "clients.jsonl").exists(), "the job training")
+        os.kill(launcher(job.pid), signal.SIGSTOP)
+        job.kill()
+        job.wait()
+        wait_for(lambda: not job_processes(str(run)), "every process of the job gone after SIGKILL of asgd")
+        FolderLock(run).acquire().release()
+    finally:
+        kill_tree(job.pid)
+
+
 def test_the_lock_is_held_until_the_last_process_of_the_job_is_gone(tmp_path, tiny_npz):
     """The launcher SIGKILLed alone: its ranks (Open MPI's cannot hold the lock's descriptor,
     and outlive their launcher by a second or so) are gone before asgd lets the lock go."""
@@ -207,13 +225,19 @@ def test_the_lock_is_held_until_the_last_process_of_the_job_is_gone(tmp_path, ti
                  "--batch-size", "32", "--eval-samples", "50", "--quiet", "--out", str(run)])
     try:
         wait_for(lambda: (run / "clients.jsonl").exists(), "the job training")
-        [launcher] = [pid for pid in descendants(job.pid) if _parent(pid) == job.pid]
-        os.kill(launcher, signal.SIGKILL)
+        os.kill(launcher(job.pid), signal.SIGKILL)
         job.wait(timeout=60)
         assert job_processes(str(run)) == []
         FolderLock(run).acquire().release()
     finally:
         kill_tree(job.pid)
+
+
+def launcher(asgd: int) -> int:
+    """The MPI launcher `asgd train` started, under its lifeline (experiments/parent/lifeline.py)."""
+    [lifeline] = [pid for pid in descendants(asgd) if _parent(pid) == asgd]
+    [started] = [pid for pid in descendants(lifeline) if _parent(pid) == lifeline]
+    return started
 
 
 def _parent(pid: int) -> int:
