@@ -54,6 +54,8 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _interrupt(signum: int, frame) -> None:
+    if launcher_rank() is not None:  # a rank records the run interrupted: the launcher's SIGTERM after
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # Slurm's (scancel signals both) must not cut that short
     raise Interrupted(signal.Signals(signum).name)
 
 

@@ -21,7 +21,7 @@ from experiments.parent.tree import alive, descendants, kill_tree
 from rundir.durable import load_arrays
 from rundir.lock import FolderLock
 from rundir.status import EXIT_DIVERGED, was_interrupted
-from tests.conftest import BIN, each_logged_once, run_command, start
+from tests.conftest import BIN, ROOT, each_logged_once, run_command, start
 from tests.sim.test_sim import TIMED
 
 pytestmark = pytest.mark.slow
@@ -213,6 +213,30 @@ def test_sigkill_of_the_command_ends_a_job_whose_launcher_passes_nothing_on(tmp_
         job.wait()
         wait_for(lambda: not job_processes(str(run)), "every process of the job gone after SIGKILL of asgd")
         FolderLock(run).acquire().release()
+    finally:
+        kill_tree(job.pid)
+
+
+def test_the_batch_scripts_job_records_the_interruption_when_every_process_gets_sigterm(tmp_path, tiny_npz):
+    """scancel sends SIGTERM to every process of a job at once (the batch script's mpiexec
+    and the ranks alike; SIGKILL after KillWait). The docs' batch script, run here as
+    Slurm runs it on one node and so signalled: the run records `interrupted` (MPICH's
+    launcher, without the flags asgd gives it, killed the server as soon as a client
+    ended: no summary)."""
+    run = tmp_path / "run"
+    env = {**os.environ, "SLURM_SUBMIT_DIR": str(ROOT), "SLURM_NTASKS": "3", "VENV": str(BIN.parent)}
+    job = subprocess.Popen(["bash", str(ROOT / "examples" / "slurm" / "train.sbatch"), "--steps", "100000",
+                            "--data", str(tiny_npz), "--batch-size", "32", "--eval-samples", "50", "--quiet",
+                            "--out", str(run)], env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (run / "clients.jsonl").exists(), "the job training")
+        for pid in [job.pid, *descendants(job.pid)]:
+            os.kill(pid, signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+        wait_for(lambda: not job_processes(str(run)), "every process of the job gone")
+        assert status(run) == "failed: interrupted (SIGTERM)", err
+        FolderLock(run).acquire().release()  # the lock file left is free: a resume takes it over
     finally:
         kill_tree(job.pid)
 
