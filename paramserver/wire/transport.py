@@ -13,6 +13,7 @@ waits for has died.
 """
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import math
 import os
@@ -64,8 +65,23 @@ class Transport:
 
     @classmethod
     def world(cls, timeout: float) -> Transport:
-        """Every rank of the job."""
-        return cls(MPI.COMM_WORLD, timeout=timeout)
+        """Every rank of the job, whose MPI_Finalize at exit is bounded (`_bound_finalize`)."""
+        transport = cls(MPI.COMM_WORLD, timeout=timeout)
+        atexit.register(transport._bound_finalize)
+        return transport
+
+    def _bound_finalize(self) -> None:
+        """MPI_Finalize, here at this process's exit rather than after the interpreter's
+        end (mpi4py's, where no watchdog runs any more). It waits for every rank, under
+        MPICH in the launcher's PMI barrier, a blocking socket read where no check of ours
+        runs: a rank or a launcher gone by then held a client there for ever (it outlived
+        its server). Past the timeout every wait of this rank has (the stall timeout), it
+        leaves, its stack on stderr, exit status 1 (faulthandler's watchdog, as in `abort`)."""
+        if MPI.Is_finalized():
+            return
+        faulthandler.dump_traceback_later(self.timeout, exit=True)
+        MPI.Finalize()
+        faulthandler.cancel_dump_traceback_later()
 
     def this_node(self, is_client: bool) -> tuple[int, list[bool]]:
         """This rank's number among the ranks on its node, and whether each of them is a
