@@ -13,7 +13,6 @@ waits for has died.
 """
 from __future__ import annotations
 
-import atexit
 import faulthandler
 import math
 import os
@@ -26,7 +25,7 @@ from mpi4py import MPI
 
 from paramserver.wire import frame
 from paramserver.wire.frame import FRAMED, HEADER_BYTES, rows_bytes
-from paramserver.wire.liveness import PeerDied, PeerWatch
+from paramserver.wire.liveness import PeerDied, PeerWatch, finish_within
 from paramserver.wire.protocol import (Message, PeerFailed, PeerTimeout, ProtocolError, Push, Tag, Weights,
                                          payload_target)
 
@@ -65,23 +64,10 @@ class Transport:
 
     @classmethod
     def world(cls, timeout: float) -> Transport:
-        """Every rank of the job, whose MPI_Finalize at exit is bounded (`_bound_finalize`)."""
+        """Every rank of the job; its MPI_Finalize at exit within its timeout (`finish_within`)."""
         transport = cls(MPI.COMM_WORLD, timeout=timeout)
-        atexit.register(transport._bound_finalize)
+        finish_within(lambda: transport.timeout, lambda: MPI.Is_finalized() or MPI.Finalize())
         return transport
-
-    def _bound_finalize(self) -> None:
-        """MPI_Finalize, here at this process's exit rather than after the interpreter's
-        end (mpi4py's, where no watchdog runs any more). It waits for every rank, under
-        MPICH in the launcher's PMI barrier, a blocking socket read where no check of ours
-        runs: a rank or a launcher gone by then held a client there for ever (it outlived
-        its server). Past the timeout every wait of this rank has (the stall timeout), it
-        leaves, its stack on stderr, exit status 1 (faulthandler's watchdog, as in `abort`)."""
-        if MPI.Is_finalized():
-            return
-        faulthandler.dump_traceback_later(self.timeout, exit=True)
-        MPI.Finalize()
-        faulthandler.cancel_dump_traceback_later()
 
     def this_node(self, is_client: bool) -> tuple[int, list[bool]]:
         """This rank's number among the ranks on its node, and whether each of them is a
@@ -396,10 +382,9 @@ class Transport:
         """End every rank of the job: one rank's failure must not leave others waiting.
 
         The launcher ends the others. Should it never answer (seen once in CI: Open MPI
-        5.0.11 under ULFM, the server SIGKILLed, a client inside MPI_Abort for 180 s),
-        this rank leaves alone after `ABORT_GRACE_S`, its stack on stderr, exit status 1
-        (faulthandler's watchdog is a thread of C: a call that holds the interpreter
-        cannot stop it), and the others, which see it gone, follow."""
+        5.0.11 under ULFM, the server SIGKILLed, a client inside MPI_Abort for 180 s), this
+        rank leaves alone after `ABORT_GRACE_S`, its stack on stderr, exit status 1 (a C
+        watchdog thread, as in `finish_within`), and the others, which see it gone, follow."""
         faulthandler.dump_traceback_later(ABORT_GRACE_S, exit=True)
         self.comm.Abort(code)
 
