@@ -110,10 +110,12 @@ def exit_as(status: int) -> None:
     """Exit as a process with this wait status did: its code, or killed by its signal."""
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # whose action is not ours to set
+            signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
         os.kill(os.getpid(), sig)
-    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+        os._exit(128 + sig)  # a signal whose default is to go on
+    os._exit(os.waitstatus_to_exitcode(status))
 
 
 def main(argv: list[str]) -> None:

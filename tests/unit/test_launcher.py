@@ -108,3 +108,12 @@ def _reads(path: Path) -> bytes:
         return path.read_bytes()
     except OSError:
         return b""
+
+
+@pytest.mark.parametrize("command,status", [("exit 3", 3), ("kill -TERM $$", -signal.SIGTERM),
+                                            ("kill -KILL $$", -signal.SIGKILL)])
+def test_the_lifeline_ends_as_its_command_did(command, status):
+    """The supervisor reads the launcher's exit status through the lifeline between them."""
+    from experiments.parent.lifeline import lifeline
+
+    assert subprocess.run(lifeline(["sh", "-c", command]), timeout=30).returncode == status
