@@ -117,7 +117,7 @@ def test_the_default_run_of_one_client_is_plain_pytorch_sgd(tmp_path, tiny_npz):
     lr, momentum and weight decay (DESIGN.md's promise)."""
     from clients.data import load_dataset
     from paramserver.config.run import RunConfig
-    from tests.reference import plain_sgd
+    from tests.reference import assert_steps_close, plain_sgd
 
     run = tmp_path / "run"
     assert main(["train", "--backend", "sim", "--data", str(tiny_npz), "--out", str(run), "--clients", "1",
@@ -125,7 +125,7 @@ def test_the_default_run_of_one_client_is_plain_pytorch_sgd(tmp_path, tiny_npz):
     defaults = RunConfig()
     expected = plain_sgd(load_dataset(str(tiny_npz)), 12, batch_size=32, lr=defaults.lr,
                          momentum=defaults.momentum, weight_decay=defaults.weight_decay)
-    np.testing.assert_allclose(checkpoint_weights(run), expected, atol=1e-6, rtol=0)
+    assert_steps_close(checkpoint_weights(run), expected, 12)
     assert json.loads((run / "config.json").read_text())["rule"] == "fresh"
 
 
@@ -195,11 +195,11 @@ def test_an_optimizer_factory_that_fails_is_refused_before_launch(tmp_path, tiny
 
 def test_sync_mode_equals_one_process_with_k_times_the_batch(tmp_path, tiny_npz):
     from clients.data import load_dataset
-    from tests.reference import plain_sgd
+    from tests.reference import assert_steps_close, plain_sgd
 
     run = sim(tmp_path / "run", tiny_npz, "--mode", "sync", "--clients", "3", "--steps", "10", "--lr-scaling", "none")
     expected = plain_sgd(load_dataset(str(tiny_npz)), 10, batch_size=32, lr=0.01, clients=3)
-    np.testing.assert_allclose(checkpoint_weights(run), expected, atol=1e-6, rtol=0)
+    assert_steps_close(checkpoint_weights(run), expected, 10)
     assert len(rows(run, "clients")) == 30 and rows(run, "server") == []
 
 
