@@ -117,6 +117,10 @@ def asgd_train(out: Path, *flags: str, timeout: float = 600, hosts: Hosts | None
 def timed_rate(run: Path, clients: int, steps: int, batch: int) -> float:
     """samples/s over steps WARMUP+1 .. WARMUP+steps, timed by the slowest client (as the peers are)."""
     times = {(r["client"], r["step"]): r["time"] for r in read_jsonl(run / "clients.jsonl")}
+    short = [c for c in range(clients) if (c, WARMUP + steps) not in times or (c, WARMUP) not in times]
+    if short:
+        raise RuntimeError(f"bench: {run}: client {short[0]} logged no step {WARMUP + steps}, the end of the "
+                           f"timed window (every client must train WARMUP + steps minibatches: --budget client)")
     slowest = max(times[(c, WARMUP + steps)] - times[(c, WARMUP)] for c in range(clients))
     return clients * steps * batch / slowest
 
@@ -124,9 +128,14 @@ def timed_rate(run: Path, clients: int, steps: int, batch: int) -> float:
 def trainer(folder: str, clients: int, steps: int, batch: int, *more: str,
             hosts: Hosts | None = None) -> Callable[[], float]:
     """For a trial: each call one fresh `asgd train` run under `folder` with the peers'
-    settings (and `more` flags), its samples/s (`timed_rate`)."""
-    flags = ["--clients", str(clients), "--steps", str(WARMUP + steps), "--threads", "1", "--batch-size", str(batch),
-             "--eval-samples", "100", *more]
+    settings (and `more` flags), its samples/s (`timed_rate`).
+
+    Each client trains exactly WARMUP + steps minibatches (`--budget client`), as each
+    process of DDP and of the RPC PS does: the same work, timed by the slowest. Under the
+    run's budget (the default) a faster client takes more of the run's minibatches and a
+    slower one ends before the timed window does."""
+    flags = ["--clients", str(clients), "--steps", str(WARMUP + steps), "--budget", "client", "--threads", "1",
+             "--batch-size", str(batch), "--eval-samples", "100", *more]
 
     def rate() -> float:
         run = Path(tempfile.mkdtemp(dir=folder)) / "run"

@@ -43,44 +43,44 @@ from typing import Any, Callable
 from bench.hosts import measure_across
 from bench.hosts import tables as hosts_tables
 from bench.jobs import WARMUP, Hosts, load_avg, loads_cell, median_of, mpi, ours_load, proxy_floats, trainer
+from bench.scale import FULL, QUICK, Scale
 from bench.trials import SPREAD, interleave, ratio_cell, summarise
 from runconfig.settings import ConfigError
 from rundir.durable import write_json_atomic, write_text_atomic
 from rundir.layout import RunDir
 
 
-def wire(quick: bool) -> list[dict]:
-    sizes = "1e5,1e6,4e6" if quick else "1e5,1e6,4e6,1.6e7"
-    return mpi(2, "bench.wire", "wire", "--sizes", sizes, "--trials", "3" if quick else "7",
-               "--repeats", "5" if quick else "10")
+def wire(scale: Scale) -> list[dict]:
+    return mpi(2, "bench.wire", "wire", "--sizes", scale.wire_sizes, "--trials", str(scale.wire_trials),
+               "--repeats", str(scale.wire_repeats))
 
 
-def load(quick: bool) -> list[dict]:
+def load(scale: Scale) -> list[dict]:
     """Clients 1..8 on one server (1e6 floats), then 4 clients on 1, 2 and 4 sharded servers
     (4e6 floats: enough bytes per push that splitting them can pay), then 1, 2 and 4 clients
     at the proxy CNN's size, where the server's own time a push has its target."""
-    seconds, repeats = (0.5, 1) if quick else (1.0, 3)
-    runs = [(1, k, 1e6) for k in (1, 2, 4, 8)] + [(s, 4, 4e6) for s in (1, 2, 4)]
-    runs += [(1, k, proxy_floats()) for k in ((1,) if quick else (1, 2, 4))]
-    return [median_of([ours_load(servers, k, size, seconds) for _ in range(repeats)]) for servers, k, size in runs]
+    runs = [(1, k, 1e6) for k in scale.load_clients] + [(s, 4, 4e6) for s in scale.load_servers]
+    runs += [(1, k, proxy_floats()) for k in scale.load_proxy_clients]
+    return [median_of([ours_load(servers, k, size, scale.load_seconds) for _ in range(scale.load_repeats)])
+            for servers, k, size in runs]
 
 
-def idle() -> dict:
-    return mpi(3, "bench.idle_wait", "2")
+def idle(scale: Scale) -> dict:
+    return mpi(3, "bench.idle_wait", str(scale.idle_seconds))
 
 
-def server_bound(quick: bool) -> dict:
+def server_bound(scale: Scale) -> dict:
     """Our server (one, no-compute clients) against the RPC parameter server, trial by trial
     (versus.py): pushes/s across sizes with 1 and 2 clients, and at the proxy CNN's size
     with 4 clients too, the target table. Bigger pushes get longer windows (a few per window)."""
     from bench.versus import server_bound as measure
 
     proxy = proxy_floats()
-    sizes = [10**4, proxy] if quick else sorted({10**4, proxy, 10**5, 10**6, 4 * 10**6, 16 * 10**6})
-    seconds = {size: (0.3 if quick else 0.5) * (3 if size >= 4 * 10**6 else 1) for size in sizes}
-    trials = 2 if quick else 5
-    rows = [row for k in (1, 2) for row in measure(k, sizes, trials, seconds)]
-    if not quick:
+    sizes = sorted({proxy, *scale.bound_sizes})
+    seconds = {size: scale.bound_seconds * (3 if size >= 4 * 10**6 else 1) for size in sizes}
+    trials = scale.bound_trials
+    rows = [row for k in scale.bound_clients for row in measure(k, sizes, trials, seconds)]
+    if scale.bound_four_clients:
         rows += measure(4, [proxy], trials, seconds)
     return {"proxy_floats": proxy, "rows": rows}
 
@@ -88,7 +88,7 @@ def server_bound(quick: bool) -> dict:
 OURS_N1 = "ours: async, n_sync 1"  # the row every peer is compared with
 
 
-def peers(quick: bool, clients: int = 2, batch: int = 64) -> list[dict]:
+def peers(scale: Scale, clients: int = 2, batch: int = 64) -> list[dict]:
     """Every system once a trial, in turn (ours async n_sync 1, DDP, the RPC PS, ours
     n_sync 10, ours sync), `trials` trials: each row's per-trial ratio is ours async n_sync
     1 over that system in the same trial, so a machine that drifts between trials moves
@@ -99,7 +99,7 @@ def peers(quick: bool, clients: int = 2, batch: int = 64) -> list[dict]:
 
     if not fashion_mnist_installed():
         return [{"system": "skipped: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)"}]
-    steps, trials = (40, 1) if quick else (150, 4)
+    steps, trials = scale.peers_steps, scale.peers_trials
     with tempfile.TemporaryDirectory() as folder:
         def ours(*more: str) -> Callable[[], float]:
             return trainer(folder, clients, steps, batch, *more)
@@ -120,14 +120,16 @@ def peers(quick: bool, clients: int = 2, batch: int = 64) -> list[dict]:
             for name, values in rates.items()]
 
 
-def simulator(quick: bool) -> list[dict]:
+def simulator(scale: Scale) -> list[dict]:
     """The sim backend's wall time for K clients against pure compute of as many minibatches
     in this process (a lower bound), trial by trial: its overhead (events, binding K clients
     to one model, the server). Both run here, so no process start-up is timed."""
-    total, trials, clients = (160, 1, (8,)) if quick else (240, 3, (1, 8, 32))
-    compute = compute_steps()
+    from clients.devices import threads_kept
+
+    total, trials, clients = scale.sim_minibatches, scale.sim_trials, scale.sim_clients
     rows = []
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, threads_kept():
+        compute = compute_steps()
         for k in clients:
             runs = iter(range(1, 100))
 
@@ -168,7 +170,7 @@ def compute_steps() -> Callable[[int], float]:
         client.step()
 
     def seconds(minibatches: int) -> float:
-        torch.set_num_threads(1)  # again: a run in this process restores the count it found when it ends
+        torch.set_num_threads(1)  # again: set here, never inherited from the simulated run before it
         start = time.perf_counter()
         for _ in range(minibatches):
             client.step()
@@ -191,7 +193,7 @@ def run_bench(out: str, quick: bool, markdown: str | None = None, across: Hosts 
     for name, measure in measures.items():
         print(f"bench: {name} ...", file=sys.stderr, flush=True)
         start = load_avg()
-        results[name] = measure(quick)
+        results[name] = measure(QUICK if quick else FULL)
         loads[name] = [start, load_avg()]
         write_json_atomic(Path(out), results)  # a crash later loses only the section under way
     if not only:
@@ -203,17 +205,17 @@ def run_bench(out: str, quick: bool, markdown: str | None = None, across: Hosts 
     return 0
 
 
-def chosen(across: Hosts | str | None, only: tuple[str, ...]) -> dict[str, Callable[[bool], Any]]:
+def chosen(across: Hosts | str | None, only: tuple[str, ...]) -> dict[str, Callable[[Scale], Any]]:
     """The sections to measure, in order; a bad `only` refused before anything runs."""
     unknown = [name for name in only if name not in SECTIONS]
     if unknown:
         raise ConfigError(f"bench: --only: no section {unknown[0]!r} (the sections: {', '.join(SECTIONS)})")
     if "hosts" in only and across is None:
         raise ConfigError("bench: --only hosts needs --cluster or --hosts (where to measure across hosts)")
-    measures = {"wire": wire, "load": load, "idle": lambda quick: idle(), "server_bound": server_bound,
-                "peers": peers, "simulator": simulator}
+    measures = {"wire": wire, "load": load, "idle": idle, "server_bound": server_bound, "peers": peers,
+                "simulator": simulator}
     if across is not None:
-        measures["hosts"] = lambda quick: measure_across(quick, across)
+        measures["hosts"] = lambda scale: measure_across(scale.quick, across)
     return {name: measure for name, measure in measures.items() if not only or name in only}
 
 

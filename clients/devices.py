@@ -11,6 +11,8 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 
@@ -77,6 +79,19 @@ def device_name(device: str) -> str:
 
 MMAP_THRESHOLD = 32 << 20  # glibc's largest: blocks up to this size come from the heap
 TRIM_THRESHOLD = 1 << 30   # free memory at the heap's top kept until there is this much
+@contextmanager
+def threads_kept() -> Iterator[None]:
+    """torch's thread count back to what it was once the block ends. A run sets its own
+    (its --threads, or every core; every core again to evaluate), and a process that runs
+    one in itself (the Python API, a test, the bench) goes on with the count it chose:
+    a count left behind changes the floats of what that process computes next."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
 
 

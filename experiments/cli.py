@@ -54,6 +54,8 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _interrupt(signum: int, frame) -> None:
+    if launcher_rank() is not None:  # a rank records the run interrupted: the launcher's SIGTERM after
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # Slurm's (scancel signals both) must not cut that short
     raise Interrupted(signal.Signals(signum).name)
 
 
@@ -203,8 +205,10 @@ def _run(cfg: RunConfig, out: str, argv: list[str], mpiexec: str) -> int:
     lock = claim(cfg, out)
     try:
         if cfg.backend == "sim":
+            from clients.devices import threads_kept
             from experiments.sim.simulator import run_sim
-            return run_sim(cfg, out, cfg.clients or DEFAULT_CLIENTS)
+            with threads_kept():
+                return run_sim(cfg, out, cfg.clients or DEFAULT_CLIENTS)
         if mpiexec:
             clients = cfg.clients or DEFAULT_CLIENTS
             servers = cfg.servers if cfg.mode == "async" else 0
@@ -212,8 +216,10 @@ def _run(cfg: RunConfig, out: str, argv: list[str], mpiexec: str) -> int:
             launcher = Launcher.of(mpiexec)
             command = launcher.command(clients + servers, [*argv, "--clients", str(clients), "--out", out])
             return supervise(command, launcher.environment(), out, lock.fd, forwarded=launcher.kind == "openmpi")
+        from clients.devices import threads_kept
         from experiments.rank.entry import run_mpi
-        return run_mpi(cfg, out)
+        with threads_kept():
+            return run_mpi(cfg, out)
     except KeyboardInterrupt:  # the simulator's, or a rank's (which recorded it: see serverrun)
         print(f"asgd: run {out} interrupted{resume_hint(out)}", file=sys.stderr)
         return 130

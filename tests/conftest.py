@@ -24,10 +24,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from experiments.parent.forked import Forked
 from experiments.parent.mpiexec import Launcher, find_mpiexec
-from experiments.parent.supervise import kill_tree
+from experiments.parent.tree import kill_tree
 from paramserver.wire.protocol import Push, Tag
 from tests import preloaded
 
@@ -41,6 +42,34 @@ os.environ.update(LAUNCHER.environment())
 # jobs would run on as if never interrupted. Interrupted is what a user's Ctrl-C means.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def torch_state() -> dict[str, object]:
+    """torch's process-wide settings that change what later tests compute."""
+    return {"threads": torch.get_num_threads(), "default dtype": torch.get_default_dtype(),
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "matmul precision": torch.get_float32_matmul_precision()}
+
+
+TORCH_AT_START = torch_state()
+
+
+@pytest.fixture(autouse=True)
+def leaves_torch_as_found():
+    """A test (or a fixture of its module or session) that leaves torch's settings other
+    than the session found them fails, and they are put back: the tests after it would
+    compute other floats (a run's thread count left behind once made an AdamW comparison
+    fail only after tests/sim/test_char_lm.py)."""
+    yield
+    now = torch_state()
+    if now != TORCH_AT_START:
+        changed = [f"{name} {TORCH_AT_START[name]} -> {value}" for name, value in now.items()
+                   if value != TORCH_AT_START[name]]
+        torch.set_num_threads(TORCH_AT_START["threads"])
+        torch.set_default_dtype(TORCH_AT_START["default dtype"])
+        torch.use_deterministic_algorithms(TORCH_AT_START["deterministic"])
+        torch.set_float32_matmul_precision(TORCH_AT_START["matmul precision"])
+        pytest.fail(f"torch's process-wide settings left changed: {', '.join(changed)}")
 
 
 def make_tiny_npz(path: Path, n: int = 768, seed: int = 0) -> Path:

@@ -1,20 +1,65 @@
-"""The plain single-process PyTorch SGD loop that async training must reduce to."""
+"""The plain single-process PyTorch SGD loop that async training must reduce to, and how
+far two float32 computations of the same steps may lie apart."""
 from __future__ import annotations
 
-from typing import Callable
+import functools
+import os
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
 from clients.data import Dataset
+from clients.devices import threads_kept
 from clients.models import build_model
 from clients.sampling import ShardSampler, shard_indices
 
 
+# A run's torch threads without --threads (experiments/sim/simulator.py): a reference
+# computes with them, since a kernel splits its sums by the threads it has.
+RUN_THREADS = len(os.sched_getaffinity(0))
+
+
+@contextmanager
+def run_threads() -> Iterator[None]:
+    """torch at RUN_THREADS threads in the block, at the count it had after it."""
+    with threads_kept():
+        torch.set_num_threads(RUN_THREADS)
+        yield
+
+
+def at_run_threads(function: Callable) -> Callable:
+    """`function` computed under `run_threads`."""
+    @functools.wraps(function)
+    def at(*args, **kwargs):
+        with run_threads():
+            return function(*args, **kwargs)
+    return at
+
+
+def ulps_a_step(weights: np.ndarray, steps: int) -> float:
+    """How far two float32 computations of the same `steps` SGD steps may lie apart: an
+    ulp of the largest weight a step. The same operations may round differently where one
+    side fuses a multiply-add that the other rounds twice (torch's vectorised body and its
+    scalar tail, which fall on other elements in a flat vector than in separate tensors,
+    and on AVX-512 than on AVX2); SGD's step is linear in the gradient, so at a stable lr
+    one step's rounding is not amplified by the next (Adam's division by the root of tiny
+    second moments would amplify it: those comparisons are exact, or made so)."""
+    return steps * float(np.spacing(np.float32(np.abs(weights).max())))
+
+
+def assert_steps_close(actual: np.ndarray, expected: np.ndarray, steps: int) -> None:
+    """`actual` within `ulps_a_step` of `expected`, element by element."""
+    np.testing.assert_allclose(actual, expected, atol=ulps_a_step(expected, steps), rtol=0)
+
+
+@at_run_threads
 def plain_sgd(dataset: Dataset, steps: int, *, model: str = "cnn", seed: int = 0, batch_size: int = 32,
               lr: float = 0.05, momentum: float = 0.9, weight_decay: float = 5e-4, clients: int = 1,
               optimizer: str = "SGD", lr_lambda: Callable[[int], float] | None = None,
-              clip_grad_norm: float = 0.0, autocast: torch.dtype | None = None, nesterov: bool = False) -> np.ndarray:
+              clip_grad_norm: float = 0.0, autocast: torch.dtype | None = None, nesterov: bool = False,
+              through_server: bool = False) -> np.ndarray:
     """Final weights, flattened, of `steps` minibatches of torch.optim.SGD (or of another
     torch.optim class named by `optimizer`, at the same lr and weight decay), the gradient
     clipped by torch.nn.utils.clip_grad_norm_ to `clip_grad_norm` (0: not), the forward
@@ -23,7 +68,11 @@ def plain_sgd(dataset: Dataset, steps: int, *, model: str = "cnn", seed: int = 0
     Each minibatch joins the next `batch_size` samples of each of `clients` shards (in
     the order those clients would see them under the default run's budget), so one client gives client 0's run and K
     clients give the batch K*B that synchronous data parallelism is equivalent to.
-    `lr_lambda`: a torch LambdaLR multiplier of the steps taken, stepped after each."""
+    `lr_lambda`: a torch LambdaLR multiplier of the steps taken, stepped after each.
+    `through_server`: each step's change reaches the weights as one client's delta push
+    at n_sync 1 reaches the `add` rule's server, `w + (w' - w)` in float32 (one rounding,
+    up to half an ulp of the weight, where w' - w is not exact), which the client then
+    pulls: with it the loop is, operation for operation, what such a run computes."""
     net = build_model(model, dataset.shape, dataset.num_classes, seed)
     if optimizer == "SGD":
         optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay,
@@ -48,11 +97,15 @@ def plain_sgd(dataset: Dataset, steps: int, *, model: str = "cnn", seed: int = 0
             loss.backward()
         if clip_grad_norm:
             torch.nn.utils.clip_grad_norm_(net.parameters(), clip_grad_norm)
+        before = [p.detach().clone() for p in net.parameters()] if through_server else []
         if scaler:
             scaler.step(optimizer)
             scaler.update()
         else:
             optimizer.step()
+        with torch.no_grad():
+            for p, w in zip(net.parameters(), before):
+                p.copy_(w + (p - w))
         if scheduler:
             scheduler.step()
     return torch.cat([p.detach().reshape(-1) for p in net.parameters()]).numpy()

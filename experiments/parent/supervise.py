@@ -3,9 +3,10 @@
 `asgd train` typed without mpiexec lands here. The ranks name a dead peer themselves
 (see paramserver/wire/liveness.py); what is left for the supervisor:
 - the job's life is ours: the launcher runs in a session of its own (a terminal's
-  Ctrl-C reaches us alone) and dies with us (`lifeline`); Ctrl-C or SIGTERM is passed
-  on as one SIGTERM, which the launcher forwards to every rank, and a job still there
-  after `STOP_GRACE_S` is killed;
+  Ctrl-C reaches us alone) under a `lifeline`, which ends it and every process below
+  it should we die, even by SIGKILL; Ctrl-C or SIGTERM is passed on as one SIGTERM,
+  which the launcher forwards to every rank, and a job still there after
+  `STOP_GRACE_S` is killed;
 - the run's lock is ours: we hold it until the job's last process on this host is
   gone. Its descriptor goes to the launcher; MPICH's hands it on to every rank, so each
   holds it; Open MPI's closes it (every inherited descriptor above 2) before it starts
@@ -31,7 +32,8 @@ import threading
 import time
 from pathlib import Path
 
-from experiments.parent.lifeline import lifeline
+from experiments.parent.lifeline import STOP_GRACE_S, lifeline
+from experiments.parent.tree import descendants, kill_tree
 from experiments.parent.mpiexec import launcher_rank
 from experiments.run.resume import resume_hint
 from rundir.layout import RunDir
@@ -40,7 +42,6 @@ from rundir.summary import mark_failed
 
 STDIO_FDS = "ASGD_STDIO_FDS"
 LOCKED_RUN = "ASGD_LOCKED_RUN"  # the run directory whose lock the job's supervisor holds
-STOP_GRACE_S = 10.0
 LAUNCHER_RACE = "PMIx server's listener thread failed to start"  # Open MPI's, before any rank
 
 
@@ -203,80 +204,6 @@ def _outcome(run: RunDir, returncode: int, interrupted: bool, failure: str | Non
         print(f"asgd: run {run.path} {what}{resume_hint(run.path)}", file=sys.stderr)
         return 130 if interrupted else returncode or 1
     return returncode
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`. MPICH's launcher gives each rank a session of its own, so
-    killing the process group would miss the ranks; walking the tree does not."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        children = parents.get(todo.pop(), [])
-        found += children
-        todo += children
-    return found
-
-
-GONE_S = 10.0  # how long kill_tree waits for its victims to be gone
-STOPPED_S = 1.0  # how long it waits for each round of them to be stopped
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and everything below it, nothing else, and return once they are
-    gone (or GONE_S passed). Each is stopped first, and seen stopped, until a listing
-    finds none new, so none can start another between the listing and the kill (a sweep
-    starts its next point as one ends): SIGSTOP takes effect only when its process
-    leaves the kernel, so a fork under way when it was sent ends after it, with a child
-    the listing must see (once a sweep's point, forked so and orphaned by the kill before
-    it armed its parent-death signal, trained on: tests/sim/test_sweep.py). The wait
-    means what they held (a run directory's lock) is free when this returns."""
-    victims: list[int] = []
-    new = [pid]
-    while new:
-        for victim in new:
-            _signal(victim, signal.SIGSTOP)
-        victims += new
-        _wait_stopped(new)
-        new = [p for p in descendants(pid) if p not in victims]
-    for victim in victims:
-        _signal(victim, signal.SIGKILL)
-    deadline = time.monotonic() + GONE_S
-    while any(alive(victim) for victim in victims) and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
-def _wait_stopped(pids: list[int]) -> None:
-    """Until each of `pids` is stopped or gone, or STOPPED_S passed (one in an
-    uninterruptible wait stops only when it leaves it)."""
-    deadline = time.monotonic() + STOPPED_S
-    while any(_state(p) not in ("T", "t", "Z", "X", "") for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.001)
-
-
-def _state(pid: int) -> str:
-    """Its state letter in /proc (R running, S sleeping, T stopped, Z zombie...); "" if gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-
-
-def _signal(pid: int, number: signal.Signals) -> None:
-    try:
-        os.kill(pid, number)
-    except ProcessLookupError:
-        pass
-
-
-def alive(pid: int) -> bool:
-    """Running, or dying: not yet a zombie (whose files, locks included, are closed)."""
-    return _state(pid) not in ("Z", "X", "")
 
 
 def direct_stdio() -> None:

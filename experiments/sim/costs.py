@@ -16,7 +16,7 @@ import torch
 
 from clients.client import Client, Replica, StepResult
 from clients.data import Dataset
-from clients.devices import pick_device
+from clients.devices import pick_device, threads_kept
 from clients.sampling import ShardSampler
 from experiments.run.assemble import build, server_optimizer_factory
 from runconfig.settings import ConfigError, RunConfig
@@ -105,11 +105,13 @@ def calibrated_push(run: str) -> float:
 
 
 def measure_timing(cfg: RunConfig, threads: int) -> tuple[float, float]:
-    """(step time, push time) of this config's model and data with `threads` torch threads."""
-    torch.set_num_threads(threads)
-    parts = build(cfg, pick_device(cfg.device), 1, [0])
-    client = parts.local[0]
-    step = _measure_step(client.replica, parts.dataset, cfg.batch_size)
+    """(step time, push time) of this config's model and data with `threads` torch threads
+    (the count the process had after it)."""
+    with threads_kept():
+        torch.set_num_threads(threads)
+        parts = build(cfg, pick_device(cfg.device), 1, [0])
+        client = parts.local[0]
+        step = _measure_step(client.replica, parts.dataset, cfg.batch_size)
     return step, measure_push(cfg, client.size, cfg.clients or 1)
 
 

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments.parent.forked import Forked
-from experiments.parent.supervise import STOP_GRACE_S, kill_tree
+from experiments.parent.supervise import STOP_GRACE_S
+from experiments.parent.tree import kill_tree
 from experiments.progress import Progress
 from experiments.sweep.spec import PlannedPoint, Spec, config_with, run_settings
 from runconfig.settings import ConfigError

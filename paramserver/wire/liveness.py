@@ -6,13 +6,17 @@ SIGUSR1 to every surviving rank when one dies, and a rank on this host whose pro
 no longer runs (or is a zombie) is dead. `PeerWatch` catches SIGUSR1 (whose default
 action would kill the survivors) and looks at the process ids of the ranks on its own
 host when the signal came or at least once a second. Ranks on other hosts are covered
-by the drivers' stall timeouts instead.
+by the drivers' stall timeouts instead. The last wait, MPI_Finalize's, is bounded by
+that timeout too (`finish_within`).
 """
 from __future__ import annotations
 
+import atexit
+import faulthandler
 import os
 import signal
 import time
+from typing import Callable
 
 CHECK_EVERY_S = 1.0
 
@@ -73,3 +77,20 @@ def _running(pid: int) -> bool:
         except ProcessLookupError:
             return False
         return True
+
+
+def finish_within(seconds: Callable[[], float], finalize: Callable[[], object]) -> None:
+    """`finalize` (MPI_Finalize) at this process's exit, within `seconds()` (the stall
+    timeout), rather than after the interpreter's end (mpi4py's), where no watchdog runs.
+    It waits for every rank, under MPICH in the launcher's PMI barrier, a blocking socket
+    read where no check of ours runs: a rank or launcher gone by then held a client there
+    for ever (it outlived its server). Past the bound the process leaves, exit status 1,
+    its stack on stderr (faulthandler's watchdog: a thread of C, which a call that holds
+    the interpreter cannot stop)."""
+    atexit.register(_finish, seconds, finalize)
+
+
+def _finish(seconds: Callable[[], float], finalize: Callable[[], object]) -> None:
+    faulthandler.dump_traceback_later(seconds(), exit=True)
+    finalize()
+    faulthandler.cancel_dump_traceback_later()

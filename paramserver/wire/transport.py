@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 from paramserver.wire import frame
 from paramserver.wire.frame import FRAMED, HEADER_BYTES, rows_bytes
-from paramserver.wire.liveness import PeerDied, PeerWatch
+from paramserver.wire.liveness import PeerDied, PeerWatch, finish_within
 from paramserver.wire.protocol import (Message, PeerFailed, PeerTimeout, ProtocolError, Push, Tag, Weights,
                                          payload_target)
 
@@ -64,8 +64,10 @@ class Transport:
 
     @classmethod
     def world(cls, timeout: float) -> Transport:
-        """Every rank of the job."""
-        return cls(MPI.COMM_WORLD, timeout=timeout)
+        """Every rank of the job; its MPI_Finalize at exit within its timeout (`finish_within`)."""
+        transport = cls(MPI.COMM_WORLD, timeout=timeout)
+        finish_within(lambda: transport.timeout, lambda: MPI.Is_finalized() or MPI.Finalize())
+        return transport
 
     def this_node(self, is_client: bool) -> tuple[int, list[bool]]:
         """This rank's number among the ranks on its node, and whether each of them is a
@@ -380,10 +382,9 @@ class Transport:
         """End every rank of the job: one rank's failure must not leave others waiting.
 
         The launcher ends the others. Should it never answer (seen once in CI: Open MPI
-        5.0.11 under ULFM, the server SIGKILLed, a client inside MPI_Abort for 180 s),
-        this rank leaves alone after `ABORT_GRACE_S`, its stack on stderr, exit status 1
-        (faulthandler's watchdog is a thread of C: a call that holds the interpreter
-        cannot stop it), and the others, which see it gone, follow."""
+        5.0.11 under ULFM, the server SIGKILLed, a client inside MPI_Abort for 180 s), this
+        rank leaves alone after `ABORT_GRACE_S`, its stack on stderr, exit status 1 (a C
+        watchdog thread, as in `finish_within`), and the others, which see it gone, follow."""
         faulthandler.dump_traceback_later(ABORT_GRACE_S, exit=True)
         self.comm.Abort(code)
 

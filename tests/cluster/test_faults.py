@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.parent.supervise import kill_tree
+from experiments.parent.tree import kill_tree
 from tests.cluster.conftest import CLUSTER_ENV, namespace, ranks_of, rows
 from tests.conftest import ROOT
 

@@ -146,6 +146,8 @@ def test_scancel_ends_every_rank_and_a_second_sbatch_resumes(cluster, mpi, tmp_p
         assert time.monotonic() < deadline, (ranks_of(run), job_state(cluster, job))
         time.sleep(0.2)
     assert (run / "checkpoint" / "latest.npz").exists()
+    # rank 0 recorded it: the script's mpiexec keeps the server when a client ends first
+    assert json.loads((run / "summary.json").read_text())["status"].startswith("failed: interrupted"), _read(log)
     again = sbatch(cluster, mpi, tmp_path / "resumed.log", "--resume", run)
     assert wait_job(cluster, again, 180, tmp_path / "resumed.log") == "COMPLETED", _read(tmp_path / "resumed.log")
     assert_counts(run, clients=4, steps=300, n_sync=2)

@@ -84,7 +84,7 @@ def stand_ins(monkeypatch):
     """Every section returns its fixed numbers; mpi4py is a stand-in that only names the library."""
     for name in ("wire", "load", "server_bound", "peers", "simulator"):
         monkeypatch.setattr(suite, name, lambda quick, name=name: SECTIONS[name])
-    monkeypatch.setattr(suite, "idle", lambda: SECTIONS["idle"])
+    monkeypatch.setattr(suite, "idle", lambda scale: SECTIONS["idle"])
     mpi = types.SimpleNamespace(Get_library_version=lambda: "MPICH Version: 5.0.2\nmore")
     monkeypatch.setitem(sys.modules, "mpi4py", types.SimpleNamespace(MPI=mpi))
 

@@ -4,6 +4,7 @@ clients outnumber its cores, where it sleeps from the start (`Transport.wait_as_
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -31,3 +32,31 @@ def test_a_client_waits_for_a_transfer_asleep_only_where_the_clients_outnumber_t
     transport.complete(Posted([MPI.COMM_SELF.Irecv([into, MPI.FLOAT], source=0, tag=7)]), [0], into.nbytes, 5)
     assert polled == ([0.0] if more_clients_than_cores > 0 else [0.01 + 16 / 1e9])  # yielding polls for 16 bytes
     np.testing.assert_array_equal(into, data)
+
+
+LEAVER = """
+import os, sys, time
+from pathlib import Path
+from paramserver.wire.transport import Transport
+transport, pid_file = Transport.world(timeout=2.0), Path(sys.argv[1])
+if transport.rank == 0:
+    pid_file.write_text(str(os.getpid()))
+else:  # never reaches MPI_Finalize while rank 0 waits there
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (pid_file.exists() and not Path(f"/proc/{pid_file.read_text()}").exists()):
+        time.sleep(0.05)
+    print("rank 0 gone" if time.monotonic() < deadline else "rank 0 still in MPI_Finalize", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_leaves_mpi_finalize_after_its_timeout_when_a_peer_never_comes(tmp_path):
+    """MPI_Finalize waits for every rank (MPICH: in the launcher's PMI barrier, a blocking
+    socket read); a client once outlived its server there. A rank leaves it after its
+    transport's timeout (the stall timeout), its stack on stderr."""
+    from tests.conftest import LAUNCHER, MPIEXEC, run_command
+
+    result = run_command([MPIEXEC, *LAUNCHER.flags(), "-n", "2", sys.executable, "-c", LEAVER,
+                          str(tmp_path / "pid")], timeout=120)
+    assert "rank 0 gone" in result.stdout, result.stdout + result.stderr
+    assert "_finish" in result.stderr  # its stack, in liveness.finish_within

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments.parent.supervise import descendants, kill_tree, rank_of
+from experiments.parent.supervise import rank_of
+from experiments.parent.tree import descendants, kill_tree
 from rundir.durable import load_arrays
 from tests.conftest import (BIN, LAUNCHER, MPIEXEC, Started, assert_logged_once, each_logged_once, mpi_train,
                             run_command, start)

@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.parent.supervise import alive, descendants, kill_tree
+from experiments.parent.tree import alive, descendants, kill_tree
 from rundir.durable import load_arrays
 from rundir.lock import FolderLock
 from rundir.status import EXIT_DIVERGED, was_interrupted
-from tests.conftest import BIN, each_logged_once, run_command, start
+from tests.conftest import BIN, ROOT, each_logged_once, run_command, start
 from tests.sim.test_sim import TIMED
 
 pytestmark = pytest.mark.slow
@@ -199,6 +199,48 @@ def test_sigkill_of_the_command_takes_its_job_down(tmp_path, tiny_npz):
     FolderLock(run).acquire().release()  # and the run is free to resume
 
 
+def test_sigkill_of_the_command_ends_a_job_whose_launcher_passes_nothing_on(tmp_path, tiny_npz):
+    """Hydra, sent SIGTERM, has now and then not passed it on, and its ranks trained on
+    after asgd was SIGKILLed. The launcher stopped here, so it cannot: the lifeline
+    between asgd and it kills every process below it once the grace time is over."""
+    run = tmp_path / "run"
+    job = start([str(BIN / "asgd"), "train", "--clients", "2", "--steps", "100000", "--data", str(tiny_npz),
+                 "--batch-size", "32", "--eval-samples", "50", "--quiet", "--out", str(run)])
+    try:
+        wait_for(lambda: (run / "clients.jsonl").exists(), "the job training")
+        os.kill(launcher(job.pid), signal.SIGSTOP)
+        job.kill()
+        job.wait()
+        wait_for(lambda: not job_processes(str(run)), "every process of the job gone after SIGKILL of asgd")
+        FolderLock(run).acquire().release()
+    finally:
+        kill_tree(job.pid)
+
+
+def test_the_batch_scripts_job_records_the_interruption_when_every_process_gets_sigterm(tmp_path, tiny_npz):
+    """scancel sends SIGTERM to every process of a job at once (the batch script's mpiexec
+    and the ranks alike; SIGKILL after KillWait). The docs' batch script, run here as
+    Slurm runs it on one node and so signalled: the run records `interrupted` (MPICH's
+    launcher, without the flags asgd gives it, killed the server as soon as a client
+    ended: no summary)."""
+    run = tmp_path / "run"
+    env = {**os.environ, "SLURM_SUBMIT_DIR": str(ROOT), "SLURM_NTASKS": "3", "VENV": str(BIN.parent)}
+    job = subprocess.Popen(["bash", str(ROOT / "examples" / "slurm" / "train.sbatch"), "--steps", "100000",
+                            "--data", str(tiny_npz), "--batch-size", "32", "--eval-samples", "50", "--quiet",
+                            "--out", str(run)], env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (run / "clients.jsonl").exists(), "the job training")
+        for pid in [job.pid, *descendants(job.pid)]:
+            os.kill(pid, signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+        wait_for(lambda: not job_processes(str(run)), "every process of the job gone")
+        assert status(run) == "failed: interrupted (SIGTERM)", err
+        FolderLock(run).acquire().release()  # the lock file left is free: a resume takes it over
+    finally:
+        kill_tree(job.pid)
+
+
 def test_the_lock_is_held_until_the_last_process_of_the_job_is_gone(tmp_path, tiny_npz):
     """The launcher SIGKILLed alone: its ranks (Open MPI's cannot hold the lock's descriptor,
     and outlive their launcher by a second or so) are gone before asgd lets the lock go."""
@@ -207,13 +249,19 @@ def test_the_lock_is_held_until_the_last_process_of_the_job_is_gone(tmp_path, ti
                  "--batch-size", "32", "--eval-samples", "50", "--quiet", "--out", str(run)])
     try:
         wait_for(lambda: (run / "clients.jsonl").exists(), "the job training")
-        [launcher] = [pid for pid in descendants(job.pid) if _parent(pid) == job.pid]
-        os.kill(launcher, signal.SIGKILL)
+        os.kill(launcher(job.pid), signal.SIGKILL)
         job.wait(timeout=60)
         assert job_processes(str(run)) == []
         FolderLock(run).acquire().release()
     finally:
         kill_tree(job.pid)
+
+
+def launcher(asgd: int) -> int:
+    """The MPI launcher `asgd train` started, under its lifeline (experiments/parent/lifeline.py)."""
+    [lifeline] = [pid for pid in descendants(asgd) if _parent(pid) == asgd]
+    [started] = [pid for pid in descendants(lifeline) if _parent(pid) == lifeline]
+    return started
 
 
 def _parent(pid: int) -> int:

@@ -117,7 +117,7 @@ def test_the_default_run_of_one_client_is_plain_pytorch_sgd(tmp_path, tiny_npz):
     lr, momentum and weight decay (DESIGN.md's promise)."""
     from clients.data import load_dataset
     from runconfig.settings import RunConfig
-    from tests.reference import plain_sgd
+    from tests.reference import assert_steps_close, plain_sgd
 
     run = tmp_path / "run"
     assert main(["train", "--backend", "sim", "--data", str(tiny_npz), "--out", str(run), "--clients", "1",
@@ -125,7 +125,7 @@ def test_the_default_run_of_one_client_is_plain_pytorch_sgd(tmp_path, tiny_npz):
     defaults = RunConfig()
     expected = plain_sgd(load_dataset(str(tiny_npz)), 12, batch_size=32, lr=defaults.lr,
                          momentum=defaults.momentum, weight_decay=defaults.weight_decay)
-    np.testing.assert_allclose(checkpoint_weights(run), expected, atol=1e-6, rtol=0)
+    assert_steps_close(checkpoint_weights(run), expected, 12)
     assert json.loads((run / "config.json").read_text())["rule"] == "fresh"
 
 
@@ -146,8 +146,8 @@ def test_the_optimizer_clipping_and_precision_keys_are_the_clients(tmp_path, tin
         run = sim(tmp_path / torch_name, tiny_npz, *flags, "--optimizer", optimizer, *extra)
         clip = 0.5 if extra else 0.0
         expected = plain_sgd(dataset, 10, batch_size=32, lr=0.01, optimizer=torch_name, clip_grad_norm=clip,
-                             autocast=autocast)
-        np.testing.assert_allclose(checkpoint_weights(run), expected, atol=2e-6, rtol=0)  # 2e-6: test_client's
+                             autocast=autocast, through_server=True)
+        np.testing.assert_array_equal(checkpoint_weights(run), expected)  # the same operations: test_client's
         assert json.loads((run / "config.json").read_text())["optimizer"] == optimizer
 
 
@@ -156,7 +156,7 @@ def test_the_default_rule_steps_with_the_runs_optimizer(tmp_path, tiny_npz, caps
     run is plain torch's loop with that optimizer (AdamW, clipped; SGD with Nesterov), and
     nothing warns that the setting means something else."""
     from clients.data import load_dataset
-    from tests.reference import plain_sgd
+    from tests.reference import assert_steps_close, plain_sgd
 
     dataset = load_dataset(str(tiny_npz))
     for name, flags, expected in [
@@ -164,7 +164,7 @@ def test_the_default_rule_steps_with_the_runs_optimizer(tmp_path, tiny_npz, caps
              plain_sgd(dataset, 10, batch_size=32, lr=0.01, optimizer="AdamW", clip_grad_norm=0.5)),
             ("nesterov", ["--nesterov"], plain_sgd(dataset, 10, batch_size=32, lr=0.01, nesterov=True))]:
         run = sim(tmp_path / name, tiny_npz, "--clients", "1", "--steps", "10", *flags)
-        np.testing.assert_allclose(checkpoint_weights(run), expected, atol=2e-6, rtol=0)
+        assert_steps_close(checkpoint_weights(run), expected, 10)  # the server's step on one flat vector
         assert json.loads((run / "config.json").read_text())["rule"] == "fresh"
     assert "warning" not in capsys.readouterr().err
 
@@ -195,11 +195,11 @@ def test_an_optimizer_factory_that_fails_is_refused_before_launch(tmp_path, tiny
 
 def test_sync_mode_equals_one_process_with_k_times_the_batch(tmp_path, tiny_npz):
     from clients.data import load_dataset
-    from tests.reference import plain_sgd
+    from tests.reference import assert_steps_close, plain_sgd
 
     run = sim(tmp_path / "run", tiny_npz, "--mode", "sync", "--clients", "3", "--steps", "10", "--lr-scaling", "none")
     expected = plain_sgd(load_dataset(str(tiny_npz)), 10, batch_size=32, lr=0.01, clients=3)
-    np.testing.assert_allclose(checkpoint_weights(run), expected, atol=1e-6, rtol=0)
+    assert_steps_close(checkpoint_weights(run), expected, 10)
     assert len(rows(run, "clients")) == 30 and rows(run, "server") == []
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main
-from experiments.parent.supervise import descendants, kill_tree
+from experiments.parent.tree import descendants, kill_tree
 from rundir.layout import RunDir
 from rundir.status import finished
 from tests.conftest import BIN, start

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.parent import supervise
+from experiments.parent import supervise, tree
 from experiments.parent.mpiexec import Launcher
 from rundir.layout import RunDir
 
@@ -95,9 +95,9 @@ def test_kill_tree_leaves_nothing_of_a_tree_that_keeps_starting_processes():
                                 f"    subprocess.Popen(['sleep', '{marker}'])\n    time.sleep(0.003)"],
                                start_new_session=True)
     deadline = time.monotonic() + 30  # a hang guard
-    while len(supervise.descendants(spawner.pid)) < 20 and time.monotonic() < deadline:
+    while len(tree.descendants(spawner.pid)) < 20 and time.monotonic() < deadline:
         time.sleep(0.01)
-    supervise.kill_tree(spawner.pid)
+    tree.kill_tree(spawner.pid)
     spawner.wait(timeout=30)
     left = [p for p in Path("/proc").glob("[0-9]*/cmdline") if _reads(p).split(b"\0")[1:2] == [marker.encode()]]
     assert left == []
@@ -108,3 +108,12 @@ def _reads(path: Path) -> bytes:
         return path.read_bytes()
     except OSError:
         return b""
+
+
+@pytest.mark.parametrize("command,status", [("exit 3", 3), ("kill -TERM $$", -signal.SIGTERM),
+                                            ("kill -KILL $$", -signal.SIGKILL)])
+def test_the_lifeline_ends_as_its_command_did(command, status):
+    """The supervisor reads the launcher's exit status through the lifeline between them."""
+    from experiments.parent.lifeline import lifeline
+
+    assert subprocess.run(lifeline(["sh", "-c", command]), timeout=30).returncode == status

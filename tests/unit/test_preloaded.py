@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from experiments.parent.supervise import alive, descendants
+from experiments.parent.tree import alive, descendants
 from tests import preloaded
 from tests.conftest import rank_server
 
