@@ -46,9 +46,6 @@ class SimTiming:
             return 0.0
         return payload.nbytes if self.push_bytes is None else self.push_bytes * payload.itemsize / 4
 
-    def transfer(self, payload: np.ndarray | None) -> float:
-        return self.latency + self.wire_bytes(payload) / self.bandwidth
-
     def served(self, payload: np.ndarray | None) -> float:
         """What a reply occupies the server for: its slice's transfer (every server
         sends its own at once)."""

@@ -12,7 +12,8 @@ only its flat vectors.
 Time model: client i's minibatch takes `step_time * factor_i` (factor_i drawn once from
 U(1-j, 1+j) by the seed), stretched per minibatch by the straggler model
 (clients/stragglers.py: its speed, lognormal noise, slow clients, pauses; a failure
-puts it down for `failure_length` of those base times); a message takes `latency + bytes / bandwidth`; the server is
+puts it down for `failure_length` of those base times); a message crosses the links on its
+path (experiments/sim/links.py: by default `latency + bytes / bandwidth`); the server is
 one queue: it handles one message at a time, a push costs it `apply_time` (by default
 the real handler's measured time for a push: checks, apply, log rows), and sending a
 reply occupies it for the reply's transfer. With `servers` S > 1 it stands for S sharded
@@ -50,6 +51,7 @@ from experiments.run.collectiverun import collective_run
 from experiments.run.provenance import provenance
 from experiments.run.serverrun import serve_run
 from experiments.sim.costs import SimTiming, sim_timing
+from experiments.sim.links import Links
 from paramserver.config.run import ConfigError, RunConfig
 from paramserver.inprocess import InProcess
 from paramserver.wire.protocol import Outgoing, Pull, Tag
@@ -125,8 +127,9 @@ class Simulation:
     """The event loop: who does what, when, in virtual seconds."""
 
     def __init__(self, loops: list[ClientLoop], clocks: list[StepClock], timing: SimTiming, start: float = 0.0,
-                 replay: list[tuple[Tag, int]] | None = None):
+                 replay: list[tuple[Tag, int]] | None = None, links: Links | None = None):
         self.loops, self.clocks, self.timing = loops, clocks, timing
+        self.links = links or Links.uniform(timing.bandwidth, timing.latency, len(loops))
         self.busy = 0.0                   # virtual seconds the server spent on messages
         self.events: list[tuple[float, int, str, int, Any]] = []
         self.tickets = itertools.count()  # ties resolve in scheduling order: deterministic
@@ -139,9 +142,10 @@ class Simulation:
     def run(self, server: InProcess) -> float:
         """Until every client stopped; returns the server's busy virtual seconds."""
         for i in range(len(self.loops)):
-            self._schedule(self.now + self.timing.transfer(None), "arrive", i, Outgoing(Tag.PULL, Pull()))
+            self._schedule(self.links.send(i, 0.0, self.now), "arrive", i, Outgoing(Tag.PULL, Pull()))
         while self.events:
             when, _, kind, i, item = heapq.heappop(self.events)
+            self.links.forget(when)  # every transfer from now on is ready at `when` or later
             if kind == "arrive":      # a message reaches the server
                 self._arrive(server, when, i, item)
             elif kind == "wake":      # the clients a gathered step waits for fall overdue, unless a message came first
@@ -193,8 +197,10 @@ class Simulation:
         """The server, busy from now for `cost`, sends `replies` (to the sender, or to those a step waited for)."""
         busy_until = self.now + cost
         for reply in replies:
+            sending, dest = busy_until, server.state.client(reply.dest)
             busy_until += self.timing.served(reply.payload)
-            self._schedule(busy_until, "reply", server.state.client(reply.dest), reply)
+            arrives = self.links.receive(dest, self.timing.wire_bytes(reply.payload), sending)
+            self._schedule(max(busy_until, arrives), "reply", dest, reply)
         self.busy += busy_until - self.now
         self.server_free = busy_until
 
@@ -205,8 +211,8 @@ class Simulation:
         message, fetch = loop.advance()
         state = loop.state_before(message)
         if state is not None:  # it arrives before the message it precedes
-            self._schedule(clock.now + self.timing.transfer(None), "arrive", i, state)
-        sent = clock.now + self.timing.transfer(message.payload)
+            self._schedule(self.links.send(i, 0.0, clock.now), "arrive", i, state)
+        sent = self.links.send(i, self.timing.wire_bytes(message.payload), clock.now)
         self._schedule(sent, "arrive", i, message)
         if not fetch and not loop.done:
             self._schedule(sent, "window", i, None)
@@ -242,7 +248,8 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     loops = [ClientLoop(c, ClientPlan.for_run(cfg, i, clients, real_time=False), clk,
                         step=started.steps[i], pushes=point.client_pushes[i] if point else 0, down=clk.down)
              for i, (c, clk) in enumerate(zip(parts.local, clocks))]
-    simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order)
+    links = Links.for_run(cfg, timing.bandwidth, timing.latency, clients)
+    simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order, links=links)
     serve_run(setup, lambda: simulation.now,
               lambda state, recorder: {"server_busy_s": simulation.run(InProcess(state, recorder))},
               apply_cost=timing.apply_time)

@@ -264,6 +264,7 @@ def _check_evaluation(cfg: Any) -> None:
 def _check_simulator(cfg: Any) -> None:
     for name in ("sim_step_time", "sim_apply_time", "sim_latency", "sim_bandwidth", "sim_push_bytes"):
         _require(getattr(cfg, name) >= 0, name, f"must be non-negative (0: the profile's), got {getattr(cfg, name)}")
+    _check_links(cfg)
     _require(cfg.sim_profile in SIM_PROFILES, "sim_profile",
              f"unknown profile {cfg.sim_profile!r} (choose from {', '.join(SIM_PROFILES)})")
     _require(0 <= cfg.speed_jitter < 1, "speed_jitter", f"must be in [0, 1), got {cfg.speed_jitter}")
@@ -271,6 +272,30 @@ def _check_simulator(cfg: Any) -> None:
              "needs --backend sim and --mode async")
     _require(not cfg.sim_calibrate or (cfg.backend == "sim" and cfg.mode == "async"), "sim_calibrate",
              "needs --backend sim and --mode async (only the async server pushes)")
+
+
+def _check_links(cfg: Any) -> None:
+    """The simulator's links (experiments/sim/links.py); the run's client count checks the rest."""
+    for name in ("sim_region_bandwidth", "sim_region_latency", "sim_server_bandwidth"):
+        _require(getattr(cfg, name) >= 0, name, f"must be non-negative (0: unlimited or none), got {getattr(cfg, name)}")
+    for name, parse, form in (("sim_client_links", parse_links, "BYTES_PER_S[@LATENCY_S] separated by commas, "
+                               "bandwidth positive and latency non-negative"),
+                              ("sim_regions", parse_regions, "client indices or ranges (0-3) separated by commas, "
+                               "groups by semicolons, no client in two groups")):
+        text = getattr(cfg, name)
+        try:
+            count = len(parse(text)) if text else 0
+        except ValueError:
+            count = None
+        _require(count is not None, name, f"expected {form}, got {text!r}")
+        _require(not text or (cfg.backend == "sim" and cfg.mode == "async"), name,
+                 "needs --backend sim and --mode async (a collective's allreduce is charged at sim_bandwidth)")
+    if cfg.clients is not None and cfg.sim_client_links:
+        count = len(parse_links(cfg.sim_client_links))
+        _require(count in (1, cfg.clients), "sim_client_links", f"lists {count} links for {cfg.clients} clients")
+    if cfg.clients is not None and cfg.sim_regions:
+        named = max(max(group) for group in parse_regions(cfg.sim_regions))
+        _require(named < cfg.clients, "sim_regions", f"names client {named}, but the run has {cfg.clients}")
 
 
 def _check_performance(cfg: Any) -> None:
@@ -303,6 +328,38 @@ def parse_speeds(text: str) -> list[float]:
     if not all(0 < s <= 1 for s in speeds):
         raise ValueError(text)
     return speeds
+
+
+def parse_links(text: str) -> list[tuple[float, float]]:
+    """`sim_client_links` as (bytes/s, latency s) pairs; ValueError unless the bandwidth is
+    positive and finite and the latency non-negative and finite."""
+    links = []
+    for part in text.split(","):
+        bandwidth, _, latency = part.partition("@")
+        link = (float(bandwidth), float(latency) if latency else 0.0)
+        if not (0 < link[0] < math.inf and 0 <= link[1] < math.inf):
+            raise ValueError(text)
+        links.append(link)
+    return links
+
+
+def parse_regions(text: str) -> list[list[int]]:
+    """`sim_regions` as groups of client indices; ValueError unless each is a
+    non-negative index or range and no client is in two groups."""
+    groups = []
+    for part in text.split(";"):
+        group = []
+        for item in part.split(","):
+            first, _, last = item.partition("-")
+            lo, hi = int(first), int(last) if last else int(first)
+            if not 0 <= lo <= hi:
+                raise ValueError(text)
+            group += range(lo, hi + 1)
+        groups.append(group)
+    members = [c for group in groups for c in group]
+    if len(members) != len(set(members)):
+        raise ValueError(text)
+    return groups
 
 
 def is_user_code(spec: str) -> bool:

@@ -234,6 +234,15 @@ class RunConfig:
     sim_latency: float = _simulator(0.0, "sim: seconds added to every transfer (0: the profile's; measured: 2e-6)")
     sim_push_bytes: int = _simulator(0, "sim: bytes a push (and a pull) carries on the wire (0: the profile's; "
                                         "measured: the model's)")
+    sim_client_links: str = _simulator("", "sim: each client's link, BYTES_PER_S or BYTES_PER_S@LATENCY_S, one for "
+                                           "all or one for each client, separated by commas (default: its sends at "
+                                           "sim_bandwidth after sim_latency; docs/simulator.md)")
+    sim_regions: str = _simulator("", "sim: groups of clients that share one link, client indices or ranges in a "
+                                      "group, groups separated by semicolons (0-3;4-7)")
+    sim_region_bandwidth: float = _simulator(0.0, "sim: bytes/s of each region's link, each way (0: unlimited)")
+    sim_region_latency: float = _simulator(0.0, "sim: seconds a region's link adds to each transfer")
+    sim_server_bandwidth: float = _simulator(0.0, "sim: bytes/s of each server's link, each way, carrying its slice "
+                                                  "of every push and reply (0: unlimited)")
     speed_jitter: float = _simulator(0.0, "sim: client i's step time is sim_step_time * U(1-j, 1+j), seeded")
     replay: str = _simulator("", "sim: apply pushes in the order of this run directory's server.jsonl")
 
