@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -19,6 +19,7 @@ from clients.data import Dataset
 from clients.devices import pick_device
 from clients.sampling import ShardSampler
 from experiments.run.assemble import build, server_optimizer_factory
+from experiments.run.sizing import servers_for
 from paramserver.config.run import ConfigError, RunConfig
 from paramserver.handler import ServerState, handle
 from paramserver.recorder import Recorder
@@ -80,6 +81,23 @@ def sim_timing(cfg: RunConfig, replica: Replica, dataset: Dataset, size: int, cl
              or measure_push(cfg, -(-size // cfg.servers), clients))
     return SimTiming(step, apply, cfg.sim_bandwidth or profile.bandwidth, cfg.sim_latency or profile.latency,
                      cfg.sim_push_bytes or profile.push_bytes, cfg.servers)
+
+
+def sized(cfg: RunConfig, replica: Replica, dataset: Dataset, size: int, clients: int) -> tuple[RunConfig, SimTiming]:
+    """The run's config and costs, with `servers = auto` the count experiments/run/sizing.py
+    picks from one server's costs: a push's apply (a slice's costing 1/S of it: passes
+    over memory, as the paper profile's), its reply's send, and each server's link, which
+    carries its slice of every push in and every reply out."""
+    if cfg.servers != "auto":
+        return cfg, sim_timing(cfg, replica, dataset, size, clients)
+    one = sim_timing(replace(cfg, servers=1), replica, dataset, size, clients)
+    nbytes = one.push_bytes or 4 * size
+
+    def push_s(servers: int) -> float:
+        own = one.apply_time / servers + one.latency + nbytes / servers / one.bandwidth
+        return max(own, nbytes / servers / cfg.sim_server_bandwidth if cfg.sim_server_bandwidth else 0.0)
+    servers = servers_for(clients, cfg.push_every * one.step_time, push_s)
+    return replace(cfg, servers=servers), replace(one, apply_time=one.apply_time / servers, servers=servers)
 
 
 def calibrated_push(run: str) -> float:

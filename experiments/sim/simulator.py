@@ -29,6 +29,7 @@ communication and staleness shows even though the proxy model is small).
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -50,7 +51,7 @@ from experiments.run.assemble import build, start
 from experiments.run.collectiverun import collective_run
 from experiments.run.provenance import provenance
 from experiments.run.serverrun import serve_run
-from experiments.sim.costs import SimTiming, sim_timing
+from experiments.sim.costs import SimTiming, sized
 from experiments.sim.links import Links
 from paramserver.config.run import ConfigError, RunConfig
 from paramserver.inprocess import InProcess
@@ -227,15 +228,16 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     torch.set_num_threads(cfg.threads or len(os.sched_getaffinity(0)))
     keep_freed_memory()
     device = pick_device(cfg.device)
+    asked = cfg.servers
     parts = build(cfg, device, clients, list(range(clients)))
-    cfg = parts.cfg  # its steps, with epochs
-    timing = sim_timing(cfg, parts.local[0].replica, parts.dataset, parts.local[0].size, clients)
+    cfg, timing = sized(parts.cfg, parts.local[0].replica, parts.dataset, parts.local[0].size, clients)
+    parts = dataclasses.replace(parts, cfg=cfg)  # its steps, with epochs; its servers, where auto picked them
     factors = _speed_factors(cfg.seed, clients, cfg.speed_jitter)
     stragglers = Stragglers.for_run(cfg, clients)
     failures = Failures.for_run(cfg, stragglers)
     info = {"rank": 0, "role": "simulator", "host": socket.gethostname(), "device": device}
     prov = provenance(f"none (simulator, {platform.python_implementation()})", [info])
-    prov["sim"] = {**timing.__dict__, "profile": cfg.sim_profile, "speed_factors": factors}
+    prov["sim"] = {**timing.__dict__, "profile": cfg.sim_profile, "speed_factors": factors, "servers_asked": asked}
     started = start(parts, out, records=True, provenance=prov, warm_clock=StepClock(timing.step_time))
     setup, point = started.setup, started.point
     if cfg.mode != "async":

@@ -25,7 +25,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")  # the clients' (clients/optimizers.py); o
 PRECISIONS = ("fp32", "bf16", "fp16")
 MODES = ("async", "sync", "local-sgd")
 FAILURE_POLICIES = ("abort", "continue")
-AUTO_KEYS = ("momentum", "fresh_batch")  # keys that also take the word "auto"
+AUTO_KEYS = ("momentum", "fresh_batch", "servers")  # keys that also take the word "auto"
 LR_SCHEDULES = ("constant", "cosine", "step")
 LR_SCALINGS = ("none", "linear", "sqrt", "adascale")
 SIM_PROFILES = ("measured", "paper")  # their values: experiments/sim/costs.py
@@ -137,6 +137,9 @@ def _check_server(cfg: Any) -> None:
     _require(cfg.server_lr is None or cfg.server_lr > 0, "server_lr", f"must be positive, got {cfg.server_lr}")
     _require(cfg.server_momentum is None or 0 <= cfg.server_momentum < 1, "server_momentum",
              f"must be in [0, 1), got {cfg.server_momentum}")
+    if cfg.servers == "auto" and not (cfg.backend == "sim" and cfg.mode == "async" and not cfg.resume):
+        # only the simulator knows a push's cost before the run: elsewhere auto is one server (docs/training.md)
+        object.__setattr__(cfg, "servers", 1)
     try:
         chosen = rule_class(cfg.rule)
     except ValueError as error:  # an unknown name: the rules' own line
@@ -146,6 +149,8 @@ def _check_server(cfg: Any) -> None:
         if problem:
             raise ConfigError(problem)
     _check_dylu(cfg, chosen)
+    if cfg.servers == "auto":
+        return  # the simulator picks (experiments/run/sizing.py) and checks its pick as it makes the run's config
     _require(cfg.servers >= 1, "servers", f"must be at least 1, got {cfg.servers}")
     _require(cfg.servers == 1 or cfg.mode == "async", "servers", "more than one server needs --mode async")
     _require(cfg.servers == 1 or not cfg.resume, "servers",

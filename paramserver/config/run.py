@@ -104,7 +104,8 @@ class RunConfig:
 
     # server and rules ([server] in a config file)
     servers: int = _server(1, "server ranks (0..S-1), each holding a contiguous slice of the weights; clients push "
-                              "and pull every slice at once")
+                              "and pull every slice at once (auto: in the simulator, the fewest whose busiest is "
+                              "busy at most half the time, from the costs; one elsewhere)")
     n_push: Optional[int] = _server(None, "push every N minibatches (default: n_sync)")
     n_fetch: Optional[int] = _server(None, "fetch every N minibatches (default: n_sync)")
     server_lr: Optional[float] = _server(None, "learning rate of the sgd and adagrad rules (default: lr)")
@@ -340,8 +341,8 @@ def field_types() -> dict[str, type]:
 
 
 def flag_type(name: str) -> Callable[[str], Any]:
-    """How a command-line value of `name` is read: its field's type, and for momentum
-    and fresh_batch also the word `auto`."""
+    """How a command-line value of `name` is read: its field's type, and for momentum,
+    fresh_batch and servers also the word `auto`."""
     if name in AUTO_KEYS:
         kind = field_types()[name]
 
