@@ -25,7 +25,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
-from paramserver.config.checks import parse_links, parse_regions
+from paramserver.config.links import parse_links, parse_regions
 from paramserver.config.run import ConfigError, RunConfig
 
 UP, DOWN = 0, 1  # toward the server, toward the client
