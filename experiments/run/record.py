@@ -27,6 +27,7 @@ from experiments.run.inputs import fingerprint
 from experiments.run.sizing import load_note, server_load
 from experiments.progress import Progress
 from paramserver.config.run import RunConfig
+from paramserver.rules import rule_class
 from rundir.goodput import goodput
 from rundir.layout import RunDir
 from rundir.measure import curve_measure, stop_rules
@@ -169,7 +170,8 @@ def finish_run(run: RunDir, setup: RunSetup, curve: LiveCurve, train_s: float, t
         status = reached_target(early, curve.stopped_by)
     measure = curve_measure(config, final["test_error"])
     good = goodput(run.rows("clients"), windows=cfg.mode == "async")
-    load = server_load(counts.get("server_busy_s"), train_s, cfg.servers)
+    gathers = rule_class(cfg.rule).gathers
+    load = server_load(counts.get("server_busy_s"), train_s, cfg.servers, gathers)
     summary = write_result(run, status, final, train_s, run_clock(cfg), counts, curve_test_samples=items.samples,
                            curve_points_live=live, **metric, **best, **reached, **good, **load,
                            train_wall_s=train_wall_s, eval_s=time.perf_counter() - start, curve_measure=vars(measure))
@@ -178,7 +180,7 @@ def finish_run(run: RunDir, setup: RunSetup, curve: LiveCurve, train_s: float, t
         wasted = good["goodput"] is not None and good["goodput"] < 1
         print(f"run {setup.out}: {measure.name} {final[measure.key]:.4f} after {summary['minibatches']} "
               f"minibatches in {seconds(train_s, summary['clock'])}"
-              + (f", goodput {good['goodput']:.3f}" if wasted else "") + load_note(load, cfg.servers)
+              + (f", goodput {good['goodput']:.3f}" if wasted else "") + load_note(load, cfg.servers, gathers)
               + ending(status, counts), flush=True)
     return summary
 

@@ -23,6 +23,7 @@ from experiments.run.sizing import servers_for
 from paramserver.config.run import ConfigError, RunConfig
 from paramserver.handler import ServerState, handle
 from paramserver.recorder import Recorder
+from paramserver.rules import rule_class
 from paramserver.store import Store
 from paramserver.wire.protocol import Message, Push, Tag
 from rundir.layout import RunDir
@@ -96,7 +97,7 @@ def sized(cfg: RunConfig, replica: Replica, dataset: Dataset, size: int, clients
     def push_s(servers: int) -> float:
         own = one.apply_time / servers + one.latency + nbytes / servers / one.bandwidth
         return max(own, nbytes / servers / cfg.sim_server_bandwidth if cfg.sim_server_bandwidth else 0.0)
-    servers = servers_for(clients, cfg.push_every * one.step_time, push_s)
+    servers = servers_for(clients, cfg.push_every * one.step_time, push_s, rule_class(cfg.rule).gathers)
     return replace(cfg, servers=servers), replace(one, apply_time=one.apply_time / servers, servers=servers)
 
 

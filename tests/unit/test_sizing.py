@@ -42,3 +42,13 @@ def test_auto_is_one_server_wherever_the_tool_cannot_size_it():
     assert RunConfig(servers="auto").servers == 1  # MPI: no push cost before launch
     assert RunConfig(backend="sim", mode="sync", servers="auto").servers == 1
     assert RunConfig(backend="sim", servers="auto").servers == "auto"  # the simulator picks
+
+
+def test_a_gathering_rule_keeps_its_server_under_a_quarter():
+    """fresh answers a step's pushes once it is taken: the clients wait out all of the
+    server's time, idle rho / (1 + rho), at most a fifth where rho <= 1/4."""
+    assert servers_for(8, 6e-3, lambda s: 0.3e-3 / s, gathers=True) == 2  # 8 x 0.3 / 6 = 0.4 on one
+    assert servers_for(8, 5e-3, lambda s: 0.1e-3 / s, gathers=True) == 1  # 0.16: no server added
+    assert servers_for(32, 6e-3, lambda s: 0.3e-3 / s, gathers=True) == 7  # 1.6 / 0.25 = 6.4
+    assert server_load(0.3, 1.0, 1, gathers=True) == {"server_busy": 0.3, "servers_needed": 2}
+    assert "under 25%" in load_note(server_load(0.3, 1.0, 1, gathers=True), 1, gathers=True)
