@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import torch
 
-from paramserver.config.run import PRECISIONS, ConfigError
+from runconfig.settings import PRECISIONS, ConfigError
 from paramserver.optimizer import flat_state, load_flat_state, sgd
 
 AUTOCAST = dict(zip(PRECISIONS, (None, torch.bfloat16, torch.float16)))  # precision -> autocast's dtype
@@ -32,7 +32,7 @@ AUTOCAST = dict(zip(PRECISIONS, (None, torch.bfloat16, torch.float16)))  # preci
 
 @dataclass(frozen=True)
 class OptimizerSettings:
-    """The clients' optimizer, as the config gives it (`name`: one of paramserver/config/checks.py's OPTIMIZERS,
+    """The clients' optimizer, as the config gives it (`name`: one of runconfig/checks.py's OPTIMIZERS,
     or the spec of the user's `factory`)."""
 
     name: str = "sgd"

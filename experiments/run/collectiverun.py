@@ -24,7 +24,7 @@ from clients.collective import Average, Away, Straggle, collective_step
 from experiments.run.resume import ResumePoint
 from experiments.run.life import RunLife
 from experiments.run.record import RunSetup, stops_early
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from paramserver.recorder import Background
 from rundir.checkpoint import Checkpoint, save_point
 from rundir.durable import read_jsonl

@@ -20,13 +20,13 @@ from torch import nn
 from clients.data import Dataset
 from clients.evaluate import (RECALIBRATE_SAMPLES, EvalItems, LiveCurve, curve_samples, final_measurement,
                               has_running_stats, keep_best)
-from clients.metric import metric_function, metric_traits
+from clients.user.metric import metric_function, metric_traits
 from clients.stragglers import client_speeds
-from clients.usercode import loss_function
+from clients.user.code import loss_function
 from experiments.run.inputs import fingerprint
 from experiments.run.sizing import load_note, server_load
 from experiments.progress import Progress
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from paramserver.rules import rule_class
 from rundir.goodput import goodput
 from rundir.layout import RunDir

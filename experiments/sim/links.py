@@ -25,8 +25,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
-from paramserver.config.links import parse_links, parse_regions
-from paramserver.config.run import ConfigError, RunConfig
+from runconfig.links import parse_links, parse_regions
+from runconfig.settings import ConfigError, RunConfig
 
 UP, DOWN = 0, 1  # toward the server, toward the client
 

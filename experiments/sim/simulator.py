@@ -53,7 +53,7 @@ from experiments.run.provenance import provenance
 from experiments.run.serverrun import serve_run
 from experiments.sim.costs import SimTiming, sized
 from experiments.sim.links import Links
-from paramserver.config.run import ConfigError, RunConfig
+from runconfig.settings import ConfigError, RunConfig
 from paramserver.inprocess import InProcess
 from paramserver.wire.protocol import Outgoing, Pull, Tag
 from rundir.durable import read_jsonl

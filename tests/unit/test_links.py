@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from experiments.sim.links import Links
-from paramserver.config.run import ConfigError, RunConfig
+from runconfig.settings import ConfigError, RunConfig
 
 B = 1e6  # bytes a transfer carries
 

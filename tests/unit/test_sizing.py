@@ -6,7 +6,7 @@ import math
 import pytest
 
 from experiments.run.sizing import BUSY_BOUND, load_note, server_load, servers_for
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 
 
 def test_one_server_wherever_one_is_under_the_bound():

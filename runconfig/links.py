@@ -1,5 +1,5 @@
 """How the simulator's link settings are written: `sim_client_links` and `sim_regions`
-(experiments/sim/links.py makes the links; paramserver/config/checks.py checks them)."""
+(experiments/sim/links.py makes the links; runconfig/checks.py checks them)."""
 from __future__ import annotations
 
 import math
