@@ -15,6 +15,7 @@ import sys
 from dataclasses import fields
 from typing import Any, get_type_hints
 
+from runconfig.links import parse_links, parse_regions
 from paramserver.faults import fault_ok
 from paramserver.reply.policy import check_keys as reply_keys
 from paramserver.rules import RULES, rule_class
@@ -26,7 +27,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")  # the clients' (clients/optimizers.py); o
 PRECISIONS = ("fp32", "bf16", "fp16")
 MODES = ("async", "sync", "local-sgd")
 FAILURE_POLICIES = ("abort", "continue")
-AUTO_KEYS = ("momentum", "fresh_batch")  # keys that also take the word "auto"
+AUTO_KEYS = ("momentum", "fresh_batch", "servers")  # keys that also take the word "auto"
 LR_SCHEDULES = ("constant", "cosine", "step")
 LR_SCALINGS = ("none", "linear", "sqrt", "adascale")
 SIM_PROFILES = ("measured", "paper")  # their values: experiments/sim/costs.py
@@ -91,6 +92,14 @@ def _require(ok: bool, field: str, reason: str) -> None:
         raise ConfigError(f"{field}: {reason}")
 
 
+def _parsed(parse, text: str):
+    """`parse(text)`, or None where it raises ValueError."""
+    try:
+        return parse(text)
+    except ValueError:
+        return None
+
+
 def _at_least_one(cfg: Any, *names: str) -> None:
     for name in names:
         value = getattr(cfg, name)
@@ -138,6 +147,9 @@ def _check_server(cfg: Any) -> None:
     _require(cfg.server_lr is None or cfg.server_lr > 0, "server_lr", f"must be positive, got {cfg.server_lr}")
     _require(cfg.server_momentum is None or 0 <= cfg.server_momentum < 1, "server_momentum",
              f"must be in [0, 1), got {cfg.server_momentum}")
+    if cfg.servers == "auto" and not (cfg.backend == "sim" and cfg.mode == "async" and not cfg.resume):
+        # only the simulator knows a push's cost before the run: elsewhere auto is one server (docs/training.md)
+        object.__setattr__(cfg, "servers", 1)
     try:
         chosen = rule_class(cfg.rule)
     except ValueError as error:  # an unknown name: the rules' own line
@@ -147,6 +159,8 @@ def _check_server(cfg: Any) -> None:
         if problem:
             raise ConfigError(problem)
     _check_dylu(cfg, chosen)
+    if cfg.servers == "auto":
+        return  # the simulator picks (experiments/run/sizing.py) and checks its pick as it makes the run's config
     _require(cfg.servers >= 1, "servers", f"must be at least 1, got {cfg.servers}")
     _require(cfg.servers == 1 or cfg.mode == "async", "servers", "more than one server needs --mode async")
     _require(cfg.servers == 1 or not cfg.resume, "servers",
@@ -185,10 +199,7 @@ def _check_schedule(cfg: Any) -> None:
              "adascale needs --mode async (its gain is from the gradient noise the server measures)")
     _require(cfg.lr_scaling != "adascale" or cfg.servers == 1, "lr_scaling",
              "adascale needs servers = 1 (each server sees only its slice's gradient norms)")
-    try:
-        milestones = parse_milestones(cfg.lr_milestones)
-    except ValueError:
-        milestones = None
+    milestones = _parsed(parse_milestones, cfg.lr_milestones)
     _require(milestones is not None, "lr_milestones",
              f"expected increasing positive sample counts separated by commas, got {cfg.lr_milestones!r}")
     _require(cfg.lr_schedule == "step" or not milestones, "lr_milestones", "needs lr_schedule = step")
@@ -240,11 +251,9 @@ def _check_hardware(cfg: Any) -> None:
     _require(not (cfg.speed_spread and cfg.client_speeds), "client_speeds", "give speed_spread or client_speeds, "
              "not both")
     if cfg.client_speeds:
-        try:
-            count = len(parse_speeds(cfg.client_speeds))
-        except ValueError:
-            count = None
-        _require(count is not None, "client_speeds",
+        speeds = _parsed(parse_speeds, cfg.client_speeds)
+        count = None if speeds is None else len(speeds)
+        _require(speeds is not None, "client_speeds",
                  f"expected speeds in (0, 1] separated by commas, got {cfg.client_speeds!r}")
         _require(cfg.clients is None or count == cfg.clients, "client_speeds",
                  f"lists {count} speeds for {cfg.clients} clients")
@@ -273,6 +282,7 @@ def _check_evaluation(cfg: Any) -> None:
 def _check_simulator(cfg: Any) -> None:
     for name in ("sim_step_time", "sim_apply_time", "sim_latency", "sim_bandwidth", "sim_push_bytes"):
         _require(getattr(cfg, name) >= 0, name, f"must be non-negative (0: the profile's), got {getattr(cfg, name)}")
+    _check_links(cfg)
     _require(cfg.sim_profile in SIM_PROFILES, "sim_profile",
              f"unknown profile {cfg.sim_profile!r} (choose from {', '.join(SIM_PROFILES)})")
     _require(0 <= cfg.speed_jitter < 1, "speed_jitter", f"must be in [0, 1), got {cfg.speed_jitter}")
@@ -287,10 +297,7 @@ def _check_simulator(cfg: Any) -> None:
 def _check_joins(cfg: Any) -> None:
     _require(cfg.backend == "sim" and cfg.joinable, "joins", "needs --backend sim and --joinable")
     _require(not cfg.replay, "joins", "cannot be replayed (replay orders the first K clients only)")
-    try:
-        joins = parse_joins(cfg.joins)
-    except ValueError:
-        joins = None
+    joins = _parsed(parse_joins, cfg.joins)
     _require(joins is not None, "joins", f"expected C@T[,C@T...] (client, virtual seconds), got {cfg.joins!r}")
     numbers = [client for client, _ in joins]
     first = cfg.clients if cfg.clients is not None else numbers[0]
@@ -307,6 +314,26 @@ def parse_joins(text: str) -> list[tuple[int, float]]:
     if any(at < 0 or not math.isfinite(at) for _, at in pairs):
         raise ValueError(text)
     return sorted(pairs, key=lambda pair: pair[1])
+
+
+def _check_links(cfg: Any) -> None:
+    """The simulator's links (experiments/sim/links.py); the run's client count checks the rest."""
+    for name in ("sim_region_bandwidth", "sim_region_latency", "sim_server_bandwidth"):
+        _require(getattr(cfg, name) >= 0, name, f"must be non-negative (0: unlimited or none), got {getattr(cfg, name)}")
+    for name, parse, form in (("sim_client_links", parse_links, "BYTES_PER_S[@LATENCY_S] separated by commas, "
+                               "bandwidth positive and latency non-negative"),
+                              ("sim_regions", parse_regions, "client indices or ranges (0-3) separated by commas, "
+                               "groups by semicolons, no client in two groups")):
+        text = getattr(cfg, name)
+        _require(not text or _parsed(parse, text) is not None, name, f"expected {form}, got {text!r}")
+        _require(not text or (cfg.backend == "sim" and cfg.mode == "async"), name,
+                 "needs --backend sim and --mode async (a collective's allreduce is charged at sim_bandwidth)")
+    if cfg.clients is not None and cfg.sim_client_links:
+        count = len(parse_links(cfg.sim_client_links))
+        _require(count in (1, cfg.clients), "sim_client_links", f"lists {count} links for {cfg.clients} clients")
+    if cfg.clients is not None and cfg.sim_regions:
+        named = max(max(group) for group in parse_regions(cfg.sim_regions))
+        _require(named < cfg.clients, "sim_regions", f"names client {named}, but the run has {cfg.clients}")
 
 
 def _check_performance(cfg: Any) -> None:

@@ -104,7 +104,8 @@ class RunConfig:
 
     # server and rules ([server] in a config file)
     servers: int = _server(1, "server ranks (0..S-1), each holding a contiguous slice of the weights; clients push "
-                              "and pull every slice at once")
+                              "and pull every slice at once (auto: in the simulator, the fewest whose busiest is "
+                              "busy at most half the time, from the costs; one elsewhere)")
     n_push: Optional[int] = _server(None, "push every N minibatches (default: n_sync)")
     n_fetch: Optional[int] = _server(None, "fetch every N minibatches (default: n_sync)")
     server_lr: Optional[float] = _server(None, "learning rate of the sgd and adagrad rules (default: lr)")
@@ -239,6 +240,15 @@ class RunConfig:
     sim_latency: float = _simulator(0.0, "sim: seconds added to every transfer (0: the profile's; measured: 2e-6)")
     sim_push_bytes: int = _simulator(0, "sim: bytes a push (and a pull) carries on the wire (0: the profile's; "
                                         "measured: the model's)")
+    sim_client_links: str = _simulator("", "sim: each client's link, BYTES_PER_S or BYTES_PER_S@LATENCY_S, one for "
+                                           "all or one for each client, separated by commas (default: its sends at "
+                                           "sim_bandwidth after sim_latency; docs/simulator.md)")
+    sim_regions: str = _simulator("", "sim: groups of clients that share one link, client indices or ranges in a "
+                                      "group, groups separated by semicolons (0-3;4-7)")
+    sim_region_bandwidth: float = _simulator(0.0, "sim: bytes/s of each region's link, each way (0: unlimited)")
+    sim_region_latency: float = _simulator(0.0, "sim: seconds a region's link adds to each transfer")
+    sim_server_bandwidth: float = _simulator(0.0, "sim: bytes/s of each server's link, each way, carrying its slice "
+                                                  "of every push and reply (0: unlimited)")
     speed_jitter: float = _simulator(0.0, "sim: client i's step time is sim_step_time * U(1-j, 1+j), seeded")
     replay: str = _simulator("", "sim: apply pushes in the order of this run directory's server.jsonl")
     joins: str = _simulator("", "sim: C@T[,C@T...]: client C (K, K+1, ... in time order) joins the running job at "
@@ -341,8 +351,8 @@ def field_types() -> dict[str, type]:
 
 
 def flag_type(name: str) -> Callable[[str], Any]:
-    """How a command-line value of `name` is read: its field's type, and for momentum
-    and fresh_batch also the word `auto`."""
+    """How a command-line value of `name` is read: its field's type, and for momentum,
+    fresh_batch and servers also the word `auto`."""
     if name in AUTO_KEYS:
         kind = field_types()[name]
 

@@ -24,8 +24,10 @@ from clients.user.metric import metric_function, metric_traits
 from clients.stragglers import client_speeds
 from clients.user.code import loss_function
 from experiments.run.inputs import fingerprint
+from experiments.run.sizing import load_note, server_load
 from experiments.progress import Progress
 from runconfig.settings import RunConfig
+from paramserver.rules import rule_class
 from rundir.goodput import goodput
 from rundir.layout import RunDir
 from rundir.measure import curve_measure, stop_rules
@@ -168,15 +170,18 @@ def finish_run(run: RunDir, setup: RunSetup, curve: LiveCurve, train_s: float, t
         status = reached_target(early, curve.stopped_by)
     measure = curve_measure(config, final["test_error"])
     good = goodput(run.rows("clients"), windows=cfg.mode == "async")
+    gathers = rule_class(cfg.rule).gathers
+    load = server_load(counts.get("server_busy_s"), train_s, cfg.servers, gathers)
     summary = write_result(run, status, final, train_s, run_clock(cfg), counts, curve_test_samples=items.samples,
-                           curve_points_live=live, **metric, **best, **reached, **good, train_wall_s=train_wall_s,
-                           eval_s=time.perf_counter() - start, curve_measure=vars(measure))
+                           curve_points_live=live, **metric, **best, **reached, **good, **load,
+                           train_wall_s=train_wall_s, eval_s=time.perf_counter() - start, curve_measure=vars(measure))
     run.close_tap()
     if not setup.cfg.quiet or ending(status, counts):
         wasted = good["goodput"] is not None and good["goodput"] < 1
         print(f"run {setup.out}: {measure.name} {final[measure.key]:.4f} after {summary['minibatches']} "
               f"minibatches in {seconds(train_s, summary['clock'])}"
-              + (f", goodput {good['goodput']:.3f}" if wasted else "") + ending(status, counts), flush=True)
+              + (f", goodput {good['goodput']:.3f}" if wasted else "") + load_note(load, cfg.servers, gathers)
+              + ending(status, counts), flush=True)
     return summary
 
 

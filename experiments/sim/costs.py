@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -19,9 +19,11 @@ from clients.data import Dataset
 from clients.devices import pick_device, threads_kept
 from clients.sampling import ShardSampler
 from experiments.run.assemble import build, server_optimizer_factory
+from experiments.run.sizing import servers_for
 from runconfig.settings import ConfigError, RunConfig
 from paramserver.handler import ServerState, handle
 from paramserver.recorder import Recorder
+from paramserver.rules import rule_class
 from paramserver.store import Store
 from paramserver.compute.quantkernel import make_codec
 from paramserver.wire.protocol import Message, Push, Tag
@@ -48,9 +50,6 @@ class SimTiming:
         if payload is None:
             return 0.0
         return payload.nbytes if self.push_bytes is None else self.push_bytes * payload.nbytes / (4 * self.size)
-
-    def transfer(self, payload: np.ndarray | None) -> float:
-        return self.latency + self.wire_bytes(payload) / self.bandwidth
 
     def served(self, payload: np.ndarray | None) -> float:
         """What a reply occupies the server for: its slice's transfer (every server
@@ -86,6 +85,23 @@ def sim_timing(cfg: RunConfig, replica: Replica, dataset: Dataset, size: int, cl
              or measure_push(cfg, -(-size // cfg.servers), clients))
     return SimTiming(step, apply, cfg.sim_bandwidth or profile.bandwidth, cfg.sim_latency or profile.latency,
                      cfg.sim_push_bytes or profile.push_bytes, cfg.servers, size)
+
+
+def sized(cfg: RunConfig, replica: Replica, dataset: Dataset, size: int, clients: int) -> tuple[RunConfig, SimTiming]:
+    """The run's config and costs, with `servers = auto` the count experiments/run/sizing.py
+    picks from one server's costs: a push's apply (a slice's costing 1/S of it: passes
+    over memory, as the paper profile's), its reply's send, and each server's link, which
+    carries its slice of every push in and every reply out."""
+    if cfg.servers != "auto":
+        return cfg, sim_timing(cfg, replica, dataset, size, clients)
+    one = sim_timing(replace(cfg, servers=1), replica, dataset, size, clients)
+    nbytes = one.push_bytes or 4 * size
+
+    def push_s(servers: int) -> float:
+        own = one.apply_time / servers + one.latency + nbytes / servers / one.bandwidth
+        return max(own, nbytes / servers / cfg.sim_server_bandwidth if cfg.sim_server_bandwidth else 0.0)
+    servers = servers_for(clients, cfg.push_every * one.step_time, push_s, rule_class(cfg.rule).gathers)
+    return replace(cfg, servers=servers), replace(one, apply_time=one.apply_time / servers, servers=servers)
 
 
 def calibrated_push(run: str) -> float:

@@ -12,7 +12,8 @@ only its flat vectors.
 Time model: client i's minibatch takes `step_time * factor_i` (factor_i drawn once from
 U(1-j, 1+j) by the seed), stretched per minibatch by the straggler model
 (clients/stragglers.py: its speed, lognormal noise, slow clients, pauses; a failure
-puts it down for `failure_length` of those base times); a message takes `latency + bytes / bandwidth`; the server is
+puts it down for `failure_length` of those base times); a message crosses the links on its
+path (experiments/sim/links.py: by default `latency + bytes / bandwidth`); the server is
 one queue: it handles one message at a time, a push costs it `apply_time` (by default
 the real handler's measured time for a push: checks, apply, log rows), and sending a
 reply occupies it for the reply's transfer. With `servers` S > 1 it stands for S sharded
@@ -54,7 +55,8 @@ from experiments.run.assemble import build, join_client, start
 from experiments.run.collectiverun import collective_run
 from experiments.run.provenance import provenance
 from experiments.run.serverrun import serve_run
-from experiments.sim.costs import SimTiming, sim_timing
+from experiments.sim.costs import SimTiming, sized
+from experiments.sim.links import Links
 from paramserver.faults import InjectedFault
 from runconfig.checks import parse_joins
 from runconfig.settings import ConfigError, RunConfig
@@ -140,10 +142,13 @@ class Simulation:
     JOIN) a process sends to the server, whose Welcome `joiner` turns into a client."""
 
     def __init__(self, loops: list[ClientLoop], clocks: list[StepClock], timing: SimTiming, start: float = 0.0,
-                 replay: list[tuple[Tag, int]] | None = None, joins: list[tuple[float, Join]] = (),
-                 joiner: Joiner | None = None):
+                 replay: list[tuple[Tag, int]] | None = None, links: Links | None = None,
+                 joins: list[tuple[float, Join]] = (), joiner: Joiner | None = None):
         self.loops, self.clocks, self.timing = loops, clocks, timing
+        self.links = links or Links.uniform(timing.bandwidth, timing.latency, len(loops))
         self.joins, self.joiner = list(joins), joiner
+        for n in range(len(self.joins)):  # a joiner stands on client (K + n) mod K's hardware: its link too
+            self.links.add(like=(len(loops) + n) % len(loops))
         self.busy = 0.0                   # virtual seconds the server spent on messages
         self.events: list[tuple[float, int, str, int, Any]] = []
         self.tickets = itertools.count()  # ties resolve in scheduling order: deterministic
@@ -156,11 +161,13 @@ class Simulation:
     def run(self, server: InProcess) -> float:
         """Until every client stopped; returns the server's busy virtual seconds."""
         for i in range(len(self.loops)):
-            self._schedule(self.now + self.timing.transfer(None), "arrive", i, Outgoing(Tag.PULL, Pull()))
+            self._schedule(self.links.send(i, 0.0, self.now), "arrive", i, Outgoing(Tag.PULL, Pull()))
         for n, (at, join) in enumerate(self.joins):  # from ranks after the K clients', one a join
-            self._schedule(max(at, self.now) + self.timing.transfer(None), "join", len(self.loops) + n, join)
+            i = len(self.loops) + n
+            self._schedule(self.links.send(i, 0.0, max(at, self.now)), "join", i, join)
         while self.events:
             when, _, kind, i, item = heapq.heappop(self.events)
+            self.links.forget(when)  # every transfer from now on is ready at `when` or later
             if kind == "arrive":      # a message reaches the server
                 self._arrive(server, when, i, item)
             elif kind == "wake":      # the clients a gathered step waits for fall overdue, unless a message came first
@@ -229,8 +236,10 @@ class Simulation:
         """The server, busy from now for `cost`, sends `replies` (to the sender, or to those a step waited for)."""
         busy_until = self.now + cost
         for reply in replies:
+            sending, dest = busy_until, server.state.client(reply.dest)
             busy_until += self.timing.served(reply.payload)
-            self._schedule(busy_until, "reply", server.state.client(reply.dest), reply)
+            arrives = self.links.receive(dest, self.timing.wire_bytes(reply.payload), sending)
+            self._schedule(max(busy_until, arrives), "reply", dest, reply)
         self.busy += busy_until - self.now
         self.server_free = busy_until
 
@@ -241,12 +250,12 @@ class Simulation:
         try:
             message, fetch = loop.advance()
         except InjectedFault as fault:  # it died (under continue): the server hears of it as MPI's would
-            self._schedule(clock.now + self.timing.transfer(None), "lost", i, str(fault))
+            self._schedule(self.links.send(i, 0.0, clock.now), "lost", i, str(fault))
             return
         state = loop.state_before(message)
         if state is not None:  # it arrives before the message it precedes
-            self._schedule(clock.now + self.timing.transfer(None), "arrive", i, state)
-        sent = clock.now + self.timing.transfer(message.payload)
+            self._schedule(self.links.send(i, 0.0, clock.now), "arrive", i, state)
+        sent = self.links.send(i, self.timing.wire_bytes(message.payload), clock.now)
         self._schedule(sent, "arrive", i, message)
         if not fetch and not loop.done:
             self._schedule(sent, "window", i, None)
@@ -261,15 +270,16 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     torch.set_num_threads(cfg.threads or len(os.sched_getaffinity(0)))
     keep_freed_memory()
     device = pick_device(cfg.device)
+    asked = cfg.servers
     parts = build(cfg, device, clients, list(range(clients)))
-    cfg = parts.cfg  # its steps, with epochs
-    timing = sim_timing(cfg, parts.local[0].replica, parts.dataset, parts.local[0].size, clients)
+    cfg, timing = sized(parts.cfg, parts.local[0].replica, parts.dataset, parts.local[0].size, clients)
+    parts = dataclasses.replace(parts, cfg=cfg)  # its steps, with epochs; its servers, where auto picked them
     factors = _speed_factors(cfg.seed, clients, cfg.speed_jitter)
     stragglers = Stragglers.for_run(cfg, clients)
     failures = Failures.for_run(cfg, stragglers)
     info = {"rank": 0, "role": "simulator", "host": socket.gethostname(), "device": device}
     prov = provenance(f"none (simulator, {platform.python_implementation()})", [info])
-    prov["sim"] = {**timing.__dict__, "profile": cfg.sim_profile, "speed_factors": factors}
+    prov["sim"] = {**timing.__dict__, "profile": cfg.sim_profile, "speed_factors": factors, "servers_asked": asked}
     started = start(parts, out, records=True, provenance=prov, warm_clock=StepClock(timing.step_time))
     setup, point = started.setup, started.point
     if cfg.mode != "async":
@@ -283,7 +293,8 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
                         step=started.steps[i], pushes=point.client_pushes[i] if point else 0, down=clk.down)
              for i, (c, clk) in enumerate(zip(parts.local, clocks))]
     joiner = functools.partial(_joiner, cfg, parts, clients, timing.step_time, factors, stragglers)
-    simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order,
+    links = Links.for_run(cfg, timing.bandwidth, timing.latency, clients)
+    simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order, links=links,
                             joins=[(at, Join(SIM_SECRET, info["host"])) for _, at in parse_joins(cfg.joins)]
                             if cfg.joins else [], joiner=joiner)
     serve_run(setup, lambda: simulation.now,
@@ -298,7 +309,8 @@ def _joiner(cfg: RunConfig, parts, clients: int, step_time: float, factors: list
     of client `client mod K`'s hardware, its own straggling (clients/stragglers.py)."""
     client = join_client(cfg, parts.local[0].replica, parts.dataset, clients, welcome)
     clock = StepClock(step_time * factors[welcome.client % clients], stragglers, welcome.client)
-    plan = dataclasses.replace(ClientPlan.for_run(cfg, welcome.client, clients, real_time=False), steps=welcome.steps)
+    plan = dataclasses.replace(ClientPlan.for_run(cfg, welcome.client, clients, cfg.servers, real_time=False),
+                               steps=welcome.steps)
     return ClientLoop(client, plan, clock, down=clock.down), clock
 
 

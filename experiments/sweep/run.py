@@ -108,7 +108,8 @@ class SweepRunner:
         """One step and push time for every point of the measured cost profile, measured
         once and kept in index.json (a point's own sim_* keys and other profiles' values
         stand). The push is one server's whole vector: a point with sharded servers times
-        its slice's itself, unless its spec gives it."""
+        its slice's itself, unless its spec gives it; with servers auto, the one server's
+        push is what the count is picked from."""
         measured = [p for p in self.spec.points if p.config.sim_profile == "measured"]
         if not measured:
             return
@@ -119,7 +120,7 @@ class SweepRunner:
         base = {"sim_step_time": self.index["sim_step_time"], "sim_apply_time": self.index["sim_apply_time"]}
         points = [PlannedPoint(p.id, p.settings, config_with(p.config, {
                       k: getattr(p.config, k) or v for k, v in base.items()
-                      if k == "sim_step_time" or p.config.servers == 1}))
+                      if k == "sim_step_time" or p.config.servers in (1, "auto")}))
                   if p.config.sim_profile == "measured" else p for p in self.spec.points]
         self.spec = Spec(self.spec.name, self.spec.scale, self.spec.backend, self.spec.timeout, self.spec.window,
                          points, self.spec.meta)

@@ -1,0 +1,44 @@
+"""Servers sized to the work in the simulator (`--servers auto`) and every async run's
+`server_busy` (experiments/run/sizing.py)."""
+from __future__ import annotations
+
+import json
+import math
+
+from experiments.cli import main
+from tests.sim.test_sim import TIMED, sim
+
+FLAGS = ["--rule", "add", "--clients", "4", "--steps", "8"]  # 10 ms a minibatch (TIMED), a push a minibatch
+
+
+def summary(run) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_auto_is_one_server_and_the_same_run_where_one_suffices(tmp_path, tiny_npz):
+    """0.1 ms a push: four clients keep one server busy about 4 % of the time."""
+    one = sim(tmp_path / "one", tiny_npz, *FLAGS)
+    auto = sim(tmp_path / "auto", tiny_npz, *FLAGS, "--servers", "auto")
+    for log in ("clients.jsonl", "server.jsonl"):
+        assert (auto / log).read_bytes() == (one / log).read_bytes()
+    config = json.loads((auto / "config.json").read_text())
+    assert config["servers"] == 1 and config["provenance"]["sim"]["servers_asked"] == "auto"
+    s = summary(auto)
+    assert s["server_busy"] == s["server_busy_s"] / s["time_s"] < 0.5 and "servers_needed" not in s
+
+
+def test_auto_adds_servers_where_pushes_are_dear_and_keeps_each_under_half(tmp_path, tiny_npz, capsys):
+    """4 ms a push on one server against a 10 ms window: four clients would keep it busy
+    1.6 times over. A server's share goes with its slice: S = 4 is the first under half
+    (4 x (4 / S ms + a slice's reply) / 10 ms); one server says it was the bound."""
+    dear = ["--sim-apply-time", "0.004"]
+    auto = sim(tmp_path / "auto", tiny_npz, *FLAGS, *dear, "--servers", "auto")
+    assert json.loads((auto / "config.json").read_text())["servers"] == 4
+    assert summary(auto)["server_busy"] <= 0.5
+    flags = [*TIMED, *FLAGS, *dear]
+    flags.remove("--quiet")
+    assert main(["train", "--backend", "sim", "--data", str(tiny_npz), "--out", str(tmp_path / "one"), *flags]) == 0
+    one = summary(tmp_path / "one")
+    assert one["server_busy"] > 0.5 and one["servers_needed"] == math.ceil(one["server_busy"] / 0.5)
+    assert f"the server was the bound, busy {one['server_busy']:.0%}" in capsys.readouterr().out
+    assert one["time_s"] > summary(auto)["time_s"]
