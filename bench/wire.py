@@ -90,7 +90,7 @@ def serve_clients(transport: Transport, size: int, clients: int, servers: int = 
                   progress: Callable[[int], None] = lambda minibatches: None) -> ServerLoop:
     """A server rank: the real server loop, recording into a scratch run directory, on its
     slice of a `size`-float model, until every client stops."""
-    from paramserver.handler import ServerState
+    from paramserver.state import ServerState
     from paramserver.recorder import Recorder
     from paramserver.server import ServerLoop
     from rundir.layout import RunDir

@@ -27,25 +27,14 @@ client's state at the very step it records for that client. No client waits for 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
-
-import numpy as np
 
 from paramserver import membership
-from paramserver.settings import RunSettings
 from paramserver.events import (Applied, CheckpointDue, ClientRows, Dropped, Event, NoiseMeasured, Rejected,
                                  SnapshotDue)
-from paramserver.reply.policy import ReplyPolicy
-from paramserver.schedule import Schedule
-from paramserver.tally import RunBudget, ServerTally
-from paramserver.store import ApplyResult, Store
-from paramserver.wire import frame
-from paramserver.compute.quantkernel import make_codec
-from paramserver.wire.compress import Codec
+from paramserver.state import ServerState
+from paramserver.store import ApplyResult
 from paramserver.wire.frame import Garbled
-from paramserver.membership import Membership
-from paramserver.wire.protocol import (FROM_CLIENTS, Message, Push, Rejoin, Reply, State, Tag, Weights, Welcome,
+from paramserver.wire.protocol import (FROM_CLIENTS, Message, Push, Rejoin, Reply, Tag, Weights, Welcome,
                                        well_formed)
 
 
@@ -60,134 +49,6 @@ class ClientLost(RuntimeError):
 
 class ClientFailed(ClientLost):
     """A client reported an exception."""
-
-
-@dataclass
-class ServerState:
-    """Everything `handle` reads and changes: the Store, the tallies, the wire's buffers.
-
-    `peers`: with sharded servers, the server ranks allowed to read this one's slice
-    (a PULL from them is answered with the raw slice). `apply_cost`: seconds an apply is
-    logged as taking (the simulator's virtual cost); None: measured. `schedule`: the
-    run's lr schedule (paramserver/schedule.py), whose progress the replies carry and
-    whose multiplier the rule applies with; None: a constant lr. `clock`: the run's
-    (virtual in the simulator), by which a checkpoint is due `checkpoint_every` seconds
-    after the last. `reply`: when to answer a push, and DyLU's windows (its own clock:
-    the same). `stop`: whether the run reached a target (`stop_at_error`, `_loss`,
-    `_metric`): every reply from then on tells its client to stop. `collects_states`: checkpoints hold the clients' optimizer states
-    (see the module's doc); `client_states`: client -> the state its last push handled (or
-    STOP) came with, where it came with one; `arrived_states`: those awaiting their push.
-    `budget`: the run's, where the run has one (`budget = "run"`; paramserver/tally.py).
-    `members`: who may join and each client's shard (paramserver/membership.py).
-    """
-
-    store: Store
-    client_ranks: list[int]
-    eval_every: int = 0
-    codec: Codec = field(default_factory=Codec)       # pushes'
-    pull_codec: Codec = field(default_factory=Codec)  # replies' (`compress_pulls`)
-    tally: ServerTally | None = None
-    peers: tuple[int, ...] = ()
-    apply_cost: float | None = None
-    schedule: Schedule | None = None
-    reply: ReplyPolicy = field(default_factory=ReplyPolicy)
-    clock: Callable[[], float] = time.monotonic  # the run's clock
-    stop: Callable[[], bool] = lambda: False
-    collects_states: bool = False
-    client_states: dict[int, State] = field(default_factory=dict)
-    arrived_states: dict[int, State] = field(default_factory=dict)
-    checkpoint_due: bool = False
-    checkpoint_every: float = 0.0  # seconds of `clock` after which a checkpoint is due between curve points
-    checkpointed_at: float = 0.0   # `clock` when the last was asked for (from the start: __post_init__)
-    budget: RunBudget | None = None
-    members: Membership | None = None
-
-    def __post_init__(self) -> None:
-        self.members = self.members or Membership.for_clients(len(self.client_ranks), 0)
-        self.checkpointed_at = self.clock()
-        self.tally = self.tally or ServerTally(len(self.client_ranks))
-        self.buffer = frame.empty(self.store.size, np.float32)  # pushes, as float32
-        compressed = self.codec.wire_dtype != np.float32
-        self.landing = frame.empty(self.codec.wire_size(self.store.size), self.codec.wire_dtype) if compressed \
-            else self.buffer  # as they come
-
-    @classmethod
-    def for_run(cls, cfg: RunSettings, weights: np.ndarray, clients: int, optimizer_factory: Callable | None = None,
-                secret: str | None = None, **options: Any) -> ServerState:
-        """A server's state for its slice `weights` of a run of `clients` clients: its store
-        (`optimizer_factory`: the user's optimizer, for its rule), the clients' ranks (after
-        the servers'), the wire's codec, the lr schedule the server counts progress for and
-        applies its rule's lr by, who may join (`secret`: None, not joinable) (`options`:
-        the other fields)."""
-        store = Store.for_run(cfg, weights, clients, optimizer_factory)
-        clock = options.get("clock", time.monotonic)
-        members = Membership.for_clients(clients, cfg.client_steps(clients), secret, cfg.max_clients)
-        return cls(store, list(range(cfg.servers, cfg.servers + clients)),
-                   codec=make_codec(cfg.compress),
-                   pull_codec=make_codec(cfg.compress if cfg.compress_pulls else "none"),
-                   schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr),
-                   reply=ReplyPolicy.for_run(cfg, store.rule.gathers, clients, clock),
-                   budget=RunBudget(cfg.client_steps(clients), cfg.fetch_every) if cfg.run_budget else None,
-                   members=members, **options)
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """What a checkpoint holds of the server: the Store's arrays, and the reply policy's."""
-        return {**self.store.state(), **self.reply.state()}
-
-    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
-        """The server as a checkpoint's `arrays` hold it."""
-        self.store.load_state(arrays)
-        self.reply.load_state(arrays)
-
-    def counts(self) -> dict[str, Any]:
-        """What the server counted, for the run's summary."""
-        store, tally = self.store, self.tally
-        return {
-            "minibatches": tally.minibatches,
-            "samples": tally.samples,
-            "version": store.version,
-            # a stopped client says how many it sent; of one that failed or was lost, what came
-            "pushes_sent": sum(max(int(tally.client_pushes[i]), tally.stops[r].pushes if r in tally.stops else 0)
-                               for i, r in enumerate(self.client_ranks)),
-            "pushes_applied": sum(store.applied.values()),
-            "pushes_rejected": tally.rejected,
-            "pushes_dropped": sum(store.dropped.values()),
-            "dropped_per_client": {str(c): n for c, n in sorted(store.dropped.items())},
-            "staleness": store.staleness_stats(),
-            # memory the rule's state takes beside the weights (DC-ASGD's copies, momentum, sums)
-            "rule_state_bytes": sum(t.numel() * t.element_size() for t in store.rule.state().values()),
-            "lost_clients": sorted(tally.lost.values(), key=lambda lost: lost["client"]),
-            "joined_clients": list(self.members.joined),
-        }
-
-    def client(self, rank: int) -> int:
-        return self.client_ranks.index(rank)
-
-    @property
-    def progress(self) -> int:
-        """Samples the clients have pushed so far: the lr schedule's clock. From the steps
-        in the push headers, so every server of a sharded run counts alike (only server 0
-        sees the rows), and a checkpoint's client steps restore it. Where the rule counts
-        progress itself (`fresh` under adascale: its steps' gains, one server, checkpointed
-        with the rule), that count in samples."""
-        batch = self.schedule.batch_size if self.schedule else 0
-        own = self.store.rule.own_progress
-        return batch * self.tally.steps if own is None else round(batch * own)
-
-    @property
-    def waiting(self) -> list[int]:
-        """Client ranks still expected to send something."""
-        return [self.client_ranks[c] for c in self.running]
-
-    @property
-    def running(self) -> list[int]:
-        """The clients (indices) still expected to send something."""
-        tally = self.tally
-        return [c for c, r in enumerate(self.client_ranks) if r not in tally.stops and r not in tally.lost]
-
-    @property
-    def done(self) -> bool:
-        return not self.waiting
 
 
 def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:

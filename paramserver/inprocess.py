@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from paramserver import membership
-from paramserver.handler import ServerState, handle, release
+from paramserver.handler import handle, release
+from paramserver.state import ServerState
 from paramserver.recorder import Recorder
 from paramserver.wire.protocol import Message, Reply, Tag, carries_payload, payload_target
 

@@ -33,7 +33,7 @@ from typing import Any
 from paramserver.events import Joined, JoinRefused
 from paramserver.wire.protocol import Join, Message, Tag, well_formed
 
-ServerState = Any  # paramserver/handler.py's, which dispatches a JOIN here (an import back would be a circle)
+ServerState = Any  # paramserver/state.py's, which holds a Membership (an import back would be a circle)
 
 
 @dataclass

@@ -19,7 +19,7 @@ import numpy as np
 from paramserver.events import (Applied, CheckpointDue, ClientRows, Dropped, Event, Joined, JoinRefused,
                                 NoiseMeasured, Rejected, SnapshotDue)
 from paramserver.faults import Fault
-from paramserver.handler import ServerState
+from paramserver.state import ServerState
 from rundir.checkpoint import Checkpoint, save_point
 from rundir.layout import RunDir
 

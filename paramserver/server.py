@@ -22,7 +22,8 @@ from typing import Callable
 
 from paramserver import membership
 from paramserver.events import Applied
-from paramserver.handler import ClientLost, ServerState, handle, release, tag_name
+from paramserver.handler import ClientLost, handle, release, tag_name
+from paramserver.state import ServerState
 from paramserver.tally import ServerTally
 from paramserver.recorder import Recorder
 from paramserver.wire.liveness import PeerDied

@@ -261,7 +261,7 @@ def make_server(path: Path, weights: np.ndarray, clients: int, clock=lambda: 0.0
     """The real server (`add` rule) for client ranks 1..`clients`, recording into a fresh
     run dir, driven in process (`InProcess.deliver`)."""
     from runconfig.settings import RunConfig
-    from paramserver.handler import ServerState
+    from paramserver.state import ServerState
     from paramserver.inprocess import InProcess
     from paramserver.recorder import Recorder
     from paramserver.rules import make_rule

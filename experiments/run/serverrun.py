@@ -13,7 +13,7 @@ from clients.optimizers import OptimizerSettings
 from experiments.run.assemble import server_optimizer_factory
 from experiments.run.life import RunLife
 from experiments.run.record import RunSetup, spare_core
-from paramserver.handler import ServerState
+from paramserver.state import ServerState
 from paramserver.tally import ServerTally
 from paramserver.noise import summarise
 from paramserver.recorder import Recorder

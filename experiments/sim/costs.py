@@ -21,7 +21,8 @@ from clients.sampling import ShardSampler
 from experiments.run.assemble import build, server_optimizer_factory
 from experiments.run.sizing import servers_for
 from runconfig.settings import ConfigError, RunConfig
-from paramserver.handler import ServerState, handle
+from paramserver.handler import handle
+from paramserver.state import ServerState
 from paramserver.recorder import Recorder
 from paramserver.rules import rule_class
 from paramserver.store import Store

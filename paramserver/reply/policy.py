@@ -51,7 +51,7 @@ class Weights(Protocol):
 
 
 class Served(Protocol):
-    """What the policy reads of paramserver/handler.py's `ServerState`."""
+    """What the policy reads of paramserver/state.py's `ServerState`."""
 
     store: Weights
     waiting: list[int]  # client ranks still running

@@ -14,7 +14,7 @@ from clients.models import build_model, flat_weights
 from clients.sampling import ShardSampler, shard_indices
 from experiments.sim.simulator import Simulation, SimTiming, StepClock
 from runconfig.settings import RunConfig
-from paramserver.handler import ServerState
+from paramserver.state import ServerState
 from paramserver.inprocess import InProcess
 from paramserver.recorder import Recorder
 from paramserver.rules import make_rule, rule_class

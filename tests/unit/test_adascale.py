@@ -10,7 +10,8 @@ import pytest
 
 from runconfig.settings import ConfigError, RunConfig, load_config
 from paramserver.events import NoiseMeasured
-from paramserver.handler import ServerState, handle
+from paramserver.handler import handle
+from paramserver.state import ServerState
 from paramserver.reply.policy import ReplyPolicy
 from paramserver.rules import make_rule
 from paramserver.rules.scaling import gain

@@ -10,7 +10,8 @@ import pytest
 
 from runconfig.settings import ConfigError, RunConfig
 from paramserver.reply.dylu import TOLERANCE, Windows, dylu_window
-from paramserver.handler import ServerState, handle
+from paramserver.handler import handle
+from paramserver.state import ServerState
 from paramserver.wire.protocol import Message, Pull, Push, Stop, Tag
 
 H = 8

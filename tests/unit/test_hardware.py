@@ -107,7 +107,8 @@ def test_a_rejoin_counts_the_lost_minibatches_so_the_next_push_holds_only_its_ow
     """Client 0 pushed steps 1-2, lost 3-4 to a failure (its Rejoin says step 4), then
     pushes at step 6: that push is of 2 minibatches, and the progress counts all 6."""
     from paramserver.events import ClientRows
-    from paramserver.handler import ServerState, handle
+    from paramserver.handler import handle
+    from paramserver.state import ServerState
     from paramserver.rules import make_rule
     from paramserver.store import Store
     from paramserver.wire.protocol import Message, Pull, Push

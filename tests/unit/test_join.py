@@ -7,7 +7,8 @@ import pytest
 
 from runconfig.settings import RunConfig
 from paramserver.events import Applied, Joined, JoinRefused
-from paramserver.handler import ServerState, handle
+from paramserver.handler import handle
+from paramserver.state import ServerState
 from paramserver.wire.protocol import Join, Message, Pull, Push, Stop, Tag, Welcome
 
 SECRET = "s3cret"

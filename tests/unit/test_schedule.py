@@ -11,7 +11,8 @@ from clients.collective import keep_fastest
 from clients.stragglers import Stragglers
 from runconfig.settings import ConfigError, RunConfig, load_config
 from paramserver.events import Dropped
-from paramserver.handler import ServerState, handle
+from paramserver.handler import handle
+from paramserver.state import ServerState
 from paramserver.reply.policy import ReplyPolicy
 from paramserver.rules import make_rule
 from paramserver.schedule import Schedule

@@ -21,7 +21,8 @@ def test_handle_returns_replies_and_events_and_touches_no_disk():
     import numpy as np
 
     from paramserver.events import Applied, ClientRows, SnapshotDue
-    from paramserver.handler import ServerState, handle
+    from paramserver.handler import handle
+    from paramserver.state import ServerState
     from paramserver.rules import make_rule
     from paramserver.store import Store
     from paramserver.wire.protocol import Message, Pull, Push
@@ -69,7 +70,7 @@ def fresh_state(clients: int, clock=time.monotonic, **settings):
     import numpy as np
 
     from runconfig.settings import RunConfig
-    from paramserver.handler import ServerState
+    from paramserver.state import ServerState
     from paramserver.rules import make_rule
     from paramserver.store import Store
 
@@ -198,7 +199,8 @@ def test_a_checkpoint_waits_for_every_clients_optimizer_state_and_no_client_wait
     import numpy as np
 
     from paramserver.events import CheckpointDue, SnapshotDue
-    from paramserver.handler import ServerState, handle
+    from paramserver.handler import handle
+    from paramserver.state import ServerState
     from paramserver.rules import make_rule
     from paramserver.store import Store
     from paramserver.wire.protocol import Message, Pull, Push, State, Stop
@@ -233,7 +235,8 @@ def test_a_malformed_state_is_rejected_and_never_reaches_a_checkpoint():
     import numpy as np
 
     from paramserver.events import Rejected
-    from paramserver.handler import ServerState, handle
+    from paramserver.handler import handle
+    from paramserver.state import ServerState
     from paramserver.rules import make_rule
     from paramserver.store import Store
     from paramserver.wire.protocol import Message, State
