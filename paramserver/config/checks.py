@@ -144,10 +144,26 @@ def _check_server(cfg: Any) -> None:
         if problem:
             raise ConfigError(problem)
     _check_dylu(cfg, chosen)
+    _check_outer(cfg, chosen)
     _require(cfg.servers >= 1, "servers", f"must be at least 1, got {cfg.servers}")
     _require(cfg.servers == 1 or cfg.mode == "async", "servers", "more than one server needs --mode async")
     _require(cfg.servers == 1 or not cfg.resume, "servers",
              "a run with more than one server cannot be resumed (its servers' slices are not checkpointed together)")
+
+
+def _check_outer(cfg: Any, rule: Any) -> None:
+    """An outer step's settings (their values are the nesterov rule's `check_keys`) only
+    where one is taken: local-sgd's (synchronous DiLoCo) or the nesterov rule's
+    (asynchronous DiLoCo); anywhere else they would be ignored without a word."""
+    given = [name for name, set_ in (("outer_lr", cfg.outer_lr != 1.0), ("nesterov_momentum",
+                                                                       cfg.nesterov_momentum is not None)) if set_]
+    if not given or cfg.takes_outer_step:
+        return
+    taker = f"--mode {cfg.mode}" if cfg.mode != "async" else f"--rule {cfg.rule}"
+    why = (" (its clients push gradients; the server's optimizer takes the step)" if rule.pushes == "gradient"
+           and cfg.mode == "async" else "")
+    raise ConfigError(f"{given[0]}: {taker} takes no outer step{why}; the outer step is --mode local-sgd's "
+                      f"(synchronous DiLoCo) or --rule nesterov's (asynchronous DiLoCo)")
 
 
 def _check_dylu(cfg: Any, rule: Any) -> None:

@@ -122,8 +122,13 @@ class RunConfig:
                                   "this many times its measured mean compute time (one likely down; its late push "
                                   "is dropped as stale); 0: the step waits for it")
     nesterov_every: int = _server(0, "nesterov: pushes between the server's momentum updates (0: clients)")
-    nesterov_momentum: float = _server(0.9, "nesterov: the server's momentum beta (0: w += d / nesterov_every)")
-    outer_lr: float = _server(1.0, "nesterov: the outer lr eps of delayed Nesterov (asynchronous DiLoCo's outer step)")
+    nesterov_momentum: Optional[float] = _server(None, "the outer step's momentum: delayed Nesterov's beta (rule "
+                                                       "nesterov, default 0.9; 0: w += d / nesterov_every) or "
+                                                       "synchronous DiLoCo's Nesterov momentum (local-sgd, default "
+                                                       "0: plain averaging)")
+    outer_lr: float = _server(1.0, "the outer step's lr: delayed Nesterov's eps (rule nesterov, asynchronous DiLoCo) "
+                                   "or synchronous DiLoCo's outer SGD lr on the mean of the clients' changes "
+                                   "(local-sgd; lr 1 and momentum 0 are plain averaging)")
     nesterov_activation: float = _server(0.0, "nesterov: the activation c of delayed Nesterov, in [0, 1]: the share "
                                               "of the momentum's look-ahead taken at every push, not only the N-th")
     dylu: bool = _server(False, "dynamic local updates (Liu et al. 2024): each client's window of local minibatches "
@@ -271,6 +276,20 @@ class RunConfig:
         return auto_momentum(clients) if self.mode == "async" else AUTO_BASE_MOMENTUM
 
     @property
+    def outer_momentum(self) -> float:
+        """The outer step's momentum: as set, or the default of the step that takes it
+        (delayed Nesterov's 0.9; plain averaging's 0 in local-sgd, as before the flag)."""
+        if self.nesterov_momentum is not None:
+            return self.nesterov_momentum
+        return 0.0 if self.mode == "local-sgd" else NESTEROV_MOMENTUM
+
+    @property
+    def takes_outer_step(self) -> bool:
+        """Whether the run takes an outer step: local-sgd's (synchronous DiLoCo) or, in
+        async mode, its rule's (nesterov: asynchronous DiLoCo)."""
+        return self.mode == "local-sgd" or (self.mode == "async" and getattr(rule_class(self.rule), "outer_step", False))
+
+    @property
     def effective_server_lr(self) -> float:
         return self.lr if self.server_lr is None else self.server_lr
 
@@ -315,6 +334,7 @@ class RunConfig:
 
 
 AUTO_BASE_MOMENTUM = 0.9  # the momentum `auto` keeps in total, and gives one client
+NESTEROV_MOMENTUM = 0.9  # delayed Nesterov's beta unless given (Liu et al. 2024's)
 
 
 def auto_momentum(clients: int) -> float:

@@ -31,7 +31,8 @@ class RuleSettings(Protocol):
     fresh_reply: str
     overdue: float
     nesterov_every: int
-    nesterov_momentum: float
+    nesterov_momentum: float | None
+    outer_momentum: float  # nesterov_momentum, or the default of the step that takes it
     outer_lr: float
     nesterov_activation: float
     servers: int

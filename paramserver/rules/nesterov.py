@@ -17,7 +17,7 @@ class NesterovRule(Rule):
     their local change d = -g (g: the pseudo-gradient, pulled minus local weights); every
     push moves the weights by its own share, and every N = `nesterov_every` pushes (default
     K) the momentum, fed the mean of those N pushes, adds its look-ahead term. With outer lr
-    eps = `outer_lr`, beta = `nesterov_momentum`, activation c = `nesterov_activation`:
+    eps = `outer_lr`, beta = `nesterov_momentum` (0.9 unless given), activation c = `nesterov_activation`:
         each push         Delta += g
         the N-th push     m = beta m + Delta / N; w -= eps ((1 - cN + c) beta m + g / N); Delta = 0
         the others        w -= eps (c beta m + g / N)
@@ -38,12 +38,13 @@ w_out = (w + step_d * d) + look * momentum;"""
 total_out = 0;
 w_out = (w + step_d * d) + look * momentum_out;"""
     FORMULAS = (PLAIN, ACTIVE, LOOK_AHEAD)
+    outer_step = True  # takes `outer_lr` and `nesterov_momentum` (paramserver/config/checks.py refuses them elsewhere)
 
     @classmethod
     def check_keys(cls, settings: RuleSettings) -> str:
         return refusals(
             (settings.nesterov_every >= 0, f"nesterov_every: must be non-negative (0: clients), got {settings.nesterov_every}"),
-            (0 <= settings.nesterov_momentum < 1,
+            (0 <= settings.outer_momentum < 1,
              f"nesterov_momentum: must be in [0, 1), got {settings.nesterov_momentum}"),
             (settings.outer_lr > 0, f"outer_lr: must be positive, got {settings.outer_lr}"),
             (0 <= settings.nesterov_activation <= 1,
@@ -52,7 +53,7 @@ w_out = (w + step_d * d) + look * momentum_out;"""
     def __init__(self, settings: RuleSettings, clients: int):
         super().__init__(settings, clients)
         self.every = settings.nesterov_every or clients
-        self.beta = settings.nesterov_momentum
+        self.beta = settings.outer_momentum
         self.outer_lr = settings.outer_lr
         self.activation = settings.nesterov_activation
         self.total: Tensor | None = None     # the pushes since the last momentum update, summed
