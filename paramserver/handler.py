@@ -40,6 +40,7 @@ from paramserver.events import (Applied, CheckpointDue, ClientRows, Dropped, Eve
                                  SnapshotDue)
 from paramserver.reply.gather import release_due, waits
 from paramserver.reply.pace import Pace
+from paramserver.reply.rounds import Rounds
 from paramserver.tally import RunBudget, ServerTally
 from paramserver.schedule import Schedule
 from paramserver.store import ApplyResult, Store
@@ -101,6 +102,7 @@ class ServerState:
     checkpoint_every: float = 0.0  # seconds of `clock` after which a checkpoint is due between curve points
     checkpointed_at: float = 0.0   # `clock` when the last was asked for (from the start: __post_init__)
     windows: Windows | None = None
+    rounds: Rounds | None = None  # nesterov_reply = "round": early pushers wait for the round's momentum step
     budget: RunBudget | None = None
 
     def __post_init__(self) -> None:
@@ -121,7 +123,7 @@ class ServerState:
         return cls(Store.for_run(cfg, weights, clients, optimizer_factory), list(range(cfg.servers, cfg.servers + clients)),
                    codec=make_codec(cfg.compress),
                    schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr),
-                   windows=Windows.for_run(cfg, clients),
+                   windows=Windows.for_run(cfg, clients), rounds=Rounds.for_run(cfg),
                    budget=RunBudget(cfg.client_steps(clients), cfg.fetch_every) if cfg.run_budget else None, **options)
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -212,11 +214,12 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
     result, events = _push(state, msg)
     events += _checkpoint_ready(state)
     replies = []
-    if msg.header.fetch and result.gathered and waits(state, msg.source):
+    held = state.rounds is not None and state.rounds.holds(state, msg.source)
+    if msg.header.fetch and (held or result.gathered and waits(state, msg.source)):
         state.deferred.append(msg.source)
     elif msg.header.fetch:
         replies.append(_weights_for(state, msg.source))
-    if state.store.version != version:
+    if state.store.version != version and not held:
         replies += _answer_deferred(state)
     more, flushed = release(state)
     return replies + more, events + flushed
@@ -224,7 +227,10 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
 
 def release(state: ServerState, overdue: bool = False) -> tuple[list[Reply], list[Event]]:
     """The step `release_due` says must be taken, with what was gathered, and the replies
-    to the clients that waited for it."""
+    to the clients that waited for it; or, held for a round that can no longer complete
+    (paramserver/reply/rounds.py), those clients answered with the weights as they are."""
+    if state.rounds is not None and state.deferred and state.rounds.stranded(state):
+        return _answer_deferred(state), []
     if not release_due(state, overdue) or not state.store.flush():
         return [], []
     return _answer_deferred(state), _snapshot_due(state)

@@ -35,6 +35,7 @@ class RuleSettings(Protocol):
     outer_momentum: float  # nesterov_momentum, or the default of the step that takes it
     outer_lr: float
     nesterov_activation: float
+    nesterov_reply: str
     servers: int
     optimizer: str
     nesterov: bool

@@ -47,6 +47,8 @@ w_out = (w + step_d * d) + look * momentum_out;"""
             (0 <= settings.outer_momentum < 1,
              f"nesterov_momentum: must be in [0, 1), got {settings.nesterov_momentum}"),
             (settings.outer_lr > 0, f"outer_lr: must be positive, got {settings.outer_lr}"),
+            (settings.nesterov_reply in ("now", "round"),
+             f"nesterov_reply: expected now or round, got {settings.nesterov_reply!r}"),
             (0 <= settings.nesterov_activation <= 1,
              f"nesterov_activation: must be in [0, 1], got {settings.nesterov_activation}"))
 
