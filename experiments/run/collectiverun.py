@@ -71,9 +71,7 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
                 due = step % every == 0 or step == cfg.steps
                 timed = not due and _checkpoint_due(cfg, step, now - saved_at, recorder, agree)
                 checkpoint = (due or timed) and _resumable(cfg, step)
-                states = optimizer_states(cfg, clients, gather, recorder) if checkpoint else {}
-                if checkpoint and outer is not None:
-                    states["outer"] = outer.state()
+                states = _checkpoint_states(cfg, clients, gather, recorder, outer) if checkpoint else {}
                 saved_at = now if checkpoint else saved_at
                 if recorder:
                     log.write_many(everyone)
@@ -137,6 +135,13 @@ def optimizer_states(cfg: RunConfig, clients: list[Client], gather: Callable[[li
         return {"optimizer": clients[0].optimizer.state_arrays()} if recorder else {}
     states = gather([client.optimizer.state_arrays() for client in clients])
     return {} if states is None else {"client_optimizers": dict(enumerate(states))}
+
+
+def _checkpoint_states(cfg: RunConfig, clients: list[Client], gather: Callable[[list], list | None], recorder: bool,
+                       outer: OuterStep | None) -> dict[str, Any]:
+    """What a checkpoint holds beside the weights: the clients' optimizer state and
+    local-sgd's outer momentum (every rank's copy is the same: the recorder's is saved)."""
+    return {**optimizer_states(cfg, clients, gather, recorder), **({"outer": outer.state()} if outer else {})}
 
 
 def _checkpoint_due(cfg: RunConfig, step: int, since: float, recorder: bool, agree: Callable[[bool], bool]) -> bool:
