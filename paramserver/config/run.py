@@ -131,9 +131,11 @@ class RunConfig:
                                    "(local-sgd; lr 1 and momentum 0 are plain averaging)")
     nesterov_activation: float = _server(0.0, "nesterov: the activation c of delayed Nesterov, in [0, 1]: the share "
                                               "of the momentum's look-ahead taken at every push, not only the N-th")
-    nesterov_reply: str = _server("now", "nesterov: answer a push at once (now, Liu et al.'s Algorithm 3) or hold the "
-                                         "round's early pushers until its momentum step (round: at equal speeds "
-                                         "with N = K, synchronous DiLoCo; paramserver/reply/rounds.py)")
+    nesterov_reply: str = _server("auto", "nesterov: answer a push at once (now, Liu et al.'s Algorithm 3), hold the "
+                                          "round's early pushers until its momentum step (round: at equal speeds "
+                                          "with N = K, synchronous DiLoCo), or hold where the clients' measured pace "
+                                          "says the round completes before the pusher could push again (auto; round "
+                                          "with several servers); paramserver/reply/rounds.py")
     dylu: bool = _server(False, "dynamic local updates (Liu et al. 2024): each client's window of local minibatches "
                                 "between pushes is n_sync (n_push) times its speed over the fastest running client's, "
                                 "as the server measures them (floored, at least 1), so slow clients push as often as "

@@ -1,6 +1,11 @@
 """Whether a client that pushed into a round of delayed Nesterov (`--rule nesterov`) waits
 for the round's momentum step before it is answered (`nesterov_reply = "round"`), or is
-answered at once (`now`, the rule's paper: Liu et al. 2024, Algorithm 3).
+answered at once (`now`, the rule's paper: Liu et al. 2024, Algorithm 3), or either
+(`auto`): held where the clients' measured pace (paramserver/reply/pace.py, as `fresh`'s
+`auto` reply) says the round's other pushes come before this client could push again
+(equal speeds), answered at once where it could push first (a straggler keeps the round
+open); with several servers `auto` holds as `round` does (timing would differ between
+the servers' slices).
 
 Answered at once, the first N - 1 pushers of a round pull weights that hold their own
 share of the round (eps d / N each) but neither the rest of it nor the momentum's
@@ -27,6 +32,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from paramserver.config.run import RunConfig
+from paramserver.reply.pace import Pace
 from paramserver.store import Store
 
 
@@ -34,6 +40,7 @@ class ServerState(Protocol):
     """What the policy reads of paramserver/handler.py's `ServerState`."""
 
     store: Store
+    pace: Pace | None    # under `auto`, the clients' pace (paramserver/reply/pace.py)
     deferred: list[int]  # client ranks whose replies wait
 
     @property
@@ -46,14 +53,21 @@ class Rounds:
 
     @classmethod
     def for_run(cls, cfg: RunConfig) -> Rounds | None:
-        """The policy where the run holds replies for the round (None: answered at once)."""
-        return cls() if cfg.mode == "async" and cfg.rule == "nesterov" and cfg.nesterov_reply == "round" else None
+        """The policy where the run may hold replies for the round (None: answered at once)."""
+        return cls() if cfg.mode == "async" and cfg.rule == "nesterov" and cfg.nesterov_reply != "now" else None
 
     def holds(self, state: ServerState, rank: int) -> bool:
         """Whether `rank`, whose push was just applied, waits for its round's momentum
         step: not when its push was the round's N-th (the step is taken), nor when the
-        round can no longer complete without it."""
-        return state.store.rule.count != 0 and not self.stranded(state, rank)
+        round can no longer complete without it; under `auto` (the rule's `paced`), only
+        when the clients' pace says the round completes before `rank` could push again."""
+        if self.stranded(state, rank):
+            return False
+        if state.pace is None:
+            return True
+        rule = state.store.rule
+        computing = [r for r in state.waiting if r not in state.deferred and r != rank]
+        return state.pace.waits(rank, rule.every - rule.count, computing)
 
     def stranded(self, state: ServerState, rank: int | None = None) -> bool:
         """Whether nothing is left to hold for: the round was just closed, or it needs

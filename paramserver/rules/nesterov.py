@@ -47,8 +47,8 @@ w_out = (w + step_d * d) + look * momentum_out;"""
             (0 <= settings.outer_momentum < 1,
              f"nesterov_momentum: must be in [0, 1), got {settings.nesterov_momentum}"),
             (settings.outer_lr > 0, f"outer_lr: must be positive, got {settings.outer_lr}"),
-            (settings.nesterov_reply in ("now", "round"),
-             f"nesterov_reply: expected now or round, got {settings.nesterov_reply!r}"),
+            (settings.nesterov_reply in ("now", "round", "auto"),
+             f"nesterov_reply: expected now, round or auto, got {settings.nesterov_reply!r}"),
             (0 <= settings.nesterov_activation <= 1,
              f"nesterov_activation: must be in [0, 1], got {settings.nesterov_activation}"))
 
@@ -58,6 +58,8 @@ w_out = (w + step_d * d) + look * momentum_out;"""
         self.beta = settings.outer_momentum
         self.outer_lr = settings.outer_lr
         self.activation = settings.nesterov_activation
+        # the reply policy paramserver/reply/rounds.py applies reads the clients' pace under auto
+        self.paced = settings.nesterov_reply == "auto" and settings.servers == 1
         self.total: Tensor | None = None     # the pushes since the last momentum update, summed
         self.momentum: Tensor | None = None
         self.count = 0                       # how many
