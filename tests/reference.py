@@ -64,8 +64,9 @@ def plain_diloco(dataset: Dataset, rounds: int, h: int, *, clients: int, outer_l
                  ) -> np.ndarray:
     """Final global weights, flattened, of synchronous DiLoCo (Douillard et al. 2023,
     Algorithm 1) written out: `clients` workers, each with its own inner optimizer
-    (`inner(params)`, by default the tool's default SGD) kept across rounds, start every round from the global weights and take
-    `h` steps on their shards (in the order the tool's clients read them); the outer
+    (`inner(params)`, by default the tool's default SGD) kept across rounds, start every
+    round from the global weights and take `h` steps on their shards (in the order the
+    tool's clients read them); the outer
     torch.optim.SGD(lr=outer_lr, momentum=outer_momentum, nesterov=True) steps on the
     mean of (global - local). In `dtype` (float64: the arithmetic, free of float32's
     rounding)."""

@@ -292,7 +292,8 @@ class RunConfig:
     def takes_outer_step(self) -> bool:
         """Whether the run takes an outer step: local-sgd's (synchronous DiLoCo) or, in
         async mode, its rule's (nesterov: asynchronous DiLoCo)."""
-        return self.mode == "local-sgd" or (self.mode == "async" and getattr(rule_class(self.rule), "outer_step", False))
+        outer_rule = getattr(rule_class(self.rule), "outer_step", False)
+        return self.mode == "local-sgd" or (self.mode == "async" and outer_rule)
 
     @property
     def effective_server_lr(self) -> float:

@@ -302,3 +302,21 @@ def test_fresh_with_s_k_r_0_is_the_large_batch_loop_also_on_sharded_servers(tmp_
     expected = plain_sgd(load_dataset(str(tiny_npz)), 12, batch_size=32, lr=0.01, clients=2)
     np.testing.assert_allclose(weights, expected, atol=1e-6, rtol=0)
     assert summary(run)["version"] == 12 and summary(run)["pushes_dropped"] == 0
+
+
+def test_delayed_nesterov_holds_each_round_under_mpi(tmp_path, tiny_npz):
+    """`--nesterov-reply round` over MPI: a round's early pushers wait for its momentum
+    step, so each round of K pushes holds one push of every client, all pulled after the
+    round before: the i-th push of a round is i versions stale (answered at once, each
+    client pulls right after its own push, and at equal speeds every push is K - 1
+    stale); the run ends."""
+    run = tmp_path / "run"
+    result = mpi_train(4, "--data", str(tiny_npz), *TINY[:4], "--rule", "nesterov", "--nesterov-reply", "round",
+                       "--n-sync", "2", "--steps", "10", "--lr-scaling", "none", "--device", "cpu",
+                       "--eval-samples", "50", "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    pushes = rows(run, "server")
+    assert len(pushes) == 15
+    assert all(sorted(r["client"] for r in pushes[i:i + 3]) == [0, 1, 2] for i in range(0, 15, 3))
+    assert [r["staleness"] for r in pushes[3:]] == [0, 1, 2] * 4
+    assert summary(run)["status"] == "complete"
