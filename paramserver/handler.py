@@ -102,7 +102,7 @@ class ServerState:
     checkpoint_every: float = 0.0  # seconds of `clock` after which a checkpoint is due between curve points
     checkpointed_at: float = 0.0   # `clock` when the last was asked for (from the start: __post_init__)
     windows: Windows | None = None
-    rounds: Rounds | None = None  # nesterov_reply = "round": early pushers wait for the round's momentum step
+    rounds: Rounds | None = None  # nesterov_reply round/auto: early pushers may wait for the round's momentum step
     budget: RunBudget | None = None
 
     def __post_init__(self) -> None:
