@@ -41,9 +41,9 @@ class OuterStep:
     def for_run(cls, cfg: RunConfig, weights: torch.Tensor, state: dict[str, np.ndarray]) -> OuterStep | None:
         """The run's outer step from `weights` (the clients' at the start, or at the
         checkpoint resumed from); None where it is plain averaging."""
-        if cfg.mode != "local-sgd" or (cfg.outer_lr == 1.0 and cfg.outer_momentum == 0.0):
+        if cfg.mode != "local-sgd" or (cfg.outer_step_lr == 1.0 and cfg.outer_momentum == 0.0):
             return None
-        return cls(weights, cfg.outer_lr, cfg.outer_momentum, state)
+        return cls(weights, cfg.outer_step_lr, cfg.outer_momentum, state)
 
     def step(self, averaged: list[torch.Tensor]) -> None:
         """The outer step on the clients' mean (every tensor of `averaged` holds it); each

@@ -94,8 +94,11 @@ def open_run(setup: RunSetup, every: int) -> RunDir:
 
 
 def _outer(cfg: RunConfig) -> dict[str, float]:
-    """The outer step's momentum a run takes (its default is the mode's), where it takes one."""
-    return {"outer_momentum_used": cfg.outer_momentum} if cfg.takes_outer_step else {}
+    """The outer step's lr and momentum a run takes (defaults that follow the mode and each
+    other), where it takes one."""
+    if not cfg.takes_outer_step:
+        return {}
+    return {"outer_lr_used": cfg.outer_step_lr, "outer_momentum_used": cfg.outer_momentum}
 
 
 def measured_config(cfg: RunConfig) -> dict[str, Any]:

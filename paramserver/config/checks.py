@@ -155,8 +155,7 @@ def _check_outer(cfg: Any, rule: Any) -> None:
     """An outer step's settings (their values are the nesterov rule's `check_keys`) only
     where one is taken: local-sgd's (synchronous DiLoCo) or the nesterov rule's
     (asynchronous DiLoCo); anywhere else they would be ignored without a word."""
-    given = [name for name, set_ in (("outer_lr", cfg.outer_lr != 1.0), ("nesterov_momentum",
-                                                                       cfg.nesterov_momentum is not None)) if set_]
+    given = [name for name in ("outer_lr", "nesterov_momentum") if getattr(cfg, name) is not None]
     if not given or cfg.takes_outer_step:
         return
     taker = f"--mode {cfg.mode}" if cfg.mode != "async" else f"--rule {cfg.rule}"

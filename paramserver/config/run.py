@@ -126,9 +126,11 @@ class RunConfig:
                                                        "nesterov, default 0.9; 0: w += d / nesterov_every) or "
                                                        "synchronous DiLoCo's Nesterov momentum (local-sgd, default "
                                                        "0: plain averaging)")
-    outer_lr: float = _server(1.0, "the outer step's lr: delayed Nesterov's eps (rule nesterov, asynchronous DiLoCo) "
-                                   "or synchronous DiLoCo's outer SGD lr on the mean of the clients' changes "
-                                   "(local-sgd; lr 1 and momentum 0 are plain averaging)")
+    outer_lr: Optional[float] = _server(None, "the outer step's lr: delayed Nesterov's eps (rule nesterov, "
+                                              "asynchronous DiLoCo) or synchronous DiLoCo's outer SGD lr on the mean "
+                                              "of the clients' changes (local-sgd; lr 1 and momentum 0 are plain "
+                                              "averaging); default 1 - the outer momentum, so the step's "
+                                              "amplification lr / (1 - momentum) is 1 (DiLoCo's published: 0.7)")
     nesterov_activation: float = _server(0.0, "nesterov: the activation c of delayed Nesterov, in [0, 1]: the share "
                                               "of the momentum's look-ahead taken at every push, not only the N-th")
     nesterov_reply: str = _server("auto", "nesterov: answer a push at once (now, Liu et al.'s Algorithm 3), hold the "
@@ -287,6 +289,14 @@ class RunConfig:
         if self.nesterov_momentum is not None:
             return self.nesterov_momentum
         return 0.0 if self.mode == "local-sgd" else NESTEROV_MOMENTUM
+
+    @property
+    def outer_step_lr(self) -> float:
+        """The outer step's lr: as set, or 1 - its momentum, which bounds the step's
+        amplification, outer lr / (1 - momentum), at 1: in steady state a round moves the
+        weights by the clients' mean change, as plain averaging does, and the momentum
+        only averages the rounds (plain averaging itself in local-sgd, momentum 0)."""
+        return self.outer_lr if self.outer_lr is not None else round(1.0 - self.outer_momentum, 12)
 
     @property
     def takes_outer_step(self) -> bool:

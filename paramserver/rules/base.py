@@ -33,7 +33,8 @@ class RuleSettings(Protocol):
     nesterov_every: int
     nesterov_momentum: float | None
     outer_momentum: float  # nesterov_momentum, or the default of the step that takes it
-    outer_lr: float
+    outer_lr: float | None
+    outer_step_lr: float  # outer_lr, or its default (1 - outer_momentum)
     nesterov_activation: float
     nesterov_reply: str
     servers: int

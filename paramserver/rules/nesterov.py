@@ -24,9 +24,11 @@ class NesterovRule(Rule):
     (kept here in terms of d, so `total` is -Delta and `momentum` is -m). So a stale push
     is applied once, as a plain step, and never compounded by the momentum between its
     updates; with N = K equal-speed clients a round is one Nesterov step of the averaged
-    client change (synchronous local SGD with a Nesterov server step); with one client,
-    N = 1, eps = 1 and beta = 0 it is `add`. eps = 1 and c = 0 are the defaults, the
-    arithmetic of the rule before it had them, bit for bit."""
+    client change (synchronous local SGD with a Nesterov server step) when the clients
+    pull after it (paramserver/reply/rounds.py); with one client, N = 1, eps = 1 and
+    beta = 0 it is `add`. At eps = 1 and c = 0 it is the arithmetic of the rule before it
+    had them, bit for bit. eps defaults to 1 - beta (RunConfig.outer_step_lr): the outer
+    step's amplification eps / (1 - beta) is then 1."""
 
     # a plain step of eps d / N (plus, with c > 0, a share of the momentum's look-ahead), and
     # at every N-th push the momentum's update and the rest of its look-ahead
@@ -46,7 +48,7 @@ w_out = (w + step_d * d) + look * momentum_out;"""
             (settings.nesterov_every >= 0, f"nesterov_every: must be non-negative (0: clients), got {settings.nesterov_every}"),
             (0 <= settings.outer_momentum < 1,
              f"nesterov_momentum: must be in [0, 1), got {settings.nesterov_momentum}"),
-            (settings.outer_lr > 0, f"outer_lr: must be positive, got {settings.outer_lr}"),
+            (settings.outer_lr is None or settings.outer_lr > 0, f"outer_lr: must be positive, got {settings.outer_lr}"),
             (settings.nesterov_reply in ("now", "round", "auto"),
              f"nesterov_reply: expected now, round or auto, got {settings.nesterov_reply!r}"),
             (0 <= settings.nesterov_activation <= 1,
@@ -56,7 +58,7 @@ w_out = (w + step_d * d) + look * momentum_out;"""
         super().__init__(settings, clients)
         self.every = settings.nesterov_every or clients
         self.beta = settings.outer_momentum
-        self.outer_lr = settings.outer_lr
+        self.outer_lr = settings.outer_step_lr
         self.activation = settings.nesterov_activation
         # the reply policy paramserver/reply/rounds.py applies reads the clients' pace under auto
         self.paced = settings.nesterov_reply == "auto" and settings.servers == 1

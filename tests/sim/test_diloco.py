@@ -89,7 +89,7 @@ def test_held_rounds_that_cannot_complete_are_answered(tmp_path, tiny_npz):
     a round that needed its push, and they are answered as the weights are (the run
     ends), never left waiting."""
     run = sim(tmp_path / "run", tiny_npz, "--rule", "nesterov", "--nesterov-reply", "round", "--clients", "3",
-              "--n-sync", "2", "--steps", "7", "--speed-jitter", "0.5", "--lr-scaling", "none")
+              "--n-sync", "2", "--steps", "7", "--speed-jitter", "0.5", "--lr-scaling", "none", *PUBLISHED)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["minibatches"] >= 21  # the budget's, in whole windows
     assert len(rows(run, "server")) % 3 != 0  # the last round was cut short: answered without its N-th push
