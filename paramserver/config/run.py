@@ -123,9 +123,9 @@ class RunConfig:
                                   "is dropped as stale); 0: the step waits for it")
     nesterov_every: int = _server(0, "nesterov: pushes between the server's momentum updates (0: clients)")
     nesterov_momentum: Optional[float] = _server(None, "the outer step's momentum: delayed Nesterov's beta (rule "
-                                                       "nesterov, default 0.9; 0: w += d / nesterov_every) or "
-                                                       "synchronous DiLoCo's Nesterov momentum (local-sgd, default "
-                                                       "0: plain averaging)")
+                                                       "nesterov) or synchronous DiLoCo's Nesterov momentum "
+                                                       "(local-sgd); default 0: plain averaging of each round "
+                                                       "(DiLoCo's published: 0.9)")
     outer_lr: Optional[float] = _server(None, "the outer step's lr: delayed Nesterov's eps (rule nesterov, "
                                               "asynchronous DiLoCo) or synchronous DiLoCo's outer SGD lr on the mean "
                                               "of the clients' changes (local-sgd; lr 1 and momentum 0 are plain "
@@ -284,18 +284,17 @@ class RunConfig:
 
     @property
     def outer_momentum(self) -> float:
-        """The outer step's momentum: as set, or the default of the step that takes it
-        (delayed Nesterov's 0.9; plain averaging's 0 in local-sgd, as before the flag)."""
-        if self.nesterov_momentum is not None:
-            return self.nesterov_momentum
-        return 0.0 if self.mode == "local-sgd" else NESTEROV_MOMENTUM
+        """The outer step's momentum: as set, or 0 (docs/rules.md measures why: the
+        momentum lags by about 1 / (1 - momentum) rounds, and did not pay on a language
+        model at tens of rounds)."""
+        return 0.0 if self.nesterov_momentum is None else self.nesterov_momentum
 
     @property
     def outer_step_lr(self) -> float:
         """The outer step's lr: as set, or 1 - its momentum, which bounds the step's
         amplification, outer lr / (1 - momentum), at 1: in steady state a round moves the
         weights by the clients' mean change, as plain averaging does, and the momentum
-        only averages the rounds (plain averaging itself in local-sgd, momentum 0)."""
+        only averages the rounds (plain averaging itself at the default momentum 0)."""
         return self.outer_lr if self.outer_lr is not None else round(1.0 - self.outer_momentum, 12)
 
     @property
@@ -350,7 +349,6 @@ class RunConfig:
 
 
 AUTO_BASE_MOMENTUM = 0.9  # the momentum `auto` keeps in total, and gives one client
-NESTEROV_MOMENTUM = 0.9  # delayed Nesterov's beta unless given (Liu et al. 2024's)
 
 
 def auto_momentum(clients: int) -> float:

@@ -17,7 +17,7 @@ class NesterovRule(Rule):
     their local change d = -g (g: the pseudo-gradient, pulled minus local weights); every
     push moves the weights by its own share, and every N = `nesterov_every` pushes (default
     K) the momentum, fed the mean of those N pushes, adds its look-ahead term. With outer lr
-    eps = `outer_lr`, beta = `nesterov_momentum` (0.9 unless given), activation c = `nesterov_activation`:
+    eps = `outer_lr`, beta = `nesterov_momentum` (0 unless given), activation c = `nesterov_activation`:
         each push         Delta += g
         the N-th push     m = beta m + Delta / N; w -= eps ((1 - cN + c) beta m + g / N); Delta = 0
         the others        w -= eps (c beta m + g / N)
@@ -28,7 +28,7 @@ class NesterovRule(Rule):
     pull after it (paramserver/reply/rounds.py); with one client, N = 1, eps = 1 and
     beta = 0 it is `add`. At eps = 1 and c = 0 it is the arithmetic of the rule before it
     had them, bit for bit. eps defaults to 1 - beta (RunConfig.outer_step_lr): the outer
-    step's amplification eps / (1 - beta) is then 1."""
+    step's amplification eps / (1 - beta) is then 1; beta to 0 (docs/rules.md: measured)."""
 
     # a plain step of eps d / N (plus, with c > 0, a share of the momentum's look-ahead), and
     # at every N-th push the momentum's update and the rest of its look-ahead

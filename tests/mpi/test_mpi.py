@@ -312,7 +312,7 @@ def test_delayed_nesterov_holds_each_round_under_mpi(tmp_path, tiny_npz):
     stale); the run ends."""
     run = tmp_path / "run"
     result = mpi_train(4, "--data", str(tiny_npz), *TINY[:4], "--rule", "nesterov", "--nesterov-reply", "round",
-                       "--n-sync", "2", "--steps", "10", "--lr-scaling", "none", "--device", "cpu",
+                       "--outer-lr", "0.7", "--n-sync", "2", "--steps", "10", "--lr-scaling", "none", "--device", "cpu",
                        "--eval-samples", "50", "--out", str(run))
     assert result.returncode == 0, result.stderr
     pushes = rows(run, "server")

@@ -27,7 +27,7 @@ def test_outer_lr_1_and_momentum_0_are_todays_local_sgd_bit_for_bit(tmp_path, ti
     np.testing.assert_array_equal(weights(plain), weights(today))
     assert [r["loss"] for r in rows(plain, "clients")] == [r["loss"] for r in rows(today, "clients")]
     config = json.loads((today / "config.json").read_text())
-    assert config["nesterov_momentum"] is None and config["outer_momentum_used"] == 0.0
+    assert config["nesterov_momentum"] is None and (config["outer_lr_used"], config["outer_momentum_used"]) == (1.0, 0.0)
     assert not any(key.startswith("outer.") for key in np.load(today / "checkpoint" / "latest.npz").files)
 
 
