@@ -126,11 +126,9 @@ class RunConfig:
                                                        "nesterov) or synchronous DiLoCo's Nesterov momentum "
                                                        "(local-sgd); default 0: plain averaging of each round "
                                                        "(DiLoCo's published: 0.9)")
-    outer_lr: Optional[float] = _server(None, "the outer step's lr: delayed Nesterov's eps (rule nesterov, "
-                                              "asynchronous DiLoCo) or synchronous DiLoCo's outer SGD lr on the mean "
-                                              "of the clients' changes (local-sgd; lr 1 and momentum 0 are plain "
-                                              "averaging); default 1 - the outer momentum, so the step's "
-                                              "amplification lr / (1 - momentum) is 1 (DiLoCo's published: 0.7)")
+    outer_lr: Optional[float] = _server(None, "the outer step's lr: delayed Nesterov's eps (rule nesterov) or "
+                                              "synchronous DiLoCo's outer SGD lr (local-sgd); default 1 - the outer "
+                                              "momentum: amplification lr / (1 - momentum) 1 (DiLoCo's: 0.7)")
     nesterov_activation: float = _server(0.0, "nesterov: the activation c of delayed Nesterov, in [0, 1]: the share "
                                               "of the momentum's look-ahead taken at every push, not only the N-th")
     nesterov_reply: str = _server("auto", "nesterov: answer a push at once (now, Liu et al.'s Algorithm 3), hold the "
@@ -284,17 +282,15 @@ class RunConfig:
 
     @property
     def outer_momentum(self) -> float:
-        """The outer step's momentum: as set, or 0 (docs/rules.md measures why: the
-        momentum lags by about 1 / (1 - momentum) rounds, and did not pay on a language
-        model at tens of rounds)."""
+        """The outer step's momentum: as set, or 0 (docs/rules.md measures why: it lags
+        by about 1 / (1 - momentum) rounds, and did not pay on an LM at tens of rounds)."""
         return 0.0 if self.nesterov_momentum is None else self.nesterov_momentum
 
     @property
     def outer_step_lr(self) -> float:
-        """The outer step's lr: as set, or 1 - its momentum, which bounds the step's
-        amplification, outer lr / (1 - momentum), at 1: in steady state a round moves the
-        weights by the clients' mean change, as plain averaging does, and the momentum
-        only averages the rounds (plain averaging itself at the default momentum 0)."""
+        """The outer step's lr: as set, or 1 - its momentum, so that its amplification,
+        outer lr / (1 - momentum), is 1: in steady state a round moves the weights by the
+        clients' mean change, as plain averaging (the default, momentum 0) does."""
         return self.outer_lr if self.outer_lr is not None else round(1.0 - self.outer_momentum, 12)
 
     @property
