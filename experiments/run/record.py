@@ -94,8 +94,8 @@ def open_run(setup: RunSetup, every: int) -> RunDir:
 
 
 def _outer(cfg: RunConfig) -> dict[str, float]:
-    """The outer step's lr and momentum a run takes (defaults that follow the mode and each
-    other), where it takes one."""
+    """The outer step's lr and momentum a run takes (the lr's default follows the
+    momentum), where it takes one."""
     if not cfg.takes_outer_step:
         return {}
     return {"outer_lr_used": cfg.outer_step_lr, "outer_momentum_used": cfg.outer_momentum}
