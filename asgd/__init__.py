@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import importlib
 
-_WHERE = {"train": "experiments.api", "TrainResult": "experiments.result", "ConfigError": "paramserver.config.run",
-          "RunConfig": "paramserver.config.run", "load_config": "paramserver.config.run"}
+_WHERE = {"train": "experiments.api", "TrainResult": "experiments.result", "ConfigError": "runconfig.settings",
+          "RunConfig": "runconfig.settings", "load_config": "runconfig.settings"}
 __all__ = sorted(_WHERE)
 
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from paramserver.config.run import ConfigError
+from runconfig.settings import ConfigError
 
 
 def ratios(results: dict[str, Any]) -> dict[str, float]:

@@ -36,7 +36,7 @@ from bench.jobs import (PYTHON, WARMUP, Hosts, load_avg, loads_cell, median_of, 
                                     proxy_floats, trainer)
 from bench.trials import interleave, ratio_cell
 from experiments.parent.mpiexec import launcher_rank
-from paramserver.config.run import ConfigError, RunConfig
+from runconfig.settings import ConfigError, RunConfig
 
 CLUSTER = "cluster"  # `--cluster`: the section's hosts are a test cluster it brings up
 TEST_CLUSTER_LINK = ("a test cluster on one machine (scripts/cluster.sh): each host a network namespace, joined by "

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from experiments.parent.mpiexec import Launcher, find_mpiexec
-from paramserver.config.run import ConfigError
+from runconfig.settings import ConfigError
 from rundir.durable import read_jsonl
 from rundir.layout import RunDir
 
@@ -98,7 +98,7 @@ def proxy_floats() -> int:
     """Floats in the default model (`asgd train`'s, on Fashion-MNIST's shape): a push of the proxy CNN."""
     from clients.models import build_model
     from bench.peers.setup import SHAPES
-    from paramserver.config.run import RunConfig
+    from runconfig.settings import RunConfig
 
     cfg = RunConfig()
     shape, classes = SHAPES[cfg.model]

@@ -44,7 +44,7 @@ from bench.hosts import measure_across
 from bench.hosts import tables as hosts_tables
 from bench.jobs import WARMUP, Hosts, load_avg, loads_cell, median_of, mpi, ours_load, proxy_floats, trainer
 from bench.trials import SPREAD, interleave, ratio_cell, summarise
-from paramserver.config.run import ConfigError
+from runconfig.settings import ConfigError
 from rundir.durable import write_json_atomic, write_text_atomic
 from rundir.layout import RunDir
 
@@ -95,7 +95,7 @@ def peers(quick: bool, clients: int = 2, batch: int = 64) -> list[dict]:
     both sides of a ratio alike."""
     from bench.peers.setup import fashion_mnist_installed
     from bench.peers.run import ddp_throughput, rpc_ps_throughput
-    from paramserver.config.run import RunConfig
+    from runconfig.settings import RunConfig
 
     if not fashion_mnist_installed():
         return [{"system": "skipped: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)"}]
@@ -144,7 +144,7 @@ def simulator(quick: bool) -> list[dict]:
 def sim_train(out: Path, clients: int, steps: int) -> dict:
     """One simulated run (`asgd train --backend sim`'s) in this process; its summary."""
     from experiments.sim.simulator import run_sim
-    from paramserver.config.run import RunConfig
+    from runconfig.settings import RunConfig
 
     cfg = RunConfig(quiet=True, backend="sim", clients=clients, steps=steps, eval_samples=100, threads=1, out=str(out))
     run_sim(cfg, str(out), clients)
@@ -158,7 +158,7 @@ def compute_steps() -> Callable[[int], float]:
     from clients.data import load_dataset
     from clients.models import run_model
     from experiments.run.assemble import make_client, make_replica
-    from paramserver.config.run import RunConfig
+    from runconfig.settings import RunConfig
 
     torch.set_num_threads(1)
     cfg = RunConfig()

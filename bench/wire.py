@@ -111,7 +111,7 @@ def serve_clients(transport: Transport, size: int, clients: int, servers: int = 
 
 def add_store(size: int) -> Store:
     """A server's store of `size` zeros with the `add` rule."""
-    from paramserver.config.run import RunConfig
+    from runconfig.settings import RunConfig
     from paramserver.rules import make_rule
     from paramserver.store import Store
 

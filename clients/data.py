@@ -103,10 +103,10 @@ MAX_CLASSES = 100_000  # a larger label is a mistake, not a class: the classifie
 
 def load_dataset(spec: str, data_dir: str | None = None) -> Dataset:
     """One entry point so the --dataset/--data-dir flags map straight onto a Dataset."""
-    from paramserver.config.run import is_user_code
+    from runconfig.settings import is_user_code
 
     if is_user_code(spec):  # the user's factory of torch Datasets
-        from clients.usercode import load_user_data
+        from clients.user.code import load_user_data
         return Dataset(spec, *load_user_data(spec))
     if spec == "fashion-mnist":
         return _load_fashion_mnist(data_dir)

@@ -35,7 +35,7 @@ from torch import nn
 
 from clients.client import wrong
 from clients.data import Split
-from clients.metric import MetricTally
+from clients.user.metric import MetricTally
 from clients.models import load_flat
 from rundir.durable import load_arrays, save_arrays
 from rundir.layout import RunDir
@@ -78,7 +78,7 @@ def curve_samples(size: int, eval_samples: int, seed: int) -> np.ndarray:
 
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-Metric = Callable[[torch.Tensor, torch.Tensor], Any]  # the user's: clients/metric.py
+Metric = Callable[[torch.Tensor, torch.Tensor], Any]  # the user's: clients/user/metric.py
 
 
 def test_metrics(model: nn.Module, split: Split, samples: np.ndarray | None = None, batch_size: int = EVAL_BATCH,

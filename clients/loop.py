@@ -24,7 +24,7 @@ import numpy as np
 
 from clients.client import Client
 from clients.stragglers import Failures, Stragglers
-from paramserver.config.run import Fault
+from runconfig.settings import Fault
 from paramserver.wire.compress import ErrorFeedback, make_codec
 from paramserver.wire.protocol import Outgoing, Pull, Push, Rejoin, State, Stop, Tag, Weights
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from clients.buffers import host_copy
-from paramserver.config.run import ConfigError, RunConfig, is_user_code, model_arguments
+from runconfig.settings import ConfigError, RunConfig, is_user_code, model_arguments
 
 if TYPE_CHECKING:
     from clients.data import Dataset
@@ -63,9 +63,9 @@ def run_model(cfg: RunConfig, dataset: Dataset) -> nn.Module:
 def build_model(name: str, shape: tuple[int, ...], num_classes: int | None, seed: int,
                 model_args: dict[str, Any] | None = None) -> nn.Module:
     """The model `name` (or a user's `module:factory`, called with `model_args` as keywords,
-    clients/usercode.py) with its initial weights drawn from `seed` (same seed, same weights)."""
+    clients/user/code.py) with its initial weights drawn from `seed` (same seed, same weights)."""
     if is_user_code(name):
-        from clients.usercode import call_model_factory
+        from clients.user.code import call_model_factory
         torch.manual_seed(seed)
         return call_model_factory(name, shape, num_classes, model_args or {})
     factory = model_factory(name)

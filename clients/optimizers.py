@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import torch
 
-from paramserver.config.run import PRECISIONS, ConfigError
+from runconfig.settings import PRECISIONS, ConfigError
 from paramserver.optimizer import flat_state, load_flat_state, sgd
 
 AUTOCAST = dict(zip(PRECISIONS, (None, torch.bfloat16, torch.float16)))  # precision -> autocast's dtype

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 
 MOMENTUM = "momentum"  # the name of the momentum buffer in a checkpoint's `outer` arrays
 

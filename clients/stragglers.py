@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from paramserver.config.checks import parse_speeds
+from runconfig.checks import parse_speeds
 
 _STREAM = 0x57A6  # keeps these draws apart from every other use of the seed
 _SPEEDS = 0x5BEE  # the clients' speeds

@@ -36,9 +36,9 @@ import sys
 from dataclasses import fields
 from typing import Any, Callable
 
-from clients import usercode
+from clients.user import code as usercode
 from experiments.result import TrainResult
-from paramserver.config.run import USER_CODE_KEYS, ConfigError, RunConfig, field_types, model_args_text
+from runconfig.settings import USER_CODE_KEYS, ConfigError, RunConfig, field_types, model_args_text
 
 
 def train(model: Callable | str, data: Callable | str, *, loss: Callable | str | None = None,

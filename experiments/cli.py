@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Protocol
 from experiments.run.inputs import absolute_paths
 from experiments.parent.mpiexec import launcher_rank
 from experiments.run.resume import resume_hint
-from paramserver.config.run import GROUPS, ConfigError, RunConfig, config_values, field_types, flag_type, group_of
+from runconfig.settings import GROUPS, ConfigError, RunConfig, config_values, field_types, flag_type, group_of
 from rundir.layout import RunDir
 from rundir.lock import RunDirError
 from rundir.smoothing import WINDOW
@@ -256,10 +256,10 @@ def _result(status: int, out: str) -> TrainResult:
 
 def _check_inputs(cfg: RunConfig) -> None:
     """What the config alone cannot know: the data, the model, the run directory."""
-    from clients.check import check_user_code
+    from clients.user.check import check_user_code
     from clients.data import DataError, load_dataset
     from clients.models import model_factory
-    from paramserver.config.run import is_user_code
+    from runconfig.settings import is_user_code
 
     if not is_user_code(cfg.model):
         try:

@@ -22,7 +22,7 @@ with its final value in the run's measure (`hparam/final_test_error`, or `final_
   clients, in arrival order (window: a twentieth of the run, at most 400).
 - `train/lr`: the lr each minibatch trained with (the schedule's), as its row says.
 - `test/error`, `test/loss`: eval.jsonl (measured from snapshots); the user's metric as
-  `test/<its name>` (`test/perplexity`; clients/metric.py).
+  `test/<its name>` (`test/perplexity`; clients/user/metric.py).
 - `server/noise_scale` (B_simple, where pushes are gradients), `server/fresh_batch`
   (the fresh rule's step) and `server/gain` (its lr gain under adascale) at each window,
   against samples pushed (under adascale, the gain-weighted progress).
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.run.provenance import START_TIME
-from paramserver.config.run import ConfigError, RunConfig
+from runconfig.settings import ConfigError, RunConfig
 from rundir.layout import RunDir
 from rundir.measure import ERROR, LOSS, METRIC, metric_measure, recorded_measure
 from rundir.smoothing import TrailingMean, window_for

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from paramserver.reply.dylu import Windows
 from paramserver.events import (Applied, CheckpointDue, ClientRows, Dropped, Event, NoiseMeasured, Rejected,
                                  SnapshotDue)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from paramserver.config.run import Fault
+from runconfig.settings import Fault
 from paramserver.events import (Applied, CheckpointDue, ClientRows, Dropped, Event, NoiseMeasured, Rejected,
                                 SnapshotDue)
 from paramserver.handler import ServerState

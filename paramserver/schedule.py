@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from paramserver.config.run import RunConfig, parse_milestones
+from runconfig.settings import RunConfig, parse_milestones
 from paramserver.rules.scaling import ramped_scale
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from paramserver.compute import fused, hostkernel
 from paramserver.compute.arrays import ServerArrays
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from paramserver.rules import make_rule
 from paramserver.rules.base import Rule
 

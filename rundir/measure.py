@@ -11,7 +11,7 @@ mean). Everything after training reads the run's measure through `curve_measure`
 recorded run's, `recorded_measure`): the best point (`keep_best`), the final console
 line, the summary, `asgd report`'s line and figure, a sweep's curves, TensorBoard's HParams.
 
-The metric's name and direction are the metric function's own (clients/usercode.py's
+The metric's name and direction are the metric function's own (clients/user/code.py's
 `metric_traits`), recorded in config.json as `metric_name` and `metric_higher_is_better`,
 so readers of a run directory (plots, report, TensorBoard) need no user code.
 

@@ -231,7 +231,7 @@ def assert_same_store(store, reference, where: str = "") -> None:
 def make_server(path: Path, weights: np.ndarray, clients: int, clock=lambda: 0.0):
     """The real server (`add` rule) for client ranks 1..`clients`, recording into a fresh
     run dir, driven in process (`InProcess.deliver`)."""
-    from paramserver.config.run import RunConfig
+    from runconfig.settings import RunConfig
     from paramserver.handler import ServerState
     from paramserver.inprocess import InProcess
     from paramserver.recorder import Recorder

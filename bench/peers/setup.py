@@ -28,7 +28,7 @@ from clients.data import FASHION_MNIST_DIRS, FASHION_MNIST_FILES, ArraySplit, Sp
 from clients.devices import keep_freed_memory
 from clients.models import build_model
 from clients.sampling import ShardSampler, shard_indices
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 
 DEFAULTS = RunConfig()  # lr, momentum, weight_decay and seed exactly as an `asgd train` client has them
 # Input shape and classes per model. convnet wants ImageNet-sized images; none are installed

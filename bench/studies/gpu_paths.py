@@ -30,7 +30,7 @@ import torch
 
 from clients.buffers import host_copy, host_empty
 from paramserver.compute.arrays import ServerArrays
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from paramserver.compute.fused import CupyKernel, Fused, numpy_kernel
 from paramserver.rules import RULES, make_rule
 from paramserver.store import Store

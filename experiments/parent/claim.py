@@ -17,7 +17,7 @@ from pathlib import Path
 from experiments.parent.mpiexec import launcher_rank
 from experiments.parent.supervise import LOCKED_RUN
 from experiments.run.resume import verify_logs
-from paramserver.config.run import ConfigError, RunConfig
+from runconfig.settings import ConfigError, RunConfig
 from rundir.layout import RunDir
 from rundir.lock import FolderLock
 

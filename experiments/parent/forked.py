@@ -33,7 +33,7 @@ from experiments.parent.lifeline import die_with
 
 PR_SET_NAME = 15
 # what the server imports before it forks: all a point would import first
-PRELOAD = ["torch", "experiments.cli", "clients.check", "experiments.run.inputs", "experiments.sim.simulator"]
+PRELOAD = ["torch", "experiments.cli", "clients.user.check", "experiments.run.inputs", "experiments.sim.simulator"]
 # multiprocessing reads a fork's exit status from the server without a lock, and every
 # Process.start() reads those of all ended forks: two threads reading one status at once
 # leave one of them an EOF, which it records as exit 255 (measured: 3 of 200 forks started

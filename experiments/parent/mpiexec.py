@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from paramserver.config.run import ConfigError
+from runconfig.settings import ConfigError
 
 MPIEXEC = "ASGD_MPIEXEC"
 OPEN_MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",

@@ -31,7 +31,7 @@ from experiments.run.provenance import provenance
 from experiments.rank.startwatch import bounded_start
 from experiments.run.resume import ResumePoint, resume_hint
 from experiments.run.serverrun import serve_mpi, serve_slice
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from paramserver.wire.farewell import say_bye, tell_recorders, wait_for_bye
 from paramserver.wire.liveness import PeerDied, PeerWatch
 from rundir.summary import log_traceback

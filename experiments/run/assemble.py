@@ -31,10 +31,10 @@ from clients.data import Dataset, load_dataset
 from clients.models import flat_weights, run_model
 from clients.optimizers import user_optimizer
 from clients.sampling import ShardSampler, shard_indices
-from clients.usercode import loss_function, optimizer_factory
+from clients.user.code import loss_function, optimizer_factory
 from experiments.run.resume import ResumePoint, resume_point
 from experiments.run.record import RunSetup
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from paramserver.rules import rule_class
 from paramserver.schedule import Schedule
 from rundir.durable import load_arrays

@@ -26,7 +26,7 @@ from clients.outer import OuterStep
 from experiments.run.resume import ResumePoint
 from experiments.run.life import RunLife
 from experiments.run.record import RunSetup, stops_early
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from paramserver.recorder import Background
 from rundir.checkpoint import Checkpoint, save_point
 from rundir.durable import read_jsonl

@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from paramserver.config.run import USER_CODE, USER_CODE_KEYS, ConfigError, is_user_code
+from runconfig.settings import USER_CODE, USER_CODE_KEYS, ConfigError, is_user_code
 
 SAMPLE = 32  # items of each split hashed for data that is not read from files whole
 PACKAGE = "dataset-fashion-mnist"  # the Debian package of the system's Fashion-MNIST
@@ -57,7 +57,7 @@ def _travelling(spec: str) -> str:
         return f"{_absolute(parts['file'])}:{parts['name']}"
     if parts["folder"]:
         return f"{_absolute(parts['folder'])}:{parts['module']}:{parts['name']}"
-    from clients.usercode import module_spec
+    from clients.user.code import module_spec
     return module_spec(parts["module"], parts["name"])
 
 

@@ -16,7 +16,7 @@ import contextlib
 import time
 from typing import Any, Callable
 
-from clients.metric import metric_traits
+from clients.user.metric import metric_traits
 from experiments.progress import Progress
 from experiments.run.resume import cut_back
 from experiments.run.record import RunSetup, eval_every, finish_run, live_curve, open_run, record_dir, record_failure

@@ -20,12 +20,12 @@ from torch import nn
 from clients.data import Dataset
 from clients.evaluate import (RECALIBRATE_SAMPLES, EvalItems, LiveCurve, curve_samples, final_measurement,
                               has_running_stats, keep_best)
-from clients.metric import metric_function, metric_traits
+from clients.user.metric import metric_function, metric_traits
 from clients.stragglers import client_speeds
-from clients.usercode import loss_function
+from clients.user.code import loss_function
 from experiments.run.inputs import fingerprint
 from experiments.progress import Progress
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from rundir.goodput import goodput
 from rundir.layout import RunDir
 from rundir.measure import curve_measure, stop_rules

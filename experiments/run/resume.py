@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from paramserver.config.run import USER_CODE, USER_CODE_KEYS, ConfigError, RunConfig, load_config
+from runconfig.settings import USER_CODE, USER_CODE_KEYS, ConfigError, RunConfig, load_config
 from rundir.checkpoint import Checkpoint
 from rundir.durable import CorruptFile, read_jsonl, truncate_jsonl, write_json_atomic
 from rundir.layout import RunDir

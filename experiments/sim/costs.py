@@ -19,7 +19,7 @@ from clients.data import Dataset
 from clients.devices import pick_device
 from clients.sampling import ShardSampler
 from experiments.run.assemble import build, server_optimizer_factory
-from paramserver.config.run import ConfigError, RunConfig
+from runconfig.settings import ConfigError, RunConfig
 from paramserver.handler import ServerState, handle
 from paramserver.recorder import Recorder
 from paramserver.store import Store

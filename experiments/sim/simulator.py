@@ -50,7 +50,7 @@ from experiments.run.collectiverun import collective_run
 from experiments.run.provenance import provenance
 from experiments.run.serverrun import serve_run
 from experiments.sim.costs import SimTiming, sim_timing
-from paramserver.config.run import ConfigError, RunConfig
+from runconfig.settings import ConfigError, RunConfig
 from paramserver.reply.gather import wake_at
 from paramserver.inprocess import InProcess
 from paramserver.wire.protocol import Outgoing, Pull, Tag

@@ -23,8 +23,8 @@ from typing import Any
 from experiments.run.resume import CHANGEABLE, RECORD_ONLY
 from experiments.sweep.run import SweepRunner
 from experiments.sweep.spec import GRID_KEYS, VARIANT_KEYS, PlannedPoint, Spec, load_spec, read_spec, run_settings
-from paramserver.config.run import ConfigError
-from paramserver.config.checks import USER_CODE, USER_CODE_KEYS
+from runconfig.settings import ConfigError
+from runconfig.checks import USER_CODE, USER_CODE_KEYS
 from rundir.durable import write_text_atomic
 from rundir.layout import RunDir
 from rundir.lock import FolderLock, RunDirError

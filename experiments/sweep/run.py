@@ -37,7 +37,7 @@ from experiments.parent.forked import Forked
 from experiments.parent.supervise import STOP_GRACE_S, kill_tree
 from experiments.progress import Progress
 from experiments.sweep.spec import PlannedPoint, Spec, config_with, run_settings
-from paramserver.config.run import ConfigError
+from runconfig.settings import ConfigError
 from rundir.durable import write_json_atomic
 from rundir.layout import RunDir
 from rundir.status import (FAILED, INTERRUPTED, LOCKED, PENDING, RUNNING, exit_status, failed, finished,

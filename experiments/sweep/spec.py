@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.run.resume import CHANGEABLE
-from paramserver.config.run import ConfigError, RunConfig, field_types, load_config
+from runconfig.settings import ConfigError, RunConfig, field_types, load_config
 from rundir.smoothing import WINDOW
 
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from paramserver.reply.pace import Pace
 from paramserver.store import Store
 

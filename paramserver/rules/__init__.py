@@ -12,7 +12,7 @@ EASGD's `follow`), and the versions its pushes make (`versions`).
 
 Each rule is one module here, named by its config name (`add` is `Rule` itself, in
 base.py); adding one is its module, its `RULES` entry below, its test and its row in
-docs/rules.md (and a config key in paramserver/config/run.py if it has a setting of its
+docs/rules.md (and a config key in runconfig/settings.py if it has a setting of its
 own). The formulas and their papers are in docs/rules.md. `w` is the server's weights,
 `d` the push, `tau` its staleness, `K` the clients:
 - `add`       w += d                                    (the paper's; Downpour's)

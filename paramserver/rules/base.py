@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # torch loads with the server's weights, not with the config 
 
 
 class RuleSettings(Protocol):
-    """The run config's keys a rule reads (paramserver.config.run.RunConfig has them)."""
+    """The run config's keys a rule reads (runconfig.settings.RunConfig has them)."""
 
     effective_server_lr: float
     effective_server_momentum: float

@@ -40,7 +40,7 @@ w_out = (w + step_d * d) + look * momentum;"""
 total_out = 0;
 w_out = (w + step_d * d) + look * momentum_out;"""
     FORMULAS = (PLAIN, ACTIVE, LOOK_AHEAD)
-    outer_step = True  # takes `outer_lr` and `nesterov_momentum` (paramserver/config/checks.py refuses them elsewhere)
+    outer_step = True  # takes `outer_lr` and `nesterov_momentum` (runconfig/checks.py refuses them elsewhere)
 
     @classmethod
     def check_keys(cls, settings: RuleSettings) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 from clients.stragglers import Failures, Stragglers, client_speeds
 from experiments.cli import main
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from tests.conftest import mpi_train
 
 pytestmark = pytest.mark.mpi

@@ -34,7 +34,7 @@ from clients.data import load_dataset
 from clients.models import build_model, flat_weights
 from experiments.cli import main
 from experiments.sweep.spec import OWN_KEYS
-from paramserver.config.run import RunConfig, field_types
+from runconfig.settings import RunConfig, field_types
 from rundir.checkpoint import Checkpoint
 from rundir.durable import CorruptFile, load_arrays, save_arrays
 from rundir.layout import RunDir

@@ -253,8 +253,8 @@ def test_a_class_axis_the_data_does_not_confirm_is_refused(own, capsys):
     ((4, 3), (4, 3, 1), None, "it takes outputs (B, C) with targets (B,)"),
 ])
 def test_the_default_loss_takes_axis_1_only_where_it_is_sure_to_be_the_classes(outputs, targets, classes, says):
-    from clients.check import _check_class_axis
-    from paramserver.config.run import ConfigError
+    from clients.user.check import _check_class_axis
+    from runconfig.settings import ConfigError
 
     out = torch.zeros(outputs)
     y = torch.zeros(targets) if len(targets) == len(outputs) and targets == outputs else \

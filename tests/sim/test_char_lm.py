@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from clients.usercode import resolve
+from clients.user.code import resolve
 from experiments.api import TrainResult, train
 from experiments.cli import main
 from tests.conftest import ROOT

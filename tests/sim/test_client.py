@@ -13,7 +13,7 @@ from clients.loop import ClientLoop, ClientPlan
 from clients.models import build_model, flat_weights
 from clients.sampling import ShardSampler, shard_indices
 from experiments.sim.simulator import Simulation, SimTiming, StepClock
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from paramserver.handler import ServerState
 from paramserver.inprocess import InProcess
 from paramserver.recorder import Recorder

@@ -112,7 +112,7 @@ def test_an_aggregating_metric_is_the_curve_with_its_name_and_direction(code, tm
     import torch
 
     from clients.models import load_flat
-    from clients.usercode import load_user_data, resolve
+    from clients.user.code import load_user_data, resolve
 
     run = tmp_path / "run"
     assert train(code, run, "--steps", "4", "--lr", "0.05", "--metric", f"{code}:perplexity", "--keep-best") == 0

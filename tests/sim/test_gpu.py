@@ -22,7 +22,7 @@ from experiments.cli import main
 from experiments.run.provenance import provenance
 from paramserver.compute import gpu
 from paramserver.compute.arrays import ServerArrays
-from paramserver.config.run import ConfigError, RunConfig
+from runconfig.settings import ConfigError, RunConfig
 from paramserver.compute.gpu import cuda_aware_mpi
 from paramserver.rules import RULES, make_rule
 from paramserver.store import Store

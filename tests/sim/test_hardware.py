@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from clients.stragglers import Failures, Stragglers, client_speeds
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from tests.sim.test_sim import rows, sim
 
 

@@ -77,7 +77,7 @@ def test_the_servers_push_cost_is_the_real_handlers(tmp_path, tiny_npz):
     """Left at 0, the push cost is measured on the server's own handler (a push with
     n_sync log rows and a reply) and recorded in the run's provenance."""
     from experiments.sim.costs import measure_push
-    from paramserver.config.run import RunConfig
+    from runconfig.settings import RunConfig
 
     cfg = RunConfig(data=str(tiny_npz), n_sync=4)
     cost = measure_push(cfg, 10_000, clients=2)
@@ -116,7 +116,7 @@ def test_the_default_run_of_one_client_is_plain_pytorch_sgd(tmp_path, tiny_npz):
     minibatch, the server's momentum at the clients') are torch.optim.SGD at the default
     lr, momentum and weight decay (DESIGN.md's promise)."""
     from clients.data import load_dataset
-    from paramserver.config.run import RunConfig
+    from runconfig.settings import RunConfig
     from tests.reference import plain_sgd
 
     run = tmp_path / "run"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from clients import usercode
-from clients.usercode import load_user_data, resolve
+from clients.user import code as usercode
+from clients.user.code import load_user_data, resolve
 from experiments.api import TrainResult, train
 from experiments.cli import main
 from tests.conftest import ROOT

@@ -8,7 +8,7 @@ from re import escape
 import numpy as np
 import pytest
 
-from paramserver.config.run import ConfigError, RunConfig, load_config
+from runconfig.settings import ConfigError, RunConfig, load_config
 from paramserver.events import NoiseMeasured
 from paramserver.handler import ServerState, handle
 from paramserver.rules import make_rule

@@ -9,7 +9,7 @@ from bench import cluster, hosts, suite
 from bench.jobs import Hosts, host_flags
 from bench.trials import summarise
 from asgd.command import main
-from paramserver.config.run import ConfigError
+from runconfig.settings import ConfigError
 
 THREE = Hosts(("h1", "h2", "h3"), "/x/cluster-agent", {"ASGD_CLUSTER_DIR": "/run/c"})
 

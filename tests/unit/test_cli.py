@@ -115,7 +115,7 @@ def test_help_lists_every_setting_and_exits_0(command, capsys):
     a stray % sign, breaks --help for the whole command)."""
     from dataclasses import fields
 
-    from paramserver.config.run import RunConfig
+    from runconfig.settings import RunConfig
 
     with pytest.raises(SystemExit) as exit:
         main([command, "--help"])

@@ -1,5 +1,5 @@
 """The settings' groups: --help's sections and a config file's tables read one table
-(paramserver.config.run's declaration), and a file's group tables mean what its flat keys do."""
+(runconfig.settings's declaration), and a file's group tables mean what its flat keys do."""
 from __future__ import annotations
 
 import re
@@ -7,7 +7,7 @@ import re
 import pytest
 
 from experiments.cli import main
-from paramserver.config.run import GROUPS, ConfigError, RunConfig, config_values, group_of, load_config
+from runconfig.settings import GROUPS, ConfigError, RunConfig, config_values, group_of, load_config
 
 
 def _help_sections(capsys) -> dict[str, list[str]]:

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from paramserver.config.run import ConfigError, RunConfig
+from runconfig.settings import ConfigError, RunConfig
 from paramserver.reply.dylu import TOLERANCE, Windows, dylu_window
 from paramserver.handler import ServerState, handle
 from paramserver.wire.protocol import Message, Pull, Push, Stop, Tag

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from paramserver.compute import fused, hostkernel
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from paramserver.rules import RULES, FreshRule, Rule, Update, make_rule
 from paramserver.store import Store
 from tests.conftest import assert_same_store

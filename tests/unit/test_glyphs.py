@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from clients.usercode import resolve
+from clients.user.code import resolve
 from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "examples" / "glyphs.py"

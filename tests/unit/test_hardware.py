@@ -9,7 +9,7 @@ import pytest
 
 from clients.collective import failed_tries
 from clients.stragglers import Failures, Stragglers, client_speeds
-from paramserver.config.run import ConfigError, RunConfig
+from runconfig.settings import ConfigError, RunConfig
 from paramserver.wire.protocol import Rejoin, Tag, well_formed
 from rundir.goodput import goodput
 

@@ -6,9 +6,9 @@ import torch
 from torch.utils.data import Dataset as TorchDataset, TensorDataset
 
 from clients.data import Dataset
-from clients.usercode import TorchSplit
+from clients.user.code import TorchSplit
 from experiments.run.inputs import absolute_paths, check_fingerprint, fingerprint
-from paramserver.config.run import ConfigError
+from runconfig.settings import ConfigError
 
 
 def test_paths_become_absolute_and_names_stay(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import ROOT
 
 BLOCK_MPI = "import sys; sys.modules['mpi4py'] = None\n"
-CORE = ["paramserver.config.run", "paramserver.wire.protocol", "paramserver.store", "paramserver.rules",
+CORE = ["runconfig.settings", "paramserver.wire.protocol", "paramserver.store", "paramserver.rules",
         "paramserver.events", "paramserver.handler", "paramserver.recorder", "paramserver.server",
         "paramserver.inprocess",
         "clients.loop", "clients.driver", "experiments.sim.simulator", "experiments.rank.entry", "experiments.cli",

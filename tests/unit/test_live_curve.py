@@ -10,7 +10,7 @@ from torch.utils.data import Dataset
 
 from clients.evaluate import RECALIBRATE_SAMPLES, EvalItems, LiveCurve, curve_samples, final_measurement
 from clients.models import flat_weights
-from clients.usercode import TorchSplit
+from clients.user.code import TorchSplit
 from rundir.layout import RunDir
 
 
@@ -125,7 +125,7 @@ def test_auto_is_live_everywhere_at_a_trickle_where_the_ranks_fill_the_cores(mon
     import socket
 
     from experiments.run import record as runrecord
-    from paramserver.config.run import RunConfig
+    from runconfig.settings import RunConfig
 
     host = socket.gethostname()
     monkeypatch.setattr(runrecord.os, "cpu_count", lambda: 2)
@@ -148,7 +148,7 @@ def test_a_short_run_gets_fewer_points_of_the_curve_than_a_long_one():
     from types import SimpleNamespace
 
     from experiments.run.record import eval_every
-    from paramserver.config.run import RunConfig
+    from runconfig.settings import RunConfig
 
     def every(steps: int, net: nn.Module, **settings) -> int:
         setup = SimpleNamespace(cfg=RunConfig(steps=steps, batch_size=32, **settings), clients=2, model=net,

@@ -1,5 +1,5 @@
 """The run's measure (error, else the user's metric, else the loss), the stop rules on it,
-and a metric summed over the whole test pass (rundir/measure.py, clients/metric.py)."""
+and a metric summed over the whole test pass (rundir/measure.py, clients/user/metric.py)."""
 from __future__ import annotations
 
 import math
@@ -11,9 +11,9 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from clients.evaluate import split_scores
-from clients.metric import MetricTally
-from clients.usercode import TorchSplit
-from paramserver.config.run import ConfigError, RunConfig
+from clients.user.metric import MetricTally
+from clients.user.code import TorchSplit
+from runconfig.settings import ConfigError, RunConfig
 from rundir.measure import Measure, Stop, curve_measure, stop_rules
 
 METRIC = {"metric": "m.py:perplexity", "metric_name": "perplexity", "metric_higher_is_better": False}
@@ -101,7 +101,7 @@ def test_a_stop_rule_the_config_cannot_fire_is_refused(settings, message):
 
 
 def test_a_metrics_name_and_direction_are_its_attributes_and_bad_ones_are_refused(tmp_path):
-    from clients.metric import metric_traits
+    from clients.user.metric import metric_traits
 
     code = tmp_path / "metrics.py"
     code.write_text("def accuracy(outputs, targets):\n    return 1.0\n\naccuracy.higher_is_better = True\n\n"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from paramserver.noise import DECAY, NoiseScale, summarise
 from paramserver.rules import make_rule
 from paramserver.store import Store

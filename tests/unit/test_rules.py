@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from paramserver.rules import RULES, make_rule
 from paramserver.store import Store
 from rundir.durable import load_arrays, save_arrays

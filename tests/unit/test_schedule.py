@@ -9,7 +9,7 @@ import pytest
 
 from clients.collective import keep_fastest
 from clients.stragglers import Stragglers
-from paramserver.config.run import ConfigError, RunConfig, load_config
+from runconfig.settings import ConfigError, RunConfig, load_config
 from paramserver.events import Dropped
 from paramserver.handler import ServerState, handle
 from paramserver.rules import make_rule

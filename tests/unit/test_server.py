@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from paramserver.handler import ClientFailed
 from paramserver.wire.protocol import Fail, Tag
 
@@ -66,7 +66,7 @@ def test_recorder_writes_what_was_true_when_the_snapshot_was_due(tmp_path, monke
 def fresh_state(clients: int, **settings):
     import numpy as np
 
-    from paramserver.config.run import RunConfig
+    from runconfig.settings import RunConfig
     from paramserver.handler import ServerState
     from paramserver.rules import make_rule
     from paramserver.store import Store
@@ -133,7 +133,7 @@ def test_fresh_again_answers_at_once_with_the_same_weights():
 
 
 def test_fresh_auto_times_the_clients_with_one_server_and_waits_with_several():
-    from paramserver.config.run import RunConfig
+    from runconfig.settings import RunConfig
     from paramserver.rules import make_rule
 
     assert fresh_state(2, fresh_reply="auto").pace is not None and fresh_state(2, fresh_reply="wait").pace is None
@@ -175,7 +175,7 @@ def test_fresh_auto_takes_the_step_without_an_overdue_client_and_drops_its_late_
 def test_overdue_is_off_at_0_and_no_factor_below_1():
     import pytest
 
-    from paramserver.config.run import ConfigError, RunConfig
+    from runconfig.settings import ConfigError, RunConfig
 
     assert fresh_state(2, fresh_reply="auto", overdue=0).pace.wake_at([1]) is None
     with pytest.raises(ConfigError, match=r"overdue: must be 0 \(off\) or a factor of at least 1"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from paramserver.rules import make_rule
 from paramserver.store import Store
 from rundir.durable import load_arrays, save_arrays
@@ -173,7 +173,7 @@ def push_as(store: Store, client: int, d: np.ndarray) -> bool:
 def test_clipping_at_sharded_servers_is_refused(rule):
     """Each server of a sharded run holds a slice of the gathered gradient, so none can clip
     it by its whole norm: refused before launch, in one line naming the key."""
-    from paramserver.config.run import ConfigError
+    from runconfig.settings import ConfigError
 
     with pytest.raises(ConfigError, match="^clip_grad_norm: the server clips"):
         RunConfig(rule=rule, servers=2, clip_grad_norm=1.0)

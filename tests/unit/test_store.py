@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from paramserver.config.run import RunConfig
+from runconfig.settings import RunConfig
 from paramserver.rules import make_rule
 from paramserver.store import Store
 from rundir.durable import load_arrays, save_arrays

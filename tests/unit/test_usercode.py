@@ -11,17 +11,17 @@ import pytest
 import torch
 from torch import nn
 
-from clients.check import check_user_code
+from clients.user.check import check_user_code
 from clients.client import wrong
 from clients.data import load_dataset
 from clients.evaluate import recalibrate
 from clients.models import build_model
 from clients.sampling import ShardSampler, shard_indices
-from clients.usercode import resolve, spec_of
+from clients.user.code import resolve, spec_of
 from experiments.api import settings_flags, train
 from experiments.cli import main
 from experiments.parent.mpiexec import refuse_torchrun
-from paramserver.config.run import ConfigError, RunConfig, config_values
+from runconfig.settings import ConfigError, RunConfig, config_values
 
 USER = '''
 import math

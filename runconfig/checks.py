@@ -3,7 +3,7 @@ patterns they accept.
 
 Every check runs as a RunConfig is made, so a bad run fails with one line
 (`ConfigError`, naming the field) before any MPI process starts. The checks read the
-config's fields by name and import nothing of paramserver.config.run, which calls them.
+config's fields by name and import nothing of runconfig.settings, which calls them.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ AUTO_KEYS = ("momentum", "fresh_batch")  # keys that also take the word "auto"
 LR_SCHEDULES = ("constant", "cosine", "step")
 LR_SCALINGS = ("none", "linear", "sqrt", "adascale")
 SIM_PROFILES = ("measured", "paper")  # their values: experiments/sim/costs.py
-# user code named in a config (clients/usercode.py imports it): a .py file, or a module (recorded with
+# user code named in a config (clients/user/code.py imports it): a .py file, or a module (recorded with
 # the folder it was found in, FOLDER:module:name, so it imports again from any working directory), a name in it
 USER_CODE = re.compile(r"(?:(?P<file>[^:]+\.py)|(?:(?P<folder>[^:]+):)?(?P<module>[A-Za-z_][\w.]*))"
                        r":(?P<name>[A-Za-z_][\w.]*)")

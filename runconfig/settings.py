@@ -1,13 +1,13 @@
 """Run configuration: one frozen dataclass, loaded from TOML and overridden by flags.
 
-Every value is checked when the object is created (paramserver/config/checks.py), so a
+Every value is checked when the object is created (runconfig/checks.py), so a
 bad run fails with one line (`ConfigError`, naming the field) before any MPI process
 starts. Config keys and command-line flags share names (`n_sync` is `--n-sync`).
 
 The fields are declared group by group, each with its group's maker (`_schedule(...)`),
 so the declaration is the one table of groups: `asgd train --help` shows a section for
 each, and a config file may hold a group's keys in its table (`[schedule]`,
-paramserver/config/file.py) or at top level.
+runconfig/file.py) or at top level.
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Optional
 
-from paramserver.config.checks import (AUTO_KEYS, PRECISIONS, USER_CODE, USER_CODE_KEYS, ConfigError, base_types,
+from runconfig.checks import (AUTO_KEYS, PRECISIONS, USER_CODE, USER_CODE_KEYS, ConfigError, base_types,
                                       check, is_user_code, model_args_text, model_arguments, parse_milestones)
-from paramserver.config.file import read_toml
+from runconfig.file import read_toml
 from paramserver.faults import Fault, fault_on
 from paramserver.rules import RULES, rule_class
 

@@ -22,8 +22,8 @@ from typing import Any, Callable
 
 import torch
 
-from clients.usercode import resolve
-from paramserver.config.run import USER_CODE, ConfigError
+from clients.user.code import resolve
+from runconfig.settings import USER_CODE, ConfigError
 from rundir.measure import METRIC_HIGHER, METRIC_NAME
 
 

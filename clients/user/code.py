@@ -18,7 +18,7 @@ takes two arguments (with the run's `model_args` as keywords), else as
 initial weights. A data factory is called with no arguments; each client reads a
 disjoint seeded shard of its train Dataset (`TorchSplit` puts any map-style Dataset behind
 the `Split.batch(idx)` protocol, so `ShardSampler` orders and resumes it as any other).
-`clients/check.py` imports the three, checks what they return and runs one sample forward
+`clients/user/check.py` imports the three, checks what they return and runs one sample forward
 and through the loss, so a mistake is one `ConfigError` line before any MPI process starts.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset as TorchDataset, IterableDataset, TensorDataset, default_collate
 
-from paramserver.config.run import USER_CODE, ConfigError, is_user_code
+from runconfig.settings import USER_CODE, ConfigError, is_user_code
 
 _FILE_MODULES = "_asgd_user."          # sys.modules keys of files imported by path
 _REGISTERED: dict[str, Callable] = {}  # spec -> callable, for the Python API (no re-import in this process)

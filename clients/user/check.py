@@ -14,9 +14,9 @@ import torch
 from clients.client import classifies
 from clients.models import run_model
 from clients.optimizers import user_optimizer
-from clients.metric import MetricTally, metric_function, metric_traits
-from clients.usercode import first_line, loss_function, optimizer_factory
-from paramserver.config.run import ConfigError, RunConfig
+from clients.user.metric import MetricTally, metric_function, metric_traits
+from clients.user.code import first_line, loss_function, optimizer_factory
+from runconfig.settings import ConfigError, RunConfig
 
 
 LABEL_SAMPLE = 256  # items of each split whose labels are read, where not every label is at hand
@@ -109,7 +109,7 @@ def _check_loss(spec: str, out: torch.Tensor, y: torch.Tensor) -> None:
 
 def _check_metric(spec: str, out: torch.Tensor, y: torch.Tensor) -> None:
     """The user's metric on two items gives a number or a (total, count) pair, through its
-    `finish` where it has one, as evaluation sums it (clients/metric.py); its name and
+    `finish` where it has one, as evaluation sums it (clients/user/metric.py); its name and
     direction are a str and a bool."""
     metric_traits(spec)
     tally = MetricTally(metric_function(spec))

@@ -2,7 +2,7 @@
 
 A key may stand at top level (`lr_warmup = 100`, as every file before groups had it) or
 in its group's table (`[schedule]` then `lr_warmup = 100`), one meaning either way; the
-groups are paramserver.config.run's, passed in, so the help and the file share one table.
+groups are runconfig.settings's, passed in, so the help and the file share one table.
 A key in another group's table, or given both at top level and in its table, is refused.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import tomllib
 from typing import Any, Mapping
 
-from paramserver.config.checks import ConfigError
+from runconfig.checks import ConfigError
 
 TABLE_KEYS = ("model_args",)  # keys whose value is itself a table
 
