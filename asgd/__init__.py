@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 
 _WHERE = {"train": "experiments.api", "TrainResult": "experiments.result", "ConfigError": "runconfig.settings",
-          "RunConfig": "runconfig.settings", "load_config": "runconfig.settings"}
+          "RunConfig": "runconfig.settings", "load_config": "runconfig.load"}
 __all__ = sorted(_WHERE)
 
 

@@ -5,7 +5,9 @@
   in data-parallel training. With K clients of batch B this is single-process SGD with
   batch K*B.
 - `local-sgd`: clients step on their own gradients and average their weights every
-  n_sync steps (and at the last step); momentum stays local.
+  n_sync steps (and at the last step); their optimizer's state stays local. With an
+  outer step (`outer_lr`, `nesterov_momentum`: synchronous DiLoCo, clients/outer.py)
+  the mean is the outer optimizer's input, and its step the weights every client takes.
 - `sync` with backup workers b (Chen et al. 2016): each step averages the gradients of
   the K - b clients that finish first and drops the other b (`keep_fastest`). A
   dropped client's work is abandoned, so it starts the next step with everyone else,
@@ -35,6 +37,7 @@ from typing import Callable
 import torch
 
 from clients.client import Client, StepResult
+from clients.outer import OuterStep
 from clients.stragglers import Failures
 
 Average = Callable[[list[torch.Tensor]], None]
@@ -58,9 +61,10 @@ Outcome = list[tuple[StepResult, str]]  # a client's minibatches of a step: "kep
 
 def collective_step(clients: list[Client], mode: str, step: int, last: int, n_sync: int, average: Average,
                     straggle: Straggle, backups: tuple[int, int] = (1, 0),
-                    away: Away | None = None) -> list[Outcome]:
-    """One lockstep step of the local `clients`; `backups`: (K, b) of the whole run.
-    Returns each local client's minibatches and what became of them."""
+                    away: Away | None = None, outer: OuterStep | None = None) -> list[Outcome]:
+    """One lockstep step of the local `clients`; `backups`: (K, b) of the whole run;
+    `outer`: local-sgd's outer step (None: plain averaging). Returns each local client's
+    minibatches and what became of them."""
     gone = away(step) if away is not None else [False] * len(clients)
     results, compute_s = [], []
     for client, out in zip(clients, gone):
@@ -81,6 +85,8 @@ def collective_step(clients: list[Client], mode: str, step: int, last: int, n_sy
         client.optimizer_step()
     if mode == "local-sgd" and (step % n_sync == 0 or step == last):
         average([client.weights for client in clients])
+        if outer is not None:
+            outer.step([client.weights for client in clients])
     return [[(r, "lost" if j < fate.lost else "kept" if fate.kept else "dropped") for j, r in enumerate(done)]
             for done, fate in zip(results, fates)]
 

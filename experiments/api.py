@@ -38,7 +38,8 @@ from typing import Any, Callable
 
 from clients.user import code as usercode
 from experiments.result import TrainResult
-from runconfig.settings import USER_CODE_KEYS, ConfigError, RunConfig, field_types, model_args_text
+from runconfig.load import field_types
+from runconfig.settings import USER_CODE_KEYS, ConfigError, RunConfig, model_args_text
 
 
 def train(model: Callable | str, data: Callable | str, *, loss: Callable | str | None = None,

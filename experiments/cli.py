@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Protocol
 from experiments.run.inputs import absolute_paths
 from experiments.parent.mpiexec import launcher_rank
 from experiments.run.resume import resume_hint
-from runconfig.settings import GROUPS, ConfigError, RunConfig, config_values, field_types, flag_type, group_of
+from runconfig.load import config_values, field_types, flag_type, group_of
+from runconfig.settings import GROUPS, ConfigError, RunConfig
 from rundir.layout import RunDir
 from rundir.lock import RunDirError
 from rundir.smoothing import WINDOW

@@ -27,7 +27,8 @@ from clients.data import DataError, load_dataset
 from clients.evaluate import has_running_stats, recalibrate
 from clients.models import load_flat, run_model
 from experiments.run.resume import recorded_config
-from runconfig.settings import ConfigError, load_config
+from runconfig.load import load_config
+from runconfig.settings import ConfigError
 from rundir.durable import load_arrays
 from rundir.layout import RunDir
 

@@ -79,9 +79,12 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
     result, minibatches, events = _push(state, msg)
     events += _checkpoint_ready(state)
     replies = []
-    if msg.header.fetch and not (result.gathered and state.reply.defer(state, msg.source, minibatches)):
-        replies.append(_weights_for(state, msg.source))  # else answered with the step
-    if state.store.version != version:
+    held = state.reply.holds(state, msg.source)  # a round of delayed Nesterov not yet stepped
+    if msg.header.fetch and (held or result.gathered and state.reply.waits(state, msg.source, minibatches)):
+        state.reply.deferred.append(msg.source)  # answered with the step or the round
+    elif msg.header.fetch:
+        replies.append(_weights_for(state, msg.source))
+    if state.store.version != version and not held:
         replies += _answer_deferred(state)
     more, flushed = release(state)
     return replies + more, events + flushed
@@ -89,7 +92,10 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
 
 def release(state: ServerState, overdue: bool = False) -> tuple[list[Reply], list[Event]]:
     """The step `release_due` says must be taken, with what was gathered, and the replies
-    to the clients that waited for it."""
+    to the clients that waited for it; or, held for a round that can no longer complete,
+    those clients answered with the weights as they are."""
+    if state.reply.stranded(state):
+        return _answer_deferred(state), []
     if not state.reply.release_due(state, overdue) or not state.store.flush():
         return [], []
     return _answer_deferred(state), _snapshot_due(state)

@@ -87,7 +87,7 @@ class ServerState:
                    codec=make_codec(cfg.compress),
                    pull_codec=make_codec(cfg.compress if cfg.compress_pulls else "none"),
                    schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr),
-                   reply=ReplyPolicy.for_run(cfg, store.rule.gathers, clients, clock),
+                   reply=ReplyPolicy.for_run(cfg, store.rule, clients, clock),
                    budget=RunBudget(cfg.client_steps(clients), cfg.fetch_every) if cfg.run_budget else None,
                    members=members, **options)
 

@@ -15,12 +15,13 @@ import sys
 from dataclasses import fields
 from typing import Any, get_type_hints
 
-from runconfig.links import parse_links, parse_regions
 from paramserver.faults import fault_ok
 from paramserver.reply.policy import check_keys as reply_keys
 from paramserver.rules import RULES, rule_class
 from paramserver.schedule import parse_milestones
 from paramserver.wire.compress import CODECS
+from runconfig.require import ConfigError, parsed as _parsed, require as _require
+from runconfig.simchecks import check_simulator
 
 BACKENDS = ("mpi", "sim")
 OPTIMIZERS = ("sgd", "adam", "adamw")  # the clients' (clients/optimizers.py); or a factory of the user's
@@ -30,7 +31,6 @@ FAILURE_POLICIES = ("abort", "continue")
 AUTO_KEYS = ("momentum", "fresh_batch", "servers")  # keys that also take the word "auto"
 LR_SCHEDULES = ("constant", "cosine", "step")
 LR_SCALINGS = ("none", "linear", "sqrt", "adascale")
-SIM_PROFILES = ("measured", "paper")  # their values: experiments/sim/costs.py
 # user code named in a config (clients/user/code.py imports it): a .py file, or a module (recorded with
 # the folder it was found in, FOLDER:module:name, so it imports again from any working directory), a name in it
 USER_CODE = re.compile(r"(?:(?P<file>[^:]+\.py)|(?:(?P<folder>[^:]+):)?(?P<module>[A-Za-z_][\w.]*))"
@@ -38,15 +38,11 @@ USER_CODE = re.compile(r"(?:(?P<file>[^:]+\.py)|(?:(?P<folder>[^:]+):)?(?P<modul
 USER_CODE_KEYS = ("model", "data", "loss", "metric", "optimizer")  # the settings that may name user code
 
 
-class ConfigError(ValueError):
-    """A config value is wrong; the message is one line: `field: reason`."""
-
-
 def check(cfg: Any) -> None:
     """Every field's type, then each group's values (a RunConfig's, as it is made)."""
     _check_types(cfg)
     for concern in (_check_common, _check_inputs, _check_server, _check_schedule, _check_client,
-                    _check_stragglers, _check_evaluation, _check_simulator, _check_performance):
+                    _check_stragglers, _check_evaluation, check_simulator, _check_performance):
         concern(cfg)
 
 
@@ -85,19 +81,6 @@ def _check_magnitude(name: str, value: Any) -> None:
         raise ConfigError(f"{name}: must be a finite number, got {value}")
     if isinstance(value, int) and not -2**63 <= value < 2**63:
         raise ConfigError(f"{name}: must fit in 64 bits, got {value}")
-
-
-def _require(ok: bool, field: str, reason: str) -> None:
-    if not ok:
-        raise ConfigError(f"{field}: {reason}")
-
-
-def _parsed(parse, text: str):
-    """`parse(text)`, or None where it raises ValueError."""
-    try:
-        return parse(text)
-    except ValueError:
-        return None
 
 
 def _at_least_one(cfg: Any, *names: str) -> None:
@@ -159,12 +142,27 @@ def _check_server(cfg: Any) -> None:
         if problem:
             raise ConfigError(problem)
     _check_dylu(cfg, chosen)
+    _check_outer(cfg, chosen)
     if cfg.servers == "auto":
         return  # the simulator picks (experiments/run/sizing.py) and checks its pick as it makes the run's config
     _require(cfg.servers >= 1, "servers", f"must be at least 1, got {cfg.servers}")
     _require(cfg.servers == 1 or cfg.mode == "async", "servers", "more than one server needs --mode async")
     _require(cfg.servers == 1 or not cfg.resume, "servers",
              "a run with more than one server cannot be resumed (its servers' slices are not checkpointed together)")
+
+
+def _check_outer(cfg: Any, rule: Any) -> None:
+    """An outer step's settings (their values are the nesterov rule's `check_keys`) only
+    where one is taken: local-sgd's (synchronous DiLoCo) or the nesterov rule's
+    (asynchronous DiLoCo); anywhere else they would be ignored without a word."""
+    given = [name for name in ("outer_lr", "nesterov_momentum") if getattr(cfg, name) is not None]
+    if not given or cfg.takes_outer_step:
+        return
+    taker = f"--mode {cfg.mode}" if cfg.mode != "async" else f"--rule {cfg.rule}"
+    why = (" (its clients push gradients; the server's optimizer takes the step)" if rule.pushes == "gradient"
+           and cfg.mode == "async" else "")
+    raise ConfigError(f"{given[0]}: {taker} takes no outer step{why}; the outer step is --mode local-sgd's "
+                      f"(synchronous DiLoCo) or --rule nesterov's (asynchronous DiLoCo)")
 
 
 def _check_dylu(cfg: Any, rule: Any) -> None:
@@ -277,63 +275,6 @@ def _check_evaluation(cfg: Any) -> None:
         _require(math.isfinite(value), name, f"must be a finite number (0: none), got {value}")
         _require(not value or cfg.eval_live != "off", name,
                  "needs the curve while the run trains: eval_live on or auto, not off")
-
-
-def _check_simulator(cfg: Any) -> None:
-    for name in ("sim_step_time", "sim_apply_time", "sim_latency", "sim_bandwidth", "sim_push_bytes"):
-        _require(getattr(cfg, name) >= 0, name, f"must be non-negative (0: the profile's), got {getattr(cfg, name)}")
-    _check_links(cfg)
-    _require(cfg.sim_profile in SIM_PROFILES, "sim_profile",
-             f"unknown profile {cfg.sim_profile!r} (choose from {', '.join(SIM_PROFILES)})")
-    _require(0 <= cfg.speed_jitter < 1, "speed_jitter", f"must be in [0, 1), got {cfg.speed_jitter}")
-    _require(not cfg.replay or (cfg.backend == "sim" and cfg.mode == "async"), "replay",
-             "needs --backend sim and --mode async")
-    _require(not cfg.sim_calibrate or (cfg.backend == "sim" and cfg.mode == "async"), "sim_calibrate",
-             "needs --backend sim and --mode async (only the async server pushes)")
-    if cfg.joins:
-        _check_joins(cfg)
-
-
-def _check_joins(cfg: Any) -> None:
-    _require(cfg.backend == "sim" and cfg.joinable, "joins", "needs --backend sim and --joinable")
-    _require(not cfg.replay, "joins", "cannot be replayed (replay orders the first K clients only)")
-    joins = _parsed(parse_joins, cfg.joins)
-    _require(joins is not None, "joins", f"expected C@T[,C@T...] (client, virtual seconds), got {cfg.joins!r}")
-    numbers = [client for client, _ in joins]
-    first = cfg.clients if cfg.clients is not None else numbers[0]
-    _require(numbers == list(range(first, first + len(numbers))), "joins",
-             f"the joiners must be clients {first}, {first + 1}, ... in the order of their times, got {cfg.joins!r}")
-
-
-def parse_joins(text: str) -> list[tuple[int, float]]:
-    """`joins`' C@T pairs, sorted by time; ValueError on a malformed one or a negative time."""
-    pairs = []
-    for item in text.split(","):
-        client, at = item.strip().split("@")
-        pairs.append((int(client), float(at)))
-    if any(at < 0 or not math.isfinite(at) for _, at in pairs):
-        raise ValueError(text)
-    return sorted(pairs, key=lambda pair: pair[1])
-
-
-def _check_links(cfg: Any) -> None:
-    """The simulator's links (experiments/sim/links.py); the run's client count checks the rest."""
-    for name in ("sim_region_bandwidth", "sim_region_latency", "sim_server_bandwidth"):
-        _require(getattr(cfg, name) >= 0, name, f"must be non-negative (0: unlimited or none), got {getattr(cfg, name)}")
-    for name, parse, form in (("sim_client_links", parse_links, "BYTES_PER_S[@LATENCY_S] separated by commas, "
-                               "bandwidth positive and latency non-negative"),
-                              ("sim_regions", parse_regions, "client indices or ranges (0-3) separated by commas, "
-                               "groups by semicolons, no client in two groups")):
-        text = getattr(cfg, name)
-        _require(not text or _parsed(parse, text) is not None, name, f"expected {form}, got {text!r}")
-        _require(not text or (cfg.backend == "sim" and cfg.mode == "async"), name,
-                 "needs --backend sim and --mode async (a collective's allreduce is charged at sim_bandwidth)")
-    if cfg.clients is not None and cfg.sim_client_links:
-        count = len(parse_links(cfg.sim_client_links))
-        _require(count in (1, cfg.clients), "sim_client_links", f"lists {count} links for {cfg.clients} clients")
-    if cfg.clients is not None and cfg.sim_regions:
-        named = max(max(group) for group in parse_regions(cfg.sim_regions))
-        _require(named < cfg.clients, "sim_regions", f"names client {named}, but the run has {cfg.clients}")
 
 
 def _check_performance(cfg: Any) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import tomllib
 from typing import Any, Mapping
 
-from runconfig.checks import ConfigError
+from runconfig.require import ConfigError
 
 TABLE_KEYS = ("model_args",)  # keys whose value is itself a table
 

@@ -7,25 +7,23 @@ starts. Config keys and command-line flags share names (`n_sync` is `--n-sync`).
 The fields are declared group by group, each with its group's maker (`_schedule(...)`),
 so the declaration is the one table of groups: `asgd train --help` shows a section for
 each, and a config file may hold a group's keys in its table (`[schedule]`,
-runconfig/file.py) or at top level.
+runconfig/file.py) or at top level; runconfig/load.py reads a file's and the flags' values.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from paramserver.faults import Fault, fault_on
 from paramserver.rules import RULES, rule_class
-from runconfig.checks import (AUTO_KEYS, PRECISIONS, USER_CODE, USER_CODE_KEYS, ConfigError, base_types, check,
-                              is_user_code, model_args_text, model_arguments)
-from runconfig.file import read_toml
+from runconfig.checks import (PRECISIONS, USER_CODE, USER_CODE_KEYS, ConfigError, check, is_user_code,
+                              model_args_text, model_arguments)
 
 # what importers take from here; the checks' words and the fault live in runconfig/checks.py and faults
 __all__ = ["GROUPS", "PRECISIONS", "USER_CODE", "USER_CODE_KEYS", "ConfigError", "Fault", "RunConfig",
-           "auto_momentum", "config_values", "field_types", "flag_type", "group_of", "is_user_code", "load_config",
-           "model_args_text", "model_arguments"]
+           "auto_momentum", "is_user_code", "model_args_text", "model_arguments"]
 
 # the groups of settings, in the order --help shows them: the table name in a config
 # file (no field's name) -> the section's title
@@ -123,10 +121,20 @@ class RunConfig:
                                   "this many times its measured mean compute time (one likely down; its late push "
                                   "is dropped as stale); 0: the step waits for it")
     nesterov_every: int = _server(0, "nesterov: pushes between the server's momentum updates (0: clients)")
-    nesterov_momentum: float = _server(0.9, "nesterov: the server's momentum beta (0: w += d / nesterov_every)")
-    outer_lr: float = _server(1.0, "nesterov: the outer lr eps of delayed Nesterov (asynchronous DiLoCo's outer step)")
+    nesterov_momentum: Optional[float] = _server(None, "the outer step's momentum: delayed Nesterov's beta (rule "
+                                                       "nesterov) or synchronous DiLoCo's Nesterov momentum "
+                                                       "(local-sgd); default 0: plain averaging of each round "
+                                                       "(DiLoCo's published: 0.9)")
+    outer_lr: Optional[float] = _server(None, "the outer step's lr: delayed Nesterov's eps (rule nesterov) or "
+                                              "synchronous DiLoCo's outer SGD lr (local-sgd); default 1 - the outer "
+                                              "momentum: amplification lr / (1 - momentum) 1 (DiLoCo's: 0.7)")
     nesterov_activation: float = _server(0.0, "nesterov: the activation c of delayed Nesterov, in [0, 1]: the share "
                                               "of the momentum's look-ahead taken at every push, not only the N-th")
+    nesterov_reply: str = _server("auto", "nesterov: answer a push at once (now, Liu et al.'s Algorithm 3), hold the "
+                                          "round's early pushers until its momentum step (round: at equal speeds "
+                                          "with N = K, synchronous DiLoCo), or hold where the clients' measured pace "
+                                          "says the round completes before the pusher could push again (auto; round "
+                                          "with several servers); paramserver/reply/policy.py")
     dylu: bool = _server(False, "dynamic local updates (Liu et al. 2024): each client's window of local minibatches "
                                 "between pushes is n_sync (n_push) times its speed over the fastest running client's, "
                                 "as the server measures them (floored, at least 1), so slow clients push as often as "
@@ -291,6 +299,26 @@ class RunConfig:
         return auto_momentum(clients) if self.mode == "async" else AUTO_BASE_MOMENTUM
 
     @property
+    def outer_momentum(self) -> float:
+        """The outer step's momentum: as set, or 0 (docs/rules.md measures why: it lags
+        by about 1 / (1 - momentum) rounds, and did not pay on an LM at tens of rounds)."""
+        return 0.0 if self.nesterov_momentum is None else self.nesterov_momentum
+
+    @property
+    def outer_step_lr(self) -> float:
+        """The outer step's lr: as set, or 1 - its momentum, so that its amplification,
+        outer lr / (1 - momentum), is 1: in steady state a round moves the weights by the
+        clients' mean change, as plain averaging (the default, momentum 0) does."""
+        return self.outer_lr if self.outer_lr is not None else round(1.0 - self.outer_momentum, 12)
+
+    @property
+    def takes_outer_step(self) -> bool:
+        """Whether the run takes an outer step: local-sgd's (synchronous DiLoCo) or, in
+        async mode, its rule's (nesterov: asynchronous DiLoCo)."""
+        outer_rule = getattr(rule_class(self.rule), "outer_step", False)
+        return self.mode == "local-sgd" or (self.mode == "async" and outer_rule)
+
+    @property
     def effective_server_lr(self) -> float:
         return self.lr if self.server_lr is None else self.server_lr
 
@@ -343,48 +371,3 @@ def auto_momentum(clients: int) -> float:
     momentum does by 1 / (1 - mu); the explicit momentum left, mu_K = 1 - K (1 - 0.9),
     keeps the product at one client's 10 (0.9 with one client, 0.8 with two, 0 from 10)."""
     return max(0.0, 1.0 - clients * (1.0 - AUTO_BASE_MOMENTUM))
-
-
-def field_types() -> dict[str, type]:
-    """The base type of each field (Optional[int] -> int)."""
-    return dict(base_types(RunConfig))
-
-
-def flag_type(name: str) -> Callable[[str], Any]:
-    """How a command-line value of `name` is read: its field's type, and for momentum,
-    fresh_batch and servers also the word `auto`."""
-    if name in AUTO_KEYS:
-        kind = field_types()[name]
-
-        def auto(text: str) -> float | int | str:
-            return text if text == "auto" else kind(text)
-        auto.__name__ = name  # argparse names it in a refusal: "invalid momentum value"
-        return auto
-    return field_types()[name]
-
-
-def group_of() -> dict[str, str]:
-    """Each field's group (a key of GROUPS), in declaration order: what --help's sections
-    and a config file's tables both read."""
-    return {f.name: f.metadata["group"] for f in fields(RunConfig)}
-
-
-def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """The config file's values, then the overrides (flags given on the command line)."""
-    return RunConfig(**config_values(path, overrides))
-
-
-def config_values(path: str | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The settings asked for, not yet checked against each other: the config file's
-    values, then the overrides (None: not given). Unknown keys are refused here."""
-    values: dict[str, Any] = {}
-    if path:
-        values.update(read_toml(path, group_of()))
-    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    if "model_args" in values:
-        values["model_args"] = model_args_text(values["model_args"])
-    known = {f.name for f in fields(RunConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(f"{f'config {path}: ' if path else ''}unknown key {unknown[0]!r}")
-    return values

@@ -5,7 +5,8 @@ pickle, with the SHA-256 of every array checked on load (rundir/durable.py): the
 weights and their version, the run's clock, the rows of the two logs it accounts for,
 the tallies, in an async run the Store's own arrays (each client's pulled version,
 the counters, the rule's state) and DyLU's measured speeds, and the clients' optimizer state: one for all in a
-sync run (they step alike), each client's own in async and local-sgd runs. Every mode
+sync run (they step alike), each client's own in async and local-sgd runs, and
+local-sgd's outer momentum. Every mode
 writes this one type; resume reads it.
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rundir.layout import RunDir
 OWN = ("weights", "version", "time", "lines", "tally.counts", "tally.client_steps", "tally.client_pushes")
 OPTIMIZER = "optimizer."  # the prefix of the clients' optimizer state's arrays
 CLIENT_OPTIMIZER = "client_optimizer."  # of one client's: client_optimizer.I.NAME
+OUTER = "outer."  # of local-sgd's outer step (clients/outer.py): its momentum
 
 
 @dataclass
@@ -38,6 +40,7 @@ class Checkpoint:
     optimizer: dict[str, np.ndarray] = field(default_factory=dict)
     # client -> its own optimizer state, at the step `client_steps` records for it
     client_optimizers: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    outer: dict[str, np.ndarray] = field(default_factory=dict)  # local-sgd's outer step's state
 
     def save(self, run: RunDir) -> None:
         """Atomically: a crash mid-write leaves the previous checkpoint whole."""
@@ -45,6 +48,7 @@ class Checkpoint:
                for c, arrays in self.client_optimizers.items() for k, v in arrays.items()}
         save_arrays(run.checkpoint_path, {
             **self.store, **{OPTIMIZER + k: v for k, v in self.optimizer.items()}, **own,
+            **{OUTER + k: v for k, v in self.outer.items()},
             "weights": self.weights, "version": np.array(self.version), "time": np.array(self.time),
             "lines": np.array(self.lines, np.int64), "tally.counts": np.array(self.counts, np.int64),
             "tally.client_steps": np.asarray(self.client_steps, np.int64),
@@ -72,8 +76,9 @@ class Checkpoint:
                    tuple(int(n) for n in arrays["tally.counts"]),
                    arrays["tally.client_steps"], arrays["tally.client_pushes"],
                    {k: v for k, v in arrays.items()
-                    if k not in OWN and not k.startswith((OPTIMIZER, CLIENT_OPTIMIZER))},
-                   {k[len(OPTIMIZER):]: v for k, v in arrays.items() if k.startswith(OPTIMIZER)}, own)
+                    if k not in OWN and not k.startswith((OPTIMIZER, CLIENT_OPTIMIZER, OUTER))},
+                   {k[len(OPTIMIZER):]: v for k, v in arrays.items() if k.startswith(OPTIMIZER)}, own,
+                   {k[len(OUTER):]: v for k, v in arrays.items() if k.startswith(OUTER)})
 
     @staticmethod
     def reached(run: RunDir) -> tuple[int, int] | None:

@@ -109,3 +109,36 @@ def plain_sgd(dataset: Dataset, steps: int, *, model: str = "cnn", seed: int = 0
         if scheduler:
             scheduler.step()
     return torch.cat([p.detach().reshape(-1) for p in net.parameters()]).numpy()
+
+
+def plain_diloco(dataset: Dataset, rounds: int, h: int, *, clients: int, outer_lr: float, outer_momentum: float,
+                 seed: int = 0, batch_size: int = 32, dtype: torch.dtype = torch.float64,
+                 inner: Callable = lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=5e-4),
+                 ) -> np.ndarray:
+    """Final global weights, flattened, of synchronous DiLoCo (Douillard et al. 2023,
+    Algorithm 1) written out: `clients` workers, each with its own inner optimizer
+    (`inner(params)`, by default the tool's default SGD) kept across rounds, start every
+    round from the global weights and take `h` steps on their shards (in the order the
+    tool's clients read them); the outer
+    torch.optim.SGD(lr=outer_lr, momentum=outer_momentum, nesterov=True) steps on the
+    mean of (global - local). In `dtype` (float64: the arithmetic, free of float32's
+    rounding)."""
+    model = build_model("cnn", dataset.shape, dataset.num_classes, seed).to(dtype)
+    workers = [build_model("cnn", dataset.shape, dataset.num_classes, seed).to(dtype) for _ in range(clients)]
+    inners = [inner(w.parameters()) for w in workers]
+    outer = torch.optim.SGD(model.parameters(), lr=outer_lr, momentum=outer_momentum, nesterov=outer_momentum > 0)
+    redeal = (len(dataset.train), clients) if clients > 1 else None
+    samplers = [ShardSampler(shard_indices(len(dataset.train), clients, k, seed), batch_size, seed, k, redeal)
+                for k in range(clients)]
+    for _ in range(rounds):
+        for worker, opt, sampler in zip(workers, inners, samplers):
+            worker.load_state_dict(model.state_dict())
+            for _ in range(h):
+                x, y = dataset.train.batch(sampler.next())
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(worker(x.to(dtype)), y).backward()
+                opt.step()
+        for p, *local in zip(model.parameters(), *(w.parameters() for w in workers)):
+            p.grad = torch.stack([p.detach() - q.detach() for q in local]).mean(0)
+        outer.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()

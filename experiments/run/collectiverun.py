@@ -4,7 +4,8 @@ There is no server: over MPI every rank is a client and rank 0 also records the 
 the simulator steps all K clients itself. Rows of all clients reach the recorder each
 step (`gather`), so the run directory is the same as an async run's, with an empty
 server.jsonl. Snapshots for the test error are client 0's weights, which in sync mode
-every client shares and in local-sgd mode are averaged at each sync point.
+every client shares and in local-sgd mode are averaged at each sync point (and, with
+an outer step, stepped from the mean: clients/outer.py).
 
 The recorder writes snapshots and checkpoints on a thread of its own, one at a time:
 the files (checksummed, fsynced) take milliseconds, which every other rank would
@@ -21,6 +22,7 @@ import numpy as np
 from clients.buffers import host_copy
 from clients.client import Client
 from clients.collective import Average, Away, Straggle, collective_step
+from clients.outer import OuterStep
 from experiments.run.resume import ResumePoint
 from experiments.run.life import RunLife
 from experiments.run.record import RunSetup, stops_early
@@ -49,6 +51,7 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
         first = point.client_steps[0] + 1 if point else 1
         stopping = stops_early(cfg)
         faults = [f for i in indices if (f := cfg.fault_for(i, f"client {i}")) is not None]
+        outer = OuterStep.for_run(cfg, clients[0].weights, point.outer if point else {})
         files = Background() if recorder else None
         if files is not None:
             life.land_files = files.close
@@ -59,7 +62,7 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
                 for client in clients:  # the lr schedule's progress: the samples of the steps before
                     client.lr = client.schedule.at((step - 1) * samples_per_step)
                 outcomes = collective_step(clients, cfg.mode, step, cfg.steps, cfg.n_sync, average, straggle,
-                                           (k, cfg.backup_workers), away)
+                                           (k, cfg.backup_workers), away, outer)
                 averages += _resumable(cfg, step)  # the steps that average are those every client leaves alike
                 now = clock()
                 rows = [_row(r, i, step, now, fate) for i, done in zip(indices, outcomes) for r, fate in done]
@@ -69,13 +72,10 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
                 due = step % every == 0 or step == cfg.steps
                 timed = not due and _checkpoint_due(cfg, step, now - saved_at, recorder, agree)
                 checkpoint = (due or timed) and _resumable(cfg, step)
-                states = optimizer_states(cfg, clients, gather, recorder) if checkpoint else {}
+                states = _checkpoint_states(cfg, clients, gather, recorder, outer) if checkpoint else {}
                 saved_at = now if checkpoint else saved_at
                 if recorder:
-                    log.write_many(everyone)
-                    counts["minibatches"] += len(everyone)
-                    counts["samples"] += sum(r["samples"] for r in everyone)
-                    life.progress.update(counts["minibatches"])
+                    _logged(log, everyone, counts, life)
                     if due or timed:
                         files.submit(_save, life.run, setup, host_copy(clients[0].weights), step, now,
                                      dict(counts), log.lines, states, due)
@@ -91,6 +91,14 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
             dropped = {"gradients_dropped": _dropped(life.run)} if cfg.backup_workers else {}
             life.finish({**dropped, **_wire_bytes(averages, k, setup.weights.nbytes)})
     return 0
+
+
+def _logged(log, rows: list[dict], counts: dict, life: RunLife) -> None:
+    """The step's rows written and counted, the progress bar moved."""
+    log.write_many(rows)
+    counts["minibatches"] += len(rows)
+    counts["samples"] += sum(r["samples"] for r in rows)
+    life.progress.update(counts["minibatches"])
 
 
 def _wire_bytes(averages: int, clients: int, nbytes: int) -> dict[str, int]:
@@ -142,6 +150,13 @@ def optimizer_states(cfg: RunConfig, clients: list[Client], gather: Callable[[li
         return {"optimizer": clients[0].optimizer.state_arrays()} if recorder else {}
     states = gather([client.optimizer.state_arrays() for client in clients])
     return {} if states is None else {"client_optimizers": dict(enumerate(states))}
+
+
+def _checkpoint_states(cfg: RunConfig, clients: list[Client], gather: Callable[[list], list | None], recorder: bool,
+                       outer: OuterStep | None) -> dict[str, Any]:
+    """What a checkpoint holds beside the weights: the clients' optimizer state and
+    local-sgd's outer momentum (every rank's copy is the same: the recorder's is saved)."""
+    return {**optimizer_states(cfg, clients, gather, recorder), **({"outer": outer.state()} if outer else {})}
 
 
 def _checkpoint_due(cfg: RunConfig, step: int, since: float, recorder: bool, agree: Callable[[bool], bool]) -> bool:

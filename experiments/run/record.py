@@ -84,7 +84,8 @@ def open_run(setup: RunSetup, every: int) -> RunDir:
     run = record_dir(setup)
     run.create()
     run.write_config({**setup.cfg.to_dict(), "out": setup.out, "clients": setup.clients, "eval_every": every,
-                      "momentum_used": round(setup.cfg.client_momentum(setup.clients), 6), **_speeds(setup),
+                      "momentum_used": round(setup.cfg.client_momentum(setup.clients), 6), **_outer(setup.cfg),
+                      **_speeds(setup),
                       **metric_traits(setup.cfg.metric), "num_params": setup.weights.size,
                       "train_size": len(setup.dataset.train),
                       "data_fingerprint": fingerprint(setup.dataset), "provenance": setup.provenance})
@@ -92,6 +93,14 @@ def open_run(setup: RunSetup, every: int) -> RunDir:
         with run.writer("warm_start") as log:
             log.write_many(setup.warm_rows)
     return run
+
+
+def _outer(cfg: RunConfig) -> dict[str, float]:
+    """The outer step's lr and momentum a run takes (the lr's default follows the
+    momentum), where it takes one."""
+    if not cfg.takes_outer_step:
+        return {}
+    return {"outer_lr_used": cfg.outer_step_lr, "outer_momentum_used": cfg.outer_momentum}
 
 
 def measured_config(cfg: RunConfig) -> dict[str, Any]:

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from runconfig.settings import USER_CODE, USER_CODE_KEYS, ConfigError, RunConfig, load_config
+from runconfig.load import load_config
+from runconfig.settings import USER_CODE, USER_CODE_KEYS, ConfigError, RunConfig
 from rundir.checkpoint import Checkpoint
 from rundir.durable import CorruptFile, load_arrays, read_jsonl, truncate_jsonl, write_json_atomic
 from rundir.layout import RunDir
@@ -38,7 +39,7 @@ CHANGEABLE = {"steps", "epochs", "quiet", "stall_timeout", "eval_samples", "eval
               "stop_at_loss", "stop_at_metric", "keep_snapshots", "keep_best", "device", "server_device",
               "server_kernel", "resume", "inject_fault", "out", "threads", "debug", "tensorboard",
               "checkpoint_every"}
-RECORD_ONLY = {"provenance", "num_params", "train_size", "resumed", "momentum_used",
+RECORD_ONLY = {"provenance", "num_params", "train_size", "resumed", "momentum_used", "outer_lr_used", "outer_momentum_used",
                "data_fingerprint", "speeds_used", METRIC_NAME, METRIC_HIGHER}  # config.json keys that are not config
 
 
@@ -51,6 +52,7 @@ class ResumePoint:
     client_pushes: list[int]
     optimizer: dict[str, np.ndarray] = field(default_factory=dict)  # every client's, where one for all
     client_optimizers: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)  # client -> its own
+    outer: dict[str, np.ndarray] = field(default_factory=dict)  # local-sgd's outer step's state (every rank's)
 
     def optimizer_of(self, client: int) -> dict[str, np.ndarray]:
         """The optimizer state `client` goes on with ({}: a fresh one)."""
@@ -212,7 +214,8 @@ def _count_rows(path: Path) -> int:
 def resume_point(run_dir: str) -> ResumePoint:
     checkpoint = Checkpoint.load(RunDir(run_dir))
     return ResumePoint(checkpoint.time, [int(s) for s in checkpoint.client_steps],
-                       [int(p) for p in checkpoint.client_pushes], checkpoint.optimizer, checkpoint.client_optimizers)
+                       [int(p) for p in checkpoint.client_pushes], checkpoint.optimizer, checkpoint.client_optimizers,
+                       checkpoint.outer)
 
 
 def cut_back(run: RunDir, checkpoint: Checkpoint, steps: int, record: dict[str, Any],

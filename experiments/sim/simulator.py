@@ -58,7 +58,7 @@ from experiments.run.serverrun import serve_run
 from experiments.sim.costs import SimTiming, sized
 from experiments.sim.links import Links
 from paramserver.faults import InjectedFault
-from runconfig.checks import parse_joins
+from runconfig.simchecks import parse_joins
 from runconfig.settings import ConfigError, RunConfig
 from paramserver.inprocess import InProcess
 from paramserver.wire.protocol import Join, Outgoing, Pull, Tag, Welcome

@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments.run.resume import CHANGEABLE
-from runconfig.settings import ConfigError, RunConfig, field_types, load_config
+from runconfig.load import field_types, load_config
+from runconfig.settings import ConfigError, RunConfig
 from rundir.smoothing import WINDOW
 
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")

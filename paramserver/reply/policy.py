@@ -12,9 +12,22 @@ step: it is taken with what was gathered (`release_due`, then the handler's `rel
 and `wake_at` tells a driver when that comes about if no message comes first. With DyLU
 each reply carries the client's next window (paramserver/reply/dylu.py).
 
+Under delayed Nesterov (`--rule nesterov`, asynchronous DiLoCo) the policy may hold a
+round's early pushers until its momentum step (`nesterov_reply`: `round`; `auto`, held
+where the pace says the round's other pushes come before this client could push again,
+as `fresh`'s `auto` waits; `now`, answered at once, Algorithm 3 of Liu et al. 2024 as
+written). Answered at once, the first N - 1 pushers of a round pull weights without the
+round's momentum step and run their next round from a point that step leaves behind: a
+round stale against a momentum that amplifies each round's change by up to
+eps / (1 - beta) (docs/rules.md measures it). Held, every client of a round at equal
+speeds pulls the weights after the step: with N = K the run is synchronous DiLoCo. A
+client is held only while the round can still complete; once it cannot (a client
+stopped, failed or was lost), the held clients are answered with the weights as they are
+(`stranded`).
+
 The policy keeps its own state (who waits, the pace's timings, DyLU's speeds); it reads
 of the server only what `Served` names: the store's version, what each client pulled and
-the rule's gather (`Rule.remaining`, `Rule.drops`).
+the rule's gather (`Rule.remaining`, `Rule.drops`) or round (`Rule.round_left`).
 """
 from __future__ import annotations
 
@@ -37,7 +50,8 @@ class ReplyMode(str, Enum):
 class Gather(Protocol):
     """What the policy reads of a rule (paramserver/rules/base.py)."""
 
-    remaining: int  # the minibatches the step being gathered still needs
+    remaining: int   # the minibatches the step being gathered still needs
+    round_left: int  # the pushes the open round still needs (0: none open)
 
     def drops(self, staleness: int) -> str: ...
 
@@ -64,29 +78,35 @@ def check_keys(settings) -> str:
     modes = [m.value for m in ReplyMode]
     if settings.fresh_reply not in modes:
         return f"fresh_reply: expected {' or '.join(modes)}, got {settings.fresh_reply!r}"
+    if settings.nesterov_reply not in ROUNDS:
+        return f"nesterov_reply: expected {', '.join(ROUNDS)}, got {settings.nesterov_reply!r}"
     if settings.overdue != 0 and settings.overdue < 1:
         return f"overdue: must be 0 (off) or a factor of at least 1 of a client's mean compute time, got {settings.overdue}"
     return ""
 
 
+ROUNDS = {"now": ReplyMode.AGAIN, "round": ReplyMode.WAIT, "auto": ReplyMode.AUTO}  # nesterov_reply's words
+
+
 class ReplyPolicy:
     def __init__(self, mode: ReplyMode = ReplyMode.AGAIN, clock: Callable[[], float] = time.monotonic,
-                 overdue: float = 0.0, windows: Windows | None = None):
-        self.mode = mode
-        self.pace = Pace(clock, overdue=overdue) if mode is ReplyMode.AUTO else None
+                 overdue: float = 0.0, windows: Windows | None = None, rounds: ReplyMode = ReplyMode.AGAIN):
+        self.mode, self.rounds = mode, rounds  # a gathered push's reply; a round's early pushers'
+        self.pace = Pace(clock, overdue=overdue) if ReplyMode.AUTO in (mode, rounds) else None
         self.windows = windows
         self.clock = clock
         self.deferred: list[int] = []  # client ranks whose replies wait for a step
 
     @classmethod
-    def for_run(cls, cfg, gathers: bool, clients: int, clock: Callable[[], float] = time.monotonic) -> ReplyPolicy:
-        """The run's policy: `fresh_reply` where the rule gathers (with sharded servers, which
-        would each time the clients apart and answer one differently, `auto` waits), and
-        DyLU's windows where `dylu` is on."""
-        mode = ReplyMode(cfg.fresh_reply) if gathers else ReplyMode.AGAIN
-        if mode is ReplyMode.AUTO and cfg.servers > 1:
-            mode = ReplyMode.WAIT
-        return cls(mode, clock, cfg.overdue, Windows.for_run(cfg, clients))
+    def for_run(cls, cfg, rule, clients: int, clock: Callable[[], float] = time.monotonic) -> ReplyPolicy:
+        """The run's policy: `fresh_reply` where the rule gathers, `nesterov_reply` where it
+        steps by rounds (with sharded servers, which would each time the clients apart and
+        answer one differently, `auto` waits), and DyLU's windows where `dylu` is on."""
+        def sharded(mode: ReplyMode) -> ReplyMode:
+            return ReplyMode.WAIT if mode is ReplyMode.AUTO and cfg.servers > 1 else mode
+        mode = sharded(ReplyMode(cfg.fresh_reply)) if rule.gathers else ReplyMode.AGAIN
+        rounds = sharded(ROUNDS[cfg.nesterov_reply]) if rule.rounds else ReplyMode.AGAIN
+        return cls(mode, clock, cfg.overdue, Windows.for_run(cfg, clients), rounds)
 
     def grow(self) -> None:
         """One client more (a joiner): DyLU measures its speed from its first push; the
@@ -108,13 +128,31 @@ class ReplyPolicy:
             self.pace.replied(rank)
         return self.windows.reply(client, self.clock(), running) if self.windows else 0
 
-    def defer(self, served: Served, rank: int, minibatches: int) -> bool:
+    def waits(self, served: Served, rank: int, minibatches: int) -> bool:
         """Whether the sender of a push the rule gathered (of `minibatches` minibatches) waits
-        for the step; if so it is deferred until `answered`."""
-        if self.mode is ReplyMode.AGAIN or (self.mode is ReplyMode.AUTO and not self._paced_wait(served, rank, minibatches)):
+        for the step (the handler then defers it until `answered`)."""
+        return self.mode is ReplyMode.WAIT or (self.mode is ReplyMode.AUTO and self._paced_wait(served, rank, minibatches))
+
+    def holds(self, served: Served, rank: int) -> bool:
+        """Whether `rank`, whose push into a round was just applied, waits for the round's
+        momentum step: not when the round was just closed or can no longer complete
+        without it; under `auto`, only where the pace says it completes before `rank`
+        could push again."""
+        if self.rounds is ReplyMode.AGAIN or self._stranded(served, rank):
             return False
-        self.deferred.append(rank)
-        return True
+        computing = [r for r in served.waiting if r not in self.deferred and r != rank]
+        return self.rounds is ReplyMode.WAIT or self.pace.waits(rank, served.store.rule.round_left, computing)
+
+    def stranded(self, served: Served) -> bool:
+        """Whether clients are held for a round that can no longer complete."""
+        return self.rounds is not ReplyMode.AGAIN and bool(self.deferred) and self._stranded(served)
+
+    def _stranded(self, served: Served, rank: int | None = None) -> bool:
+        """Nothing to hold for: the round was just closed, or it needs more pushes than the
+        clients still computing (all running but those held and `rank`) can bring, one each."""
+        left = served.store.rule.round_left
+        computing = [r for r in served.waiting if r not in self.deferred and r != rank]
+        return left == 0 or len(computing) < left
 
     def _paced_wait(self, served: Served, rank: int, minibatches: int) -> bool:
         """By the pace: wait unless the other clients still computing at weights the step

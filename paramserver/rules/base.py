@@ -29,8 +29,10 @@ class RuleSettings(Protocol):
     fresh_batch: int | str
     max_staleness: int
     nesterov_every: int
-    nesterov_momentum: float
-    outer_lr: float
+    nesterov_momentum: float | None
+    outer_momentum: float  # nesterov_momentum, or the default of the step that takes it
+    outer_lr: float | None
+    outer_step_lr: float  # outer_lr, or its default (1 - outer_momentum)
     nesterov_activation: float
     servers: int
     optimizer: str
@@ -79,9 +81,10 @@ class Rule:
     FORMULAS: tuple[str, ...] = (ADD,)  # every fused formula the rule's updates use
 
     pushes = "delta"   # what a client sends: its weight change ("delta"), "gradient" sums or "weights"
-    # whether a push may join a step taken later (fresh): the reply policy
-    # (paramserver/reply/policy.py) may then answer it with the step
+    # whether a push may join a step taken later (fresh), or a round its N-th push steps
+    # (nesterov): the reply policy (paramserver/reply/policy.py) may then answer it with it
     gathers = False
+    rounds = False
     step_batch: int | None = None  # the minibatches a step gathers, for rules that gather (fresh)
     gain: float | None = None      # the lr gain of such a step now, under adascale (fresh)
     steps_with_optimizer = False  # whether the server's step is the run's optimizer (sgd, fresh)
@@ -127,6 +130,11 @@ class Rule:
     @property
     def remaining(self) -> int:
         """The minibatches the step being gathered still needs (0: the rule does not gather)."""
+        return 0
+
+    @property
+    def round_left(self) -> int:
+        """The pushes the open round still needs (0: none open, or the rule has no rounds)."""
         return 0
 
     @property

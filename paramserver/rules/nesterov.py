@@ -17,16 +17,18 @@ class NesterovRule(Rule):
     their local change d = -g (g: the pseudo-gradient, pulled minus local weights); every
     push moves the weights by its own share, and every N = `nesterov_every` pushes (default
     K) the momentum, fed the mean of those N pushes, adds its look-ahead term. With outer lr
-    eps = `outer_lr`, beta = `nesterov_momentum`, activation c = `nesterov_activation`:
+    eps = `outer_lr`, beta = `nesterov_momentum` (0 unless given), activation c = `nesterov_activation`:
         each push         Delta += g
         the N-th push     m = beta m + Delta / N; w -= eps ((1 - cN + c) beta m + g / N); Delta = 0
         the others        w -= eps (c beta m + g / N)
     (kept here in terms of d, so `total` is -Delta and `momentum` is -m). So a stale push
     is applied once, as a plain step, and never compounded by the momentum between its
     updates; with N = K equal-speed clients a round is one Nesterov step of the averaged
-    client change (synchronous local SGD with a Nesterov server step); with one client,
-    N = 1, eps = 1 and beta = 0 it is `add`. eps = 1 and c = 0 are the defaults, the
-    arithmetic of the rule before it had them, bit for bit."""
+    client change (synchronous local SGD with a Nesterov server step) when the clients
+    pull after it (paramserver/reply/policy.py); with one client, N = 1, eps = 1 and
+    beta = 0 it is `add`. At eps = 1 and c = 0 it is the arithmetic of the rule before it
+    had them, bit for bit. eps defaults to 1 - beta (RunConfig.outer_step_lr): the outer
+    step's amplification eps / (1 - beta) is then 1; beta to 0 (docs/rules.md: measured)."""
 
     # a plain step of eps d / N (plus, with c > 0, a share of the momentum's look-ahead), and
     # at every N-th push the momentum's update and the rest of its look-ahead
@@ -38,22 +40,25 @@ w_out = (w + step_d * d) + look * momentum;"""
 total_out = 0;
 w_out = (w + step_d * d) + look * momentum_out;"""
     FORMULAS = (PLAIN, ACTIVE, LOOK_AHEAD)
+    rounds = True  # steps by rounds of N pushes: the reply policy may hold a round's early pushers
+    outer_step = True  # takes `outer_lr` and `nesterov_momentum` (runconfig/checks.py refuses them elsewhere)
 
     @classmethod
     def check_keys(cls, settings: RuleSettings) -> str:
         return refusals(
             (settings.nesterov_every >= 0, f"nesterov_every: must be non-negative (0: clients), got {settings.nesterov_every}"),
-            (0 <= settings.nesterov_momentum < 1,
+            (0 <= settings.outer_momentum < 1,
              f"nesterov_momentum: must be in [0, 1), got {settings.nesterov_momentum}"),
-            (settings.outer_lr > 0, f"outer_lr: must be positive, got {settings.outer_lr}"),
+            (settings.outer_lr is None or settings.outer_lr > 0,
+             f"outer_lr: must be positive, got {settings.outer_lr}"),
             (0 <= settings.nesterov_activation <= 1,
              f"nesterov_activation: must be in [0, 1], got {settings.nesterov_activation}"))
 
     def __init__(self, settings: RuleSettings, clients: int):
         super().__init__(settings, clients)
         self.every = settings.nesterov_every or clients
-        self.beta = settings.nesterov_momentum
-        self.outer_lr = settings.outer_lr
+        self.beta = settings.outer_momentum
+        self.outer_lr = settings.outer_step_lr
         self.activation = settings.nesterov_activation
         self.total: Tensor | None = None     # the pushes since the last momentum update, summed
         self.momentum: Tensor | None = None
@@ -95,6 +100,11 @@ w_out = (w + step_d * d) + look * momentum_out;"""
         return Update(self.LOOK_AHEAD, {**scalars, "inv_n": 1.0 / self.every, "beta": self.beta,
                                         "look": self.look(True)},
                       {"total": self.total, "momentum": self.momentum}, after=self.counted)
+
+    @property
+    def round_left(self) -> int:
+        """The pushes the open round still needs (0: none open), for the reply policy."""
+        return self.every - self.count if self.count else 0
 
     def due(self) -> bool:
         """Whether the push being applied is the N-th, which updates the momentum."""

@@ -174,30 +174,40 @@ def test_simulator_with_one_client_reproduces_the_mpi_losses(one_client_runs, tm
 
 @pytest.mark.parametrize("mode", ["sync", "local-sgd"])
 def test_synchronous_baselines_under_mpi(tmp_path, tiny_npz, mode):
-    run = tmp_path / "run"
-    result = mpi_train(3, "--mode", mode, "--data", str(tiny_npz), *TINY, "--steps", "10", "--n-sync", "3",
-                       "--eval-samples", "50", "--out", str(run))
+    """sync: every rank is a client, the allreduce of 3 batches of 32 one batch of 96.
+    local-sgd with DiLoCo's outer step: every rank steps its own copy of the outer
+    optimizer on the allreduced mean, and the run is the float64 loop of DiLoCo's
+    Algorithm 1 (3 rounds of 3 steps) within float32's few ulps, as in the simulator
+    (tests/sim/test_diloco.py)."""
+    from tests.reference import plain_diloco
+
+    run, steps = tmp_path / "run", 10 if mode == "sync" else 9
+    outer = ["--outer-lr", "0.7", "--nesterov-momentum", "0.9"] if mode == "local-sgd" else []
+    result = mpi_train(3, "--mode", mode, "--data", str(tiny_npz), *TINY, "--steps", str(steps), "--n-sync", "3",
+                       *outer, "--eval-samples", "50", "--out", str(run))
     assert result.returncode == 0, result.stderr
     assert sorted((r["client"], r["step"]) for r in rows(run, "clients")) == \
-        [(c, s) for c in range(3) for s in range(1, 11)]
+        [(c, s) for c in range(3) for s in range(1, steps + 1)]
     assert summary(run)["status"] == "complete" and rows(run, "server") == []
-    if mode == "sync":  # every rank is a client: the allreduce of 3 batches of 32 is one batch of 96
-        expected = plain_sgd(load_dataset(str(tiny_npz)), 10, batch_size=32, lr=0.01, clients=3)
-        np.testing.assert_allclose(load_arrays(run / "checkpoint" / "latest.npz")["weights"], expected,
-                                   atol=1e-6, rtol=0)
+    dataset = load_dataset(str(tiny_npz))
+    expected = plain_sgd(dataset, 10, batch_size=32, lr=0.01, clients=3) if mode == "sync" else \
+        plain_diloco(dataset, 3, 3, clients=3, outer_lr=0.7, outer_momentum=0.9)
+    np.testing.assert_allclose(load_arrays(run / "checkpoint" / "latest.npz")["weights"], expected, atol=1e-6, rtol=0)
 
 
 def test_local_sgd_under_mpi_resumed_from_checkpoints_between_curve_points_ends_as_one_never_stopped(tmp_path,
                                                                                                  tiny_npz):
     """checkpoint_every under MPI: rank 0's clock decides, every rank agrees at the
-    averaging steps and gives its AdamW state; a run failed at step 7 goes on from step 6."""
+    averaging steps and gives its AdamW state, and rank 0 DiLoCo's outer momentum; a run
+    failed at step 7 goes on from step 6."""
     flags = ["--mode", "local-sgd", "--data", str(tiny_npz), *TINY, "--steps", "10", "--n-sync", "2",
-             "--optimizer", "adamw", "--eval-every", "1000", "--checkpoint-every", "0.000001", "--eval-samples", "50"]
+             "--optimizer", "adamw", "--eval-every", "1000", "--checkpoint-every", "0.000001", "--eval-samples", "50",
+             "--outer-lr", "0.7", "--nesterov-momentum", "0.9"]
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     assert mpi_train(2, *flags, "--out", str(whole)).returncode == 0
     assert mpi_train(2, *flags, "--out", str(resumed), "--inject-fault", "1:7").returncode == 1
     stopped = load_arrays(resumed / "checkpoint" / "latest.npz")
-    assert int(stopped["version"]) == 6 and "client_optimizer.1.state.0.step" in stopped
+    assert int(stopped["version"]) == 6 and "client_optimizer.1.state.0.step" in stopped and "outer.momentum" in stopped
     assert mpi_train(2, "--resume", str(resumed)).returncode == 0
     np.testing.assert_array_equal(load_arrays(resumed / "checkpoint" / "latest.npz")["weights"],
                                   load_arrays(whole / "checkpoint" / "latest.npz")["weights"])
@@ -318,3 +328,21 @@ def test_fresh_with_s_k_r_0_is_the_large_batch_loop_also_on_sharded_servers(tmp_
     expected = plain_sgd(load_dataset(str(tiny_npz)), 12, batch_size=32, lr=0.01, clients=2)
     np.testing.assert_allclose(weights, expected, atol=1e-6, rtol=0)
     assert summary(run)["version"] == 12 and summary(run)["pushes_dropped"] == 0
+
+
+def test_delayed_nesterov_holds_each_round_under_mpi(tmp_path, tiny_npz):
+    """`--nesterov-reply round` over MPI: a round's early pushers wait for its momentum
+    step, so each round of K pushes holds one push of every client, all pulled after the
+    round before: the i-th push of a round is i versions stale (answered at once, each
+    client pulls right after its own push, and at equal speeds every push is K - 1
+    stale); the run ends."""
+    run = tmp_path / "run"
+    result = mpi_train(4, "--data", str(tiny_npz), *TINY[:4], "--rule", "nesterov", "--nesterov-reply", "round",
+                       "--outer-lr", "0.7", "--n-sync", "2", "--steps", "10", "--lr-scaling", "none", "--device", "cpu",
+                       "--eval-samples", "50", "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    pushes = rows(run, "server")
+    assert len(pushes) == 15
+    assert all(sorted(r["client"] for r in pushes[i:i + 3]) == [0, 1, 2] for i in range(0, 15, 3))
+    assert [r["staleness"] for r in pushes[3:]] == [0, 1, 2] * 4
+    assert summary(run)["status"] == "complete"

@@ -34,7 +34,8 @@ from clients.data import load_dataset
 from clients.models import build_model, flat_weights
 from experiments.cli import main
 from experiments.sweep.spec import OWN_KEYS
-from runconfig.settings import RunConfig, field_types
+from runconfig.load import field_types
+from runconfig.settings import RunConfig
 from rundir.checkpoint import Checkpoint
 from rundir.durable import CorruptFile, load_arrays, save_arrays
 from rundir.layout import RunDir

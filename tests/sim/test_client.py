@@ -35,7 +35,7 @@ def one_client(run_path, dataset, n_push, n_fetch, rule="add", server_momentum=0
     def model():
         return build_model("cnn", dataset.shape, dataset.num_classes, seed=0)
 
-    settings = RunConfig(lr=LR, server_momentum=server_momentum, weight_decay=WD, **rule_settings)
+    settings = RunConfig(rule=rule, lr=LR, server_momentum=server_momentum, weight_decay=WD, **rule_settings)
     state = ServerState(Store(flat_weights(model()), make_rule(rule, settings)), [1])
     run = RunDir(run_path)
     run.create()

@@ -21,7 +21,8 @@ from tests.sim.test_sim import TIMED, rows
 
 H, STEPS = 8, 48
 DILOCO = ["--clients", "3", "--steps", str(STEPS), "--n-sync", str(H), "--rule", "nesterov", "--optimizer", "adamw",
-          "--dylu", "--slow-clients", "1", "--slow-factor", "3", "--budget", "client"]  # each client's steps
+          "--dylu", "--slow-clients", "1", "--slow-factor", "3", "--budget", "client",  # each client's steps
+          "--nesterov-reply", "now"]  # every push answered at once: the versions counted below are Algorithm 3's
 
 
 def train(*flags: str) -> int:

@@ -97,7 +97,8 @@ def test_noise_scale_rows_summary_and_auto_fresh_batch(tmp_path, tiny_npz):
 
 
 def test_nesterov_runs_and_keeps_its_momentum(tmp_path, tiny_npz):
-    run = sim(tmp_path / "run", tiny_npz, "--rule", "nesterov", "--clients", "3", "--steps", "6", "--n-sync", "2")
+    run = sim(tmp_path / "run", tiny_npz, "--rule", "nesterov", "--clients", "3", "--steps", "6", "--n-sync", "2",
+              "--nesterov-momentum", "0.9", "--outer-lr", "1")
     s = summary(run)
     assert s["status"] == "complete" and s["version"] == s["pushes_applied"] == 9
     assert {"rule.total", "rule.momentum", "rule_scalar.count"} <= set(load_arrays(run / "checkpoint" / "latest.npz"))

@@ -8,7 +8,8 @@ from re import escape
 import numpy as np
 import pytest
 
-from runconfig.settings import ConfigError, RunConfig, load_config
+from runconfig.load import load_config
+from runconfig.settings import ConfigError, RunConfig
 from paramserver.events import NoiseMeasured
 from paramserver.handler import handle
 from paramserver.state import ServerState
@@ -85,7 +86,7 @@ def served(clients: int, **more) -> ServerState:
     rule = make_rule("fresh", cfg, clients)
     return ServerState(Store(np.zeros(N, np.float32), rule), list(range(1, clients + 1)),
                        schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr),
-                       reply=ReplyPolicy.for_run(cfg, True, clients))
+                       reply=ReplyPolicy.for_run(cfg, rule, clients))
 
 
 def test_progress_counts_gain_weighted_steps_and_the_warmup_stretches_with_it():

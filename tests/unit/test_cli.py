@@ -96,6 +96,13 @@ def test_scale_out_and_failure_flags_are_checked_before_launch(flags, message, c
     (["--rule", "fresh", "--fresh-batch", "auto", "--servers", "2"], "fresh_batch: auto needs servers = 1"),
     (["--rule", "nesterov", "--nesterov-every", "-1"], "nesterov_every: must be non-negative"),
     (["--rule", "nesterov", "--nesterov-momentum", "1"], "nesterov_momentum: must be in [0, 1)"),
+    (["--mode", "local-sgd", "--nesterov-momentum", "-0.1"], "nesterov_momentum: must be in [0, 1)"),
+    (["--mode", "local-sgd", "--outer-lr", "-0.7"], "outer_lr: must be positive"),
+    (["--mode", "local-sgd", "--outer-lr", "0"], "outer_lr: must be positive"),
+    (["--rule", "fresh", "--outer-lr", "0.7"], "outer_lr: --rule fresh takes no outer step (its clients push "
+                                               "gradients"),
+    (["--rule", "sgd", "--nesterov-momentum", "0.9"], "nesterov_momentum: --rule sgd takes no outer step"),
+    (["--mode", "sync", "--outer-lr", "0.7"], "outer_lr: --mode sync takes no outer step"),
 ])
 def test_bad_rule_settings_exit_2_with_one_line(flags, message, capsys):
     with pytest.raises(SystemExit) as exit_info:  # argparse exits itself on a value it cannot read

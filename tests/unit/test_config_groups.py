@@ -7,7 +7,8 @@ import re
 import pytest
 
 from experiments.cli import main
-from runconfig.settings import GROUPS, ConfigError, RunConfig, config_values, group_of, load_config
+from runconfig.load import config_values, group_of, load_config
+from runconfig.settings import GROUPS, ConfigError, RunConfig
 
 
 def _help_sections(capsys) -> dict[str, list[str]]:

@@ -35,7 +35,8 @@ SCHEDULE = [(0, True), (1, True), (0, True), (2, False), (1, False), (0, True), 
 GATHERING = RunConfig(lr=0.05, server_momentum=0.9, weight_decay=1e-3, fresh_batch=2, max_staleness=2,
                       lr_scaling="linear", nesterov_every=2)
 # delayed Nesterov with an outer lr and its activation c > 0 (asynchronous DiLoCo's outer step)
-DILOCO = RunConfig(nesterov_every=2, outer_lr=0.7, nesterov_activation=0.25)
+DILOCO = RunConfig(rule="nesterov", nesterov_every=2, outer_lr=0.7, nesterov_momentum=0.9,
+                   nesterov_activation=0.25)
 CASES = [(rule, SETTINGS, 3) for rule in RULES] + [(rule, PLAIN, 3) for rule in ("sgd", "adagrad", "dcasgd", "fresh")] + [
     ("easgd", SETTINGS, 1), ("staleness", SETTINGS, 1), ("scaled", SETTINGS, 1), ("fresh", GATHERING, 3),
     ("nesterov", GATHERING, 3), ("nesterov", DILOCO, 3)]

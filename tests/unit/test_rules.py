@@ -235,7 +235,7 @@ def test_fresh_flush_takes_the_step_with_what_was_gathered():
 
 @pytest.mark.parametrize("every", [0, 2])
 def test_nesterov_plain_steps_and_momentum_once_every_n_pushes(every):
-    settings = RunConfig(nesterov_every=every, nesterov_momentum=0.8)
+    settings = RunConfig(rule="nesterov", nesterov_every=every, nesterov_momentum=0.8, outer_lr=1.0)
     n = every or K
     kept = {"total": 0.0, "m": 0.0, "count": 0}
 
@@ -253,7 +253,8 @@ def test_nesterov_plain_steps_and_momentum_once_every_n_pushes(every):
 def test_nesterov_with_n_equal_rounds_is_one_nesterov_step_of_the_mean_change():
     """K clients pushing in rounds from the same weights: each round moves the weights by
     the mean change plus beta m, m = beta m + mean: Nesterov's outer step."""
-    store = Store(np.zeros(N, np.float32), make_rule("nesterov", RunConfig(nesterov_momentum=0.5), K))
+    settings = RunConfig(rule="nesterov", nesterov_momentum=0.5, outer_lr=1.0)
+    store = Store(np.zeros(N, np.float32), make_rule("nesterov", settings, K))
     w, m = np.zeros(N), np.zeros(N)
     for round_ in range(3):
         pushes = vectors(10 + round_, K)

@@ -9,7 +9,8 @@ import pytest
 
 from clients.collective import keep_fastest
 from clients.stragglers import Stragglers
-from runconfig.settings import ConfigError, RunConfig, load_config
+from runconfig.load import load_config
+from runconfig.settings import ConfigError, RunConfig
 from paramserver.events import Dropped
 from paramserver.handler import handle
 from paramserver.state import ServerState
@@ -132,8 +133,9 @@ def test_freshs_ramp_counts_its_steps_not_the_pushes_it_dropped():
     n, batch, lr = 50, 4, 1e-3
     cfg = RunConfig(lr=lr, momentum=0.0, weight_decay=0.0, batch_size=batch, lr_scaling="linear",
                     lr_scale_warmup=4, fresh_batch=2, fresh_reply="wait")
-    state = ServerState(Store(np.zeros(n, np.float32), make_rule("fresh", cfg, 3)), [1, 2, 3],
-                        schedule=Schedule.for_run(cfg, 3), reply=ReplyPolicy.for_run(cfg, True, 3))
+    rule = make_rule("fresh", cfg, 3)
+    state = ServerState(Store(np.zeros(n, np.float32), rule), [1, 2, 3], schedule=Schedule.for_run(cfg, 3),
+                        reply=ReplyPolicy.for_run(cfg, rule, 3))
     for rank in (1, 2, 3):
         handle(state, Message(rank, Tag.PULL, Pull()))
     rng, lrs, dropped = np.random.default_rng(0), [], 0

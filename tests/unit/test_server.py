@@ -79,7 +79,7 @@ def fresh_state(clients: int, clock=time.monotonic, **settings):
     cfg = RunConfig(**{"lr": 0.5, "lr_scaling": "none", **settings})
     rule = make_rule("fresh", cfg, clients)
     return ServerState(Store(np.zeros(4, np.float32), rule), list(range(1, clients + 1)), clock=clock,
-                       reply=ReplyPolicy.for_run(cfg, rule.gathers, clients, clock))
+                       reply=ReplyPolicy.for_run(cfg, rule, clients, clock))
 
 
 def gradient(state, rank: int, step: int, fetch: bool = True):
@@ -144,9 +144,11 @@ def test_fresh_auto_times_the_clients_with_one_server_and_waits_with_several():
     from paramserver.reply.policy import ReplyMode, ReplyPolicy
 
     assert fresh_state(2, fresh_reply="auto").reply.pace is not None and fresh_state(2, fresh_reply="wait").reply.pace is None
-    sharded = ReplyPolicy.for_run(RunConfig(rule="fresh", fresh_reply="auto", servers=2), True, 2)
+    from paramserver.rules import FreshRule, Rule
+
+    sharded = ReplyPolicy.for_run(RunConfig(rule="fresh", fresh_reply="auto", servers=2), FreshRule, 2)
     assert sharded.mode is ReplyMode.WAIT and sharded.pace is None
-    assert ReplyPolicy.for_run(RunConfig(rule="add", fresh_reply="wait"), False, 2).mode is ReplyMode.AGAIN
+    assert ReplyPolicy.for_run(RunConfig(rule="add", fresh_reply="wait"), Rule, 2).mode is ReplyMode.AGAIN
 
 
 def test_fresh_auto_takes_the_step_without_an_overdue_client_and_drops_its_late_push():

@@ -21,7 +21,8 @@ from clients.user.code import resolve, spec_of
 from experiments.api import settings_flags, train
 from experiments.cli import main
 from experiments.parent.mpiexec import refuse_torchrun
-from runconfig.settings import ConfigError, RunConfig, config_values
+from runconfig.load import config_values
+from runconfig.settings import ConfigError, RunConfig
 
 USER = '''
 import math
