@@ -39,11 +39,20 @@ import os, sys, time
 from pathlib import Path
 from paramserver.wire.transport import Transport
 transport, pid_file = Transport.world(timeout=2.0), Path(sys.argv[1])
+
+
+def exited(pid):  # gone, or a zombie: hydra's proxy, whose sockets it closed, may not reap it until the job ends
+    try:
+        return "State:\\tZ" in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+
+
 if transport.rank == 0:
     pid_file.write_text(str(os.getpid()))
 else:  # never reaches MPI_Finalize while rank 0 waits there
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (pid_file.exists() and not Path(f"/proc/{pid_file.read_text()}").exists()):
+    while time.monotonic() < deadline and not (pid_file.exists() and exited(pid_file.read_text())):
         time.sleep(0.05)
     print("rank 0 gone" if time.monotonic() < deadline else "rank 0 still in MPI_Finalize", flush=True)
 """
