@@ -21,7 +21,7 @@ from experiments.parent.tree import alive, descendants, kill_tree
 from rundir.durable import load_arrays
 from rundir.lock import FolderLock
 from rundir.status import EXIT_DIVERGED, was_interrupted
-from tests.conftest import BIN, ROOT, each_logged_once, run_command, start
+from tests.conftest import BIN, ROOT, Started, each_logged_once, run_command, start
 from tests.sim.test_sim import TIMED
 
 pytestmark = pytest.mark.slow
@@ -190,8 +190,7 @@ def test_sigterm_ends_the_whole_mpi_job_and_it_resumes_exactly(tmp_path, tiny_np
 
 def test_sigkill_of_the_command_takes_its_job_down(tmp_path, tiny_npz):
     run = tmp_path / "run"
-    job = start([str(BIN / "asgd"), "train", "--clients", "2", "--steps", "100000", "--data", str(tiny_npz),
-                 "--batch-size", "32", "--eval-samples", "50", "--quiet", "--out", str(run)])
+    job = training_job(run, tiny_npz)
     wait_for(lambda: (run / "clients.jsonl").exists(), "the job training")
     job.kill()
     job.wait()
@@ -204,8 +203,7 @@ def test_sigkill_of_the_command_ends_a_job_whose_launcher_passes_nothing_on(tmp_
     after asgd was SIGKILLed. The launcher stopped here, so it cannot: the lifeline
     between asgd and it kills every process below it once the grace time is over."""
     run = tmp_path / "run"
-    job = start([str(BIN / "asgd"), "train", "--clients", "2", "--steps", "100000", "--data", str(tiny_npz),
-                 "--batch-size", "32", "--eval-samples", "50", "--quiet", "--out", str(run)])
+    job = training_job(run, tiny_npz)
     try:
         wait_for(lambda: (run / "clients.jsonl").exists(), "the job training")
         os.kill(launcher(job.pid), signal.SIGSTOP)
@@ -245,8 +243,7 @@ def test_the_lock_is_held_until_the_last_process_of_the_job_is_gone(tmp_path, ti
     """The launcher SIGKILLed alone: its ranks (Open MPI's cannot hold the lock's descriptor,
     and outlive their launcher by a second or so) are gone before asgd lets the lock go."""
     run = tmp_path / "run"
-    job = start([str(BIN / "asgd"), "train", "--clients", "2", "--steps", "100000", "--data", str(tiny_npz),
-                 "--batch-size", "32", "--eval-samples", "50", "--quiet", "--out", str(run)])
+    job = training_job(run, tiny_npz)
     try:
         wait_for(lambda: (run / "clients.jsonl").exists(), "the job training")
         os.kill(launcher(job.pid), signal.SIGKILL)
@@ -255,6 +252,12 @@ def test_the_lock_is_held_until_the_last_process_of_the_job_is_gone(tmp_path, ti
         FolderLock(run).acquire().release()
     finally:
         kill_tree(job.pid)
+
+
+def training_job(run: Path, data) -> Started:
+    """A self-launched `asgd train` of two clients that trains until it is stopped."""
+    return start([str(BIN / "asgd"), "train", "--clients", "2", "--steps", "100000", "--data", str(data),
+                  "--batch-size", "32", "--eval-samples", "50", "--quiet", "--out", str(run)])
 
 
 def launcher(asgd: int) -> int:
