@@ -52,9 +52,11 @@ def write_failure(run: RunDir, train_s: float, clock: str, counts: dict[str, Any
 
 def mark_failed(run: RunDir, reason: str | None) -> None:
     """The job ended before the run could say so (the supervisor's): `reason`, or
-    interrupted; a status the run wrote stays, unless it was interrupted."""
+    interrupted; a status the run wrote stays, unless the job was interrupted and the run
+    did not say so (rank 0's own word names the signal)."""
     status = run.status()
-    recorded = status if status and reason is not None else words.failed(reason or words.INTERRUPTED)
+    kept = status and (reason is not None or words.was_interrupted(status))
+    recorded = status if kept else words.failed(reason or words.INTERRUPTED)
     try:
         summary = run.summary()
     except ValueError:  # a damaged one is replaced

@@ -111,6 +111,3 @@ def refuse_torchrun(environ: dict | None = None) -> None:
                           "MPI: use 'mpiexec -n K+1 asgd train ...' or 'mpiexec -n K+1 python train.py' "
                           "(Slurm: srun --mpi=pmi2), or --backend sim")
 
-
-if __name__ == "__main__":  # `python -m experiments.parent.mpiexec MPIEXEC`: the flags asgd gives it (a batch script's)
-    print(" ".join(Launcher.of(sys.argv[1]).flags()))

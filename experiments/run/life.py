@@ -69,11 +69,16 @@ class RunLife:
     def __exit__(self, kind: type | None, error: BaseException | None, trace: Any) -> bool:
         if error is None:
             return False
+        if self.run is not None:  # said at once: Open MPI's launcher sends SIGKILL about 0.2 s after
+            self.record_failure(error, last=False)  # its SIGTERM (scancel signals both), too soon for what follows
         self.progress.close()
         if self.curve is not None:
             self.curve.stop()
         with contextlib.suppress(Exception):  # the failure under way is the one to record
             self.land_files()  # the files under way land before the failure is recorded
         if self.run is not None:
-            record_failure(self.run, self.setup.cfg, self.clock(), self.counts(), error)
+            self.record_failure(error, last=True)  # again, with what landed
         return False
+
+    def record_failure(self, error: BaseException, last: bool) -> None:
+        record_failure(self.run, self.setup.cfg, self.clock(), self.counts(), error, last)

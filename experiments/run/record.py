@@ -194,9 +194,12 @@ def finish_run(run: RunDir, setup: RunSetup, curve: LiveCurve, train_s: float, t
     return summary
 
 
-def record_failure(run: RunDir, cfg: RunConfig, train_s: float, counts: dict[str, Any], error: BaseException) -> None:
+def record_failure(run: RunDir, cfg: RunConfig, train_s: float, counts: dict[str, Any], error: BaseException,
+                   last: bool = True) -> None:
+    """The failure as the run's summary; `last`: nothing more will be written (the tap closes)."""
     write_failure(run, train_s, run_clock(cfg), counts, error)
-    run.close_tap()
+    if last:
+        run.close_tap()
 
 
 def run_clock(cfg: RunConfig) -> str:
