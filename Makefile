@@ -10,7 +10,7 @@ DEMO_OUT ?= runs/demo
 SCALE ?= proxy
 RESULTS := results/$(SCALE)
 
-.PHONY: setup demo test test-unit test-sim test-mpi test-reliability test-openmpi test-cluster test-install bench clean figures fig1 fig2 fig3 fig4 starts modes scaling scaling-glyphs scaling-defaults rules
+.PHONY: setup demo test test-long test-unit test-sim test-mpi test-reliability test-openmpi test-cluster test-install bench clean figures fig1 fig2 fig3 fig4 starts modes scaling scaling-glyphs scaling-defaults rules
 
 setup: $(VENV)/.setup-done
 
@@ -25,8 +25,14 @@ demo: setup
 	$(BIN)/asgd train --clients 4 --out $(DEMO_OUT)
 	$(BIN)/asgd report $(DEMO_OUT)
 
+# Every tier but its heaviest jobs (marked `long`: a whole run killed and resumed, soak,
+# load, the bench's peers), which `make test-long` runs and CI runs beside this: the
+# suite a change is checked with stays a few minutes on 2 cores.
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not long"
+
+test-long: setup
+	$(BIN)/python -m pytest -q -m long
 
 # One tier each (setup.cfg says what belongs where): unit (seconds, no MPI), sim, mpi
 # (real mpiexec jobs), reliability (faults, bad input, bad messages, load, soak).

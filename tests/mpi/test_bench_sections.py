@@ -19,6 +19,7 @@ def test_wire_measures_each_size():
     assert {"apply_vs_copy", "vs_bound"} <= row.keys()
 
 
+@pytest.mark.long
 def test_load_measures_each_setting():
     rows = suite.load(TINY)
     assert [(r["servers"], r["clients"]) for r in rows] == [(1, 1), (2, 4), (1, 1)]
@@ -30,6 +31,7 @@ def test_idle_compares_the_two_waits():
     assert idle["blocking_cpu_s"] > 0 and idle["polled_cpu_s"] >= 0 and idle["speedup"] > 0
 
 
+@pytest.mark.long
 def test_server_bound_measures_ours_and_the_rpc_ps():
     bound = suite.server_bound(TINY)
     assert [(r["clients"], r["floats"]) for r in bound["rows"]] == [(1, bound["proxy_floats"])]
@@ -37,6 +39,7 @@ def test_server_bound_measures_ours_and_the_rpc_ps():
 
 
 @pytest.mark.skipif(not fashion_mnist_installed(), reason="the peers train on Fashion-MNIST, not installed here")
+@pytest.mark.long
 def test_peers_measures_every_system_in_the_same_trial():
     rows = suite.peers(TINY)
     assert [r["system"] for r in rows] == [suite.OURS_N1, "torch DDP (gloo)", "torch.distributed.rpc PS",
@@ -44,6 +47,7 @@ def test_peers_measures_every_system_in_the_same_trial():
     assert all(len(r["trials"]) == TINY.peers_trials and r["samples_per_s"] > 0 for r in rows)
 
 
+@pytest.mark.long
 def test_simulator_measures_its_wall_against_pure_compute():
     [row] = suite.simulator(TINY)
     assert row["clients"] == 2 and row["minibatches"] == TINY.sim_minibatches

@@ -173,6 +173,7 @@ def test_simulator_with_one_client_reproduces_the_mpi_losses(one_client_runs, tm
 
 
 @pytest.mark.parametrize("mode", ["sync", "local-sgd"])
+@pytest.mark.long
 def test_synchronous_baselines_under_mpi(tmp_path, tiny_npz, mode):
     """sync: every rank is a client, the allreduce of 3 batches of 32 one batch of 96.
     local-sgd with DiLoCo's outer step: every rank steps its own copy of the outer
@@ -195,6 +196,7 @@ def test_synchronous_baselines_under_mpi(tmp_path, tiny_npz, mode):
     np.testing.assert_allclose(load_arrays(run / "checkpoint" / "latest.npz")["weights"], expected, atol=1e-6, rtol=0)
 
 
+@pytest.mark.long
 def test_local_sgd_under_mpi_resumed_from_checkpoints_between_curve_points_ends_as_one_never_stopped(tmp_path,
                                                                                                  tiny_npz):
     """checkpoint_every under MPI: rank 0's clock decides, every rank agrees at the

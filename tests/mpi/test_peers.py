@@ -24,6 +24,7 @@ def _rank_1_fails(rank: int, w: Workload) -> None:
 
 
 @pytest.mark.parametrize("bench", [ddp_throughput, rpc_ps_throughput])
+@pytest.mark.long
 def test_baseline_reports_throughput(bench) -> None:
     # ddp_throughput also raises unless both ranks end with bit-identical weights.
     result = bench(clients=2, steps=3, batch_size=16, warmup=1, timeout=60)
@@ -32,6 +33,7 @@ def test_baseline_reports_throughput(bench) -> None:
     assert 0 < result["wall_s"] < result["call_s"]
 
 
+@pytest.mark.long
 def test_rpc_load_pushes_and_reports() -> None:
     result = rpc_ps_load(1, 1000, 1.0, timeout=60)  # raises (TimeoutError) past its timeout
     assert result["pushes"] > 0 and result["clients"] == 1 and result["floats"] == 1000

@@ -108,6 +108,7 @@ def test_a_sync_job_waits_for_the_failures_the_seed_draws_in_the_simulator(tmp_p
     assert summary["minibatches_in_steps"] == 24 and summary["failures"] == len(failures_of(real)[0])
 
 
+@pytest.mark.long
 def test_dylu_windows_travel_in_the_replies_and_every_minibatch_is_run_once(tmp_path, tiny_npz):
     """Asynchronous DiLoCo with dynamic local updates: the server's replies set each
     client's window over the wire (the frame's window field). Client 2 sleeps four times

@@ -10,6 +10,7 @@ from experiments.cli import main
 pytestmark = pytest.mark.mpi
 
 
+@pytest.mark.long
 def test_an_mpi_sweep_launches_mpiexec_per_point(tmp_path, tiny_npz):
     """An async point (a server rank more) and a sync one, each a real job of its size."""
     path = tmp_path / "mpi.toml"

@@ -31,6 +31,7 @@ def test_mpiexec_runs_a_users_script_with_rank_0_serving(tmp_path):
     assert config["model"].endswith("examples/fashion_resnet.py:make_model")
 
 
+@pytest.mark.long
 def test_mpiexec_runs_the_char_lm_example_with_its_own_loss_and_metric(tmp_path):
     """The sequence example under the user's mpiexec: 1 server, 1 client; logits (B, T, V)
     through its token loss, its metric on the curve, AdamW with warmup and cosine."""

@@ -186,6 +186,7 @@ def assert_runnable(cfg: RunConfig) -> None:
 @given(flags=TYPED_FLAGS)
 @example(flags=(["--lr=inf"],))  # was accepted: trained to NaN, exit 0
 @example(flags=([f"--seed={2**64}"],))  # was accepted: torch.manual_seed overflowed after launch
+@pytest.mark.long
 def test_typed_flag_values_are_refused_or_runnable(sandbox, tiny_npz, flags):
     status, err = asgd(sandbox, "train", "--data", str(tiny_npz), *(t for flag in flags for t in flag))
     assert_accepted_or_refused(sandbox, status, err)
@@ -441,6 +442,7 @@ def train_on(box: Sandbox, arrays_or_bytes: dict[str, Any] | bytes) -> None:
 @example(arrays={"x": np.zeros((12, 4, 4), np.uint8), "y": np.full(12, 2**63, np.uint64)})  # was label -2**63
 @example(arrays={"x": np.full((12, 4, 4), 1e308), "y": np.zeros(12, np.int64)})  # was NaN images
 @example(arrays={"x": np.zeros((12, 4, 4), np.float16), "y": np.zeros(12, np.int64)})  # was NaN images: 0 / 0
+@pytest.mark.long
 def test_any_npz_dataset_loads_valid_or_is_refused_in_one_line(sandbox, arrays):
     train_on(sandbox, arrays)
 
@@ -597,6 +599,7 @@ def assert_shapes_named(status: int | str, err: str, weights: np.ndarray, size: 
 
 @settings(max_examples=50, deadline=None)
 @given(data=st.data())
+@pytest.mark.long
 def test_init_weights_of_another_model_are_refused_naming_both_shapes(sandbox, tiny_npz, model_size, data):
     weights = data.draw(start_weights(model_size))
     init = sandbox.files / "init.npz"
@@ -626,6 +629,7 @@ RECORDS = st.dictionaries(st.sampled_from(FIELDS + ["provenance", "num_params", 
     {"status": st.sampled_from(["complete", "failed: x", None, 5])}), steps=st.none() | st.integers(-1, 4))
 @example(changes=[], summary=None, steps=None)  # was AttributeError: 'list' object has no attribute 'items'
 @example(changes={}, summary="", steps=None)  # was JSONDecodeError
+@pytest.mark.long
 def test_resume_of_any_run_directory_is_accepted_or_refused_in_one_line(sandbox, tiny_npz, model_size, changes,
                                                                         summary, steps):
     """config.json and summary.json damaged or edited by hand, --steps given or not."""

@@ -307,6 +307,7 @@ def test_rejected_pushes_are_counted_on_the_console(own, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_diverged_mpi_run_exits_non_zero_under_either_launcher(tmp_path, tiny_npz):
     """Started by asgd (the supervisor reads the summary) and under the user's own mpiexec
     (rank 0 exits with it); in both the run is `diverged`, not a failure."""

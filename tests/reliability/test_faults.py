@@ -67,6 +67,7 @@ def hurt_a_job(tmp_path: Path, flags: list[str], rank: int, rows_first: int,
     return run, job, hurt(job, rank_pid(job, rank, run, rows_first), how)
 
 
+@pytest.mark.long
 def test_a_stopped_client_is_named_after_the_stall_timeout(tmp_path, tiny_npz):
     # SIGSTOP: alive but silent, as a hung GPU driver would leave it.
     run, job, err = hurt_a_job(tmp_path, ["--clients", "2", *flags(tiny_npz, "--steps", "100000",
@@ -80,6 +81,7 @@ def test_a_stopped_client_is_named_after_the_stall_timeout(tmp_path, tiny_npz):
     assert summary(run)["status"].startswith("failed: ClientStalled")
 
 
+@pytest.mark.long
 def test_a_killed_client_ends_the_job_named_and_the_run_resumes(tmp_path, tiny_npz):
     run, job, err = hurt_a_job(tmp_path, ["--clients", "2", *flags(tiny_npz, "--steps", "200", "--eval-every", "20")],
                                2, 60, signal.SIGKILL)
@@ -101,6 +103,7 @@ def test_a_killed_client_ends_the_job_named_and_the_run_resumes(tmp_path, tiny_n
 
 
 @pytest.mark.parametrize("policy", ["abort", "continue"])
+@pytest.mark.long
 def test_a_killed_server_ends_the_job_and_the_run_resumes_with_every_push_once(tmp_path, tiny_npz, policy):
     run, job, err = hurt_a_job(tmp_path, ["--clients", "2", "--on-client-failure", policy,
                                           *flags(tiny_npz, "--steps", "200", "--eval-every", "20")],
@@ -125,6 +128,7 @@ def test_a_killed_server_ends_the_job_and_the_run_resumes_with_every_push_once(t
                    "dead rank is already a zombie as the proxy handles its closed sockets (strace; a race of about "
                    "a millisecond), so in some tries the job ends with exit 9, no rank says anything, no lost row. "
                    "MPICH's own fault tolerance (MPIR_CVAR_ENABLE_FT=1) fails in MPI_Init with this wheel")
+@pytest.mark.long
 def test_with_continue_a_killed_client_is_recorded_and_the_run_completes(tmp_path, tiny_npz):
     run, job, err = hurt_a_job(tmp_path, ["--clients", "3", "--on-client-failure", "continue",
                                           *flags(tiny_npz, "--steps", "150")], 2, 60, signal.SIGKILL)
@@ -137,6 +141,7 @@ def test_with_continue_a_killed_client_is_recorded_and_the_run_completes(tmp_pat
     assert ran[1] == lost["last_step"] and sum(ran) == 3 * 150  # the others ran its share: the run's budget
 
 
+@pytest.mark.long
 def test_a_whole_job_killed_mid_run_resumes_with_every_minibatch_once(tmp_path, tiny_npz):
     """mpiexec and every rank SIGKILLed, mid-write perhaps. With DC-ASGD, whose state
     (each client's pulled weights, the mean square) the resumed server must take from
@@ -160,6 +165,7 @@ def test_a_whole_job_killed_mid_run_resumes_with_every_minibatch_once(tmp_path, 
     assert [int(final[f"client_optimizer.{c}.state.0.step"]) for c in range(3)] == ran
 
 
+@pytest.mark.long
 def test_with_continue_a_failing_client_is_recorded_and_the_run_completes(tmp_path, tiny_npz):
     run = tmp_path / "run"
     result = run_command([str(BIN / "asgd"), "train", "--clients", "2", "--on-client-failure", "continue",
@@ -174,6 +180,7 @@ def test_with_continue_a_failing_client_is_recorded_and_the_run_completes(tmp_pa
 
 
 @pytest.mark.parametrize("mode", ["sync", "local-sgd"])
+@pytest.mark.long
 def test_a_failing_rank_in_a_collective_mode_is_recorded_and_ends_the_job(tmp_path, tiny_npz, mode):
     run = tmp_path / "run"
     result = run_command([str(BIN / "asgd"), "train", "--clients", "3", "--mode", mode, "--inject-fault", "2:5",

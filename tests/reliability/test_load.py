@@ -12,6 +12,7 @@ from tests.conftest import BIN, MPIEXEC, run_command
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 
+@pytest.mark.long
 def test_sixteen_clients_under_load_lose_nothing_and_the_server_memory_stays_flat(tmp_path):
     out = tmp_path / "load.json"
     result = run_command([MPIEXEC, "-n", "17", str(BIN / "python"), "-m", "bench.wire",

@@ -169,6 +169,7 @@ def test_a_run_that_did_not_train_does_not_say_complete(tmp_path, tiny_npz, flag
 
 @pytest.mark.parametrize("checkpoints", [["--eval-every", "20"],  # at the curve's points
                                          ["--eval-every", "1000000", "--checkpoint-every", "0.3"]])  # between them
+@pytest.mark.long
 def test_sigterm_ends_the_whole_mpi_job_and_it_resumes_exactly(tmp_path, tiny_npz, checkpoints):
     run = tmp_path / "run"
     returncode, err = interrupt(["train", "--clients", "2", "--steps", "100000", "--data", str(tiny_npz),
@@ -198,6 +199,7 @@ def test_sigkill_of_the_command_takes_its_job_down(tmp_path, tiny_npz):
     FolderLock(run).acquire().release()  # and the run is free to resume
 
 
+@pytest.mark.long
 def test_sigkill_of_the_command_ends_a_job_whose_launcher_passes_nothing_on(tmp_path, tiny_npz):
     """Hydra, sent SIGTERM, has now and then not passed it on, and its ranks trained on
     after asgd was SIGKILLed. The launcher stopped here, so it cannot: the lifeline
@@ -215,6 +217,7 @@ def test_sigkill_of_the_command_ends_a_job_whose_launcher_passes_nothing_on(tmp_
         kill_tree(job.pid)
 
 
+@pytest.mark.long
 def test_the_batch_scripts_job_records_the_interruption_when_every_process_gets_sigterm(tmp_path, tiny_npz):
     """scancel sends SIGTERM to every process of a job at once (the batch script's mpiexec
     and the ranks alike; SIGKILL after KillWait). The docs' batch script, run here as
@@ -239,6 +242,7 @@ def test_the_batch_scripts_job_records_the_interruption_when_every_process_gets_
         kill_tree(job.pid)
 
 
+@pytest.mark.long
 def test_the_lock_is_held_until_the_last_process_of_the_job_is_gone(tmp_path, tiny_npz):
     """The launcher SIGKILLed alone: its ranks (Open MPI's cannot hold the lock's descriptor,
     and outlive their launcher by a second or so) are gone before asgd lets the lock go."""
@@ -280,6 +284,7 @@ def long_sweep(tmp_path: Path, tiny_npz: Path) -> tuple[Path, Path]:
     return spec, tmp_path / "out"
 
 
+@pytest.mark.long
 def test_an_interrupted_sweep_ends_its_point_and_goes_on_when_rerun(tmp_path, tiny_npz):
     spec, out = long_sweep(tmp_path, tiny_npz)
     below: list[int] = []
@@ -298,6 +303,7 @@ def test_an_interrupted_sweep_ends_its_point_and_goes_on_when_rerun(tmp_path, ti
             [(c, s) for c in range(point["clients"]) for s in range(1, 401)]
 
 
+@pytest.mark.long
 def test_sigkill_of_a_sweep_ends_its_point_which_records_the_interruption(tmp_path, tiny_npz):
     """The points are forked from a process the sweep started (experiments/parent/forked.py):
     none outlives the sweep, killed without a chance to stop them."""

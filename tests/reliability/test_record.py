@@ -145,6 +145,7 @@ def test_index_json_says_which_points_are_running(tmp_path, tiny_npz):
 
 @pytest.mark.mpi
 @pytest.mark.slow
+@pytest.mark.long
 def test_ctrl_c_before_the_first_periodic_checkpoint_resumes_every_step_once(tmp_path, tiny_npz):
     run = tmp_path / "run"
     returncode, _ = interrupt(["train", "--rule", "easgd", "--clients", "2", "--steps", "300", "--data", str(tiny_npz),

@@ -67,6 +67,7 @@ def test_a_damaged_summary_is_one_line_in_the_report(capsys, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.long
 def test_too_few_ranks_say_how_many_are_needed(tiny_npz, tmp_path):
     result = run_command([MPIEXEC, "-n", "1", str(BIN / "asgd"), "train", "--data", str(tiny_npz),
                           "--batch-size", "32", "--steps", "2", "--out", str(tmp_path / "run")], 120)
@@ -76,6 +77,7 @@ def test_too_few_ranks_say_how_many_are_needed(tiny_npz, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.long
 def test_a_rank_that_cannot_start_ends_the_job_instead_of_leaving_the_others_waiting(tiny_npz, tmp_path):
     """Only rank 0 claims the run directory: its refusal once left ranks 1..K in their
     first collective for good (a blocking MPI call, deaf to SIGTERM)."""

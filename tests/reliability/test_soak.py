@@ -108,6 +108,7 @@ def staleness_stats(staleness: list[int]) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_soak_every_push_is_applied_once_with_the_staleness_it_had(tmp_path):
     stubs = [StubClient(i) for i in range(CLIENTS)]
     start = np.random.default_rng(SEED).integers(-64, 64, SIZE).astype(np.float32)
