@@ -11,7 +11,7 @@ import pytest
 from clients.data import load_dataset
 from rundir.durable import load_arrays
 from tests.conftest import BIN, each_logged_once, mpi_train, run_command
-from tests.reference import plain_sgd
+from tests.reference import assert_steps_close, plain_sgd
 from tests.sim.test_compress import frame_bytes
 
 pytestmark = pytest.mark.mpi
@@ -122,7 +122,7 @@ def test_one_client_under_mpi_equals_plain_sgd(one_client_runs, tiny_npz, n_sync
     """The paper's rule (add): one client is plain SGD whatever n_sync."""
     weights = load_arrays(one_client_runs[n_sync] / "checkpoint" / "latest.npz")["weights"]
     expected = plain_sgd(load_dataset(str(tiny_npz)), 12, batch_size=32, lr=0.01)
-    np.testing.assert_allclose(weights, expected, atol=1e-6, rtol=0)
+    assert_steps_close(weights, expected, 12)
 
 
 @pytest.mark.parametrize("rank", [0, 1, 2])
@@ -267,7 +267,7 @@ def test_one_client_with_two_sharded_servers_equals_plain_sgd(tmp_path, tiny_npz
     assert result.returncode == 0, result.stderr
     weights = load_arrays(run / "checkpoint" / "latest.npz")["weights"]
     expected = plain_sgd(load_dataset(str(tiny_npz)), 12, batch_size=32, lr=0.01)
-    np.testing.assert_allclose(weights, expected, atol=1e-6, rtol=0)  # both slices, put together
+    assert_steps_close(weights, expected, 12)  # both slices, put together
     assert [r["version"] for r in rows(run, "eval")] == [0, 4, 8, 12]
 
 
@@ -328,7 +328,7 @@ def test_fresh_with_s_k_r_0_is_the_large_batch_loop_also_on_sharded_servers(tmp_
     assert result.returncode == 0, result.stderr
     weights = load_arrays(run / "checkpoint" / "latest.npz")["weights"]
     expected = plain_sgd(load_dataset(str(tiny_npz)), 12, batch_size=32, lr=0.01, clients=2)
-    np.testing.assert_allclose(weights, expected, atol=1e-6, rtol=0)
+    assert_steps_close(weights, expected, 12)
     assert summary(run)["version"] == 12 and summary(run)["pushes_dropped"] == 0
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from experiments.cli import main
 from rundir.durable import load_arrays
 from tests.conftest import assert_logged_once, each_logged_once
+from tests.reference import assert_steps_close
 from tests.sim.test_sim import TIMED, checkpoint_weights, rows, sim
 
 
@@ -34,7 +34,7 @@ def test_fresh_with_s_k_and_r_0_at_equal_speeds_is_sync(tmp_path, tiny_npz, repl
         return sorted((r["client"], r["step"], r["loss"]) for r in rows(run, "clients"))
     for ours, theirs in zip(losses(fresh), losses(sync), strict=True):  # (the rows' lr is the clients' own)
         assert ours[:2] == theirs[:2] and ours[2] == pytest.approx(theirs[2], rel=1e-5)
-    np.testing.assert_allclose(checkpoint_weights(fresh), checkpoint_weights(sync), atol=1e-6, rtol=0)
+    assert_steps_close(checkpoint_weights(fresh), checkpoint_weights(sync), 8)
     s = summary(fresh)
     assert s["version"] == 8 and s["pushes_applied"] == 24 and s["pushes_dropped"] == 0
     assert {r["version"] for r in rows(fresh, "server") if "version" in r} == set(range(0, 9))

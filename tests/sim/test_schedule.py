@@ -13,7 +13,7 @@ from clients.data import load_dataset
 from experiments.cli import main
 from rundir.durable import load_arrays
 from tests.conftest import each_logged_once
-from tests.reference import plain_sgd
+from tests.reference import assert_steps_close, plain_sgd
 from tests.sim.test_sim import TIMED, checkpoint_weights, rows, sim
 
 BATCH = 32  # TIMED's
@@ -42,7 +42,7 @@ def test_one_client_with_warmup_and_cosine_is_torch_lambdalr(tmp_path, tiny_npz,
     assert lrs == pytest.approx([0.01 * factor(e) for e in pulled], rel=1e-12)
     if n_sync == 1:
         expected = plain_sgd(load_dataset(str(tiny_npz)), steps, batch_size=BATCH, lr=0.01, lr_lambda=factor)
-        np.testing.assert_allclose(checkpoint_weights(run), expected, atol=1e-6, rtol=0)
+        assert_steps_close(checkpoint_weights(run), expected, steps)
 
 
 def test_adascale_with_one_client_is_torch_sgd_on_its_schedule(tmp_path, tiny_npz):
@@ -53,7 +53,7 @@ def test_adascale_with_one_client_is_torch_sgd_on_its_schedule(tmp_path, tiny_np
               "--lr-warmup", str(warmup), "--lr-schedule", "cosine", "--lr-floor", "0.1")
     factor = cosine_after_warmup(warmup, steps * BATCH, 0.1)
     expected = plain_sgd(load_dataset(str(tiny_npz)), steps, batch_size=BATCH, lr=0.01, lr_lambda=factor)
-    np.testing.assert_allclose(checkpoint_weights(run), expected, atol=1e-6, rtol=0)
+    assert_steps_close(checkpoint_weights(run), expected, steps)
     assert [r["lr"] for r in rows(run, "clients")] == pytest.approx([0.01 * factor(e) for e in range(steps)],
                                                                      rel=1e-12)
 
@@ -83,7 +83,7 @@ def test_sync_with_linear_scaling_and_steps_is_the_large_batch_loop(tmp_path, ti
               "--lr-step-factor", "0.5")
     expected = plain_sgd(load_dataset(str(tiny_npz)), 10, batch_size=BATCH, lr=0.03, clients=3,
                          lr_lambda=lambda e: 0.5 if e >= 4 else 1.0)
-    np.testing.assert_allclose(checkpoint_weights(run), expected, atol=1e-6, rtol=0)
+    assert_steps_close(checkpoint_weights(run), expected, 10)
     assert [r["lr"] for r in rows(run, "clients")] == pytest.approx([0.03] * 12 + [0.015] * 18)
 
 
