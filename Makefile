@@ -10,7 +10,7 @@ DEMO_OUT ?= runs/demo
 SCALE ?= proxy
 RESULTS := results/$(SCALE)
 
-.PHONY: setup demo test test-long test-unit test-sim test-mpi test-reliability test-openmpi test-cluster test-install bench clean figures fig1 fig2 fig3 fig4 starts modes scaling scaling-glyphs scaling-defaults rules
+.PHONY: setup demo test test-long test-unit test-sim test-mpi test-reliability test-openmpi test-cluster test-install bench clean figures fig1 fig2 fig3 fig4 starts modes scaling scaling-glyphs scaling-defaults scaling-lm rules
 
 setup: $(VENV)/.setup-done
 
@@ -105,7 +105,7 @@ clean:
 # were measured, to docs/results/$(SCALE)/<figure>.md (the pages the docs link to).
 # SCALE=paper runs the ImageNet specs (edit their data path; see
 # experiments/configs/paper/slurm.sbatch).
-fig1 starts modes scaling scaling-glyphs scaling-defaults: setup
+fig1 starts modes scaling scaling-glyphs scaling-defaults scaling-lm: setup
 	$(BIN)/asgd sweep experiments/configs/$(SCALE)/$@.toml --out results/sweeps/$@-$(SCALE)
 	$(BIN)/asgd report results/sweeps/$@-$(SCALE) --figures $(RESULTS)/$@ --docs docs/results/$(SCALE)/$@.md
 
@@ -114,7 +114,10 @@ fig1 starts modes scaling scaling-glyphs scaling-defaults: setup
 # beside the measured ceiling (DESIGN.md, How we report speedup; docs/results.md); `make rules` is
 # the same study, which holds every update rule; `make scaling-glyphs` the study's second
 # task, whose critical batch is larger (proxy scale only); `make scaling-defaults` the tool's
-# default re-measured on five seeds against issue 43's targets (proxy scale only).
+# default re-measured on five seeds against issue 43's targets (proxy scale only);
+# `make scaling-lm` the study's language model (examples/char_lm.py): synchronous AdamW,
+# local SGD, synchronous and asynchronous DiLoCo and fresh, at equal samples, with the
+# bytes each put on the wire (proxy scale only; 344 runs of five seeds: hours on 2 cores).
 rules: scaling
 fig2 fig3 fig4: starts
 

@@ -18,12 +18,15 @@ classifier, else the user's metric, else the test loss):
   1: model averaging is not bound by it), its ratio to tuned sync and to tuned sync with
   backup workers at the same K and speeds (the best median over their lrs and backup
   counts; above 1: faster than they), the share of seeds that
-  reached the target, whether a run diverged, and whether the simulated server was the
-  bottleneck (busy most of the run).
+  reached the target, whether a run diverged, whether the simulated server was the
+  bottleneck (busy most of the run), and, beside the times, the final measure and the
+  bytes pushed and pulled (medians): at equal samples, what a method that talks less
+  (local updates, compression) paid for it.
 Speed models: `equal`, `stragglers` (per-minibatch noise, slow clients, jitter),
 `spread` (each client's speed drawn once or listed), `failures` (a mean time between
 failures); a point under several is named by all, joined with "+".
-Never a method's own final value: every number is time to a target fixed in advance.
+Every speedup is a time to a target fixed in advance, never a method's own final value
+(which stands beside it).
 """
 from __future__ import annotations
 
@@ -194,7 +197,8 @@ def scaling_table(sweep: Sweep) -> list[dict]:
                          "vs_sync_backup": _ratio(backup, t) if not name.startswith("sync") else None,
                          "diverged": any(_diverged(p) for p in points),
                          "server_bound": any(_server_bound(s) for s in summaries),
-                         "final": _median([final(p) for p in points])})
+                         "final": _median([final(p) for p in points]),
+                         "bytes": _median([_wire_bytes(s) for s in summaries])})
     return rows
 
 
@@ -228,6 +232,12 @@ def _setting(point: SweepRun, key: str) -> Any:
     """An axis of the point, else its recorded config's value (a point run before a later
     spec made the key an axis has it only there)."""
     return point.settings.get(key, point.settings.get("config", {}).get(key))
+
+
+def _wire_bytes(summary: dict) -> float | None:
+    """What a run put on the wire, pushes and pulls (None: a run that did not count them)."""
+    sent = [summary.get(key) for key in ("bytes_pushed", "bytes_pulled")]
+    return float(sum(sent)) if all(isinstance(v, (int, float)) for v in sent) else None
 
 
 def _server_bound(summary: dict) -> bool:

@@ -158,10 +158,21 @@ def _check_spec_values(raw: dict[str, Any], path: str) -> None:
     if raw.get("study", "") not in STUDIES:
         raise ConfigError(f"sweep {path}: study must be {' or '.join(map(repr, STUDIES))}, got {raw['study']!r}")
     targets = raw.get("targets", [0.5])
-    if not targets or not all(isinstance(t, float) and 0 < t < 1 for t in targets):
+    if _user_measure(raw):  # the runs' metric or loss, in its own units (a perplexity, a loss)
+        if not targets or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < math.inf
+                                  for t in targets):
+            raise ConfigError(f"sweep {path}: targets must be positive numbers in the runs' measure, got {targets!r}")
+    elif not targets or not all(isinstance(t, float) and 0 < t < 1 for t in targets):
         raise ConfigError(f"sweep {path}: targets must be errors in (0, 1), got {targets!r}")
     if "samples" in raw and raw.get("steps_per_client", "equal") != "equal":
         raise ConfigError(f"sweep {path}: samples sets every point's steps; leave steps_per_client out")
+
+
+def _user_measure(raw: dict[str, Any]) -> bool:
+    """Whether the runs are measured by the user's metric or loss rather than a test error
+    (rundir/measure.py): [base] names a metric, or a loss of its own."""
+    base = raw.get("base", {})
+    return isinstance(base, dict) and bool(base.get("metric") or base.get("loss"))
 
 
 def _point(settings: dict[str, Any], raw: dict[str, Any], backend: str, reference: RunConfig,

@@ -1,9 +1,12 @@
 """Sweep specs as loaded: a scaling spec's `evaluations` (about that many test
 evaluations a run, whatever a version is: a push, a step the rule gathers, a step of
-every client), and every spec the project ships."""
+every client), its targets in the runs' measure, and every spec the project ships."""
 from __future__ import annotations
 
+import pytest
+
 from experiments.sweep.spec import load_spec
+from runconfig.settings import ConfigError
 
 
 def test_evaluations_count_the_versions_each_rule_makes(tmp_path):
@@ -27,3 +30,21 @@ def test_every_shipped_spec_loads():
     assert len(specs) >= 10
     for spec in specs:
         assert load_spec(str(spec)).points, spec
+
+
+@pytest.mark.parametrize("base, targets, ok", [
+    ("", "[0.13, 0.12]", True), ("", "[13.0]", False), ("", "[1]", False),  # a classifier's: errors
+    ('metric = "lm.py:perplexity"\n', "[10.0, 8.5]", True), ('loss = "lm.py:token_loss"\n', "[2]", True),
+    ('metric = "lm.py:perplexity"\n', "[0.0]", False), ('metric = "lm.py:perplexity"\n', '["low"]', False),
+    ('metric = "lm.py:perplexity"\n', "[inf]", False)])
+def test_targets_are_errors_unless_the_runs_are_measured_by_their_own_metric_or_loss(tmp_path, base, targets, ok):
+    """A language model's study sets its targets in its own measure (a perplexity, a loss);
+    a classifier's stay errors in (0, 1), so a percent typed as 13 is refused."""
+    path = tmp_path / "s.toml"
+    path.write_text(f'name = "s"\nbackend = "sim"\nstudy = "scaling"\ntargets = {targets}\n[base]\n{base}'
+                    '[[grid]]\nclients = [1]\n')
+    if ok:
+        assert load_spec(str(path)).meta["targets"]
+    else:
+        with pytest.raises(ConfigError, match="targets must be"):
+            load_spec(str(path))
