@@ -105,8 +105,17 @@ def method(point: SweepRun) -> str:
         name = "sync, linear rule" if point.get("lr_scaling") == "linear" else "sync" + own_lr
         return f"{name}, {backups} backup" if backups else name
     if point.mode == "local-sgd":
-        return f"local-sgd n{point.n_sync}"
-    return f"async {point.rule}" + (f" n{point.n_sync}" if point.n_sync > 1 else "") + own_lr
+        return f"local-sgd n{point.n_sync}" + _outer(point)
+    return f"async {point.rule}" + (f" n{point.n_sync}" if point.n_sync > 1 else "") + own_lr + _outer(point)
+
+
+def _outer(point: SweepRun) -> str:
+    """An outer step the user set (synchronous or asynchronous DiLoCo's), named: the
+    published 0.7 / 0.9 is another method than the tool's default."""
+    said = [f"{name} {value}" for name, value in (("lr", _setting(point, "outer_lr")),
+                                                   ("momentum", _setting(point, "nesterov_momentum")))
+            if value is not None]
+    return f", outer {' '.join(said)}" if said else ""
 
 
 def _tuned(times: dict[tuple[str, str, int], list], speed: str, k: int, backup: bool) -> float | None:

@@ -143,3 +143,16 @@ def test_points_that_differ_in_a_setting_the_name_omits_are_rows_of_their_own():
     group[("spread", "async fresh, lr 0.03", 8)] = [point(2), point(3), point(4)]
     assert sorted(_apart(group)) == [("spread", "async fresh, lr 0.03", 8), ("spread", "async fresh, lr 0.03", 16),
                                      ("spread", "async fresh, lr 0.03, max_staleness 1", 16)]
+
+
+def test_an_outer_step_the_user_set_names_another_method(tmp_path):
+    """Synchronous and asynchronous DiLoCo at the published outer step are rows of their
+    own, apart from the tool's default outer step (which sets none)."""
+    from plots.scaling import method
+
+    def point(mode, rule, **config):
+        return SweepRun("p", mode, 4, 16, "cold", 0, tmp_path, "complete", rule=rule, settings={"config": config})
+    assert method(point("local-sgd", "add")) == "local-sgd n16"
+    assert method(point("local-sgd", "add", outer_lr=0.7, nesterov_momentum=0.9)) == "local-sgd n16, outer lr 0.7 momentum 0.9"
+    assert method(point("async", "nesterov", outer_lr=None, nesterov_momentum=None)) == "async nesterov n16"
+    assert method(point("async", "nesterov", nesterov_momentum=0.5)) == "async nesterov n16, outer momentum 0.5"
