@@ -148,6 +148,13 @@ class LockstepFates:
         self.back = [0.0] * len(indices)   # when each client is back from its last failure
         self.tries = [0] * len(indices)    # the step's failed tries of each client's minibatch
 
+    @classmethod
+    def for_run(cls, cfg: RunConfig, clients: int, indices: list[int], bases: list[float],
+                real_time: bool = False) -> LockstepFates:
+        """The fates of the local clients `indices` of a run of `clients`, for both backends."""
+        stragglers = Stragglers.for_run(cfg, clients)
+        return cls(stragglers, Failures.for_run(cfg, stragglers), cfg.backup_workers, indices, bases, real_time)
+
     def away(self, now: float) -> list[bool]:
         """Who is down as a step begins at `now` (a billionth of a base time: rounding)."""
         return [back - now > 1e-9 * base for back, base in zip(self.back, self.bases)]

@@ -23,7 +23,6 @@ from clients.client import Client
 from clients.collective import Fate, Lockstep, LockstepFates
 from clients.devices import device_name, gpu_count, keep_freed_memory, node_devices, use_device, visible_gpu
 from clients.driver import ClientPlan, run_client
-from clients.stragglers import Failures, Stragglers
 from experiments.run.assemble import Share, Started, build, start
 from experiments.run.collectiverun import collective_run
 from experiments.parent.supervise import LOCKED_RUN, direct_stdio
@@ -134,13 +133,11 @@ def _run_role(transport: Transport, started: Started, client: Client | None, ind
     setup, point = started.setup, started.point
     cfg = setup.cfg
     if cfg.mode != Mode.ASYNC:
-        stragglers = Stragglers.for_run(cfg, setup.clients)
-        fates = LockstepFates(stragglers, Failures.for_run(cfg, stragglers), cfg.backup_workers, [index], [0.0],
-                              real_time=True)
-        lockstep = _MpiLockstep(transport, fates, setup.clients)
-        return collective_run(setup, Lockstep.for_run(cfg, setup.clients), [client], [index], _mpi_average(transport), clock,
-                              gather=lambda rows: _flatten(transport.gather(rows)), straggle=lockstep,
-                              point=point, agree=transport.bcast, away=lockstep.away)
+        fates = LockstepFates.for_run(cfg, setup.clients, [index], [0.0], real_time=True)
+        lockstep = _MpiLockstep(transport, fates)
+        return collective_run(setup, Lockstep.for_run(cfg, setup.clients), [client], [index],
+                              _mpi_average(transport), clock, gather=lambda rows: _flatten(transport.gather(rows)),
+                              straggle=lockstep, point=point, agree=transport.bcast, away=lockstep.away)
     if transport.rank > 0 and client is None:
         if serve_slice(setup, transport, clock, transport.rank):
             _exit(0)  # clients were lost: see paramserver/wire/farewell.py
@@ -187,8 +184,8 @@ class _MpiLockstep:
     one. A rank that is down (`away`) computes nothing and adds nothing to the average
     until its outage ends on its clock, unless a step must wait for it."""
 
-    def __init__(self, transport: Transport, fates: LockstepFates, clients: int):
-        self.transport, self.fates, self.clients = transport, fates, clients
+    def __init__(self, transport: Transport, fates: LockstepFates):
+        self.transport, self.fates = transport, fates
 
     def away(self) -> list[bool]:
         return self.fates.away(time.perf_counter())
@@ -201,7 +198,7 @@ class _MpiLockstep:
         mine = fates.durations(step, start)[0]
         keep = True
         if fates.backups:
-            durations = np.zeros(self.clients, np.float32)
+            durations = np.zeros(fates.stragglers.clients, np.float32)
             durations[index] = mine
             self.transport.allreduce_mean(durations)  # every slot but one is 0: the mean is each rank's / K
             keep = fates.kept(list(durations))[index]

@@ -50,7 +50,7 @@ import torch
 from clients.collective import Fate, Lockstep, LockstepFates, mean_in_place
 from clients.devices import keep_freed_memory, pick_device
 from clients.loop import ClientLoop, ClientPlan
-from clients.stragglers import Failures, Stragglers
+from clients.stragglers import Stragglers
 from experiments.run.assemble import build, join_client, start
 from experiments.run.collectiverun import collective_run
 from experiments.run.provenance import provenance
@@ -260,15 +260,13 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     parts = dataclasses.replace(parts, cfg=cfg)  # its steps, with epochs; its servers, where auto picked them
     factors = _speed_factors(cfg.seed, clients, cfg.speed_jitter)
     stragglers = Stragglers.for_run(cfg, clients)
-    failures = Failures.for_run(cfg, stragglers)
     info = {"rank": 0, "role": "simulator", "host": socket.gethostname(), "device": device}
     prov = provenance(f"none (simulator, {platform.python_implementation()})", [info])
     prov["sim"] = {**timing.__dict__, "profile": cfg.sim_profile, "speed_factors": factors, "servers_asked": asked}
     started = start(parts, out, records=True, provenance=prov, warm_clock=StepClock(timing.step_time))
     setup, point = started.setup, started.point
     if cfg.mode != Mode.ASYNC:
-        fates = LockstepFates(stragglers, failures, cfg.backup_workers, list(range(clients)),
-                              [timing.step_time * f for f in factors])
+        fates = LockstepFates.for_run(cfg, clients, list(range(clients)), [timing.step_time * f for f in factors])
         plan = Lockstep.for_run(cfg, clients)
         lockstep = LockstepClock(timing, setup.weights, plan, fates)
         lockstep.now = point.time if point else 0.0
