@@ -16,7 +16,9 @@
 
 `straggle(step, compute_s)` runs between the gradients and the average: it makes the
 local clients as slow as the straggler model says (a sleep over MPI, virtual time in
-the simulator) and says what the step makes of each one's minibatch (`Fate`).
+the simulator) and says what the step makes of each one's minibatch (`Fate`). Those fates
+are decided once for both backends (`LockstepFates`); a driver only spends the time
+(and over MPI shares the durations, so every rank drops the same b).
 
 Failures (`mtbf`): a client that fails loses its minibatch and is down for
 `failure_length`. Without backup workers the step waits, as an allreduce must: the
@@ -38,7 +40,9 @@ import torch
 
 from clients.client import Client, StepResult
 from clients.outer import OuterStep
-from clients.stragglers import Failures
+from clients.stragglers import Failures, Stragglers
+from paramserver.settings import Mode
+from runconfig.settings import RunConfig
 
 Average = Callable[[list[torch.Tensor]], None]
 
@@ -55,17 +59,37 @@ class Fate:
 
 
 Straggle = Callable[[int, list[float | None]], list[Fate]]  # (step, local compute seconds; None: away) -> fates
-Away = Callable[[int], list[bool]]                          # step -> which local clients are down as it begins
+Away = Callable[[], list[bool]]                             # which local clients are down as a step begins
 Outcome = list[tuple[StepResult, str]]  # a client's minibatches of a step: "kept", "dropped" or "lost"
 
 
-def collective_step(clients: list[Client], mode: str, step: int, last: int, n_sync: int, average: Average,
-                    straggle: Straggle, backups: tuple[int, int] = (1, 0),
+@dataclass(frozen=True)
+class Lockstep:
+    """What the lockstep steps read of the run: its mode, its steps, n_sync, and its K
+    clients with b backup workers. Built once by either backend."""
+
+    mode: Mode
+    steps: int
+    n_sync: int = 1
+    clients: int = 1
+    backups: int = 0
+
+    def averages(self, step: int) -> bool:
+        """Whether `step` ends with an average, after which every client holds the same
+        weights (the steps a run can go on from): every step in sync mode; in local-sgd
+        every n_sync-th and the last."""
+        return self.mode == Mode.SYNC or step % self.n_sync == 0 or step == self.steps
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig, clients: int) -> Lockstep:
+        return cls(Mode(cfg.mode), cfg.steps, cfg.n_sync, clients, cfg.backup_workers)
+
+
+def collective_step(clients: list[Client], lockstep: Lockstep, step: int, average: Average, straggle: Straggle,
                     away: Away | None = None, outer: OuterStep | None = None) -> list[Outcome]:
-    """One lockstep step of the local `clients`; `backups`: (K, b) of the whole run;
-    `outer`: local-sgd's outer step (None: plain averaging). Returns each local client's
-    minibatches and what became of them."""
-    gone = away(step) if away is not None else [False] * len(clients)
+    """One lockstep step of the local `clients`; `outer`: local-sgd's outer step (None:
+    plain averaging). Returns each local client's minibatches and what became of them."""
+    gone = away() if away is not None else [False] * len(clients)
     results, compute_s = [], []
     for client, out in zip(clients, gone):
         start = time.perf_counter()
@@ -75,15 +99,15 @@ def collective_step(clients: list[Client], mode: str, step: int, last: int, n_sy
     for client, done, fate in zip(clients, results, fates):
         while fate.kept and len(done) < fate.lost + 1:  # back from a failure: the gradient again
             done.append(client.compute())
-    if mode == "sync":
-        k, b = backups
+    if lockstep.mode == Mode.SYNC:
+        k, b = lockstep.clients, lockstep.backups
         for client, fate in zip(clients, fates):  # so that the mean over all K is the kept ones' mean
             if b or not fate.kept:
                 client.grad.mul_(k / (k - b) if fate.kept else 0.0)
         average([client.grad for client in clients])
     for client in clients:
         client.optimizer_step()
-    if mode == "local-sgd" and (step % n_sync == 0 or step == last):
+    if lockstep.mode == Mode.LOCAL_SGD and lockstep.averages(step):
         average([client.weights for client in clients])
         if outer is not None:
             outer.step([client.weights for client in clients])
@@ -104,6 +128,64 @@ def failed_tries(failures: Failures | None, client: int, step: int) -> int:
             raise ValueError(f"mtbf: client {client}'s minibatch failed {tries} times in a row at step {step}: "
                              f"its minibatch is too long against a mean time between failures of {failures.mtbf}")
     return tries
+
+
+class LockstepFates:
+    """The straggler model and the failures made into each lockstep step's fates, for
+    the local clients `indices` (all K in the simulator, one a rank over MPI): what the
+    step costs each (`durations`), who the b backup workers drop (`kept`), and what
+    becomes of each one's work (`settle`), on the driver's clock (virtual or real
+    seconds). A client's minibatch costs its base time (`bases`: the simulator's step
+    time, a real rank's last compute) stretched by the model; in `real_time` no factor
+    makes it faster than its compute. A client that fails and is dropped is down
+    `failure_length` base times from its failure (`back`); a step that keeps a failed
+    client waits until it is back and has computed again."""
+
+    def __init__(self, stragglers: Stragglers, failures: Failures | None, backups: int, indices: list[int],
+                 bases: list[float], real_time: bool = False):
+        self.stragglers, self.failures, self.backups = stragglers, failures, backups
+        self.indices, self.bases, self.real_time = indices, list(bases), real_time
+        self.back = [0.0] * len(indices)   # when each client is back from its last failure
+        self.tries = [0] * len(indices)    # the step's failed tries of each client's minibatch
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig, clients: int, indices: list[int], bases: list[float],
+                real_time: bool = False) -> LockstepFates:
+        """The fates of the local clients `indices` of a run of `clients`, for both backends."""
+        stragglers = Stragglers.for_run(cfg, clients)
+        return cls(stragglers, Failures.for_run(cfg, stragglers), cfg.backup_workers, indices, bases, real_time)
+
+    def away(self, now: float) -> list[bool]:
+        """Who is down as a step begins at `now` (a billionth of a base time: rounding)."""
+        return [back - now > 1e-9 * base for back, base in zip(self.back, self.bases)]
+
+    def durations(self, step: int, start: float) -> list[float]:
+        """Each local client's time in the step begun at `start`: until it is back, then
+        each failed try, its outage, and the minibatch that survives."""
+        length = self.failures.length if self.failures else 0.0
+        self.tries = [failed_tries(self.failures, i, step) for i in self.indices]
+        return [max(0.0, back - start) + (tries + 1) * self.minibatch(i, step, base) + tries * length * base
+                for i, back, base, tries in zip(self.indices, self.back, self.bases, self.tries)]
+
+    def minibatch(self, client: int, step: int, base: float) -> float:
+        """A minibatch's time, its compute `base` stretched by the straggler model."""
+        stretched = self.stragglers.duration(client, step, base)
+        return max(base, stretched) if self.real_time else stretched
+
+    def kept(self, durations: list[float]) -> list[bool]:
+        """Which of all K clients, taking `durations`, the step keeps."""
+        return keep_fastest(durations, self.backups)
+
+    def settle(self, step: int, start: float, kept: list[bool], away: list[bool]) -> list[Fate]:
+        """The local clients' fates; one that failed and was dropped is down from its failure."""
+        length = self.failures.length if self.failures else 0.0
+        fates = []
+        for j, (client, keep, out) in enumerate(zip(self.indices, kept, away)):
+            tries, base = self.tries[j], self.bases[j]
+            if not keep and tries and not out:  # it failed, and the step goes on without it
+                self.back[j] = start + self.minibatch(client, step, base) + length * base
+            fates.append(Fate(keep, tries if keep else int(bool(tries) and not out), out))
+        return fates
 
 
 def keep_fastest(durations: list[float], backups: int) -> list[bool]:

@@ -87,7 +87,7 @@ class ClientLoop:
     rows: list[dict] = field(default_factory=list)
     pushed_bytes: int = 0         # the push frames' bytes, to every server (STOP tells the server)
     pulled_bytes: int = 0         # the weights frames' bytes, from every server
-    down: Callable[[float, float], float] = sleep_down  # (base times, compute s) -> seconds down
+    down: Callable[[float], float] | None = None  # (base times) -> seconds down; None: `sleep_down` (MPI)
     window: int = field(init=False)      # minibatches from one push to the next: n_push, or DyLU's
     pushed_at: int = field(init=False)   # the step of the last push (or the first step)
 
@@ -156,7 +156,8 @@ class ClientLoop:
         if self.feedback is not None:  # the codec's carried error died with the process
             self.feedback = ErrorFeedback(self.codec, self.client.size)
         lost = [{**row, "lost": True} for row in self.rows]
-        lost[-1].update(failed=True, down_s=self.down(self.plan.failures.length, compute))
+        length = self.plan.failures.length
+        lost[-1].update(failed=True, down_s=sleep_down(length, compute) if self.down is None else self.down(length))
         self.rows, self.pushed_at = [], self.step  # a window starts afresh
         return Outgoing(Tag.PULL, Rejoin(self.step, tuple(lost)))
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from runconfig.settings import RunConfig
+from paramserver.settings import Mode
 
 MOMENTUM = "momentum"  # the name of the momentum buffer in a checkpoint's `outer` arrays
 
@@ -41,7 +42,7 @@ class OuterStep:
     def for_run(cls, cfg: RunConfig, weights: torch.Tensor, state: dict[str, np.ndarray]) -> OuterStep | None:
         """The run's outer step from `weights` (the clients' at the start, or at the
         checkpoint resumed from); None where it is plain averaging."""
-        if cfg.mode != "local-sgd" or (cfg.outer_step_lr == 1.0 and cfg.outer_momentum == 0.0):
+        if cfg.mode != Mode.LOCAL_SGD or (cfg.outer_step_lr == 1.0 and cfg.outer_momentum == 0.0):
             return None
         return cls(weights, cfg.outer_step_lr, cfg.outer_momentum, state)
 

@@ -32,6 +32,7 @@ from runconfig.settings import GROUPS, ConfigError, RunConfig
 from rundir.layout import RunDir
 from rundir.lock import RunDirError
 from rundir.smoothing import WINDOW
+from paramserver.settings import Mode
 
 if TYPE_CHECKING:
     from experiments.result import TrainResult
@@ -212,7 +213,7 @@ def _run(cfg: RunConfig, out: str, argv: list[str], mpiexec: str) -> int:
                 return run_sim(cfg, out, cfg.clients or DEFAULT_CLIENTS)
         if mpiexec:
             clients = cfg.clients or DEFAULT_CLIENTS
-            servers = cfg.servers if cfg.mode == "async" else 0
+            servers = cfg.servers if cfg.mode == Mode.ASYNC else 0
             from experiments.parent.supervise import supervise
             launcher = Launcher.of(mpiexec)
             command = launcher.command(clients + servers, [*argv, "--clients", str(clients), "--out", out])

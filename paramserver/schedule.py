@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from paramserver.settings import RunSettings
+from paramserver.settings import Mode, RunSettings
 from paramserver.rules.scaling import ramped_scale
 
 
@@ -54,8 +54,8 @@ class Schedule:
     @classmethod
     def for_run(cls, cfg: RunSettings, clients: int, lr: float | None = None) -> "Schedule":
         """The run's schedule of `lr` (default: the clients' lr) for `clients` clients."""
-        averaged = clients - cfg.backup_workers if cfg.mode == "sync" else 1
-        counted = 1 if cfg.mode == "async" else clients  # a backup worker's gradient counts, unused
+        averaged = clients - cfg.backup_workers if cfg.mode == Mode.SYNC else 1
+        counted = 1 if cfg.mode == Mode.ASYNC else clients  # a backup worker's gradient counts, unused
         return cls(cfg.lr if lr is None else lr, cfg.batch_size, clients * cfg.steps * cfg.batch_size,
                    cfg.lr_warmup, cfg.lr_schedule, cfg.lr_floor, parse_milestones(cfg.lr_milestones),
                    cfg.lr_step_factor, cfg.lr_scaling, averaged, cfg.lr_scale_warmup, counted)

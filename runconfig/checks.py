@@ -22,11 +22,12 @@ from paramserver.schedule import parse_milestones
 from paramserver.wire.compress import CODECS
 from runconfig.require import ConfigError, parsed as _parsed, require as _require
 from runconfig.simchecks import check_simulator
+from paramserver.settings import Mode
 
 BACKENDS = ("mpi", "sim")
 OPTIMIZERS = ("sgd", "adam", "adamw")  # the clients' (clients/optimizers.py); or a factory of the user's
 PRECISIONS = ("fp32", "bf16", "fp16")
-MODES = ("async", "sync", "local-sgd")
+MODES = tuple(mode.value for mode in Mode)
 FAILURE_POLICIES = ("abort", "continue")
 AUTO_KEYS = ("momentum", "fresh_batch", "servers")  # keys that also take the word "auto"
 LR_SCHEDULES = ("constant", "cosine", "step")
@@ -130,7 +131,7 @@ def _check_server(cfg: Any) -> None:
     _require(cfg.server_lr is None or cfg.server_lr > 0, "server_lr", f"must be positive, got {cfg.server_lr}")
     _require(cfg.server_momentum is None or 0 <= cfg.server_momentum < 1, "server_momentum",
              f"must be in [0, 1), got {cfg.server_momentum}")
-    if cfg.servers == "auto" and not (cfg.backend == "sim" and cfg.mode == "async" and not cfg.resume):
+    if cfg.servers == "auto" and not (cfg.backend == "sim" and cfg.mode == Mode.ASYNC and not cfg.resume):
         # only the simulator knows a push's cost before the run: elsewhere auto is one server (docs/training.md)
         object.__setattr__(cfg, "servers", 1)
     try:
@@ -146,7 +147,7 @@ def _check_server(cfg: Any) -> None:
     if cfg.servers == "auto":
         return  # the simulator picks (experiments/run/sizing.py) and checks its pick as it makes the run's config
     _require(cfg.servers >= 1, "servers", f"must be at least 1, got {cfg.servers}")
-    _require(cfg.servers == 1 or cfg.mode == "async", "servers", "more than one server needs --mode async")
+    _require(cfg.servers == 1 or cfg.mode == Mode.ASYNC, "servers", "more than one server needs --mode async")
     _require(cfg.servers == 1 or not cfg.resume, "servers",
              "a run with more than one server cannot be resumed (its servers' slices are not checkpointed together)")
 
@@ -158,9 +159,9 @@ def _check_outer(cfg: Any, rule: Any) -> None:
     given = [name for name in ("outer_lr", "nesterov_momentum") if getattr(cfg, name) is not None]
     if not given or cfg.takes_outer_step:
         return
-    taker = f"--mode {cfg.mode}" if cfg.mode != "async" else f"--rule {cfg.rule}"
+    taker = f"--mode {cfg.mode}" if cfg.mode != Mode.ASYNC else f"--rule {cfg.rule}"
     why = (" (its clients push gradients; the server's optimizer takes the step)" if rule.pushes == "gradient"
-           and cfg.mode == "async" else "")
+           and cfg.mode == Mode.ASYNC else "")
     raise ConfigError(f"{given[0]}: {taker} takes no outer step{why}; the outer step is --mode local-sgd's "
                       f"(synchronous DiLoCo) or --rule nesterov's (asynchronous DiLoCo)")
 
@@ -172,7 +173,7 @@ def _check_dylu(cfg: Any, rule: Any) -> None:
     the clients by gathering a fixed batch)."""
     if not cfg.dylu:
         return
-    _require(cfg.mode == "async", "dylu", "needs --mode async (the server measures each client's speed from its "
+    _require(cfg.mode == Mode.ASYNC, "dylu", "needs --mode async (the server measures each client's speed from its "
                                           "pushes; the collective modes step in lockstep)")
     _require(rule.pushes == "delta", "dylu",
              f"needs a rule whose clients push their weight change (add, nesterov, ...); under {cfg.rule} they push "
@@ -193,7 +194,7 @@ def _check_schedule(cfg: Any) -> None:
     _require(0 < cfg.lr_step_factor <= 1, "lr_step_factor", f"must be in (0, 1], got {cfg.lr_step_factor}")
     _require(cfg.lr_scaling in LR_SCALINGS, "lr_scaling",
              f"unknown scaling {cfg.lr_scaling!r} (choose from {', '.join(LR_SCALINGS)})")
-    _require(cfg.lr_scaling != "adascale" or cfg.mode == "async", "lr_scaling",
+    _require(cfg.lr_scaling != "adascale" or cfg.mode == Mode.ASYNC, "lr_scaling",
              "adascale needs --mode async (its gain is from the gradient noise the server measures)")
     _require(cfg.lr_scaling != "adascale" or cfg.servers == 1, "lr_scaling",
              "adascale needs servers = 1 (each server sees only its slice's gradient norms)")
@@ -223,16 +224,16 @@ def _check_stragglers(cfg: Any) -> None:
     _require(0 <= cfg.pause_time <= 3600, "pause_time", f"must be in [0, 3600] seconds, got {cfg.pause_time}")
     _check_hardware(cfg)
     _require(cfg.backup_workers >= 0, "backup_workers", f"must be non-negative, got {cfg.backup_workers}")
-    _require(not cfg.backup_workers or cfg.mode == "sync", "backup_workers", "needs --mode sync")
+    _require(not cfg.backup_workers or cfg.mode == Mode.SYNC, "backup_workers", "needs --mode sync")
     _require(cfg.clients is None or cfg.backup_workers < cfg.clients, "backup_workers",
              f"must be below clients ({cfg.clients}): a step needs one gradient, got {cfg.backup_workers}")
     _require(cfg.on_client_failure in FAILURE_POLICIES, "on_client_failure",
              f"expected {' or '.join(FAILURE_POLICIES)}, got {cfg.on_client_failure!r}")
-    _require(cfg.on_client_failure == "abort" or cfg.mode == "async", "on_client_failure",
+    _require(cfg.on_client_failure == "abort" or cfg.mode == Mode.ASYNC, "on_client_failure",
              "continue needs --mode async (a collective cannot go on without a rank)")
     _require(cfg.stall_timeout > 0, "stall_timeout", f"must be positive, got {cfg.stall_timeout}")
     _require(fault_ok(cfg.inject_fault), "inject_fault", f"expected RANK:STEP, got {cfg.inject_fault!r}")
-    _require(not cfg.joinable or cfg.mode == "async", "joinable", "needs --mode async (a client joins the server)")
+    _require(not cfg.joinable or cfg.mode == Mode.ASYNC, "joinable", "needs --mode async (a client joins the server)")
     _require(not cfg.joinable or cfg.backend == "sim", "joinable",
              "over MPI not yet: with the mpich wheel a thread blocked in MPI_Comm_accept stalls the server's other "
              "messages until a joiner connects (docs/joining.md); --backend sim --joins studies joins")
@@ -258,7 +259,7 @@ def _check_hardware(cfg: Any) -> None:
     _require(cfg.mtbf == 0 or cfg.mtbf >= 1, "mtbf",
              f"must be at least 1 base minibatch time (0: no failures), got {cfg.mtbf}")
     _require(cfg.failure_length >= 0, "failure_length", f"must be non-negative, got {cfg.failure_length}")
-    _require(not cfg.mtbf or cfg.mode != "local-sgd", "mtbf", "needs --mode async or sync")
+    _require(not cfg.mtbf or cfg.mode != Mode.LOCAL_SGD, "mtbf", "needs --mode async or sync")
 
 
 def _check_evaluation(cfg: Any) -> None:
@@ -285,12 +286,12 @@ def _check_performance(cfg: Any) -> None:
              "needs --backend mpi (the simulator's clients read on its virtual clock)")
     _require(re.fullmatch(r"cpu|cuda(:\d+)?", cfg.server_device) is not None, "server_device",
              f"expected cpu or cuda[:N], got {cfg.server_device!r}")
-    _require(cfg.server_device == "cpu" or cfg.mode == "async", "server_device",
+    _require(cfg.server_device == "cpu" or cfg.mode == Mode.ASYNC, "server_device",
              "needs --mode async (only async runs have a server)")
     _require(cfg.server_kernel in ("auto", "torch"), "server_kernel",
              f"expected auto or torch, got {cfg.server_kernel!r}")
     _require(cfg.compress in CODECS, "compress", f"expected {', '.join(CODECS)}, got {cfg.compress!r}")
-    _require(cfg.compress == "none" or cfg.mode == "async", "compress", "needs --mode async (pushes and pulls)")
+    _require(cfg.compress == "none" or cfg.mode == Mode.ASYNC, "compress", "needs --mode async (pushes and pulls)")
     _require(not cfg.compress_pulls or cfg.compress != "none", "compress_pulls", "needs a --compress codec")
 
 

@@ -20,6 +20,7 @@ from paramserver.faults import Fault, fault_on
 from paramserver.rules import RULES, rule_class
 from runconfig.checks import (PRECISIONS, USER_CODE, USER_CODE_KEYS, ConfigError, check, is_user_code,
                               model_args_text, model_arguments)
+from paramserver.settings import Mode
 
 # what importers take from here; the checks' words and the fault live in runconfig/checks.py and faults
 __all__ = ["GROUPS", "PRECISIONS", "USER_CODE", "USER_CODE_KEYS", "ConfigError", "Fault", "RunConfig",
@@ -58,7 +59,7 @@ class RunConfig:
     # the settings most runs set ([common] in a config file)
     out: str = _common("", "run directory (default: runs/<time>-c<K>-n<N>)")
     backend: str = _common("mpi", "mpi (real ranks) or sim (every rank in one process, on a virtual clock)")
-    mode: str = _common("async", "async (parameter server), sync (allreduce gradients each step) or local-sgd "
+    mode: str = _common(Mode.ASYNC.value, "async (parameter server), sync (allreduce gradients each step) or local-sgd "
                                  "(average weights every n_sync steps)")
     clients: Optional[int] = _common(None, "number of clients K (default: every MPI rank but the server; every rank "
                                            "in sync modes)")
@@ -296,7 +297,7 @@ class RunConfig:
         the implicit momentum of K asynchronous clients (see `auto_momentum`)."""
         if self.momentum != "auto":
             return self.momentum
-        return auto_momentum(clients) if self.mode == "async" else AUTO_BASE_MOMENTUM
+        return auto_momentum(clients) if self.mode == Mode.ASYNC else AUTO_BASE_MOMENTUM
 
     @property
     def outer_momentum(self) -> float:
@@ -316,7 +317,7 @@ class RunConfig:
         """Whether the run takes an outer step: local-sgd's (synchronous DiLoCo) or, in
         async mode, its rule's (nesterov: asynchronous DiLoCo)."""
         outer_rule = getattr(rule_class(self.rule), "outer_step", False)
-        return self.mode == "local-sgd" or (self.mode == "async" and outer_rule)
+        return self.mode == Mode.LOCAL_SGD or (self.mode == Mode.ASYNC and outer_rule)
 
     @property
     def effective_server_lr(self) -> float:
@@ -343,7 +344,7 @@ class RunConfig:
         """Whether the server ends the run once its clients' steps sum to the run's budget:
         async only (a collective mode's clients step together, so each one's budget is the
         run's share already)."""
-        return self.budget == "run" and self.mode == "async"
+        return self.budget == "run" and self.mode == Mode.ASYNC
 
     def client_steps(self, clients: int) -> int:
         """The most minibatches one client may compute: its steps, or under a run-wide

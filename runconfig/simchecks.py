@@ -7,6 +7,7 @@ from typing import Any
 
 from runconfig.links import parse_links, parse_regions
 from runconfig.require import parsed as _parsed, require as _require
+from paramserver.settings import Mode
 
 SIM_PROFILES = ("measured", "paper")  # their values: experiments/sim/costs.py
 
@@ -19,9 +20,9 @@ def check_simulator(cfg: Any) -> None:
     _require(cfg.sim_profile in SIM_PROFILES, "sim_profile",
              f"unknown profile {cfg.sim_profile!r} (choose from {', '.join(SIM_PROFILES)})")
     _require(0 <= cfg.speed_jitter < 1, "speed_jitter", f"must be in [0, 1), got {cfg.speed_jitter}")
-    _require(not cfg.replay or (cfg.backend == "sim" and cfg.mode == "async"), "replay",
+    _require(not cfg.replay or (cfg.backend == "sim" and cfg.mode == Mode.ASYNC), "replay",
              "needs --backend sim and --mode async")
-    _require(not cfg.sim_calibrate or (cfg.backend == "sim" and cfg.mode == "async"), "sim_calibrate",
+    _require(not cfg.sim_calibrate or (cfg.backend == "sim" and cfg.mode == Mode.ASYNC), "sim_calibrate",
              "needs --backend sim and --mode async (only the async server pushes)")
     if cfg.joins:
         _check_joins(cfg)
@@ -59,7 +60,7 @@ def _check_links(cfg: Any) -> None:
                                "groups by semicolons, no client in two groups")):
         text = getattr(cfg, name)
         _require(not text or _parsed(parse, text) is not None, name, f"expected {form}, got {text!r}")
-        _require(not text or (cfg.backend == "sim" and cfg.mode == "async"), name,
+        _require(not text or (cfg.backend == "sim" and cfg.mode == Mode.ASYNC), name,
                  "needs --backend sim and --mode async (a collective's allreduce is charged at sim_bandwidth)")
     if cfg.clients is not None and cfg.sim_client_links:
         count = len(parse_links(cfg.sim_client_links))

@@ -30,14 +30,15 @@ from __future__ import annotations
 
 import argparse
 import heapq
-from types import SimpleNamespace
 
 import numpy as np
 
+from clients.collective import Lockstep, LockstepFates
 from clients.stragglers import Failures, Stragglers, client_speeds
 from experiments.sim.simulator import LockstepClock, SimTiming
 from bench.studies.spread_pace import SpreadPace
 from paramserver.reply.pace import LEAN, Pace
+from paramserver.settings import Mode
 
 def study(seed: int, clients: int) -> Stragglers:
     return Stragglers(seed, clients, 0.5, slow_clients=1, slow_factor=2.0)
@@ -172,11 +173,11 @@ class Model:
 def sync_run(model: str, clients: int, seed: int, steps: int, backups: int) -> tuple[float, float, float, float]:
     """Sync SGD under the model, as the simulator's `LockstepClock` times it."""
     stragglers, failures = straggler_model(model, seed, clients)
-    cfg = SimpleNamespace(mode="sync", backup_workers=backups, n_sync=1, steps=steps)
-    clock = LockstepClock([1.0] * clients, SimTiming(1.0, 0.0, 1.0, 0.0), None, cfg, stragglers, failures)
+    fates = LockstepFates(stragglers, failures, backups, list(range(clients)), [1.0] * clients)
+    clock = LockstepClock(SimTiming(1.0, 0.0, 1.0, 0.0), None, Lockstep(Mode.SYNC, steps, 1, clients, backups), fates)
     used = lost = computed = 0
     for step in range(1, steps + 1):
-        fates = clock.straggle(step, [None if gone else 1.0 for gone in clock.away(step)])
+        fates = clock.straggle(step, [None if gone else 1.0 for gone in clock.away()])
         used += sum(f.kept for f in fates)
         lost += sum(f.lost for f in fates)
         computed += sum(not f.away for f in fates) + sum(f.lost for f in fates)

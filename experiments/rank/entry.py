@@ -20,10 +20,9 @@ import numpy as np
 import torch
 
 from clients.client import Client
-from clients.collective import Fate, failed_tries, keep_fastest
+from clients.collective import Fate, Lockstep, LockstepFates
 from clients.devices import device_name, gpu_count, keep_freed_memory, node_devices, use_device, visible_gpu
 from clients.driver import ClientPlan, run_client
-from clients.stragglers import Failures, Stragglers
 from experiments.run.assemble import Share, Started, build, start
 from experiments.run.collectiverun import collective_run
 from experiments.parent.supervise import LOCKED_RUN, direct_stdio
@@ -35,6 +34,7 @@ from runconfig.settings import RunConfig
 from paramserver.wire.farewell import say_bye, tell_recorders, wait_for_bye
 from paramserver.wire.liveness import PeerDied, PeerWatch
 from rundir.summary import log_traceback
+from paramserver.settings import Mode
 
 START_TIMEOUT_S = 600.0  # how long the ranks wait for each other's verdict on their start
 # The least time MPI may take to start: ranks reach MPI_Init as fast as they import torch,
@@ -64,7 +64,7 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
     if refused_anywhere(transport, None):
         return 2
     transport.timeout = cfg.stall_timeout
-    servers = cfg.servers if cfg.mode == "async" else 0
+    servers = cfg.servers if cfg.mode == Mode.ASYNC else 0
     clients = cfg.clients or transport.size - servers
     if clients < 1 or transport.size != clients + servers:
         if transport.rank == 0:
@@ -78,7 +78,7 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
     try:
         local_rank, on_node = transport.this_node(is_client=index >= 0)
         _set_threads(index >= 0, cfg.threads, len(on_node), sum(on_node))
-        if index >= 0 and cfg.mode == "async":
+        if index >= 0 and cfg.mode == Mode.ASYNC:
             transport.wait_as_client(sum(on_node))
         device = node_devices(cfg.device, cfg.server_device, on_node, gpu_count())[local_rank]
         use_device(device)
@@ -132,12 +132,12 @@ def _run_role(transport: Transport, started: Started, client: Client | None, ind
     """This rank's part of the run, set up: a collective client, a server, or a client."""
     setup, point = started.setup, started.point
     cfg = setup.cfg
-    if cfg.mode != "async":
-        stragglers = Stragglers.for_run(cfg, setup.clients)
-        lockstep = _MpiLockstep(transport, stragglers, Failures.for_run(cfg, stragglers), index, cfg.backup_workers)
-        return collective_run(setup, [client], [index], _mpi_average(transport), clock,
-                              gather=lambda rows: _flatten(transport.gather(rows)), straggle=lockstep,
-                              point=point, agree=transport.bcast, away=lockstep.away)
+    if cfg.mode != Mode.ASYNC:
+        fates = LockstepFates.for_run(cfg, setup.clients, [index], [0.0], real_time=True)
+        lockstep = _MpiLockstep(transport, fates)
+        return collective_run(setup, Lockstep.for_run(cfg, setup.clients), [client], [index],
+                              _mpi_average(transport), clock, gather=lambda rows: _flatten(transport.gather(rows)),
+                              straggle=lockstep, point=point, agree=transport.bcast, away=lockstep.away)
     if transport.rank > 0 and client is None:
         if serve_slice(setup, transport, clock, transport.rank):
             _exit(0)  # clients were lost: see paramserver/wire/farewell.py
@@ -177,45 +177,36 @@ def _mpi_average(transport: Transport):
 
 
 class _MpiLockstep:
-    """This rank's step as slow as the straggler model says, for real, and its failures.
-    With backup workers every rank learns every step's durations (its compute plus the
-    model's excess, plus any failure's outage: one allreduce of K floats before anyone
-    sleeps), so all agree which b are dropped; a dropped rank skips its sleep and waits
-    in the average for the slowest kept one. A rank that failed and was dropped is down
-    (`away`) until its outage ends on its clock: it computes nothing and adds nothing
-    to the average until then, unless a step must wait for it."""
+    """This rank's step as slow as its fates say (clients/collective.py's `LockstepFates`),
+    for real: the MPI side only. With backup workers every rank learns every step's
+    durations (one allreduce of K floats before anyone sleeps), so all agree which b are
+    dropped; a dropped rank skips its sleep and waits in the average for the slowest kept
+    one. A rank that is down (`away`) computes nothing and adds nothing to the average
+    until its outage ends on its clock, unless a step must wait for it."""
 
-    def __init__(self, transport: Transport, stragglers: Stragglers, failures: Failures | None, index: int,
-                 backups: int):
-        self.transport, self.stragglers, self.failures = transport, stragglers, failures
-        self.index, self.backups = index, backups
-        self.back = 0.0                # perf_counter time this rank is back from its failure
-        self.base = 0.0                # its last minibatch's compute seconds: an away rank's estimate
+    def __init__(self, transport: Transport, fates: LockstepFates):
+        self.transport, self.fates = transport, fates
 
-    def away(self, step: int) -> list[bool]:
-        return [time.perf_counter() < self.back]
+    def away(self) -> list[bool]:
+        return self.fates.away(time.perf_counter())
 
     def __call__(self, step: int, compute_s: list[float | None]) -> list[Fate]:
-        now, away = time.perf_counter(), compute_s[0] is None
-        self.base = self.base if away else compute_s[0]
-        extra = self.stragglers.extra(self.index, step, self.base)
-        tries = failed_tries(self.failures, self.index, step)
-        down = self.failures.length * self.base if self.failures else 0.0
-        delay = max(0.0, self.back - now)
+        fates, index, compute = self.fates, self.fates.indices[0], compute_s[0]
+        if compute is not None:  # an away rank's base stays its last minibatch's compute
+            fates.bases[0] = compute
+        start = time.perf_counter() - (compute or 0.0)
+        mine = fates.durations(step, start)[0]
         keep = True
-        if self.backups:
-            durations = np.zeros(self.stragglers.clients, np.float32)
-            durations[self.index] = delay + (tries + 1) * (self.base + extra) + tries * down
+        if fates.backups:
+            durations = np.zeros(fates.stragglers.clients, np.float32)
+            durations[index] = mine
             self.transport.allreduce_mean(durations)  # every slot but one is 0: the mean is each rank's / K
-            keep = keep_fastest(list(durations), self.backups)[self.index]
+            keep = fates.kept(list(durations))[index]
         if keep:  # back (if it was down), then each failed try and its outage; collective_step computes again
-            wait = delay + (tries + 1) * extra + tries * down
-            if wait:
+            wait = mine - (fates.tries[0] + 1) * fates.bases[0]
+            if wait > 0:
                 time.sleep(wait)
-            return [Fate(True, tries, away)]
-        if tries and not away:  # it failed and the step goes on without it
-            self.back = now + extra + down
-        return [Fate(False, int(bool(tries) and not away), away)]
+        return fates.settle(step, start, [keep], [compute is None])
 
 
 def _flatten(gathered: list[list[dict]] | None) -> list[dict] | None:

@@ -40,6 +40,7 @@ from paramserver.schedule import Schedule
 from paramserver.wire.protocol import Welcome
 from rundir.durable import load_arrays
 from rundir.layout import RunDir
+from paramserver.settings import Mode
 
 # How rank 0's start weights and resume point reach every process (identity in one process).
 Share = Callable[[np.ndarray, ResumePoint | None], tuple[np.ndarray, ResumePoint | None]]
@@ -122,7 +123,7 @@ def make_client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int
     slot, for a joiner; `slot_indices`), stepping on `replica`, pushing what the server's
     rule takes."""
     shard = slot_indices(len(dataset.train), clients, index, cfg.seed)
-    rule = rule_class(cfg.rule if cfg.mode == "async" else "add")  # the collective modes push no rule's way
+    rule = rule_class(cfg.rule if cfg.mode == Mode.ASYNC else "add")  # the collective modes push no rule's way
     pushes, elastic = rule.pushes, rule.client_elastic(cfg, clients)
     # under the run's budget fast clients run more epochs: the shards are dealt afresh each, in
     # every mode, so a collective run reads what an async run of equal speeds reads (one client's shard is all)

@@ -21,19 +21,19 @@ import numpy as np
 
 from clients.buffers import host_copy
 from clients.client import Client
-from clients.collective import Average, Away, Straggle, collective_step
+from clients.collective import Average, Away, Lockstep, Straggle, collective_step
 from clients.outer import OuterStep
 from experiments.run.resume import ResumePoint
 from experiments.run.life import RunLife
 from experiments.run.record import RunSetup, stops_early
-from runconfig.settings import RunConfig
 from paramserver.recorder import Background
 from rundir.checkpoint import Checkpoint, save_point
 from rundir.durable import read_jsonl
 from rundir.layout import RunDir
+from paramserver.settings import Mode
 
 
-def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], average: Average,
+def collective_run(setup: RunSetup, lockstep: Lockstep, clients: list[Client], indices: list[int], average: Average,
                    clock: Callable[[], float], gather: Callable[[list[dict]], list[dict] | None],
                    straggle: Straggle, point: ResumePoint | None = None,
                    agree: Callable[[bool], bool] = lambda flag: flag, away: Away | None = None) -> int:
@@ -44,7 +44,7 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
     cfg = setup.cfg
     k, samples_per_step = setup.clients, setup.clients * cfg.batch_size
     recorder = 0 in indices
-    with RunLife(setup, cfg.steps, clock, records=recorder) as life:
+    with RunLife(setup, lockstep.steps, clock, records=recorder) as life:
         counts, lines = _opened(life, setup)
         life.counts = lambda: counts
         every = life.every
@@ -58,27 +58,27 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
         life.started()
         saved_at, averages = clock(), 0  # when the last checkpoint was taken (the run's clock); averages taken
         with life.run.writer("clients", lines) if recorder else contextlib.nullcontext() as log:
-            for step in range(first, cfg.steps + 1):
+            for step in range(first, lockstep.steps + 1):
                 for client in clients:  # the lr schedule's progress: the samples of the steps before
                     client.lr = client.schedule.at((step - 1) * samples_per_step)
-                outcomes = collective_step(clients, cfg.mode, step, cfg.steps, cfg.n_sync, average, straggle,
-                                           (k, cfg.backup_workers), away, outer)
-                averages += _resumable(cfg, step)  # the steps that average are those every client leaves alike
+                outcomes = collective_step(clients, lockstep, step, average, straggle, away, outer)
+                averages += lockstep.averages(step)  # the steps that average are those every client leaves alike
                 now = clock()
                 rows = [_row(r, i, step, now, fate) for i, done in zip(indices, outcomes) for r, fate in done]
                 for fault in faults:
                     fault.strike(step)
                 everyone = gather(rows)
-                due = step % every == 0 or step == cfg.steps
-                timed = not due and _checkpoint_due(cfg, step, now - saved_at, recorder, agree)
-                checkpoint = (due or timed) and _resumable(cfg, step)
-                states = _checkpoint_states(cfg, clients, gather, recorder, outer) if checkpoint else {}
+                due = step % every == 0 or step == lockstep.steps
+                timed = not due and _checkpoint_due(cfg.checkpoint_every, lockstep, step, now - saved_at, recorder,
+                                                    agree)
+                checkpoint = (due or timed) and lockstep.averages(step)
+                states = _checkpoint_states(lockstep.mode, clients, gather, recorder, outer) if checkpoint else {}
                 saved_at = now if checkpoint else saved_at
                 if recorder:
                     _logged(log, everyone, counts, life)
                     if due or timed:
                         files.submit(_save, life.run, setup, host_copy(clients[0].weights), step, now,
-                                     dict(counts), log.lines, states, due)
+                                     dict(counts), log.lines, checkpoint, states, due)
                         if due and life.curve.inline:
                             files.wait()
                             life.curve.catch_up()
@@ -88,7 +88,7 @@ def collective_run(setup: RunSetup, clients: list[Client], indices: list[int], a
         if recorder:
             life.curve.stop()
             files.close()
-            dropped = {"gradients_dropped": _dropped(life.run)} if cfg.backup_workers else {}
+            dropped = {"gradients_dropped": _dropped(life.run)} if lockstep.backups else {}
             life.finish({**dropped, **_wire_bytes(averages, k, setup.weights.nbytes)})
     return 0
 
@@ -132,13 +132,13 @@ def _opened(life: RunLife, setup: RunSetup) -> tuple[dict[str, Any], int]:
     if life.checkpoint is None:
         life.run.writer("server").close()  # no server in these modes: its log stays empty
         counts = {"minibatches": 0, "samples": 0}
-        _save(life.run, setup, setup.weights, 0, 0.0, counts, 0)
+        _save(life.run, setup, setup.weights, 0, 0.0, counts, 0, resumable=True)
         return counts, 0
     minibatches, samples, _ = life.checkpoint.counts
     return {"minibatches": minibatches, "samples": samples}, life.checkpoint.lines[1]
 
 
-def optimizer_states(cfg: RunConfig, clients: list[Client], gather: Callable[[list], list | None],
+def optimizer_states(mode: Mode, clients: list[Client], gather: Callable[[list], list | None],
                      recorder: bool) -> dict[str, Any]:
     """The clients' optimizer state for a checkpoint (Checkpoint's fields), copied: in sync
     mode one for all (each steps with the same averaged gradient, so one client's is all
@@ -146,42 +146,37 @@ def optimizer_states(cfg: RunConfig, clients: list[Client], gather: Callable[[li
     calls this at the same steps)."""
     if not clients[0].replica.optimizer.keeps_state:
         return {}
-    if cfg.mode == "sync":
+    if mode == Mode.SYNC:
         return {"optimizer": clients[0].optimizer.state_arrays()} if recorder else {}
     states = gather([client.optimizer.state_arrays() for client in clients])
     return {} if states is None else {"client_optimizers": dict(enumerate(states))}
 
 
-def _checkpoint_states(cfg: RunConfig, clients: list[Client], gather: Callable[[list], list | None], recorder: bool,
+def _checkpoint_states(mode: Mode, clients: list[Client], gather: Callable[[list], list | None], recorder: bool,
                        outer: OuterStep | None) -> dict[str, Any]:
     """What a checkpoint holds beside the weights: the clients' optimizer state and
     local-sgd's outer momentum (every rank's copy is the same: the recorder's is saved)."""
-    return {**optimizer_states(cfg, clients, gather, recorder), **({"outer": outer.state()} if outer else {})}
+    return {**optimizer_states(mode, clients, gather, recorder), **({"outer": outer.state()} if outer else {})}
 
 
-def _checkpoint_due(cfg: RunConfig, step: int, since: float, recorder: bool, agree: Callable[[bool], bool]) -> bool:
-    """Whether `checkpoint_every` seconds passed since the last checkpoint (`since`, by the
+def _checkpoint_due(every: float, lockstep: Lockstep, step: int, since: float, recorder: bool,
+                    agree: Callable[[bool], bool]) -> bool:
+    """Whether `every` seconds (checkpoint_every) passed since the last checkpoint (`since`, by the
     recorder's clock) at a step the run can go on from. In sync mode the recorder alone
     writes it; in local-sgd every rank gives its optimizer state, so the recorder's word
     is `agree`d by all, at the averaging steps alone (a broadcast where an allreduce is)."""
-    if not cfg.checkpoint_every or not _resumable(cfg, step):
+    if not every or not lockstep.averages(step):
         return False
-    late = recorder and since >= cfg.checkpoint_every
-    return late if cfg.mode == "sync" else agree(late)
-
-
-def _resumable(cfg: RunConfig, step: int) -> bool:
-    """Whether every client holds the same weights after `step`: always in sync mode, at
-    averaging steps in local-sgd."""
-    return cfg.mode == "sync" or step % cfg.n_sync == 0 or step == cfg.steps
+    late = recorder and since >= every
+    return late if lockstep.mode == Mode.SYNC else agree(late)
 
 
 def _save(run: RunDir, setup: RunSetup, weights: np.ndarray, step: int, now: float, counts: dict[str, Any],
-          lines: int, optimizers: dict[str, Any] | None = None, evaluated: bool = True) -> None:
+          lines: int, resumable: bool, optimizers: dict[str, Any] | None = None, evaluated: bool = True) -> None:
     """A snapshot of client 0's `weights` for the test error (`evaluated`: a point of the
-    curve) and, where the run can go on from it (`_resumable`), a checkpoint, with the
+    curve) and, where the run can go on from it (`resumable`), a checkpoint, with the
     clients' `optimizers` state."""
     k = setup.clients
     save_point(run, Checkpoint(weights, step, now, (0, lines), (counts["minibatches"], counts["samples"], 0),
                                np.full(k, step), np.zeros(k, np.int64), **(optimizers or {})),
-               resumable=_resumable(setup.cfg, step), evaluated=evaluated)
+               resumable=resumable, evaluated=evaluated)

@@ -34,6 +34,7 @@ from rundir.measure import curve_measure, stop_rules
 from rundir.status import COMPLETE, reached_target
 from rundir.summary import (VIRTUAL, WALL, ending, seconds, training_status, write_failure,
                                         write_result)
+from paramserver.settings import Mode
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ def finish_run(run: RunDir, setup: RunSetup, curve: LiveCurve, train_s: float, t
     if early and status == COMPLETE:
         status = reached_target(early, curve.stopped_by)
     measure = curve_measure(config, final["test_error"])
-    good = goodput(run.rows("clients"), windows=cfg.mode == "async")
+    good = goodput(run.rows("clients"), windows=cfg.mode == Mode.ASYNC)
     gathers = rule_class(cfg.rule).gathers
     load = server_load(counts.get("server_busy_s"), train_s, cfg.servers, gathers)
     summary = write_result(run, status, final, train_s, run_clock(cfg), counts, curve_test_samples=items.samples,

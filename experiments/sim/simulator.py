@@ -47,10 +47,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from clients.collective import Fate, failed_tries, keep_fastest, mean_in_place
+from clients.collective import Fate, Lockstep, LockstepFates, mean_in_place
 from clients.devices import keep_freed_memory, pick_device
 from clients.loop import ClientLoop, ClientPlan
-from clients.stragglers import Failures, Stragglers
+from clients.stragglers import Stragglers
 from experiments.run.assemble import build, join_client, start
 from experiments.run.collectiverun import collective_run
 from experiments.run.provenance import provenance
@@ -63,6 +63,7 @@ from runconfig.settings import ConfigError, RunConfig
 from paramserver.inprocess import InProcess
 from paramserver.wire.protocol import Join, Outgoing, Pull, Tag, Welcome
 from rundir.durable import read_jsonl
+from paramserver.settings import Mode
 
 
 SIM_SECRET = "simulated"  # what the simulator's joiners show: its processes are its own
@@ -83,7 +84,7 @@ class StepClock:
             else self.step_time
         return self.now
 
-    def down(self, length: float, compute: float) -> float:
+    def down(self, length: float) -> float:
         """The client failed: `length` of its base minibatch times pass (ClientLoop's `down`)."""
         self.now += length * self.step_time
         return length * self.step_time
@@ -91,41 +92,24 @@ class StepClock:
 
 class LockstepClock:
     """Virtual time of a sync or local-sgd run: each step waits for the slowest client it
-    keeps (with backup workers, the b slowest are dropped: `keep_fastest`), and an
-    average costs a ring allreduce (2(K-1)/K of the bytes, 2(K-1) latencies). A client
-    that fails is down `failure_length` of its base times from its failure (`back`); a
-    step that keeps it waits until it is back and has computed again."""
+    keeps (`LockstepFates` decides who is kept, fails or is down), and an average costs
+    a ring allreduce (2(K-1)/K of the bytes, 2(K-1) latencies)."""
 
-    def __init__(self, step_times: list[float], timing: SimTiming, weights: np.ndarray, cfg: RunConfig,
-                 stragglers: Stragglers, failures: Failures | None = None):
-        k = len(step_times)
-        self.step_times, self.stragglers, self.failures = step_times, stragglers, failures
+    def __init__(self, timing: SimTiming, weights: np.ndarray, lockstep: Lockstep, fates: LockstepFates):
+        k = len(fates.indices)
         self.allreduce = 2 * (k - 1) * (timing.latency + timing.wire_bytes(weights) / k / timing.bandwidth)
-        self.cfg, self.now = cfg, 0.0
-        self.back = [0.0] * k  # when each client is back from its last failure
+        self.lockstep, self.fates, self.now = lockstep, fates, 0.0
 
-    def away(self, step: int) -> list[bool]:
+    def away(self) -> list[bool]:
         """The `Away` of clients/collective.py: who is down as the step begins."""
-        return [back - self.now > 1e-9 * self.step_times[i] for i, back in enumerate(self.back)]  # rounding: back
+        return self.fates.away(self.now)
 
     def straggle(self, step: int, compute_s: list[float | None]) -> list[Fate]:
         """The `Straggle` of clients/collective.py: the step's virtual time, and its fates."""
-        cfg, length = self.cfg, self.failures.length if self.failures else 0.0
-        durations, tries = [], []
-        for i, base in enumerate(self.step_times):
-            minibatch = self.stragglers.duration(i, step, base)
-            tries.append(failed_tries(self.failures, i, step))
-            delay = max(0.0, self.back[i] - self.now)
-            durations.append(delay + (tries[i] + 1) * minibatch + tries[i] * length * base)
-        kept = keep_fastest(durations, cfg.backup_workers)
-        fates = []
-        for i, keep in enumerate(kept):
-            away = compute_s[i] is None
-            if not keep and tries[i] and not away:  # it failed, and the step goes on without it
-                self.back[i] = self.now + self.stragglers.duration(i, step, self.step_times[i]) + \
-                    length * self.step_times[i]
-            fates.append(Fate(keep, tries[i] if keep else int(bool(tries[i]) and not away), away))
-        averaged = cfg.mode == "sync" or step % cfg.n_sync == 0 or step == cfg.steps
+        durations = self.fates.durations(step, self.now)
+        kept = self.fates.kept(durations)
+        fates = self.fates.settle(step, self.now, kept, [s is None for s in compute_s])
+        averaged = self.lockstep.averages(step)
         self.now += max(d for d, keep in zip(durations, kept) if keep) + (self.allreduce if averaged else 0.0)
         return fates
 
@@ -276,17 +260,17 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     parts = dataclasses.replace(parts, cfg=cfg)  # its steps, with epochs; its servers, where auto picked them
     factors = _speed_factors(cfg.seed, clients, cfg.speed_jitter)
     stragglers = Stragglers.for_run(cfg, clients)
-    failures = Failures.for_run(cfg, stragglers)
     info = {"rank": 0, "role": "simulator", "host": socket.gethostname(), "device": device}
     prov = provenance(f"none (simulator, {platform.python_implementation()})", [info])
     prov["sim"] = {**timing.__dict__, "profile": cfg.sim_profile, "speed_factors": factors, "servers_asked": asked}
     started = start(parts, out, records=True, provenance=prov, warm_clock=StepClock(timing.step_time))
     setup, point = started.setup, started.point
-    if cfg.mode != "async":
-        lockstep = LockstepClock([timing.step_time * f for f in factors], timing, setup.weights, cfg, stragglers,
-                                 failures)
+    if cfg.mode != Mode.ASYNC:
+        fates = LockstepFates.for_run(cfg, clients, list(range(clients)), [timing.step_time * f for f in factors])
+        plan = Lockstep.for_run(cfg, clients)
+        lockstep = LockstepClock(timing, setup.weights, plan, fates)
         lockstep.now = point.time if point else 0.0
-        return collective_run(setup, parts.local, list(range(clients)), mean_in_place, lockstep,
+        return collective_run(setup, plan, parts.local, list(range(clients)), mean_in_place, lockstep,
                               gather=lambda rows: rows, straggle=lockstep.straggle, point=point, away=lockstep.away)
     clocks = [StepClock(timing.step_time * f, stragglers, i, started.steps[i]) for i, f in enumerate(factors)]
     loops = [ClientLoop(c, ClientPlan.for_run(cfg, i, clients, cfg.servers, real_time=False), clk,

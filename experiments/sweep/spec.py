@@ -48,6 +48,7 @@ from experiments.run.resume import CHANGEABLE
 from runconfig.load import field_types, load_config
 from runconfig.settings import ConfigError, RunConfig
 from rundir.smoothing import WINDOW
+from paramserver.settings import Mode
 
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")
 # Grid keys that are config keys as such: these five always in the index, with their
@@ -181,7 +182,7 @@ def _point(settings: dict[str, Any], raw: dict[str, Any], backend: str, referenc
     spec's grid keys beyond GRID_KEYS and VARIANT_KEYS, in the index too."""
     if settings["start"] not in ("cold", "warm"):
         raise ConfigError(f"sweep: start must be cold or warm, got {settings['start']!r}")
-    if settings["mode"] == "sync":
+    if settings["mode"] == Mode.SYNC:
         settings = {**settings, "n_sync": 1}
     base = raw.get("base", {})
     own_steps = "steps" in settings  # a grid's steps win over the budget in samples
@@ -231,7 +232,7 @@ def _in_samples(config: RunConfig, raw: dict[str, Any], base_batch: int, own_ste
     config = config_with(config, {"steps": max(1, math.ceil(total / (k * batch)))})
     if "evaluations" not in raw:
         return config
-    versions = config.async_versions(k) if config.mode == "async" else config.steps
+    versions = config.async_versions(k) if config.mode == Mode.ASYNC else config.steps
     return config_with(config, {"eval_every": max(1, round(versions / raw["evaluations"]))})
 
 

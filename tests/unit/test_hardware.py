@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from clients.collective import failed_tries
+from clients.collective import LockstepFates, failed_tries
 from clients.stragglers import Failures, Stragglers, client_speeds
 from runconfig.settings import ConfigError, RunConfig
 from paramserver.wire.protocol import Rejoin, Tag, well_formed
@@ -57,6 +57,31 @@ def test_a_sync_step_counts_the_tries_that_fail_before_one_survives():
     assert failed_tries(None, 0, 1) == 0
     with pytest.raises(ValueError, match="mtbf: client 0's minibatch failed 1000 times"):
         failed_tries(Failures(Stragglers(0, 1, speeds=[1e-4]), 1, 1), 0, 1)
+
+
+
+def test_one_rank_a_client_decides_the_lockstep_fates_as_one_process_of_all_clients_does():
+    """The MPI ranks (one client each, the durations shared) and the simulator (all K)
+    ask the same `LockstepFates`: the same steps kept, dropped, failed and down. Speeds
+    of at least 1 and no noise, where real time and virtual time agree."""
+    k, backups, base = 4, 1, 1.0
+    stragglers = Stragglers(5, k, slow_clients=1, slow_factor=3.0, pause_prob=0.3, pause_time=0.5)
+    failures = Failures(stragglers, mtbf=4.0, length=2.0)
+    together = LockstepFates(stragglers, failures, backups, list(range(k)), [base] * k)
+    apart = [LockstepFates(stragglers, failures, backups, [i], [base], real_time=True) for i in range(k)]
+    start, seen = 0.0, set()
+    for step in range(1, 40):
+        away = together.away(start)
+        assert [rank.away(start)[0] for rank in apart] == away
+        durations = together.durations(step, start)
+        assert [rank.durations(step, start)[0] for rank in apart] == durations
+        kept = together.kept(durations)
+        fates = together.settle(step, start, kept, away)
+        assert [rank.settle(step, start, [kept[i]], [away[i]])[0] for i, rank in enumerate(apart)] == fates
+        start += max(d for d, keep in zip(durations, kept) if keep)
+        seen |= {"dropped" for f in fates if not f.kept} | {"failed" for f in fates if f.lost} | \
+            {"away" for f in fates if f.away}
+    assert seen == {"dropped", "failed", "away"}  # every fate was decided alike
 
 
 @pytest.mark.parametrize("values, error", [
