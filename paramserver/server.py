@@ -7,6 +7,10 @@ while the next message is taken) and are finished before the next push is handle
 since a reply may be reading the live weights. A push may be answered later, with
 others, when the step it joined is taken (`fresh`, paramserver/handler.py).
 
+With sharded servers server 0 decides when each client is answered and tells the others
+after each message (`Decided`); they handle the clients' messages in its order with its
+answers (`follow`, paramserver/follow.py).
+
 A client that fails (it reports an exception), stalls (silent past the stall timeout)
 or dies (`PeerWatch`) is lost: by default that ends the job, naming it; with
 `on_client_failure = "continue"` the server records it and goes on with the others.
