@@ -49,8 +49,9 @@ class Follow:
 
     def ready(self, gone: Container[int]) -> Iterator[tuple[Decided | None, Message | None]]:
         """The messages whose turn came, in server 0's order, each with its word (None:
-        server 0's PULL; a word without a message: a step its loop released, or one of a
-        client this server lost, whose message may never come)."""
+        server 0's PULL; a word without a message: a step its loop let go, or one of a
+        client this server lost, whose message may never come: then only the loop's
+        answers are followed)."""
         while self.words:
             word = self.words[0]
             if isinstance(word, Message):

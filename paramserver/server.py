@@ -118,9 +118,10 @@ class ServerLoop:
                 self._guarded(self._follow_one)
                 continue
             msg, woken = self._guarded(self._serve_one) or (None, False)
+            said = self.state.reply.spoken() if self.followers else ()
             if self.state.reply.release_due(self.state, overdue=woken):  # a lost (or, woken, an overdue) client's push was awaited
                 self._release(overdue=woken)
-            self._tell(msg)
+            self._tell(msg, said)
         self.finish_replies()
         return self.state.tally
 
@@ -134,16 +135,17 @@ class ServerLoop:
             self._lose(lost)
             return None
 
-    def _tell(self, msg: Message | None) -> None:
+    def _tell(self, msg: Message | None, said: tuple[bool, ...]) -> None:
         """Server 0 of sharded servers: tell the others whose message it handled (`msg`; None:
-        none, woken) and what its reply policy answered meanwhile (paramserver/follow.py)."""
+        none, woken), what its reply policy answered while handling it (`said`) and then, looking
+        for a step to let go (paramserver/follow.py)."""
         if not self.followers:
             return
-        said = self.state.reply.spoken()
+        then = self.state.reply.spoken()
         turn = msg is not None and msg.tag in IN_TURN and msg.source in self.state.client_ranks
-        if not turn and not any(said):  # nothing the others must do
+        if not turn and not any(then):  # nothing the others must do
             return
-        word = Decided(msg.source if turn else -1, said)
+        word = Decided(msg.source if turn else -1, said if turn else (), then)
         for server in self.followers:
             self.link.send(server, Tag.DECIDED, word, timeout=self.stall_timeout)
 
@@ -158,9 +160,10 @@ class ServerLoop:
             if word is None:  # server 0 reads this slice, at the version of the words before
                 self.answer(turn)
                 continue
-            self.state.reply.hear(word.said)
             if turn is not None:
+                self.state.reply.hear(word.said)
                 self._guarded(lambda: self.answer(turn))
+            self.state.reply.hear(word.then)
             if self.state.reply.release_due(self.state):
                 self._release()
 

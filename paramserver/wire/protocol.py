@@ -49,7 +49,7 @@ client sends each message to every server, each push carrying that server's slic
 (rows go to server 0 only), and takes WEIGHTS from each; server 0 reads the other
 servers' slices with PULL for snapshots, and says BYE to them last. Server 0 decides
 when each client is answered (the pace, DyLU's windows): after each message it handled
-it sends the others DECIDED(rank, said), and they handle the clients' messages in its
+it sends the others DECIDED(rank, said, then), and they handle the clients' messages in its
 order with its answers (paramserver/follow.py), so every server's version v is the same
 v steps of the same pushes. `rows` carries the client's per-minibatch log rows, so only
 the server's rank writes the run directory and clients on other hosts need no shared
@@ -128,10 +128,12 @@ class Decided:
     """Server 0 of sharded servers, to the others, after each message it handled: `rank`,
     the client whose next PUSH, PULL or STOP (which every server gets) they handle now
     (-1: none, the message was server 0's alone or a step its loop released); `said`, its
-    reply policy's answers meanwhile, in the order asked (paramserver/reply/policy.py)."""
+    reply policy's answers while handling it, and `then`, while its loop looked for a step
+    to let go after it, each in the order asked (paramserver/reply/policy.py)."""
 
     rank: int
     said: tuple[bool, ...]
+    then: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -277,7 +279,8 @@ def well_formed(tag: int, header: Any) -> bool:
     if isinstance(header, Join):
         return isinstance(header.secret, str) and isinstance(header.host, str)
     if isinstance(header, Decided):
-        return _is_int(header.rank) and isinstance(header.said, tuple) and all(isinstance(b, bool) for b in header.said)
+        return _is_int(header.rank) and all(isinstance(said, tuple) and all(isinstance(b, bool) for b in said)
+                                            for said in (header.said, header.then))
     if isinstance(header, Stop):
         return all(_is_int(v) for v in (header.steps, header.pushes, header.pushed_bytes, header.pulled_bytes))
     if isinstance(header, State):

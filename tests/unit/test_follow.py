@@ -94,3 +94,22 @@ def test_server_0s_word_is_checked_before_it_is_followed():
 
     with pytest.raises(ProtocolError, match="malformed decision"):
         Follow(lambda: 0.0).take(Message(0, Tag.DECIDED, Decided(1, (1,))))
+
+
+def test_a_word_for_a_client_this_server_lost_follows_only_the_loops_answers():
+    """Its message may never come here: the answers the handler would have asked for it
+    are passed over, the step server 0's loop let go after it is taken."""
+    from paramserver.follow import Follow
+
+    follow = Follow(lambda: 0.0)
+    word = Decided(2, (True,), (False,))
+    follow.take(Message(0, Tag.DECIDED, word))
+    assert list(follow.ready(gone={2})) == [(word, None)] and not follow.words
+
+
+def test_a_follower_holding_a_clients_message_names_server_0_when_it_goes_silent():
+    from paramserver.wire.protocol import PeerTimeout
+
+    with pytest.raises(PeerTimeout, match=r"server 0 \(rank 0\) silent for 100 s") as silent:
+        _serve([(0.0, _push(1, 1)), (100.0, _push(2, 1))], follow=True)
+    assert silent.value.peers == (0,)
