@@ -1,7 +1,8 @@
 """Sharded servers follow server 0: a server > 0 that takes the clients' messages in
 another order (pushes crossing in flight) handles them in server 0's order with its
 reply decisions (paramserver/follow.py), so its slice takes the same steps and answers
-the same clients at the same versions; the pace (`fresh_reply = "auto"`) decides once."""
+the same clients at the same versions; the pace (`fresh_reply`, `nesterov_reply` =
+`auto`) decides once."""
 import numpy as np
 import pytest
 
@@ -43,13 +44,29 @@ class Link:
         self.words.append((dest, tag, header))
 
 
-def _serve(arrivals, follow: bool = False, followers=(), **settings):
+def _state(rule: str, clock):
+    """Three clients: `fresh` gathering 2 minibatches a step, R = 0, or delayed Nesterov's
+    rounds of 2 pushes; both replying by the pace."""
+    from runconfig.settings import RunConfig
+    from paramserver.reply.policy import ReplyPolicy
+    from paramserver.rules import make_rule
+    from paramserver.state import ServerState
+    from paramserver.store import Store
+
+    if rule == "fresh":
+        return fresh_state(3, clock=clock, fresh_batch=2, fresh_reply="auto", overdue=0)
+    cfg = RunConfig(rule=rule, nesterov_every=2, nesterov_momentum=0.9, nesterov_reply="auto", lr_scaling="none")
+    made = make_rule(rule, cfg, 3)
+    return ServerState(Store(np.zeros(4, np.float32), made), [1, 2, 3], clock=clock,
+                       reply=ReplyPolicy.for_run(cfg, made, 3, clock))
+
+
+def _serve(arrivals, follow: bool = False, followers=(), rule: str = "fresh"):
     from paramserver.follow import Follow
     from paramserver.server import ServerLoop
 
     now = [0.0]
-    state = fresh_state(3, clock=lambda: now[0], fresh_batch=2, fresh_reply="auto", overdue=0, **settings)
-    state.client_ranks = [1, 2, 3]
+    state = _state(rule, lambda: now[0])
     link = Link(arrivals, now)
     ServerLoop(link, state, None, lambda: now[0], stall_timeout=60.0, followers=followers,
                follow=Follow(lambda: now[0]) if follow else None).serve()
@@ -65,16 +82,17 @@ def _crossed(words):
     return crossed, said
 
 
+@pytest.mark.parametrize("rule", ["fresh", "nesterov"])
 @pytest.mark.parametrize("words_first", [False, True])
-def test_a_follower_takes_server_0s_steps_and_answers_whatever_order_the_pushes_came_in(words_first):
-    leader, sent = _serve(LEADER, followers=(1,))
+def test_a_follower_takes_server_0s_steps_and_answers_whatever_order_the_pushes_came_in(words_first, rule):
+    leader, sent = _serve(LEADER, followers=(1,), rule=rule)
     said = [w for _, _, w in sent.words]
     assert any(True in w.said for w in said) and any(False in w.said for w in said)  # the pace deferred, and did not
     crossed, told = _crossed(sent.words)
     arrivals = told + [(0.0, m) for m in crossed] if words_first else [(0.0, m) for m in crossed] + told
-    follower, link = _serve(arrivals, follow=True)
+    follower, link = _serve(arrivals, follow=True, rule=rule)
     assert link.posted == sent.posted  # the same clients answered in the same order at the same versions
-    assert follower.store.version == leader.store.version > 2
+    assert follower.store.version == leader.store.version > 2  # fresh's steps; nesterov's pushes
     assert np.array_equal(follower.store.weights, leader.store.weights)
     assert follower.store.dropped == leader.store.dropped
 
