@@ -7,6 +7,10 @@ while the next message is taken) and are finished before the next push is handle
 since a reply may be reading the live weights. A push may be answered later, with
 others, when the step it joined is taken (`fresh`, paramserver/handler.py).
 
+With sharded servers server 0 decides when each client is answered and tells the others
+after each message (`Decided`); they handle the clients' messages in its order with its
+answers (`follow`, paramserver/follow.py).
+
 A client that fails (it reports an exception), stalls (silent past the stall timeout)
 or dies (`PeerWatch`) is lost: by default that ends the job, naming it; with
 `on_client_failure = "continue"` the server records it and goes on with the others.
@@ -18,16 +22,17 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from paramserver import membership
 from paramserver.events import Applied
+from paramserver.follow import IN_TURN, Follow
 from paramserver.handler import ClientLost, handle, release, tag_name
 from paramserver.state import ServerState
 from paramserver.tally import ServerTally
 from paramserver.recorder import Recorder
 from paramserver.wire.liveness import PeerDied
-from paramserver.wire.protocol import Link, Message, PeerTimeout, Reply, Tag
+from paramserver.wire.protocol import Decided, Link, Message, PeerTimeout, Reply, Tag
 
 
 PHASES = ("receive", "check", "apply", "reply", "record")  # wall time, each push
@@ -94,8 +99,14 @@ class ServerLoop:
     busy_s: float = 0.0  # wall time spent handling messages (the rest is waiting for them)
     cost: PushCost = field(default_factory=PushCost)
     spin: bool = True
+    followers: tuple[int, ...] = ()  # server 0 of sharded servers: the other servers, which follow its decisions
+    follow: Follow | None = None     # a server > 0: server 0's decisions and the messages they wait for
 
     def __post_init__(self) -> None:
+        if self.followers:
+            self.state.reply.leads()
+        if self.follow is not None:
+            self.state.reply.follows()
         self.excused = 0.0  # seconds the server spent waiting on one client: no other's silence (`_excuse`)
         self.heard = {r: (self._now(), "none") for r in self.state.client_ranks}  # rank -> (when, last tag)
         self.in_flight: list[tuple[int, list, int]] = []  # replies under way: (rank, requests, bytes)
@@ -103,17 +114,58 @@ class ServerLoop:
     def serve(self) -> ServerTally:
         """Handle messages until every client has stopped or is lost."""
         while not self.state.done:
-            woken = False
-            try:
-                woken = self._serve_one()
-            except ClientLost as lost:
-                if lost.named:
-                    raise
-                self._lose(lost)
+            if self.follow is not None:
+                self._guarded(self._follow_one)
+                continue
+            msg, woken = self._guarded(self._serve_one) or (None, False)
+            said = self.state.reply.spoken() if self.followers else ()
             if self.state.reply.release_due(self.state, overdue=woken):  # a lost (or, woken, an overdue) client's push was awaited
                 self._release(overdue=woken)
+            self._tell(msg, said)
         self.finish_replies()
         return self.state.tally
+
+    def _guarded(self, act: Callable[[], Any]) -> Any:
+        """`act()`, or None where it lost a client (which ends the job, or the run goes on)."""
+        try:
+            return act()
+        except ClientLost as lost:
+            if lost.named:
+                raise
+            self._lose(lost)
+            return None
+
+    def _tell(self, msg: Message | None, said: tuple[bool, ...]) -> None:
+        """Server 0 of sharded servers: tell the others whose message it handled (`msg`; None:
+        none, woken), what its reply policy answered while handling it (`said`) and then, looking
+        for a step to let go (paramserver/follow.py)."""
+        if not self.followers:
+            return
+        then = self.state.reply.spoken()
+        turn = msg is not None and msg.tag in IN_TURN and msg.source in self.state.client_ranks
+        if not turn and not any(then):  # nothing the others must do
+            return
+        word = Decided(msg.source if turn else -1, said if turn else (), then)
+        for server in self.followers:
+            self.link.send(server, Tag.DECIDED, word, timeout=self.stall_timeout)
+
+    def _follow_one(self) -> None:
+        """A server > 0: take the next message, then handle those whose turn server 0 named,
+        with its answers, and let go the steps it let go."""
+        msg = self._next_message()
+        self.heard[msg.source] = (self._now(), tag_name(msg.tag))
+        if not self.follow.take(msg):
+            self.answer(msg)
+        for word, turn in self.follow.ready(self.state.tally.lost):
+            if word is None:  # server 0 reads this slice, at the version of the words before
+                self.answer(turn)
+                continue
+            if turn is not None:
+                self.state.reply.hear(word.said)
+                self._guarded(lambda: self.answer(turn))
+            self.state.reply.hear(word.then)
+            if self.state.reply.release_due(self.state):
+                self._release()
 
     def answer(self, msg: Message) -> None:
         """Handle one message, start sending the replies, then record what happened: the
@@ -146,16 +198,16 @@ class ServerLoop:
             self.recorder.record(events)
         return posted
 
-    def _serve_one(self) -> bool:
-        """Handles the next message; True when there was none but a wake-up instead."""
+    def _serve_one(self) -> tuple[Message | None, bool]:
+        """Handles the next message: it, and True when there was none but a wake-up instead."""
         msg = self._next_message()
         if msg is None:  # woken: the clients a gathered step waits for are overdue
-            return True
+            return None, True
         self.heard[msg.source] = (self._now(), tag_name(msg.tag))
         start = time.perf_counter()
         self.answer(msg)
         self.busy_s += time.perf_counter() - start
-        return False
+        return msg, False
 
     def _next_message(self) -> Message | None:
         """Waits no longer than the first waiting client's stall deadline, and checks it
@@ -167,7 +219,7 @@ class ServerLoop:
             now = self.clock()  # the pace's clock; silence is measured by _now()
             left = self.heard[first][0] + self.stall_timeout - self._now()
             if left <= 0:
-                raise self._stalled(first)
+                raise self._silent(first)
             wake = self.state.reply.wake_at(self.state)
             due = wake is not None and wake <= now  # a message that came meanwhile is taken first
             left = 0.0 if due else left if wake is None else min(left, wake - now)
@@ -223,6 +275,15 @@ class ServerLoop:
     def _now(self) -> float:
         """The clock the clients' silence is measured by: it stops while the server waits on one."""
         return self.clock() - self.excused
+
+    def _silent(self, rank: int) -> Exception:
+        """Why `rank` is silent: stalled, or, on a follower holding its message, server 0
+        has not said what to do with it (which ends the job: every client waits on it)."""
+        held = self.follow.held_since(rank) if self.follow is not None else None
+        if held is None:
+            return self._stalled(rank)
+        return PeerTimeout(f"server 0 (rank 0) silent for {self.clock() - held:.0f} s: it has not named "
+                           f"the message of client rank {rank} (stall timeout {self.stall_timeout:g} s)", (0,))
 
     def _stalled(self, rank: int) -> ClientStalled:
         return ClientStalled(rank, f"silent for {self._now() - self.heard[rank][0]:.0f} s "

@@ -117,7 +117,7 @@ class RunConfig:
     max_staleness: int = _server(0, "fresh: versions a gathered gradient may be behind; staler pushes are dropped")
     fresh_reply: str = _server("auto", "fresh: a client whose push joins a step being gathered waits for the step "
                                        "(wait), computes again at the same weights (again), or either, whichever its "
-                                       "measured pace says comes first (auto; wait with several servers)")
+                                       "measured pace says comes first (auto; with several servers server 0 decides)")
     overdue: float = _server(3.0, "fresh with fresh_reply auto: a step goes without a client that has computed for "
                                   "this many times its measured mean compute time (one likely down; its late push "
                                   "is dropped as stale); 0: the step waits for it")
@@ -134,8 +134,8 @@ class RunConfig:
     nesterov_reply: str = _server("auto", "nesterov: answer a push at once (now, Liu et al.'s Algorithm 3), hold the "
                                           "round's early pushers until its momentum step (round: at equal speeds "
                                           "with N = K, synchronous DiLoCo), or hold where the clients' measured pace "
-                                          "says the round completes before the pusher could push again (auto; round "
-                                          "with several servers); paramserver/reply/policy.py")
+                                          "says the round completes before the pusher could push again (auto; with "
+                                          "several servers server 0 decides); paramserver/reply/policy.py")
     dylu: bool = _server(False, "dynamic local updates (Liu et al. 2024): each client's window of local minibatches "
                                 "between pushes is n_sync (n_push) times its speed over the fastest running client's, "
                                 "as the server measures them (floored, at least 1), so slow clients push as often as "

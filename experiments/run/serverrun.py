@@ -1,8 +1,9 @@
 """The server's side of an async run (rank 0, or the simulator): serve, then record.
 
-With sharded servers (`--servers S`), rank 0 serves the first slice and records the
-run, reading the other slices for snapshots and checkpoints; ranks 1..S-1 serve their
-slice (`serve_slice`) and record nothing.
+With sharded servers (`--servers S`), rank 0 serves the first slice, records the run
+(reading the other slices for snapshots and checkpoints) and decides when each client is
+answered; ranks 1..S-1 serve their slice (`serve_slice`), follow server 0's decisions
+(paramserver/follow.py) and record nothing.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from clients.optimizers import OptimizerSettings
 from experiments.run.assemble import server_optimizer_factory
 from experiments.run.life import RunLife
 from experiments.run.record import RunSetup, spare_core
+from paramserver.follow import Follow
 from paramserver.state import ServerState
 from paramserver.tally import ServerTally
 from paramserver.noise import summarise
@@ -33,7 +35,7 @@ def serve_mpi(setup: RunSetup, link: Link, clock: Callable[[], float]) -> dict[s
 
     def drive(state: ServerState, recorder: Recorder) -> dict[str, Any]:
         loop = ServerLoop(link, state, recorder, clock, cfg.stall_timeout, cfg.on_client_failure, hosts,
-                          spin=spare_core(setup.provenance))
+                          spin=spare_core(setup.provenance), followers=tuple(range(1, cfg.servers)))
         loop.serve()
         return {"server_busy_s": loop.busy_s, "server_push_us": loop.cost.medians_us()}
     return serve_run(setup, clock, drive, link)
@@ -91,9 +93,10 @@ def serve_slice(setup: RunSetup, link: Link, clock: Callable[[], float], shard: 
     cfg = setup.cfg
     lo, hi = shard_bounds(setup.weights.size, cfg.servers, make_codec(cfg.compress).block)[shard]
     state = ServerState.for_run(cfg, setup.weights[lo:hi], setup.clients, server_optimizer_factory(cfg), peers=(0,))
-    loop = ServerLoop(link, state, None, clock, cfg.stall_timeout, cfg.on_client_failure)
+    loop = ServerLoop(link, state, None, clock, cfg.stall_timeout, cfg.on_client_failure, follow=Follow(clock))
     loop.serve()
-    while (msg := link.recv(math.inf, source=0)).tag == Tag.PULL:
-        loop.answer(msg)
+    while (msg := link.recv(math.inf, source=0)).tag in (Tag.PULL, Tag.DECIDED):  # words after the last STOP: none to follow
+        if msg.tag == Tag.PULL:
+            loop.answer(msg)
     loop.finish_replies()
     return msg.header.lost

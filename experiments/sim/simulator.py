@@ -17,9 +17,9 @@ path (experiments/sim/links.py: by default `latency + bytes / bandwidth`); the s
 one queue: it handles one message at a time, a push costs it `apply_time` (by default
 the real handler's measured time for a push: checks, apply, log rows), and sending a
 reply occupies it for the reply's transfer. With `servers` S > 1 it stands for S sharded
-servers: each gets every client message at the same time and costs the same, so all take
-them in one order and decide alike (a reply's pace is `wait` with several, as over MPI),
-and one server with the whole vector computes what they do, a push costing one server's
+servers: over MPI they handle every client message in server 0's order with its reply
+decisions (paramserver/follow.py), so one server with the whole vector, deciding as
+server 0, computes what they do, a push costing one server's
 time for its slice (`apply_time`) and a reply a slice's transfer. It departs from MPI
 only where a push is finite in one slice and not in another. A client that pushes
 without fetching goes on once its push is sent. With `joins` (and `joinable`) a process

@@ -28,12 +28,20 @@ stopped, failed or was lost), the held clients are answered with the weights as 
 The policy keeps its own state (who waits, the pace's timings, DyLU's speeds); it reads
 of the server only what `Served` names: the store's version, what each client pulled and
 the rule's gather (`Rule.remaining`, `Rule.drops`) or round (`Rule.round_left`).
+
+With sharded servers server 0's policy decides for the run: each server would time the
+clients apart and answer one differently, and a client waits for its slowest reply. So
+server 0's policy keeps its answers (`said`), which its loop tells the other servers with
+each message it handled (`Decided`, paramserver/wire/protocol.py), and theirs answers each
+question with server 0's answer to it (`told`): they handle every client message in server
+0's order (paramserver/follow.py), so they ask the same questions in the same order.
 """
 from __future__ import annotations
 
 import time
+from collections import deque
 from enum import Enum
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Protocol
 
 from paramserver.reply.dylu import Windows
 from paramserver.reply.pace import Pace
@@ -96,16 +104,43 @@ class ReplyPolicy:
         self.windows = windows
         self.clock = clock
         self.deferred: list[int] = []  # client ranks whose replies wait for a step
+        self.said: list[bool] | None = None   # server 0 of sharded servers: its answers, for the others
+        self.told: deque[bool] | None = None  # a server > 0: server 0's answers, in the order it gave them
+
+    def leads(self) -> None:
+        """Server 0 of sharded servers: keep each answer for the other servers."""
+        self.said = []
+
+    def follows(self) -> None:
+        """A server > 0: answer with server 0's word, and time no client (`wake_at`: never)."""
+        self.told, self.pace = deque(), None
+
+    def hear(self, said: Iterable[bool]) -> None:
+        """Server 0's answers for the next message (those left of the last are void: a
+        slice this server refused asked fewer questions)."""
+        self.told = deque(said)
+
+    def spoken(self) -> tuple[bool, ...]:
+        """Server 0's answers since the last call, to tell the other servers."""
+        said, self.said = tuple(self.said), []
+        return said
+
+    def _decide(self, decide: Callable[[], bool]) -> bool:
+        """An answer: server 0's where this server follows it (none left: at once, never a
+        wait on a word that does not come), else this one's, kept where others follow."""
+        if self.told is not None:
+            return bool(self.told) and self.told.popleft()
+        answer = decide()
+        if self.said is not None:
+            self.said.append(answer)
+        return answer
 
     @classmethod
     def for_run(cls, cfg, rule, clients: int, clock: Callable[[], float] = time.monotonic) -> ReplyPolicy:
         """The run's policy: `fresh_reply` where the rule gathers, `nesterov_reply` where it
-        steps by rounds (with sharded servers, which would each time the clients apart and
-        answer one differently, `auto` waits), and DyLU's windows where `dylu` is on."""
-        def sharded(mode: ReplyMode) -> ReplyMode:
-            return ReplyMode.WAIT if mode is ReplyMode.AUTO and cfg.servers > 1 else mode
-        mode = sharded(ReplyMode(cfg.fresh_reply)) if rule.gathers else ReplyMode.AGAIN
-        rounds = sharded(ROUNDS[cfg.nesterov_reply]) if rule.rounds else ReplyMode.AGAIN
+        steps by rounds, and DyLU's windows where `dylu` is on."""
+        mode = ReplyMode(cfg.fresh_reply) if rule.gathers else ReplyMode.AGAIN
+        rounds = ROUNDS[cfg.nesterov_reply] if rule.rounds else ReplyMode.AGAIN
         return cls(mode, clock, cfg.overdue, Windows.for_run(cfg, clients), rounds)
 
     def grow(self) -> None:
@@ -131,21 +166,23 @@ class ReplyPolicy:
     def waits(self, served: Served, rank: int, minibatches: int) -> bool:
         """Whether the sender of a push the rule gathered (of `minibatches` minibatches) waits
         for the step (the handler then defers it until `answered`)."""
-        return self.mode is ReplyMode.WAIT or (self.mode is ReplyMode.AUTO and self._paced_wait(served, rank, minibatches))
+        return self._decide(lambda: self.mode is ReplyMode.WAIT or (
+            self.mode is ReplyMode.AUTO and self._paced_wait(served, rank, minibatches)))
 
     def holds(self, served: Served, rank: int) -> bool:
         """Whether `rank`, whose push into a round was just applied, waits for the round's
         momentum step: not when the round was just closed or can no longer complete
         without it; under `auto`, only where the pace says it completes before `rank`
         could push again."""
-        if self.rounds is ReplyMode.AGAIN or self._stranded(served, rank):
+        if self.rounds is ReplyMode.AGAIN:
             return False
-        computing = [r for r in served.waiting if r not in self.deferred and r != rank]
-        return self.rounds is ReplyMode.WAIT or self.pace.waits(rank, served.store.rule.round_left, computing)
+        return self._decide(lambda: not self._stranded(served, rank) and (self.rounds is ReplyMode.WAIT or self.pace.waits(
+            rank, served.store.rule.round_left, [r for r in served.waiting if r not in self.deferred and r != rank])))
 
     def stranded(self, served: Served) -> bool:
         """Whether clients are held for a round that can no longer complete."""
-        return self.rounds is not ReplyMode.AGAIN and bool(self.deferred) and self._stranded(served)
+        return self.rounds is not ReplyMode.AGAIN and bool(self.deferred) and self._decide(
+            lambda: self._stranded(served))
 
     def _stranded(self, served: Served, rank: int | None = None) -> bool:
         """Nothing to hold for: the round was just closed, or it needs more pushes than the
@@ -184,8 +221,10 @@ class ReplyPolicy:
         (`wake_at`), idle and with no message waiting: while messages queue at a busy
         server, an overdue client's push may be among them (measured: a server-bound
         simulation dropped one)."""
+        if not self.deferred:
+            return False
         out = self._counted_out(served) if overdue else []
-        return bool(self.deferred) and all(rank in self.deferred or rank in out for rank in served.waiting)
+        return self._decide(lambda: all(rank in self.deferred or rank in out for rank in served.waiting))
 
     def wake_at(self, served: Served) -> float | None:
         """When `release_due` comes true if no message comes first (None: only a message

@@ -47,7 +47,11 @@ each client's state at the step it records for that client, so a resume goes on 
 it. With S sharded servers (ranks 0..S-1, `shard_bounds`) a
 client sends each message to every server, each push carrying that server's slice
 (rows go to server 0 only), and takes WEIGHTS from each; server 0 reads the other
-servers' slices with PULL for snapshots, and says BYE to them last. `rows` carries the client's per-minibatch log rows, so only
+servers' slices with PULL for snapshots, and says BYE to them last. Server 0 decides
+when each client is answered (the pace, DyLU's windows): after each message it handled
+it sends the others DECIDED(rank, said, then), and they handle the clients' messages in its
+order with its answers (paramserver/follow.py), so every server's version v is the same
+v steps of the same pushes. `rows` carries the client's per-minibatch log rows, so only
 the server's rank writes the run directory and clients on other hosts need no shared
 file system.
 """
@@ -70,6 +74,7 @@ class Tag(IntEnum):
     BYE = 8
     STATE = 9      # a client's optimizer state, for the checkpoint (before a push or STOP)
     JOIN = 10      # a process asks to become a new client of the running job (`Join`; answered with a `Welcome`)
+    DECIDED = 11   # server 0's reply decisions, to the other servers, for each message it handled (`Decided`)
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,19 @@ class Join:
 
     secret: str
     host: str = ""
+
+
+@dataclass(frozen=True)
+class Decided:
+    """Server 0 of sharded servers, to the others, after each message it handled: `rank`,
+    the client whose next PUSH, PULL or STOP (which every server gets) they handle now
+    (-1: none, the message was server 0's alone or a step its loop released); `said`, its
+    reply policy's answers while handling it, and `then`, while its loop looked for a step
+    to let go after it, each in the order asked (paramserver/reply/policy.py)."""
+
+    rank: int
+    said: tuple[bool, ...]
+    then: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -231,7 +249,7 @@ def shard_bounds(size: int, servers: int, block: int = 1) -> list[tuple[int, int
 
 
 HEADERS = {Tag.PULL: (Pull, Rejoin), Tag.PUSH: Push, Tag.STOP: Stop, Tag.FAIL: Fail, Tag.WEIGHTS: Weights,
-           Tag.BYE: Bye, Tag.STATE: State, Tag.JOIN: Join}
+           Tag.BYE: Bye, Tag.STATE: State, Tag.JOIN: Join, Tag.DECIDED: Decided}
 FROM_CLIENTS = (Tag.PULL, Tag.PUSH, Tag.STOP, Tag.FAIL, Tag.STATE)
 _LOGGABLE = (int, float, str, bool, type(None))
 
@@ -260,6 +278,9 @@ def well_formed(tag: int, header: Any) -> bool:
         return _is_int(header.step) and _loggable(header.rows)
     if isinstance(header, Join):
         return isinstance(header.secret, str) and isinstance(header.host, str)
+    if isinstance(header, Decided):
+        return _is_int(header.rank) and all(isinstance(said, tuple) and all(isinstance(b, bool) for b in said)
+                                            for said in (header.said, header.then))
     if isinstance(header, Stop):
         return all(_is_int(v) for v in (header.steps, header.pushes, header.pushed_bytes, header.pulled_bytes))
     if isinstance(header, State):

@@ -348,3 +348,24 @@ def test_delayed_nesterov_holds_each_round_under_mpi(tmp_path, tiny_npz):
     assert all(sorted(r["client"] for r in pushes[i:i + 3]) == [0, 1, 2] for i in range(0, 15, 3))
     assert [r["staleness"] for r in pushes[3:]] == [0, 1, 2] * 4
     assert summary(run)["status"] == "complete"
+
+
+@pytest.mark.parametrize("flags", [["--rule", "fresh", "--fresh-reply", "auto", "--fresh-batch", "3"],
+                                   ["--rule", "add", "--dylu", "--n-sync", "3"]], ids=["pace", "dylu"])
+def test_two_sharded_servers_follow_server_0s_pace(tmp_path, tiny_npz, flags):
+    """Server 0 decides when each client is answered (the pace of `fresh`, DyLU's windows)
+    and server 1 follows it (paramserver/follow.py), a straggler among three clients: the
+    run completes, each minibatch logged once, each push applied or dropped once, and
+    every curve point (but the final one) at a multiple of eval_every, read from both slices."""
+    run = tmp_path / "run"
+    result = mpi_train(5, "--servers", "2", "--data", str(tiny_npz), *TINY, "--steps", "12", "--slow-clients", "1",
+                       "--slow-factor", "3", "--sim-step-time", "0.01", "--eval-every", "4", "--eval-samples", "50",
+                       "--out", str(run), *flags)
+    assert result.returncode == 0, result.stderr
+    s = summary(run)
+    assert s["status"] == "complete" and s["pushes_rejected"] == 0
+    assert s["pushes_sent"] == s["pushes_applied"] + s["pushes_dropped"]
+    # the run's budget (K x steps, the windows told counted) may end a window past it
+    assert sum(each_logged_once([(r["client"], r["step"]) for r in rows(run, "clients")], 3)) == s["minibatches"] >= 36
+    curve = rows(run, "eval")
+    assert all(np.isfinite(r["test_loss"]) for r in curve) and [r["version"] % 4 for r in curve[:-1]] == [0] * (len(curve) - 1)

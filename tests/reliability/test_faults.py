@@ -179,6 +179,19 @@ def test_with_continue_a_failing_client_is_recorded_and_the_run_completes(tmp_pa
     assert s["minibatches"] == 2 * 60  # the run's budget: client 0 ran the lost client's share as well
 
 
+def test_with_continue_two_sharded_servers_following_the_pace_go_on_without_a_failing_client(tmp_path, tiny_npz):
+    """Server 0 decides when each client is answered and server 1 follows it
+    (paramserver/follow.py); both lose the client, each when it hears, and go on."""
+    run = tmp_path / "run"
+    result = run_command([str(BIN / "asgd"), "train", "--clients", "3", "--servers", "2", "--on-client-failure",
+                          "continue", "--inject-fault", "3:7", *flags(tiny_npz, "--steps", "40"), "--rule", "fresh",
+                          "--fresh-reply", "auto", "--out", str(run)], timeout=120)
+    assert result.returncode == 0, result.stderr
+    s = summary(run)
+    assert s["status"] == "complete" and [c["rank"] for c in s["lost_clients"]] == [3]
+    assert s["minibatches"] == 3 * 40
+
+
 @pytest.mark.parametrize("mode", ["sync", "local-sgd"])
 @pytest.mark.long
 def test_a_failing_rank_in_a_collective_mode_is_recorded_and_ends_the_job(tmp_path, tiny_npz, mode):

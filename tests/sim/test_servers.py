@@ -42,3 +42,19 @@ def test_auto_adds_servers_where_pushes_are_dear_and_keeps_each_under_half(tmp_p
     assert one["server_busy"] > 0.5 and one["servers_needed"] == math.ceil(one["server_busy"] / 0.5)
     assert f"the server was the bound, busy {one['server_busy']:.0%}" in capsys.readouterr().out
     assert one["time_s"] > summary(auto)["time_s"]
+
+
+def test_the_pace_with_two_servers_decides_as_with_one_at_equal_costs(tmp_path, tiny_npz):
+    """Server 0 decides for the run (paramserver/follow.py), so `fresh_reply = "auto"` no
+    longer waits with several servers: at the costs of one server (an apply that does not
+    shrink with the slice, transfers that take no time) a straggling run answers the same
+    clients at the same virtual times with two servers as with one, pushes dropped alike."""
+    flags = ["--rule", "fresh", "--fresh-reply", "auto", "--clients", "4", "--steps", "16", "--slow-clients", "1",
+             "--slow-factor", "3", "--step-sigma", "0.3", "--sim-bandwidth", "1e30", "--sim-latency", "0.0002"]
+    one = sim(tmp_path / "one", tiny_npz, *flags)
+    two = sim(tmp_path / "two", tiny_npz, *flags, "--servers", "2")
+    assert json.loads((two / "config.json").read_text())["servers"] == 2
+    for log in ("clients.jsonl", "server.jsonl"):
+        assert (two / log).read_bytes() == (one / log).read_bytes()
+    s = summary(two)
+    assert s["pushes_dropped"] > 0 and s["version"] == summary(one)["version"]  # the pace computed again, and waited

@@ -336,8 +336,8 @@ def test_a_metric_of_yours_is_a_column_of_the_curve_and_in_the_summary(tmp_path,
 def test_sharded_servers_compute_what_one_does_in_their_slices_time(tmp_path, tiny_npz):
     """--servers S in the simulator: S servers taking every message in one order, as one
     server with the whole vector does, so at equal speeds the losses are one server's
-    (under `wait`, the reply of several: the pace is off, as over MPI); each server's push
-    cost is its slice's (the given time) and a reply occupies it for a slice's transfer."""
+    (under `wait`: the pace waits at equal speeds); each server's push cost is its slice's
+    (the given time) and a reply occupies it for a slice's transfer."""
     flags = ["--rule", "fresh", "--clients", "4", "--steps", "8"]
     one = sim(tmp_path / "one", tiny_npz, *flags, "--fresh-reply", "wait", "--sim-apply-time", "0.002")
     two = sim(tmp_path / "two", tiny_npz, *flags, "--servers", "2", "--sim-apply-time", "0.001")
@@ -348,11 +348,13 @@ def test_sharded_servers_compute_what_one_does_in_their_slices_time(tmp_path, ti
     one_s, two_s = (json.loads((run / "summary.json").read_text()) for run in (one, two))
     assert two_s["server_busy_s"] == pytest.approx(one_s["server_busy_s"] / 2, rel=0.01)
     assert two_s["time_s"] < one_s["time_s"]
-    # a slow client, where one server's pace has the others compute again (it would fail this)
+    # a slow client: server 0's pace has the others compute again, with two servers too
+    # (their second gradients of a step drop at R = 0); tests/sim/test_servers.py: as one's
     uneven = [*flags, "--steps", "30", "--slow-clients", "1", "--step-sigma", "0.5", "--sim-apply-time", "0.001"]
     paced = sim(tmp_path / "paced", tiny_npz, *uneven, "--servers", "2")
     waits = sim(tmp_path / "waits", tiny_npz, *uneven, "--servers", "2", "--fresh-reply", "wait")
-    assert (paced / "clients.jsonl").read_bytes() == (waits / "clients.jsonl").read_bytes()
+    paced_s, waits_s = (json.loads((run / "summary.json").read_text()) for run in (paced, waits))
+    assert paced_s["pushes_dropped"] > 0 == waits_s["pushes_dropped"] and paced_s["time_s"] < waits_s["time_s"]
     # the paper profile's push is passes over memory: each of 2 servers takes half
     paper = tmp_path / "paper"
     assert main(["train", "--backend", "sim", "--data", str(tiny_npz), "--out", str(paper), "--clients", "1",
