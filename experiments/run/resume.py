@@ -40,6 +40,7 @@ CHANGEABLE = {"steps", "epochs", "quiet", "stall_timeout", "eval_samples", "eval
               "server_kernel", "resume", "inject_fault", "out", "threads", "debug", "tensorboard",
               "checkpoint_every"}
 RECORD_ONLY = {"provenance", "num_params", "train_size", "resumed", "momentum_used", "outer_lr_used", "outer_momentum_used",
+               "server_lr_used", "dc_lambda_used",
                "data_fingerprint", "speeds_used", METRIC_NAME, METRIC_HIGHER}  # config.json keys that are not config
 
 
