@@ -107,10 +107,12 @@ class RunConfig:
                               "busy at most half the time, from the costs; one elsewhere)")
     n_push: Optional[int] = _server(None, "push every N minibatches (default: n_sync)")
     n_fetch: Optional[int] = _server(None, "fetch every N minibatches (default: n_sync)")
-    server_lr: Optional[float] = _server(None, "learning rate of the sgd and adagrad rules (default: lr)")
+    server_lr: Optional[float] = _server(None, "learning rate of the sgd, fresh and adagrad rules "
+                                                "(default: the rule's, adagrad's 0.01; else lr)")
     server_momentum: Optional[float] = _server(None, "momentum of the server's SGD step, sgd and fresh rules "
                                                      "(default: the clients' momentum; 0.9 with momentum auto)")
-    dc_lambda: float = _server(2.0, "dcasgd: lambda0 of the adaptive delay compensation (0: the add rule)")
+    dc_lambda: Optional[float] = _server(None, "dcasgd: lambda0 of the adaptive delay compensation (0: the add rule; "
+                                               "default: the rule's, DC-ASGD-a's 2)")
     easgd_beta: float = _server(0.9, "easgd: the elastic coefficient is beta / clients")
     fresh_batch: int = _server(0, "fresh: minibatches of fresh gradients a step gathers (0: a push of every client, "
                                   "clients x n_push; auto: from the gradient noise scale, in [1, 4 x clients])")
@@ -321,7 +323,16 @@ class RunConfig:
 
     @property
     def effective_server_lr(self) -> float:
-        return self.lr if self.server_lr is None else self.server_lr
+        """The server's lr: as set, else the rule's own (adagrad's), else the clients' lr."""
+        return rule_class(self.rule).setting(self, "server_lr", self.lr)
+
+    @property
+    def rule_settings_used(self) -> dict[str, float]:
+        """What the rule's settings took where the user gave none (config.json's `KEY_used`):
+        the server's lr where the server steps on gradients, and every key the rule sets."""
+        rule = rule_class(self.rule)
+        used = {f"{key}_used": rule.setting(self, key) for key in rule.DEFAULTS}
+        return {**used, "server_lr_used": self.effective_server_lr} if rule.pushes == "gradient" else used
 
     @property
     def effective_server_momentum(self) -> float:

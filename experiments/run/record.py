@@ -86,6 +86,7 @@ def open_run(setup: RunSetup, every: int) -> RunDir:
     run.create()
     run.write_config({**setup.cfg.to_dict(), "out": setup.out, "clients": setup.clients, "eval_every": every,
                       "momentum_used": round(setup.cfg.client_momentum(setup.clients), 6), **_outer(setup.cfg),
+                      **setup.cfg.rule_settings_used,
                       **_speeds(setup),
                       **metric_traits(setup.cfg.metric), "num_params": setup.weights.size,
                       "train_size": len(setup.dataset.train),

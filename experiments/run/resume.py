@@ -39,7 +39,9 @@ CHANGEABLE = {"steps", "epochs", "quiet", "stall_timeout", "eval_samples", "eval
               "stop_at_loss", "stop_at_metric", "keep_snapshots", "keep_best", "device", "server_device",
               "server_kernel", "resume", "inject_fault", "out", "threads", "debug", "tensorboard",
               "checkpoint_every"}
+RULE_DEFAULTED = ("server_lr", "dc_lambda")  # keys whose default follows the rule: config.json's KEY_used
 RECORD_ONLY = {"provenance", "num_params", "train_size", "resumed", "momentum_used", "outer_lr_used", "outer_momentum_used",
+               *(f"{key}_used" for key in RULE_DEFAULTED),
                "data_fingerprint", "speeds_used", METRIC_NAME, METRIC_HIGHER}  # config.json keys that are not config
 
 
@@ -119,8 +121,13 @@ def _same_setting(key: str, asked: Any, recorded: Any) -> bool:
 
 
 def recorded_config(run_dir: str | Path) -> dict[str, Any]:
-    """The config keys of a run's config.json, as it ran (what it recorded beside them left out)."""
-    stored = {k: v for k, v in _read_record(Path(run_dir) / "config.json").items() if k not in RECORD_ONLY}
+    """The config keys of a run's config.json, as it ran (what it recorded beside them left out):
+    a key its rule defaulted takes the value it ran with, which a later version's rule
+    may not give it."""
+    record = _read_record(Path(run_dir) / "config.json")
+    stored = {k: v for k, v in record.items() if k not in RECORD_ONLY}
+    stored.update({key: record[f"{key}_used"] for key in RULE_DEFAULTED
+                   if stored.get(key) is None and f"{key}_used" in record})
     stored["inject_fault"] = ""  # a test's fault is for the run it was given to
     return stored
 

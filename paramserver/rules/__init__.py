@@ -13,7 +13,8 @@ EASGD's `follow`), and the versions its pushes make (`versions`).
 Each rule is one module here, named by its config name (`add` is `Rule` itself, in
 base.py); adding one is its module, its `RULES` entry below, its test and its row in
 docs/rules.md (and a config key in runconfig/settings.py if it has a setting of its
-own). The formulas and their papers are in docs/rules.md. `w` is the server's weights,
+own; where its value should follow from the rule, the key defaults to None there and the
+rule's `DEFAULTS` names it). The formulas and their papers are in docs/rules.md. `w` is the server's weights,
 `d` the push, `tau` its staleness, `K` the clients:
 - `add`       w += d                                    (the paper's; Downpour's)
 - `sgd`       torch.optim.SGD on a pushed gradient sum  (server lr, momentum, decay)

@@ -18,6 +18,10 @@ class AdagradRule(Rule):
 
     pushes = "gradient"
     EPS = 1e-10  # torch.optim.Adagrad's
+    # Its lr is each weight's first step whatever the gradient's scale (g / sqrt(g^2) = +-1),
+    # not a multiple of the gradient as SGD's is, so the run's SGD lr does not carry over
+    # (docs/rules.md measures it): torch.optim.Adagrad's default instead.
+    DEFAULTS = {"server_lr": 0.01}
     # torch's add(alpha) and addcmul as its AVX2/AVX-512 kernels compute them (one rounding;
     # at the default capability torch rounds the product first), its addcdiv: w + value * g /
     # denominator, (value * g) rounded first

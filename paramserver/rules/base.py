@@ -20,7 +20,7 @@ class RuleSettings(Protocol):
     effective_server_momentum: float
     lr: float
     weight_decay: float
-    dc_lambda: float
+    dc_lambda: float | None
     easgd_beta: float
     batch_size: int
     push_every: int
@@ -94,6 +94,10 @@ class Rule:
     # whether this rule's FORMULAS are its update with these settings (not, for the server's
     # Adam: then the fused paths stand aside and `apply` runs)
     formulas_fit = True
+    # The rule's values of the settings a user leaves unset (None in the config), beside the
+    # arithmetic they are for: where one rule's step is not another's (Adagrad's lr is not
+    # SGD's), a default shared by every rule would suit one. docs/rules.md says why each.
+    DEFAULTS: dict[str, float] = {}
 
     def __init__(self, settings: RuleSettings, clients: int):
         self.clients = clients
@@ -106,6 +110,12 @@ class Rule:
         """Why the rule's own keys are out of range (a ConfigError line), or "": checked
         whichever rule runs, as every key of the config is."""
         return ""
+
+    @classmethod
+    def setting(cls, settings: RuleSettings, key: str, otherwise: float | None = None) -> float | None:
+        """`key` as the user gave it, else this rule's default, else `otherwise`."""
+        given = getattr(settings, key)
+        return given if given is not None else cls.DEFAULTS.get(key, otherwise)
 
     @classmethod
     def check(cls, settings: RuleSettings) -> str:

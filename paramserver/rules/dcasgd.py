@@ -19,6 +19,8 @@ class DCASGDRule(Rule):
     m = 0.95). lam0 = 0 is `add`."""
 
     MOMENTUM, EPS = 0.95, 1e-7
+    # DC-ASGD-a's published lam0, with its m (MOMENTUM): Zheng et al. 2017's CIFAR-10 runs
+    DEFAULTS = {"dc_lambda": 2.0}
     # keep = 0, take = 1 on the first step: the mean square starts at g^2 exactly
     FORMULA = """g2 = (d / lr) * (d / lr);
 meansquare_out = keep * meansquare + take * g2;
@@ -27,11 +29,12 @@ w_out = (w + d) - lr_lam * (g2 * (w - pulled) / (sqrt(meansquare_out) + eps));""
 
     @classmethod
     def check_keys(cls, settings: RuleSettings) -> str:
-        return refusals((settings.dc_lambda >= 0, f"dc_lambda: must be non-negative, got {settings.dc_lambda}"))
+        lam0 = cls.setting(settings, "dc_lambda")
+        return refusals((lam0 >= 0, f"dc_lambda: must be non-negative, got {lam0}"))
 
     def __init__(self, settings: RuleSettings, clients: int):
         super().__init__(settings, clients)
-        self.base_lr, self.lam0 = settings.lr, settings.dc_lambda  # the clients' lr: g = -d / lr
+        self.base_lr, self.lam0 = settings.lr, self.setting(settings, "dc_lambda")  # the clients' lr: g = -d / lr
         self.backups: dict[int, Tensor] = {}
         self.meansquare: Tensor | None = None
 

@@ -2,10 +2,12 @@
 one in-process driver of a ClientLoop): async reduces to SGD."""
 from __future__ import annotations
 
+import inspect
 import json
 
 import numpy as np
 import pytest
+import torch
 
 from clients.client import Client, Replica
 from clients.data import load_dataset
@@ -91,9 +93,19 @@ def test_new_rules_with_one_client_reduce_to_plain_sgd(tmp_path, dataset, rule, 
 
 
 def test_adagrad_rule_with_one_client_equals_torch_adagrad(tmp_path, dataset):
-    store, _ = one_client(tmp_path / "run", dataset, 1, 1, rule="adagrad")
+    store, _ = one_client(tmp_path / "run", dataset, 1, 1, rule="adagrad", server_lr=LR)
     expected = plain_sgd(dataset, STEPS, batch_size=BATCH, lr=LR, optimizer="Adagrad")
     assert_steps_close(store.weights, expected, STEPS)
+
+
+def test_adagrad_at_its_defaults_is_torch_adagrad_at_torchs(tmp_path, dataset):
+    """The rule's lr is its own (the run's lr is SGD's, the clients'): with none given, one
+    client is torch.optim.Adagrad as torch builds it with no lr, not at the run's lr."""
+    torch_lr = inspect.signature(torch.optim.Adagrad).parameters["lr"].default
+    store, _ = one_client(tmp_path / "run", dataset, 1, 1, rule="adagrad")
+    assert_steps_close(store.weights, plain_sgd(dataset, STEPS, batch_size=BATCH, lr=torch_lr, optimizer="Adagrad"),
+                       STEPS)
+    assert np.abs(store.weights - plain_sgd(dataset, STEPS, batch_size=BATCH, lr=LR, optimizer="Adagrad")).max() > 1e-3
 
 
 def test_easgd_client_and_center_move_by_the_same_elastic_step(tmp_path, dataset):

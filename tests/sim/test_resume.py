@@ -175,3 +175,16 @@ def test_an_async_checkpoint_between_curve_points_waits_for_each_clients_optimiz
     assert [int(stopped.client_optimizers[c]["state.0.step"]) for c in range(3)] == stopped.client_steps.tolist()
     assert train("--resume", str(run)) == 0
     assert_logged_once(run, clients=3, steps=12, versions=36)
+
+
+def test_a_run_resumes_at_the_defaults_it_ran_though_its_rule_has_changed_them(tmp_path, tiny_npz, monkeypatch):
+    """A rule's default may change between versions (adagrad's lr did): a resumed run goes
+    on at the value its config.json records, not at today's."""
+    from experiments.run.resume import resumed_config
+    from paramserver.rules import AdagradRule
+
+    run = tmp_path / "run"
+    assert train("--data", str(tiny_npz), "--out", str(run), "--rule", "adagrad", "--clients", "2", "--steps", "4") == 0
+    monkeypatch.setitem(AdagradRule.DEFAULTS, "server_lr", 0.5)
+    assert resumed_config({"resume": str(run), "steps": 6}).effective_server_lr == 0.01
+    assert train("--resume", str(run), "--steps", "6") == 0

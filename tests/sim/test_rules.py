@@ -124,3 +124,18 @@ def test_a_run_killed_by_a_fault_resumes_with_the_rules_state(tmp_path, tiny_npz
     assert len(applied) == 24 and applied == sorted(applied) and s["version"] == 12
     assert sorted((r["client"], r["step"]) for r in rows(run, "clients")) == \
         [(c, n) for c in range(2) for n in range(1, 13)]
+
+
+@pytest.mark.parametrize("flags,lr", [((), 0.01), (("--server-lr", "0.05"), 0.05)])
+def test_adagrad_records_the_lr_it_ran_its_own_unless_one_is_given(tmp_path, tiny_npz, flags, lr):
+    """Adagrad's first step moves each weight by its lr (g / sqrt(g*g) = +-1, but where the
+    root's 1e-10 counts: the median's), so the weights show which lr ran: the one
+    config.json records, the rule's (not the run's lr, the clients' 0.2) or the user's."""
+    from clients.data import load_dataset
+    from clients.models import build_model, flat_weights
+
+    run = sim(tmp_path / "run", tiny_npz, "--rule", "adagrad", "--clients", "1", "--steps", "1", "--lr", "0.2", *flags)
+    assert json.loads((run / "config.json").read_text())["server_lr_used"] == lr
+    data = load_dataset(str(tiny_npz))
+    moved = np.abs(checkpoint_weights(run) - flat_weights(build_model("cnn", data.shape, data.num_classes, seed=0)))
+    assert np.median(moved) == pytest.approx(lr, rel=1e-4) and moved.max() <= lr + 1e-7  # w's float32 rounding

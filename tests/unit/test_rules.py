@@ -116,6 +116,30 @@ def test_dcasgd_with_lambda_0_is_add():
     np.testing.assert_array_equal(play("dcasgd", no_compensation)[0], play("add")[0])
 
 
+def test_a_rule_runs_its_own_defaults_where_none_is_given_and_records_them():
+    """Adagrad's lr is its own, not the clients' SGD lr; DC-ASGD's lambda0 is the paper's;
+    what a rule does not set keeps the config's default (the server's lr: lr)."""
+    assert make_rule("adagrad", RunConfig(rule="adagrad", lr=0.2)).base_lr == 0.01
+    assert make_rule("dcasgd", RunConfig(rule="dcasgd"), K).lam0 == 2.0
+    assert make_rule("fresh", RunConfig(rule="fresh", lr=0.2)).base_lr == 0.2
+    used = {rule: RunConfig(rule=rule, lr=0.2).rule_settings_used for rule in ("adagrad", "dcasgd", "sgd", "add")}
+    assert used == {"adagrad": {"server_lr_used": 0.01}, "dcasgd": {"dc_lambda_used": 2.0},
+                    "sgd": {"server_lr_used": 0.2}, "add": {}}
+
+
+def test_a_value_the_user_gives_wins_over_the_rules():
+    given = RunConfig(rule="adagrad", server_lr=0.05, dc_lambda=0.5)
+    assert make_rule("adagrad", given).base_lr == 0.05 and given.rule_settings_used == {"server_lr_used": 0.05}
+    assert make_rule("dcasgd", dataclasses.replace(given, rule="dcasgd"), K).lam0 == 0.5
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_a_rule_defaults_only_keys_the_config_leaves_unset(rule):
+    """A key a rule gives its own default must be None in the config until a user sets
+    it: a value there could not be told from one the user gave."""
+    assert all(getattr(RunConfig(), key) is None for key in RULES[rule].DEFAULTS)
+
+
 def test_easgd_center_moves_alpha_towards_the_pushed_weights():
     alpha = SETTINGS.easgd_beta / K
     np.testing.assert_allclose(play("easgd")[0], reference(lambda w, d, c, tau, p: w + alpha * (d - w)), atol=1e-6)
