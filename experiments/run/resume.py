@@ -128,6 +128,8 @@ def recorded_config(run_dir: str | Path) -> dict[str, Any]:
     stored = {k: v for k, v in record.items() if k not in RECORD_ONLY}
     stored.update({key: record[f"{key}_used"] for key in RULE_DEFAULTED
                    if stored.get(key) is None and f"{key}_used" in record})
+    if stored.get("server_lr") is None and "server_lr_used" not in record and "lr" in stored:
+        stored["server_lr"] = stored["lr"]  # recorded before rules had defaults: every rule's server lr was lr
     stored["inject_fault"] = ""  # a test's fault is for the run it was given to
     return stored
 

@@ -317,3 +317,17 @@ def test_rule_state_survives_a_checkpoint_exactly(tmp_path, rule, settings):
     assert whole.keys() == resumed.keys()
     for key in whole:
         np.testing.assert_array_equal(resumed[key], whole[key], err_msg=key)
+
+
+def test_a_run_recorded_before_rules_had_defaults_resumes_at_the_lr_it_ran_with(tmp_path):
+    """Adagrad took the run's lr as its own before its default (0.01) was its own: an old
+    record, with no `server_lr_used`, resumes at that lr, not at the new default."""
+    import json
+
+    from experiments.run.resume import recorded_config
+
+    (tmp_path / "config.json").write_text(json.dumps({"rule": "adagrad", "lr": 0.03, "server_lr": None}))
+    assert recorded_config(tmp_path)["server_lr"] == 0.03
+    (tmp_path / "config.json").write_text(json.dumps({"rule": "adagrad", "lr": 0.03, "server_lr": None,
+                                                      "server_lr_used": 0.01}))
+    assert recorded_config(tmp_path)["server_lr"] == 0.01
