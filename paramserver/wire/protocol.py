@@ -38,6 +38,14 @@ A process that joins a running job (`--joinable`, docs/joining.md) sends JOIN(se
 host) from a rank the server has not seen; the server answers WELCOME(client, steps,
 slot, position, weights) with the weights as a pull's, and from then on it is a client
 like the others (its next message a PUSH). A JOIN the server refuses gets no answer.
+Over MPI the Welcome travels pickled on the JOIN tag, then its weights as a WEIGHTS
+frame. A spare rank (`--spares`, started with the job) waits for server 0:
+
+    spare                                   server 0
+      | <------------------ ADMIT(secret) -- |  a client was lost (under continue)
+      | -- JOIN(secret, host) -------------> |  as any joiner's
+      | <-- JOIN: WELCOME, WEIGHTS + data --- |  from here on an ordinary client
+      | <----------------------- BYE(lost) -- |  instead, for a spare never admitted
 
 With n_fetch != n_push a client also sends PUSH(fetch=False) (no reply) or a bare
 PULL at its fetch steps. A client back from a failure (`mtbf`, clients/stragglers.py)
@@ -70,6 +78,7 @@ class Tag(IntEnum):
     BYE = 8
     STATE = 9      # a client's optimizer state, for the checkpoint (before a push or STOP)
     JOIN = 10      # a process asks to become a new client of the running job (`Join`; answered with a `Welcome`)
+    ADMIT = 11     # server 0 to a spare rank: join now, in a lost client's place (`Admit`)
 
 
 @dataclass(frozen=True)
@@ -116,6 +125,15 @@ class Join:
 
     secret: str
     host: str = ""
+
+
+@dataclass(frozen=True)
+class Admit:
+    """Server 0 to a spare rank: a client was lost, join in its place. The secret is what
+    the JOIN must show: no rank learns it before it is admitted, so a JOIN from a spare
+    that was not admitted is refused."""
+
+    secret: str
 
 
 @dataclass(frozen=True)
@@ -231,7 +249,7 @@ def shard_bounds(size: int, servers: int, block: int = 1) -> list[tuple[int, int
 
 
 HEADERS = {Tag.PULL: (Pull, Rejoin), Tag.PUSH: Push, Tag.STOP: Stop, Tag.FAIL: Fail, Tag.WEIGHTS: Weights,
-           Tag.BYE: Bye, Tag.STATE: State, Tag.JOIN: Join}
+           Tag.BYE: Bye, Tag.STATE: State, Tag.JOIN: Join, Tag.ADMIT: Admit}
 FROM_CLIENTS = (Tag.PULL, Tag.PUSH, Tag.STOP, Tag.FAIL, Tag.STATE)
 _LOGGABLE = (int, float, str, bool, type(None))
 
@@ -260,6 +278,8 @@ def well_formed(tag: int, header: Any) -> bool:
         return _is_int(header.step) and _loggable(header.rows)
     if isinstance(header, Join):
         return isinstance(header.secret, str) and isinstance(header.host, str)
+    if isinstance(header, Admit):
+        return isinstance(header.secret, str)
     if isinstance(header, Stop):
         return all(_is_int(v) for v in (header.steps, header.pushes, header.pushed_bytes, header.pulled_bytes))
     if isinstance(header, State):
