@@ -236,7 +236,8 @@ def _check_stragglers(cfg: Any) -> None:
     _require(not cfg.joinable or cfg.mode == Mode.ASYNC, "joinable", "needs --mode async (a client joins the server)")
     _require(not cfg.joinable or cfg.backend == "sim", "joinable",
              "over MPI not yet: with the mpich wheel a thread blocked in MPI_Comm_accept stalls the server's other "
-             "messages until a joiner connects (docs/joining.md); --backend sim --joins studies joins")
+             "messages until a joiner connects (docs/joining.md); --spares N starts ranks that join when a client is "
+             "lost, and --backend sim --joins studies joins")
     _check_spares(cfg)
     _require(cfg.max_clients >= 0, "max_clients", f"must be non-negative (0: no bound), got {cfg.max_clients}")
     _require(not cfg.max_clients or cfg.joinable, "max_clients", "needs --joinable")

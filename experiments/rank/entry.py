@@ -77,9 +77,10 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
             ranks = clients + servers + spares if clients >= 1 else servers + spares + 1
             need = f"{ranks}" if clients >= 1 else f"at least {ranks}"
             what = f"{clients} client(s)" if clients >= 1 else "at least 1 client"
-            print(f"asgd: error: clients: {what} in {cfg.mode} mode need {need} MPI ranks "
-                  f"({servers} server(s), the clients and {spares} spare(s)), but the job has {transport.size}; "
-                  f"use mpiexec -n {ranks}", file=sys.stderr)
+            who = f"{servers} server(s), the clients and {spares} spare(s)" if spares else \
+                f"{servers} server(s) and the clients"
+            print(f"asgd: error: clients: {what} in {cfg.mode} mode need {need} MPI ranks ({who}), "
+                  f"but the job has {transport.size}; use mpiexec -n {ranks}", file=sys.stderr)
         return 2
     index = transport.rank - servers  # this rank's client number; negative on a server, K or more on a spare
     try:
