@@ -8,7 +8,7 @@ import pytest
 
 from experiments.cli import main
 from paramserver import membership
-from paramserver.events import Joined, JoinRefused
+from paramserver.events import Joined, JoinRefused, Rejected
 from paramserver.handler import handle
 from paramserver.state import ServerState
 from paramserver.wire.protocol import Admit, Join, Message, Pull, Push, Stop, Tag, Welcome, well_formed
@@ -47,7 +47,7 @@ def test_a_lost_client_admits_the_first_spare_which_joins_on_its_shard_as_a_new_
     assert counts["spares_left"] == 1 and counts["joined_clients"][0]["spare_for"] == 1
 
 
-def test_a_join_from_a_spare_not_admitted_is_refused_without_the_secret_and_changes_nothing():
+def test_a_join_from_a_spare_not_admitted_is_refused_without_the_secret_and_changes_nothing_nor_its_push():
     state = _state()
     _lose(state, 2, 4)
     membership.admit(state, 1)  # rank 3 is admitted; rank 4 never learnt the secret
@@ -56,6 +56,11 @@ def test_a_join_from_a_spare_not_admitted_is_refused_without_the_secret_and_chan
     assert replies == [] and isinstance(event, JoinRefused) and event.reason == "wrong secret"
     assert before[0] == state.client_ranks and np.array_equal(before[1], state.store.weights)
     assert before[2] == state.members.seats
+    payload = np.full(4, 9.0, np.float32)  # nor does anything else from it, or an ADMIT a client sends back
+    for rank, tag, header in ((4, Tag.PUSH, Push(2, 4, True)), (1, Tag.ADMIT, Admit(SECRET))):
+        replies, [event] = handle(state, Message(rank, tag, header, payload if tag == Tag.PUSH else None))
+        assert replies == [] and isinstance(event, Rejected), event
+    assert np.array_equal(before[1], state.store.weights)
 
 
 def test_no_spare_is_admitted_once_the_run_finished_and_a_dead_one_hands_its_client_on():
