@@ -3,7 +3,8 @@
 A message is a header (a dataclass) and, for a push or weights, a payload. On the
 wire a push and its weights reply are each ONE MPI message, a fixed binary header in
 front of the payload's bytes (paramserver/wire/frame.py: no pickle on the hot path); the
-rare messages (PULL, STOP, FAIL, BYE, STATE) are pickled dataclasses.
+rare messages (PULL, STOP, FAIL, BYE, STATE, JOIN and its Welcome, ADMIT) are pickled
+dataclasses.
 
 The rare headers are frozen. What one push builds (`Push`, `Weights`, `Outgoing`,
 `Message`, `Reply`; the server's `ApplyResult`, `Applied`, `ClientRows` and the rule's
