@@ -1,4 +1,5 @@
-"""The client's MPI driver: `run_client` moves a `ClientLoop`'s messages over a link.
+"""The client's MPI driver: `run_client` moves a `ClientLoop`'s messages over a link,
+and `await_admission` is a spare rank's wait to become a client.
 
 The loop itself (clients/loop.py) knows nothing of the wire; `ServerLink`
 (paramserver/wire/fanout.py) is the client's end of it. Typed against
@@ -6,23 +7,31 @@ The loop itself (clients/loop.py) knows nothing of the wire; `ServerLink`
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
+
+import numpy as np
 
 from clients.client import Client
 from clients.loop import ClientLoop, ClientPlan
 from paramserver.wire.fanout import ServerLink
-from paramserver.wire.protocol import Link, Outgoing, Pull, Tag, shard_bounds
+from paramserver.wire.protocol import (Admit, Bye, Join, Link, Outgoing, ProtocolError, Pull, Tag, Weights, Welcome,
+                                       shard_bounds)
 
 
-def run_client(transport: Link, client: Client, plan: ClientPlan,
-               clock: Callable[[], float], start: tuple[int, int] = (0, 0)) -> int:
+def run_client(transport: Link, client: Client, plan: ClientPlan, clock: Callable[[], float],
+               start: tuple[int, int] = (0, 0), first: tuple[np.ndarray, Weights] | None = None) -> int:
     """Train up to `plan.steps` minibatches over MPI, from `start` = (step, pushes so far,
-    after a resume); returns the number of pushes sent in all."""
+    after a resume); returns the number of pushes sent in all. `first`: the weights (as
+    they came over the wire) and their header a joiner's Welcome brought, in place of a
+    first pull."""
     loop = ClientLoop(client, plan, clock, *start)
     bounds = shard_bounds(client.size, len(plan.servers), loop.codec.block)
     link = ServerLink(transport, plan.servers, loop.codec.wire_bounds(bounds), plan.timeout,
                       loop.pull_codec.wire_bounds(bounds))
-    loop.take_weights(loop.landing, link.exchange(Outgoing(Tag.PULL, Pull()), loop.landing))
+    if first is None:
+        first = loop.landing, link.exchange(Outgoing(Tag.PULL, Pull()), loop.landing)
+    loop.take_weights(*first)
     while not loop.done:
         message, fetch = loop.advance()
         state = loop.state_before(message)
@@ -32,3 +41,27 @@ def run_client(transport: Link, client: Client, plan: ClientPlan,
         if fetch:
             loop.take_weights(loop.landing, reply)
     return loop.pushes
+
+
+def await_admission(transport: Link, host: str, landing: np.ndarray, timeout: float) -> Welcome | Bye:
+    """A spare rank's wait for server 0 (paramserver/wire/protocol.py draws it): BYE (the
+    run ended without needing it), or ADMIT, then its JOIN, and the Welcome with the
+    weights into `landing` (sized as a pull's on the wire). A JOIN the server refuses
+    (the run finished meanwhile) is answered by the BYE at the run's end. Each wait asks
+    whether server 0 still runs (the transport's PeerWatch), so a dead server ends it."""
+    msg = _from_server(transport, (Admit, Bye))
+    if isinstance(msg, Bye):
+        return msg
+    transport.send(0, Tag.JOIN, Join(msg.secret, host), timeout=timeout)
+    msg = _from_server(transport, (Welcome, Bye))
+    if isinstance(msg, Welcome):
+        replies = transport.expect_weights([0], [landing])
+        transport.complete(replies, [0], landing.nbytes, timeout)
+    return msg
+
+
+def _from_server(transport: Link, expected: tuple[type, ...]) -> object:
+    msg = transport.recv(math.inf, source=0)
+    if not isinstance(msg.header, expected) or (msg.tag == Tag.BYE) != isinstance(msg.header, Bye):
+        raise ProtocolError(f"a spare waiting for server 0 got tag {msg.tag} with {type(msg.header).__name__}")
+    return msg.header

@@ -216,7 +216,8 @@ def _run(cfg: RunConfig, out: str, argv: list[str], mpiexec: str) -> int:
             servers = cfg.servers if cfg.mode == Mode.ASYNC else 0
             from experiments.parent.supervise import supervise
             launcher = Launcher.of(mpiexec)
-            command = launcher.command(clients + servers, [*argv, "--clients", str(clients), "--out", out])
+            ranks = clients + servers + cfg.spares
+            command = launcher.command(ranks, [*argv, "--clients", str(clients), "--out", out])
             return supervise(command, launcher.environment(), out, lock.fd, forwarded=launcher.kind == "openmpi")
         from clients.devices import threads_kept
         from experiments.rank.entry import run_mpi

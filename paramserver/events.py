@@ -80,12 +80,14 @@ class CheckpointDue:
 @dataclass(frozen=True)
 class Joined:
     """A process joined the running job as client `client` (a new number) at `version`:
-    a server.jsonl row and an entry of the summary's `joined_clients`."""
+    a server.jsonl row and an entry of the summary's `joined_clients`. `spare_for`: the
+    lost client an admitted spare rank stands in for (None: not a spare)."""
 
     client: int
     rank: int
     host: str
     version: int
+    spare_for: int | None = None
 
 
 @dataclass(frozen=True)

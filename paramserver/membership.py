@@ -23,6 +23,12 @@ A JOIN is refused, changing nothing but a `JoinRefused` row, when the run is not
 joinable, the secret is wrong, the rank is a client already, the run has finished (a
 stop target reached, the run's budget spent, or every client stopped), or
 `max_clients` clients are running already.
+
+Spare ranks (`--spares`, started with an MPI job, or the simulator's) wait to be
+admitted: when a client is lost, server 0 hands the first spare still waiting the run's
+secret (`admit`: an ADMIT), and that spare sends the JOIN any joiner sends. Only the
+admitted learn the secret, so a JOIN from any other rank is refused as one with a wrong
+secret. Its record names the client it stands in for (`Joined.spare_for`).
 """
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from paramserver.events import Joined, JoinRefused
-from paramserver.wire.protocol import Join, Message, Tag, well_formed
+from paramserver.wire.protocol import Admit, Join, Message, Tag, well_formed
 
 ServerState = Any  # paramserver/state.py's, which holds a Membership (an import back would be a circle)
 
@@ -40,17 +46,22 @@ ServerState = Any  # paramserver/state.py's, which holds a Membership (an import
 class Membership:
     """The run's door: its secret (None: not joinable), the bound on clients at once (0:
     none), a client's budget (`steps`; the run's under `budget = "run"`), and each client's
-    shard: `seats[c]` is (slot, the position in its order where client c began)."""
+    shard: `seats[c]` is (slot, the position in its order where client c began). `spares`:
+    the spare ranks not yet admitted, in the order they will be; `admitted`: each admitted
+    spare's rank -> the lost client it stands in for, until its JOIN is let in."""
 
     secret: str | None = None
     max_clients: int = 0
     steps: int = 0
     seats: list[tuple[int, int]] = field(default_factory=list)
     joined: list[dict[str, Any]] = field(default_factory=list)  # the summary's joined_clients
+    spares: list[int] = field(default_factory=list)
+    admitted: dict[int, int] = field(default_factory=dict)
 
     @classmethod
-    def for_clients(cls, clients: int, steps: int, secret: str | None = None, max_clients: int = 0) -> Membership:
-        return cls(secret, max_clients, steps, [(c, 0) for c in range(clients)])
+    def for_clients(cls, clients: int, steps: int, secret: str | None = None, max_clients: int = 0,
+                    spares: list[int] = ()) -> Membership:
+        return cls(secret, max_clients, steps, [(c, 0) for c in range(clients)], spares=list(spares))
 
 
 def refusal(state: ServerState, msg: Message) -> JoinRefused | None:
@@ -62,7 +73,7 @@ def refusal(state: ServerState, msg: Message) -> JoinRefused | None:
 
 
 def _problem(state: ServerState, msg: Message) -> str:
-    members, tally = state.members, state.tally
+    members = state.members
     if not well_formed(Tag.JOIN, msg.header):
         return f"malformed join: header {type(msg.header).__name__}"
     if members.secret is None:
@@ -72,12 +83,40 @@ def _problem(state: ServerState, msg: Message) -> str:
     if msg.source in state.client_ranks:
         return f"rank {msg.source} is a client of the run already"
     running = state.running
-    if state.stop() or (state.budget is not None and state.budget.spent(tally, -1, running)) \
-            or (tally.stops and not running):
+    if finished(state):
         return "the run has finished"
     if members.max_clients and len(running) >= members.max_clients:
         return f"the run is full ({len(running)} clients running, max_clients {members.max_clients})"
     return ""
+
+
+def finished(state: ServerState) -> bool:
+    """Whether the run is over for any joiner: a stop target reached, the run's budget
+    spent, or every client stopped after its steps (a run whose clients all died is not)."""
+    tally, running = state.tally, state.running
+    return bool(state.stop() or (state.budget is not None and state.budget.spent(tally, -1, running))
+                or (tally.stops and not running))
+
+
+def admit(state: ServerState, client: int) -> tuple[int, Admit] | None:
+    """The spare rank to admit in lost client `client`'s place, and what to tell it; None
+    when no spare waits or no join would be let in (a spare kept for nothing costs less
+    than one admitted to be refused)."""
+    members = state.members
+    if not members.spares or members.secret is None or finished(state):
+        return None
+    rank = members.spares.pop(0)
+    members.admitted[rank] = client
+    return rank, Admit(members.secret)
+
+
+def spare_gone(state: ServerState, rank: int) -> int | None:
+    """Spare rank `rank` died (or took no ADMIT): it is admitted no more; the lost client
+    it was to stand in for, if it was admitted, for the next spare."""
+    members = state.members
+    if rank in members.spares:
+        members.spares.remove(rank)
+    return members.admitted.pop(rank, None)
 
 
 def seat(state: ServerState, rank: int) -> tuple[int, int, int, int]:
@@ -92,9 +131,11 @@ def seat(state: ServerState, rank: int) -> tuple[int, int, int, int]:
 
 def joined(state: ServerState, client: int, rank: int, host: str) -> Joined:
     """The record of a join (server.jsonl, and the summary's joined_clients)."""
-    event = Joined(client, rank, host, state.store.version)
-    state.members.joined.append({"client": client, "rank": rank, "host": host, "version": event.version,
-                                 "slot": state.members.seats[client][0]})
+    members = state.members
+    event = Joined(client, rank, host, state.store.version, members.admitted.pop(rank, None))
+    members.joined.append({"client": client, "rank": rank, "host": host, "version": event.version,
+                           "slot": members.seats[client][0],
+                           **({} if event.spare_for is None else {"spare_for": event.spare_for})})
     return event
 
 

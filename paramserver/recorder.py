@@ -112,7 +112,12 @@ class Recorder:
         self.progress(event.minibatches)
 
     def _joined(self, event: Joined) -> None:
-        self.membership({"joined": event.client, "rank": event.rank, "host": event.host, "version": event.version})
+        spare = {} if event.spare_for is None else {"spare_for": event.spare_for}
+        self.membership({"joined": event.client, "rank": event.rank, "host": event.host, "version": event.version,
+                         **spare})
+        if spare:  # whoever runs the job sees the run grow back
+            print(f"asgd: client {event.spare_for} lost; spare rank {event.rank} joins as client {event.client}",
+                  file=sys.stderr, flush=True)
 
     def _join_refused(self, event: JoinRefused) -> None:
         """Named on the console too: whoever runs the job should see who knocked."""

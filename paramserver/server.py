@@ -13,7 +13,8 @@ answers (`follow`, paramserver/follow.py).
 
 A client that fails (it reports an exception), stalls (silent past the stall timeout)
 or dies (`PeerWatch`) is lost: by default that ends the job, naming it; with
-`on_client_failure = "continue"` the server records it and goes on with the others.
+`on_client_failure = "continue"` the server records it and goes on with the others,
+and admits a spare rank in its place where one waits (ADMIT; paramserver/membership.py).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from paramserver.state import ServerState
 from paramserver.tally import ServerTally
 from paramserver.recorder import Recorder
 from paramserver.wire.liveness import PeerDied
-from paramserver.wire.protocol import Decided, Link, Message, PeerTimeout, Reply, Tag
+from paramserver.wire.protocol import Decided, Link, Message, PeerTimeout, Reply, Tag, Welcome
 
 
 PHASES = ("receive", "check", "apply", "reply", "record")  # wall time, each push
@@ -240,12 +241,17 @@ class ServerLoop:
                 clients = [r for r in died.ranks if r in waiting]
                 if clients:
                     raise ClientDied(clients[0], str(died)) from None
+                self._spares_died(died.ranks)
 
     def _post(self, reply: Reply) -> None:
         """Start sending and go on serving: the transfer completes while we take the next
         message (waiting for it here would leave the server idle until the client is
         scheduled, half its time on a crowded machine)."""
-        requests = self.link.post(reply.dest, Tag.WEIGHTS, reply.header, reply.payload)
+        header = reply.header
+        if isinstance(header, Welcome):  # a joiner's place first, pickled on JOIN's tag; then weights as a pull's
+            self.in_flight.append((reply.dest, self.link.post(reply.dest, Tag.JOIN, header), 0))
+            header = header.weights
+        requests = self.link.post(reply.dest, Tag.WEIGHTS, header, reply.payload)
         self.in_flight.append((reply.dest, requests, reply.payload.nbytes))
 
     def finish_replies(self) -> None:
@@ -304,4 +310,24 @@ class ServerLoop:
             raise type(lost)(lost.rank, what, named=True)
         membership.lose(self.state, lost.rank, f"{type(lost).__name__}: {lost}")
         print(f"asgd: {what}; continuing with {len(self.state.waiting)} client(s)", file=sys.stderr, flush=True)
+        self._admit(client)
+
+    def _admit(self, client: int) -> None:
+        """ADMIT to the first spare rank still waiting, to stand in for lost client `client`;
+        a spare that cannot take it is gone, and the next one is asked."""
+        while (admitted := membership.admit(self.state, client)) is not None:
+            rank, header = admitted
+            try:
+                self.link.send(rank, Tag.ADMIT, header, timeout=self.stall_timeout)
+                return
+            except (PeerTimeout, PeerDied):
+                membership.spare_gone(self.state, rank)
+
+    def _spares_died(self, ranks: list[int]) -> None:
+        """Spare ranks that died are admitted no more; one admitted but not yet joined
+        hands its lost client to the next spare."""
+        for rank in ranks:
+            client = membership.spare_gone(self.state, rank)
+            if client is not None:
+                self._admit(client)
 

@@ -79,10 +79,12 @@ class ServerState:
         (`optimizer_factory`: the user's optimizer, for its rule), the clients' ranks (after
         the servers'), the wire's codec, the lr schedule the server counts progress for and
         applies its rule's lr by, who may join (`secret`: None, not joinable) (`options`:
-        the other fields)."""
+        the other fields). Spare ranks (`cfg.spares`) follow the clients' ranks."""
         store = Store.for_run(cfg, weights, clients, optimizer_factory)
         clock = options.get("clock", time.monotonic)
-        members = Membership.for_clients(clients, cfg.client_steps(clients), secret, cfg.max_clients)
+        first_spare = cfg.servers + clients
+        members = Membership.for_clients(clients, cfg.client_steps(clients), secret, cfg.max_clients,
+                                         list(range(first_spare, first_spare + cfg.spares)))
         return cls(store, list(range(cfg.servers, cfg.servers + clients)),
                    codec=make_codec(cfg.compress),
                    pull_codec=make_codec(cfg.compress if cfg.compress_pulls else "none"),
@@ -119,6 +121,7 @@ class ServerState:
             "rule_state_bytes": sum(t.numel() * t.element_size() for t in store.rule.state().values()),
             "lost_clients": sorted(tally.lost.values(), key=lambda lost: lost["client"]),
             "joined_clients": list(self.members.joined),
+            "spares_left": len(self.members.spares),  # spare ranks never admitted
         }
 
     def client(self, rank: int) -> int:

@@ -236,11 +236,25 @@ def _check_stragglers(cfg: Any) -> None:
     _require(not cfg.joinable or cfg.mode == Mode.ASYNC, "joinable", "needs --mode async (a client joins the server)")
     _require(not cfg.joinable or cfg.backend == "sim", "joinable",
              "over MPI not yet: with the mpich wheel a thread blocked in MPI_Comm_accept stalls the server's other "
-             "messages until a joiner connects (docs/joining.md); --backend sim --joins studies joins")
+             "messages until a joiner connects (docs/joining.md); --spares N starts ranks that join when a client is "
+             "lost, and --backend sim --joins studies joins")
+    _check_spares(cfg)
     _require(cfg.max_clients >= 0, "max_clients", f"must be non-negative (0: no bound), got {cfg.max_clients}")
     _require(not cfg.max_clients or cfg.joinable, "max_clients", "needs --joinable")
     _require(not cfg.max_clients or cfg.clients is None or cfg.max_clients >= cfg.clients, "max_clients",
              f"must be at least clients ({cfg.clients}), got {cfg.max_clients}")
+
+
+def _check_spares(cfg: Any) -> None:
+    """Spare ranks join only where a lost client leaves the run going, through server 0."""
+    _require(cfg.spares >= 0, "spares", f"must be non-negative, got {cfg.spares}")
+    if not cfg.spares:
+        return
+    _require(cfg.mode == Mode.ASYNC, "spares", "needs --mode async (a spare joins the server)")
+    _require(cfg.on_client_failure == "continue", "spares",
+             "needs --on-client-failure continue (under abort a lost client ends the run)")
+    _require(cfg.servers == 1, "spares", "needs --servers 1 for now (a spare would have to join every server)")
+    _require(not cfg.joins, "spares", "give --joins or --spares, not both (both number the joiners K, K+1, ...)")
 
 
 def _check_hardware(cfg: Any) -> None:

@@ -201,6 +201,9 @@ class RunConfig:
                                         "(docs/joining.md)")
     max_clients: int = _stragglers(0, "joinable: the most clients training at once; a join beyond it is refused "
                                       "(0: no bound)")
+    spares: int = _stragglers(0, "async, continue, one server: ranks started with the job beyond its clients' (MPI: "
+                                 "mpiexec -n K+1+N), each waiting to join in a lost client's place; the simulator "
+                                 "models them (docs/joining.md)")
 
     # evaluation and records ([evaluation] in a config file)
     eval_every: int = _evaluation(0, "server versions between test evaluations (0: about 20 a run, fewer where 20 "

@@ -2,13 +2,15 @@
 
 `asgd train` run by hand re-executes itself under `mpiexec -n K+1` (experiments/parent/,
 the parent's side); run by `mpiexec` (or srun) it lands in `run_mpi`, where rank 0
-becomes the server and ranks 1..K the clients. The MPI is the wire's
+becomes the server, ranks 1..K the clients and the N ranks after them (`--spares N`)
+spares, which join when a client is lost. The MPI is the wire's
 (paramserver/wire/transport.py), imported only inside `run_mpi`, after the config was
 validated, so bad input never starts MPI. An exception on any rank ends the whole job
 within seconds (MPI_Abort), after the server wrote a `failed` summary when it could.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
@@ -22,14 +24,18 @@ import torch
 from clients.client import Client
 from clients.collective import Fate, Lockstep, LockstepFates
 from clients.devices import device_name, gpu_count, keep_freed_memory, node_devices, use_device, visible_gpu
-from clients.driver import ClientPlan, run_client
-from experiments.run.assemble import Share, Started, build, start
+from clients.driver import ClientPlan, await_admission, run_client
+from experiments.run.assemble import Share, Started, build, join_client, make_replica, start
 from experiments.run.collectiverun import collective_run
 from experiments.parent.supervise import LOCKED_RUN, direct_stdio
 from experiments.run.provenance import provenance
 from experiments.rank.startwatch import bounded_start
 from experiments.run.resume import ResumePoint, resume_hint
+from experiments.run.record import RunSetup
 from experiments.run.serverrun import serve_mpi, serve_slice
+from paramserver.compute.quantkernel import make_codec
+from paramserver.wire import frame
+from paramserver.wire.protocol import Bye
 from runconfig.settings import RunConfig
 from paramserver.wire.farewell import say_bye, tell_recorders, wait_for_bye
 from paramserver.wire.liveness import PeerDied, PeerWatch
@@ -52,8 +58,8 @@ if TYPE_CHECKING:  # the transport imports mpi4py, which starts MPI: only run_mp
 def run_mpi(cfg: RunConfig, out: str) -> int:
     """The body of every rank. Returns the exit status; failures abort the job instead.
 
-    async: rank 0 is the server, ranks 1..K the clients. sync, local-sgd: no server;
-    every rank is a client and rank 0 also records the run.
+    async: rank 0 is the server, ranks 1..K the clients, then the spares. sync,
+    local-sgd: no server; every rank is a client and rank 0 also records the run.
     """
     with bounded_start(max(cfg.stall_timeout, MPI_START_S)):
         from paramserver.wire.transport import Transport, library_version
@@ -64,17 +70,19 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
     if refused_anywhere(transport, None):
         return 2
     transport.timeout = cfg.stall_timeout
-    servers = cfg.servers if cfg.mode == Mode.ASYNC else 0
-    clients = cfg.clients or transport.size - servers
-    if clients < 1 or transport.size != clients + servers:
+    servers, spares = (cfg.servers if cfg.mode == Mode.ASYNC else 0), cfg.spares
+    clients = cfg.clients or transport.size - servers - spares
+    if clients < 1 or transport.size != clients + servers + spares:
         if transport.rank == 0:
-            need = f"{clients + servers}" if clients >= 1 else f"at least {servers + 1}"
+            ranks = clients + servers + spares if clients >= 1 else servers + spares + 1
+            need = f"{ranks}" if clients >= 1 else f"at least {ranks}"
             what = f"{clients} client(s)" if clients >= 1 else "at least 1 client"
-            print(f"asgd: error: clients: {what} in {cfg.mode} mode need {need} MPI ranks "
-                  f"({servers} server(s) and the clients), but the job has {transport.size}; "
-                  f"use mpiexec -n {clients + servers if clients >= 1 else servers + 1}", file=sys.stderr)
+            who = f"{servers} server(s), the clients and {spares} spare(s)" if spares else \
+                f"{servers} server(s) and the clients"
+            print(f"asgd: error: clients: {what} in {cfg.mode} mode need {need} MPI ranks ({who}), "
+                  f"but the job has {transport.size}; use mpiexec -n {ranks}", file=sys.stderr)
         return 2
-    index = transport.rank - servers  # this rank's client number; negative on a server
+    index = transport.rank - servers  # this rank's client number; negative on a server, K or more on a spare
     try:
         local_rank, on_node = transport.this_node(is_client=index >= 0)
         _set_threads(index >= 0, cfg.threads, len(on_node), sum(on_node))
@@ -82,12 +90,13 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
             transport.wait_as_client(sum(on_node))
         device = node_devices(cfg.device, cfg.server_device, on_node, gpu_count())[local_rank]
         use_device(device)
-        info = {"rank": transport.rank, "role": "client" if index >= 0 else "server",
+        role = "server" if index < 0 else "client" if index < clients else "spare"
+        info = {"rank": transport.rank, "role": role,
                 "host": socket.gethostname(), "local_rank": local_rank, "local_ranks": len(on_node),
                 "pid": os.getpid(), "device": device_name(device), "gpu": visible_gpu(device)}
         ranks = transport.bcast(transport.gather(info))
         transport.watch = PeerWatch(ranks, info["host"])
-        parts = build(cfg, device, clients, [index] if index >= 0 else [])  # the barrier in `start` waits for it
+        parts = build(cfg, device, clients, [index] if 0 <= index < clients else [])  # `start`'s barrier waits
         prov = provenance(library_version(), ranks) if transport.rank == 0 else {}
         started = start(parts, out, records=transport.rank == 0, provenance=prov, share=_mpi_share(transport, servers))
         start_s, offset = time.perf_counter(), started.point.time if started.point else 0.0
@@ -138,17 +147,41 @@ def _run_role(transport: Transport, started: Started, client: Client | None, ind
         return collective_run(setup, Lockstep.for_run(cfg, setup.clients), [client], [index],
                               _mpi_average(transport), clock, gather=lambda rows: _flatten(transport.gather(rows)),
                               straggle=lockstep, point=point, agree=transport.bcast, away=lockstep.away)
+    if index >= setup.clients:
+        return _spare(transport, setup, servers, clock)
     if transport.rank > 0 and client is None:
         if serve_slice(setup, transport, clock, transport.rank):
             _exit(0)  # clients were lost: see paramserver/wire/farewell.py
         return 0
     if client is None:
-        if say_bye(transport, servers + setup.clients, serve_mpi(setup, transport, clock)["lost_clients"]):
+        lost = {entry["rank"] for entry in serve_mpi(setup, transport, clock)["lost_clients"]}
+        if say_bye(transport, transport.size, lost | transport.watch.reported):  # the dead spares too
             _exit(0)  # with clients lost, leave at once: MPI_Finalize would wait for them forever
         return 0
     run_client(transport, client, ClientPlan.for_run(cfg, index, setup.clients, servers), clock,
                start=(started.steps[0], point.client_pushes[index] if point else 0))
     if wait_for_bye(transport):
+        _exit(0)  # as server 0 did: see paramserver/wire/farewell.py
+    return 0
+
+
+def _spare(transport: Transport, setup: RunSetup, servers: int, clock: Callable[[], float]) -> int:
+    """A spare rank: its model and data loaded before it waits (so a join costs the
+    messages, not the setup), it waits for server 0; admitted, it is an ordinary client
+    from its Welcome on, with the number, shard and steps the Welcome deals."""
+    cfg = setup.cfg
+    replica = make_replica(cfg, setup.model, setup.device, setup.clients)
+    codec = make_codec(cfg.compress if cfg.compress_pulls else "none")
+    landing = frame.empty(codec.wire_size(setup.weights.size), codec.wire_dtype)
+    answer = await_admission(transport, socket.gethostname(), landing, 2 * cfg.stall_timeout)
+    if isinstance(answer, Bye):
+        lost = bool(answer.lost)
+    else:
+        client = join_client(cfg, replica, setup.dataset, setup.clients, answer)
+        plan = dataclasses.replace(ClientPlan.for_run(cfg, answer.client, setup.clients, servers), steps=answer.steps)
+        run_client(transport, client, plan, clock, first=(landing, answer.weights))
+        lost = wait_for_bye(transport)
+    if lost:
         _exit(0)  # as server 0 did: see paramserver/wire/farewell.py
     return 0
 

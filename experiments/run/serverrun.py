@@ -8,6 +8,7 @@ answered; ranks 1..S-1 serve their slice (`serve_slice`), follow server 0's deci
 from __future__ import annotations
 
 import math
+import secrets
 from typing import Any, Callable
 
 from clients.optimizers import OptimizerSettings
@@ -29,7 +30,8 @@ Drive = Callable[[ServerState, Recorder], dict[str, Any]]
 
 
 def serve_mpi(setup: RunSetup, link: Link, clock: Callable[[], float]) -> dict[str, Any]:
-    """Server 0 of an MPI run: serve the clients over `link`, record the run."""
+    """Server 0 of an MPI run: serve the clients over `link`, record the run. With spare
+    ranks the run has a secret of its own, which only an admitted spare learns (its ADMIT)."""
     cfg = setup.cfg
     hosts = {r["rank"]: r["host"] for r in setup.provenance.get("ranks", [])}
 
@@ -38,7 +40,7 @@ def serve_mpi(setup: RunSetup, link: Link, clock: Callable[[], float]) -> dict[s
                           spin=spare_core(setup.provenance), followers=tuple(range(1, cfg.servers)))
         loop.serve()
         return {"server_busy_s": loop.busy_s, "server_push_us": loop.cost.medians_us()}
-    return serve_run(setup, clock, drive, link)
+    return serve_run(setup, clock, drive, link, secret=secrets.token_hex(16) if cfg.spares else None)
 
 
 def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: Link | None = None,

@@ -25,7 +25,8 @@ only where a push is finite in one slice and not in another. A client that pushe
 without fetching goes on once its push is sent. With `joins` (and `joinable`) a process
 sends JOIN at its virtual time and, let in, trains as client K, K+1, ... (docs/joining.md);
 under `on_client_failure = "continue"` a client dies where `inject_fault` says and the
-server is told at once, as MPI tells it of a dead process. `time` in the logs is this virtual time. A cost profile
+server is told at once, as MPI tells it of a dead process; with `spares` the server then
+admits a spare as over MPI, whose JOIN comes once the ADMIT and it crossed its link. `time` in the logs is this virtual time. A cost profile
 (`sim_profile`, `PROFILES`) gives the costs not set: `measured` (this host and model)
 or `paper` (the paper's model size, GPUs and network, so n_sync's trade-off between
 communication and staleness shows even though the proxy model is small).
@@ -60,6 +61,7 @@ from experiments.sim.links import Links
 from paramserver.faults import InjectedFault
 from runconfig.simchecks import parse_joins
 from runconfig.settings import ConfigError, RunConfig
+from paramserver import membership
 from paramserver.inprocess import InProcess
 from paramserver.wire.protocol import Join, Outgoing, Pull, Tag, Welcome
 from rundir.durable import read_jsonl
@@ -123,15 +125,16 @@ Joiner = Callable[[Welcome], tuple[ClientLoop, StepClock]]
 
 class Simulation:
     """The event loop: who does what, when, in virtual seconds. `joins`: (virtual second,
-    JOIN) a process sends to the server, whose Welcome `joiner` turns into a client."""
+    JOIN) a process sends to the server, whose Welcome `joiner` turns into a client.
+    `spares`: spare ranks after the clients', on `host`, admitted as the server says."""
 
     def __init__(self, loops: list[ClientLoop], clocks: list[StepClock], timing: SimTiming, start: float = 0.0,
                  replay: list[tuple[Tag, int]] | None = None, links: Links | None = None,
-                 joins: list[tuple[float, Join]] = (), joiner: Joiner | None = None):
+                 joins: list[tuple[float, Join]] = (), joiner: Joiner | None = None, spares: int = 0, host: str = ""):
         self.loops, self.clocks, self.timing = loops, clocks, timing
         self.links = links or Links.uniform(timing.bandwidth, timing.latency, len(loops))
-        self.joins, self.joiner = list(joins), joiner
-        for n in range(len(self.joins)):  # a joiner stands on client (K + n) mod K's hardware: its link too
+        self.joins, self.joiner, self.host = list(joins), joiner, host
+        for n in range(len(self.joins) + spares):  # a joiner stands on client (K + n) mod K's hardware: its link too
             self.links.add(like=(len(loops) + n) % len(loops))
         self.busy = 0.0                   # virtual seconds the server spent on messages
         self.events: list[tuple[float, int, str, int, Any]] = []
@@ -161,6 +164,7 @@ class Simulation:
             elif kind == "lost":      # the server learns client i died
                 self.now = max(when, self.server_free)
                 self._replied(server, server.lose(server.state.client_ranks[i], item))
+                self._admit(server, i)
             else:
                 if kind == "reply":   # weights reach client i (a joiner's with its Welcome)
                     header = item.header
@@ -210,6 +214,17 @@ class Simulation:
             self.loops.append(loop)
             self.clocks.append(clock)
         self._replied(server, replies)
+
+    def _admit(self, server: InProcess, lost: int) -> None:
+        """The spare the server admits in lost client `lost`'s place (paramserver/membership.py,
+        as over MPI): its JOIN reaches the server once the ADMIT crossed its link and it
+        sent that JOIN back (a spare's index among the processes: its rank less the first client's)."""
+        admitted = membership.admit(server.state, lost)
+        if admitted is not None:
+            rank, admit = admitted
+            i = rank - server.state.client_ranks[0]
+            told = self.links.receive(i, 0.0, self.server_free)
+            self._schedule(self.links.send(i, 0.0, told), "join", i, Join(admit.secret, self.host))
 
     def _serve(self, server: InProcess, when: float, i: int, message: Outgoing) -> None:
         self.now = max(when, self.server_free)
@@ -280,10 +295,10 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     links = Links.for_run(cfg, timing.bandwidth, timing.latency, clients)
     simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order, links=links,
                             joins=[(at, Join(SIM_SECRET, info["host"])) for _, at in parse_joins(cfg.joins)]
-                            if cfg.joins else [], joiner=joiner)
+                            if cfg.joins else [], joiner=joiner, spares=cfg.spares, host=info["host"])
     serve_run(setup, lambda: simulation.now,
               lambda state, recorder: {"server_busy_s": simulation.run(InProcess(state, recorder))},
-              apply_cost=timing.apply_time, secret=SIM_SECRET if cfg.joinable else None)
+              apply_cost=timing.apply_time, secret=SIM_SECRET if cfg.joinable or cfg.spares else None)
     return 0
 
 

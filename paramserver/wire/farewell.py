@@ -4,7 +4,7 @@ A failing client tells the recorders (the servers; rank 0 in the sync modes) why
 gives them a moment to record it before the job ends. A rank that finished stays until
 server 0 says BYE, the run recorded (an evaluation may take minutes): had it ended
 first while a client was lost, MPICH's launcher would end every rank, the server
-included. BYE counts the lost clients; with any lost, every rank leaves without
+included. BYE counts the lost clients (and dead spare ranks); with any lost, every rank leaves without
 MPI_Finalize, which would wait for the dead forever (the caller's to do).
 """
 from __future__ import annotations
@@ -27,9 +27,9 @@ def tell_recorders(link: Link, rank: int, servers: int, reason: str, wait: bool)
         time.sleep(0.05)
 
 
-def say_bye(link: Link, ranks: int, lost: list[dict]) -> bool:
-    """BYE to every rank but server 0 (`ranks` in all) still there; whether any were lost."""
-    gone = {entry["rank"] for entry in lost}
+def say_bye(link: Link, ranks: int, gone: set[int]) -> bool:
+    """BYE to every rank but server 0 (`ranks` in all: spares never admitted too) not
+    `gone` (lost clients, dead spares); whether any were gone."""
     for rank in range(1, ranks):
         if rank not in gone:
             link.send(rank, Tag.BYE, Bye(len(gone)), timeout=10)

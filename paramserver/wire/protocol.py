@@ -3,7 +3,8 @@
 A message is a header (a dataclass) and, for a push or weights, a payload. On the
 wire a push and its weights reply are each ONE MPI message, a fixed binary header in
 front of the payload's bytes (paramserver/wire/frame.py: no pickle on the hot path); the
-rare messages (PULL, STOP, FAIL, BYE, STATE) are pickled dataclasses.
+rare messages (PULL, STOP, FAIL, BYE, STATE, JOIN and its Welcome, ADMIT) are pickled
+dataclasses.
 
 The rare headers are frozen. What one push builds (`Push`, `Weights`, `Outgoing`,
 `Message`, `Reply`; the server's `ApplyResult`, `Applied`, `ClientRows` and the rule's
@@ -38,6 +39,14 @@ A process that joins a running job (`--joinable`, docs/joining.md) sends JOIN(se
 host) from a rank the server has not seen; the server answers WELCOME(client, steps,
 slot, position, weights) with the weights as a pull's, and from then on it is a client
 like the others (its next message a PUSH). A JOIN the server refuses gets no answer.
+Over MPI the Welcome travels pickled on the JOIN tag, then its weights as a WEIGHTS
+frame. A spare rank (`--spares`, started with the job) waits for server 0:
+
+    spare                                   server 0
+      | <------------------ ADMIT(secret) -- |  a client was lost (under continue)
+      | -- JOIN(secret, host) -------------> |  as any joiner's
+      | <-- JOIN: WELCOME, WEIGHTS + data --- |  from here on an ordinary client
+      | <----------------------- BYE(lost) -- |  instead, for a spare never admitted
 
 With n_fetch != n_push a client also sends PUSH(fetch=False) (no reply) or a bare
 PULL at its fetch steps. A client back from a failure (`mtbf`, clients/stragglers.py)
@@ -75,6 +84,7 @@ class Tag(IntEnum):
     STATE = 9      # a client's optimizer state, for the checkpoint (before a push or STOP)
     JOIN = 10      # a process asks to become a new client of the running job (`Join`; answered with a `Welcome`)
     DECIDED = 11   # server 0's reply decisions, to the other servers, for each message it handled (`Decided`)
+    ADMIT = 12     # server 0 to a spare rank: join now, in a lost client's place (`Admit`)
 
 
 @dataclass(frozen=True)
@@ -134,6 +144,15 @@ class Decided:
     rank: int
     said: tuple[bool, ...]
     then: tuple[bool, ...] = ()
+
+
+@dataclass(frozen=True)
+class Admit:
+    """Server 0 to a spare rank: a client was lost, join in its place. The secret is what
+    the JOIN must show: no rank learns it before it is admitted, so a JOIN from a spare
+    that was not admitted is refused."""
+
+    secret: str
 
 
 @dataclass(frozen=True)
@@ -249,7 +268,8 @@ def shard_bounds(size: int, servers: int, block: int = 1) -> list[tuple[int, int
 
 
 HEADERS = {Tag.PULL: (Pull, Rejoin), Tag.PUSH: Push, Tag.STOP: Stop, Tag.FAIL: Fail, Tag.WEIGHTS: Weights,
-           Tag.BYE: Bye, Tag.STATE: State, Tag.JOIN: Join, Tag.DECIDED: Decided}
+           Tag.BYE: Bye, Tag.STATE: State, Tag.JOIN: Join, Tag.DECIDED: Decided,
+           Tag.ADMIT: Admit}
 FROM_CLIENTS = (Tag.PULL, Tag.PUSH, Tag.STOP, Tag.FAIL, Tag.STATE)
 _LOGGABLE = (int, float, str, bool, type(None))
 
@@ -281,6 +301,8 @@ def well_formed(tag: int, header: Any) -> bool:
     if isinstance(header, Decided):
         return _is_int(header.rank) and all(isinstance(said, tuple) and all(isinstance(b, bool) for b in said)
                                             for said in (header.said, header.then))
+    if isinstance(header, Admit):
+        return isinstance(header.secret, str)
     if isinstance(header, Stop):
         return all(_is_int(v) for v in (header.steps, header.pushes, header.pushed_bytes, header.pulled_bytes))
     if isinstance(header, State):

@@ -80,3 +80,31 @@ def test_a_joiner_far_slower_than_the_others_pulls_once_pushes_and_the_budget_ho
     pulls = [r["version_pulled"] for r in slow if "version_pulled" in r]
     assert len(slow) == 2 and pulls == [joined[3]]
     assert sum(counts.values()) == summary(run)["minibatches"] == 40 and counts[0] > counts[3]
+
+
+SPARE_RUN = ["--clients", "2", "--spares", "1", "--on-client-failure", "continue", "--steps", "40", "--budget",
+             "client"]
+
+
+def test_a_spare_joins_when_a_client_is_lost_one_admit_and_one_join_later_on_the_lost_shard(tmp_path, tiny_npz):
+    """Client 1 (rank 2) dies at step 5, its 4 pushed; spare rank 3 is admitted at once and
+    its JOIN reaches the server two link latencies later (the ADMIT out, the JOIN back; the
+    server may be busy with one push then): it is client 2, on client 1's shard from
+    minibatch 4 with the 36 left of its steps. tests/mpi/test_spares.py runs the same over MPI."""
+    run = sim(tmp_path / "spare", tiny_npz, *SPARE_RUN, "--inject-fault", "2:5", "--sim-latency", "0.001")
+    assert each_once(run) == {0: 40, 1: 4, 2: 36}
+    server = rows(run, "server")
+    [lost] = [r for r in server if "lost" in r]
+    [joined] = [r for r in server if "joined" in r]
+    assert (joined["joined"], joined["rank"], joined["spare_for"]) == (2, 3, 1)
+    assert 0.002 <= joined["time"] - lost["time"] < 0.002 + 0.01  # two latencies, at most a minibatch's wait more
+    s = summary(run)
+    assert [(c["client"], c["slot"], c["spare_for"]) for c in s["joined_clients"]] == [(2, 1, 1)]
+    assert s["spares_left"] == 0 and s["status"] == "complete"
+
+
+def test_a_spare_no_client_needed_is_left_and_the_run_is_as_without_it(tmp_path, tiny_npz):
+    spared = sim(tmp_path / "spared", tiny_npz, *SPARE_RUN)
+    plain = sim(tmp_path / "plain", tiny_npz, *SPARE_RUN[:2], *SPARE_RUN[4:])
+    assert summary(spared)["spares_left"] == 1 and summary(spared)["joined_clients"] == []
+    assert (spared / "clients.jsonl").read_bytes() == (plain / "clients.jsonl").read_bytes()
