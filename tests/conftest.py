@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -200,6 +201,12 @@ def rank_server() -> RankServer:
     server = subprocess.Popen([sys.executable, "-m", "tests.preloaded", "--serve"], cwd=ROOT,
                               env={**os.environ, preloaded.SOCKET: socket}, start_new_session=True)
     atexit.register(_end_rank_server, server, folder)
+    # listening before the first stand-in connects: one that finds no socket runs the command
+    # itself (the fallback), and a test of the server's ranks then sees none (and left its
+    # job training, orphaned, in a random order where it came first)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(socket) and server.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
     return RankServer(socket, server.pid)
 
 

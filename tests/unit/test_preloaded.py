@@ -62,10 +62,12 @@ def test_a_rank_ends_with_its_stand_in_even_by_sigkill(tmp_path, tiny_npz):
     server = rank_server()
     run = tmp_path / "run"
     running = stand_in([*SIM, "--data", str(tiny_npz), "--steps", "100000", "--out", str(run)], tmp_path)
-    wait_for(lambda: (run / "server.jsonl").exists())
-    [rank] = descendants(server.pid)
-    running.kill()
-    running.communicate(timeout=60)
+    try:
+        wait_for(lambda: (run / "server.jsonl").exists())
+        [rank] = descendants(server.pid)
+    finally:
+        running.kill()  # the job trains until it is stopped: never left behind
+        running.communicate(timeout=60)
     wait_for(lambda: not alive(rank), timeout=10)
 
 
