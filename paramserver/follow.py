@@ -9,9 +9,9 @@ Every client sends every server its PUSH, PULL and STOP; each server takes them 
 arrive, in an order that differs between servers by the race of the transfers. After
 each message server 0 handled it tells the others whose it was and what its reply policy
 answered (`Decided`, paramserver/wire/protocol.py). A follower keeps a client's message
-until server 0 names it (a copy: the landing buffer takes the next message) and server
-0's word until the message comes, then handles the two together (paramserver/server.py's
-`ServerLoop`). Server 0's PULL of this slice for a snapshot waits behind the words sent
+until server 0 names it (a copy, as the landing buffer takes the next message, unless
+named already) and server 0's word until the message comes, then handles the two
+together (paramserver/server.py's `ServerLoop`). Server 0's PULL of this slice for a snapshot waits behind the words sent
 before it, so a snapshot's slices are all at server 0's version.
 """
 from __future__ import annotations
@@ -42,10 +42,16 @@ class Follow:
             return True
         if msg.tag not in IN_TURN:
             return False
-        payload = None if msg.payload is None else msg.payload.copy()
-        self.kept.setdefault(msg.source, deque()).append((self.clock(), Message(msg.source, msg.tag, msg.header,
-                                                                                   payload)))
+        kept = self.kept.setdefault(msg.source, deque())
+        if msg.payload is not None and not (not kept and self._named_next(msg.source)):
+            msg = Message(msg.source, msg.tag, msg.header, msg.payload.copy())  # the landing buffer takes the next
+        kept.append((self.clock(), msg))
         return True
+
+    def _named_next(self, rank: int) -> bool:
+        """Whether server 0's next word names `rank`: its message is handled before the next
+        receive (`ready`), so it needs no copy (a follower behind server 0 pays none)."""
+        return bool(self.words) and isinstance(self.words[0], Decided) and self.words[0].rank == rank
 
     def ready(self, gone: Container[int]) -> Iterator[tuple[Decided | None, Message | None]]:
         """The messages whose turn came, in server 0's order, each with its word (None:
