@@ -30,6 +30,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench.studies import mpiexec, start_server_job
+
 JOIN = 10  # the message tag of the probe's join and its answer
 
 
@@ -117,20 +119,16 @@ def main() -> None:
             serve(args.port_file, args.joiners, args.wait)
     if args.role == "joiner":
         return join(args.port_file, args.knock_file, args.dead)
-    mpiexec = str(Path(sys.executable).with_name("mpiexec"))
     me = [sys.executable, "-m", "bench.studies.accept_thread", "--joiners", str(args.joiners), "--wait",
           str(args.wait), *(["--knock"] if args.knock else []), *(["--dead"] if args.dead else [])]
     with tempfile.TemporaryDirectory() as folder:
         port_file = os.path.join(folder, "port")
-        server = subprocess.Popen([mpiexec, "-n", "1", *me, "--role", "server", "--port-file", port_file],
-                                  start_new_session=True)
-        while not os.path.exists(port_file) and server.poll() is None:
-            time.sleep(0.05)
+        server = start_server_job(me, 1, port_file)
         for n in range(args.joiners):
             print(f"launching joiner {n + 1}", flush=True)
             try:
                 knock = ["--knock-file", f"{port_file}.knock{n}"] if knocked else []
-                subprocess.run([mpiexec, "-n", "1", *me, "--role", "joiner", "--port-file", port_file, *knock],
+                subprocess.run([mpiexec(), "-n", "1", *me, "--role", "joiner", "--port-file", port_file, *knock],
                                timeout=args.wait, start_new_session=True)
             except subprocess.TimeoutExpired:
                 print(f"joiner {n + 1}: no answer within {args.wait:g} s", flush=True)

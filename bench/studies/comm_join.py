@@ -29,6 +29,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench.studies import mpiexec, start_server_job
+
 SECRET = b"SECRET"
 PING, JOIN = 1, 10
 
@@ -124,17 +126,13 @@ def main() -> None:
         return serve(args.port_file, args.seconds)
     if args.role == "joiner":
         return join(args.port_file, args.fate)
-    mpiexec = str(Path(sys.executable).with_name("mpiexec"))
     me = [sys.executable, "-m", "bench.studies.comm_join", "--seconds", str(args.seconds)]
     with tempfile.TemporaryDirectory() as folder:
         port_file = os.path.join(folder, "port")
-        server = subprocess.Popen([mpiexec, "-n", "2", *me, "--role", "server", "--port-file", port_file],
-                                  start_new_session=True)
-        while not os.path.exists(port_file) and server.poll() is None:
-            time.sleep(0.05)
+        server = start_server_job(me, 2, port_file)
         for fate in args.fates.split(","):
             try:
-                done = subprocess.run([mpiexec, "-n", "1", *me, "--role", "joiner", "--port-file", port_file,
+                done = subprocess.run([mpiexec(), "-n", "1", *me, "--role", "joiner", "--port-file", port_file,
                                        "--fate", fate], timeout=12, start_new_session=True, capture_output=True)
                 print(f"joiner ({fate}): exit {done.returncode}", flush=True)
             except subprocess.TimeoutExpired:
