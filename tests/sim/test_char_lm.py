@@ -54,6 +54,15 @@ def test_the_model_predicts_the_next_character_with_its_head_tied_to_its_embeddi
     assert torch.equal(model(changed[None])[0, :-1], logits[0, :-1])  # causal: no token sees a later one
 
 
+def test_the_characters_map_to_the_96_codes_and_the_source_corpus_is_fifty_times_the_docstrings():
+    text = "a\nZ~ \té\x7f"
+    assert example("encode")(text).tolist() == [66, 0, 59, 95, 1, 1, 1, 1]  # tab, é, DEL: a space
+    assert example("decode")(example("encode")("def f(x):\n    return x")) == "def f(x):\n    return x"
+    train_text, test_text = example("source_corpus")()
+    assert len(train_text) > 50 * len(example("corpus")())  # each window seen about once, not tens of times
+    assert 0.05 < len(test_text) / (len(train_text) + len(test_text)) < 0.2  # every tenth file
+
+
 def test_the_char_lm_trains_through_the_api_with_its_loss_and_metric(lm_run):
     run = Path(lm_run.run_dir)
     summary = json.loads((run / "summary.json").read_text())
