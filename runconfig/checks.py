@@ -7,6 +7,7 @@ config's fields by name and import nothing of runconfig.settings, which calls th
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -42,6 +43,8 @@ USER_CODE_KEYS = ("model", "data", "loss", "metric", "optimizer")  # the setting
 def check(cfg: Any) -> None:
     """Every field's type, then each group's values (a RunConfig's, as it is made)."""
     _check_types(cfg)
+    if cfg.servers == "auto":
+        _auto_servers(cfg)
     for concern in (_check_common, _check_inputs, _check_server, _check_schedule, _check_client,
                     _check_stragglers, _check_evaluation, check_simulator, _check_performance):
         concern(cfg)
@@ -73,6 +76,26 @@ def _check_types(cfg: Any) -> None:
         if not ok:
             raise ConfigError(f"{name}: expected {kind.__name__}, got {value!r}")
         _check_magnitude(name, value)
+
+
+def _auto_servers(cfg: Any) -> None:
+    """`servers = auto`, the default: left for the simulator to size from the costs
+    (experiments/sim/costs.py, by experiments/run/sizing.py) where it knows them before
+    the run, an async simulation the config lets have several servers; elsewhere one
+    server, so no one who never typed --servers is refused for it. Over MPI the ranks are
+    fixed before any rank could time a push (docs/training.md, How many servers); the
+    collective modes have no server; a resume reads the count its run recorded before it
+    gets here (experiments/run/resume.py). Whether more than one is allowed is asked of
+    the checks themselves with two servers (adascale, spares, a gathered gradient's
+    clipping or noise scale refuse several, each in its own check), so no second list
+    of them can drift from theirs."""
+    if cfg.backend == "sim" and cfg.mode == Mode.ASYNC and not cfg.resume:
+        try:
+            dataclasses.replace(cfg, servers=2)
+            return
+        except ConfigError:
+            pass  # a setting that needs one server, or a fault of the config's own that the checks below name
+    object.__setattr__(cfg, "servers", 1)
 
 
 def _check_magnitude(name: str, value: Any) -> None:
@@ -131,9 +154,6 @@ def _check_server(cfg: Any) -> None:
     _require(cfg.server_lr is None or cfg.server_lr > 0, "server_lr", f"must be positive, got {cfg.server_lr}")
     _require(cfg.server_momentum is None or 0 <= cfg.server_momentum < 1, "server_momentum",
              f"must be in [0, 1), got {cfg.server_momentum}")
-    if cfg.servers == "auto" and not (cfg.backend == "sim" and cfg.mode == Mode.ASYNC and not cfg.resume):
-        # only the simulator knows a push's cost before the run: elsewhere auto is one server (docs/training.md)
-        object.__setattr__(cfg, "servers", 1)
     try:
         chosen = rule_class(cfg.rule)
     except ValueError as error:  # an unknown name: the rules' own line
@@ -148,7 +168,7 @@ def _check_server(cfg: Any) -> None:
         return  # the simulator picks (experiments/run/sizing.py) and checks its pick as it makes the run's config
     _require(cfg.servers >= 1, "servers", f"must be at least 1, got {cfg.servers}")
     _require(cfg.servers == 1 or cfg.mode == Mode.ASYNC, "servers", "more than one server needs --mode async")
-    _require(cfg.servers == 1 or not cfg.resume, "servers",
+    _require(cfg.servers == 1 or not cfg.resume or cfg.backend == "sim", "servers",
              "a run with more than one server cannot be resumed (its servers' slices are not checkpointed together)")
 
 

@@ -102,9 +102,10 @@ class RunConfig:
                             "scalar tensor (default: cross-entropy)")
 
     # server and rules ([server] in a config file)
-    servers: int = _server(1, "server ranks (0..S-1), each holding a contiguous slice of the weights; clients push "
-                              "and pull every slice at once (auto: in the simulator, the fewest whose busiest is "
-                              "busy at most half the time, from the costs; one elsewhere)")
+    servers: int = _server("auto", "server ranks (0..S-1), each holding a contiguous slice of the weights; clients "
+                                   "push and pull every slice at once (auto: in the simulator, the fewest whose "
+                                   "busiest is busy at most half the time (a third under fresh), from the costs; "
+                                   "one over MPI; a resume's recorded count)")
     n_push: Optional[int] = _server(None, "push every N minibatches (default: n_sync)")
     n_fetch: Optional[int] = _server(None, "fetch every N minibatches (default: n_sync)")
     server_lr: Optional[float] = _server(None, "learning rate of the sgd, fresh and adagrad rules "

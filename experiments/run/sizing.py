@@ -16,13 +16,14 @@ eight clients waits for the server (its own push and the queue before it) about
 0.5 / 8 x 1.5, a tenth of its window.
 
 A rule that gathers pushes into a step (`fresh`) answers them once the step is taken:
-every client of the step waits out the server's whole time for it, so a window of w
-takes w (1 + rho) and the clients are idle rho / (1 + rho) of the time: GATHER_BOUND, a
-quarter, keeps them idle at most a fifth, the queue's wait meanwhile a sixth of a push.
-The study's measurements sit on either side of it (issue 56): 0.1 ms a push against a
-5 ms minibatch at 8 clients (0.16) where a second server gained nothing, 2.46 ms of
-server time against a 6.0 ms minibatch (0.41) where a second took the default from 0.72
-to 0.82 of C(8).
+every client of the step may wait out the server's whole time for it, so a window of w
+takes up to w (1 + rho) and the clients are idle up to rho / (1 + rho) of the time:
+GATHER_BOUND, a third, keeps them idle at most a quarter, the queue's wait meanwhile a
+quarter of a push. It sits between the study's two measurements (issue 56), each a
+push's apply plus its reply's send (the proxy CNN's 0.83 MB at the measured profile's
+11 GB/s, 0.077 ms): 0.1 ms of apply against a 5 ms minibatch at 8 clients (8 x 0.177 /
+5 = 0.28 busy) where a second server gained nothing, 0.23 ms against 6.0 ms (8 x 0.307
+/ 6 = 0.41) where a second took the default from 0.72 to 0.82 of C(8).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import math
 from typing import Any, Callable
 
 BUSY_BOUND = 0.5
-GATHER_BOUND = 0.25
+GATHER_BOUND = 1 / 3
 
 
 def bound(gathers: bool) -> float:

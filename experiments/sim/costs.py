@@ -92,7 +92,9 @@ def sized(cfg: RunConfig, replica: Replica, dataset: Dataset, size: int, clients
     """The run's config and costs, with `servers = auto` the count experiments/run/sizing.py
     picks from one server's costs: a push's apply (a slice's costing 1/S of it: passes
     over memory, as the paper profile's), its reply's send, and each server's link, which
-    carries its slice of every push in and every reply out."""
+    carries its slice of every push in and every reply out. Where it picks several, the
+    config records a slice's apply as `sim_apply_time` (a given count reads it so): a
+    resume, which keeps the recorded count, or a re-run of config.json charges the same."""
     if cfg.servers != "auto":
         return cfg, sim_timing(cfg, replica, dataset, size, clients)
     one = sim_timing(replace(cfg, servers=1), replica, dataset, size, clients)
@@ -102,7 +104,9 @@ def sized(cfg: RunConfig, replica: Replica, dataset: Dataset, size: int, clients
         own = one.apply_time / servers + one.latency + nbytes / servers / one.bandwidth
         return max(own, nbytes / servers / cfg.sim_server_bandwidth if cfg.sim_server_bandwidth else 0.0)
     servers = servers_for(clients, cfg.push_every * one.step_time, push_s, rule_class(cfg.rule).gathers)
-    return replace(cfg, servers=servers), replace(one, apply_time=one.apply_time / servers, servers=servers)
+    slice_s = one.apply_time / servers
+    picked = replace(cfg, servers=servers, **({"sim_apply_time": slice_s} if servers > 1 else {}))
+    return picked, replace(one, apply_time=slice_s, servers=servers)
 
 
 def calibrated_push(run: str) -> float:
