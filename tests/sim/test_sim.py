@@ -339,7 +339,8 @@ def test_sharded_servers_compute_what_one_does_in_their_slices_time(tmp_path, ti
     (under `wait`: the pace waits at equal speeds); each server's push cost is its slice's
     (the given time) and a reply occupies it for a slice's transfer."""
     flags = ["--rule", "fresh", "--clients", "4", "--steps", "8"]
-    one = sim(tmp_path / "one", tiny_npz, *flags, "--fresh-reply", "wait", "--sim-apply-time", "0.002")
+    one = sim(tmp_path / "one", tiny_npz, *flags, "--fresh-reply", "wait", "--sim-apply-time", "0.002",
+              "--servers", "1")
     two = sim(tmp_path / "two", tiny_npz, *flags, "--servers", "2", "--sim-apply-time", "0.001")
 
     def losses(run: Path) -> list[tuple[int, int, float]]:
