@@ -69,6 +69,8 @@ def test_four_clients_every_push_applied_once_with_staleness_and_falling_loss(tm
     result = mpi_train(5, "--data", str(tiny_npz), *TINY, "--steps", "40", "--n-sync", "2", "--threads", "1",
                        "--out", str(run))
     assert result.returncode == 0, result.stderr
+    # the default servers = auto under a typed mpiexec: the ranks are the user's, one server
+    assert json.loads((run / "config.json").read_text())["servers"] == 1
     s = summary(run)
     assert s["pushes_sent"] == s["pushes_applied"] == s["version"] == 4 * 20 and s["pushes_rejected"] == 0
     server_rows = rows(run, "server")
