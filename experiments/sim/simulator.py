@@ -80,6 +80,7 @@ class StepClock:
         self.step_time, self.now = step_time, 0.0
         self.stragglers, self.client, self.step = stragglers, client, step
         self.first: float | None = None  # when its first minibatch began
+        self.last = 0.0                  # when its last one ended
         self.computed = 0.0              # the seconds its minibatches took (the rest it waited or was down)
 
     def __call__(self) -> float:
@@ -89,6 +90,7 @@ class StepClock:
         self.first = self.now if self.first is None else self.first
         self.now += took
         self.computed += took
+        self.last = self.now
         return self.now
 
     def down(self, length: float) -> float:
@@ -187,7 +189,7 @@ class Simulation:
     def client_busy(self) -> float | None:
         """The clients' busy share: the seconds they computed over those from each one's
         first minibatch to its last (the rest they waited for the server, or were down)."""
-        spans = sum(c.now - c.first for c in self.clocks if c.first is not None)
+        spans = sum(c.last - c.first for c in self.clocks if c.first is not None)
         return sum(c.computed for c in self.clocks) / spans if spans > 0 else None
 
     def _reply(self, when: float, i: int, reply: Any) -> None:
