@@ -115,6 +115,7 @@ class ServerState:
             "minibatches": tally.minibatches,
             "samples": tally.samples,
             "version": store.version,
+            "fragments": self.fragments,  # a push's streamed fragments: each applied one moved the version
             # a stopped client says how many it sent; of one that failed or was lost, what came
             "pushes_sent": sum(max(int(tally.client_pushes[i]), tally.stops[r].pushes if r in tally.stops else 0)
                                for i, r in enumerate(self.client_ranks)),
