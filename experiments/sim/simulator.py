@@ -260,9 +260,10 @@ class Simulation:
     def _serve(self, server: InProcess, when: float, i: int, message: Outgoing) -> None:
         self.now = max(when, self.server_free)
         replies = server.deliver(server.state.client_ranks[i], message.tag, message.header, message.payload)
-        streamed = message.tag == Tag.PUSH and message.header.fragment >= 0  # a slice: its share of an apply
-        cost = self.timing.apply_time / (self.loops[i].plan.fragments if streamed else 1)
-        self._replied(server, replies, cost if message.tag == Tag.PUSH else 0.0)
+        cost = 0.0
+        if message.tag == Tag.PUSH:  # a streamed fragment is a slice: its share of an apply
+            cost = self.timing.apply_time / (self.loops[i].plan.fragments if message.header.fragment >= 0 else 1)
+        self._replied(server, replies, cost)
 
     def _replied(self, server: InProcess, replies: list, cost: float = 0.0) -> None:
         """The server, busy from now for `cost`, sends `replies` (to the sender, or to those a step waited for)."""

@@ -64,9 +64,23 @@ def test_where_a_whole_push_costs_half_a_window_fragments_keep_the_client_busy(t
     assert streamed == pytest.approx(1.0, rel=1e-9)
 
 
-def test_fragments_with_sync_mode_exit_2_in_one_line(tmp_path, tiny_npz, capsys):
-    assert main(["train", "--backend", "sim", "--data", str(tiny_npz), "--out", str(tmp_path / "run"),
-                 "--mode", "sync", "--fragments", "4", "--quiet"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == "asgd: error: fragments: needs --mode async (a server to stream to), got sync"
+def test_int8_fragments_are_whole_blocks_each_with_its_own_error_feedback(tmp_path, tiny_npz):
+    """Under int8 each fragment is whole blocks of the codec (the slices start at multiples
+    of 256) and carries its slice's share of the error feedback: every one is applied."""
+    run = sim(tmp_path / "run", tiny_npz, "--rule", "add", "--clients", "2", "--steps", "16", "--n-sync", "4",
+              "--fragments", "4", "--compress", "int8", "--compress-pulls")
+    result = summary(run)
+    assert result["status"] == "complete" and result["pushes_rejected"] == 0
+    assert result["pushes_applied"] == result["version"] == 2 * 16  # one fragment a minibatch, the last push whole
+
+
+@pytest.mark.parametrize("flags,line", [
+    (["--mode", "sync"], "fragments: needs --mode async (a server to stream to), got sync"),
+    (["--backend", "mpi", "--rule", "add"], "fragments: needs --backend sim (the MPI backend streams no fragments yet)"),
+])
+def test_fragments_where_refused_exit_2_in_one_line_before_anything_starts(tmp_path, tiny_npz, capsys, flags, line):
+    args = ["train", "--backend", "sim", "--data", str(tiny_npz), "--out", str(tmp_path / "run"), "--fragments", "4",
+            "--quiet", *flags]
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip() == f"asgd: error: {line}"
     assert not (tmp_path / "run").exists()
