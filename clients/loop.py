@@ -160,7 +160,9 @@ class ClientLoop:
                 return self._push(fetch), fetch
             if fetch:
                 return Outgoing(Tag.PULL, Pull()), True
-        if self.rows:  # told to stop between pushes: the work done goes to the server first
+        # told to stop between pushes: the work done goes to the server first, all of it
+        # (with fragments, the other slices' since their last fragment, even where no row waits)
+        if self.rows or self.pieces and self.client.unpushed_steps:
             return self._push(False), False
         self.done = True
         return Outgoing(Tag.STOP, Stop(self.step, self.pushes, self.pushed_bytes, self.pulled_bytes)), False

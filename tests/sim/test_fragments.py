@@ -25,17 +25,19 @@ def summary(run) -> dict:
 
 def test_a_fragmented_run_applies_a_fragment_every_n_sync_over_p_minibatches(tmp_path, tiny_npz):
     """2 clients, n_sync 4, 2 fragments: a fragment goes every 2 minibatches, each applied
-    as a push (one version), its rows logged with it; the run's budget holds exactly."""
+    as a push (one version), its rows logged with it; the run's budget holds exactly, and
+    the reply that stops a client is followed by a whole push of what its other slices
+    hold unpushed, so no work is lost (8 fragments and 1 whole push a client)."""
     run = sim(tmp_path / "run", tiny_npz, "--rule", "add", "--clients", "2", "--steps", "16", "--n-sync", "4",
               "--fragments", "2")
     applied = [r for r in rows(run, "server") if "version" in r]
     client_rows = rows(run, "clients")
     assert len(client_rows) == 2 * 16 and not any("rejected" in r for r in client_rows)
     synced = [r["step"] for r in client_rows if "version_pulled" in r and r["client"] == 0]
-    assert synced == list(range(2, 17, 2))  # every n_sync / P minibatches, the last one whole
-    assert len(applied) == 2 * 8 and [r["version"] for r in applied] == list(range(1, 17))
+    assert synced == list(range(2, 17, 2))  # every n_sync / P minibatches
+    assert len(applied) == 2 * 9 and [r["version"] for r in applied] == list(range(1, 19))
     result = summary(run)
-    assert result["status"] == "complete" and result["minibatches"] == 32 and result["version"] == 16
+    assert result["status"] == "complete" and result["minibatches"] == 32 and result["version"] == 18
     assert json.loads((run / "config.json").read_text())["fragments"] == 2
     assert 0 < result["client_busy"] <= 1
 
@@ -71,7 +73,7 @@ def test_int8_fragments_are_whole_blocks_each_with_its_own_error_feedback(tmp_pa
               "--fragments", "4", "--compress", "int8", "--compress-pulls")
     result = summary(run)
     assert result["status"] == "complete" and result["pushes_rejected"] == 0
-    assert result["pushes_applied"] == result["version"] == 2 * 16  # one fragment a minibatch, the last push whole
+    assert result["pushes_applied"] == result["version"] == 2 * (16 + 1)  # a fragment a minibatch, then a whole push
 
 
 @pytest.mark.parametrize("flags,line", [
