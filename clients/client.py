@@ -171,6 +171,14 @@ class Client:
         self.unpushed_steps = 0
         return push
 
+    def take_fragment(self, lo: int, hi: int) -> np.ndarray:
+        """A streamed fragment's push (delta rules): the work since this slice of the
+        weights was last pushed, on the slice alone; the rest waits for its own fragment."""
+        weights = host_copy(self.weights[lo:hi])
+        push = weights - self.base[lo:hi]
+        self.base[lo:hi] = weights
+        return push
+
     def restart(self) -> None:
         """Back from a failure: the work not pushed is lost and the optimizer starts
         afresh, as a restarted process would; the weights come with the next sync."""
@@ -178,22 +186,25 @@ class Client:
         self.answer_due = False
         self.optimizer = self.replica.optimizer.build(self.weights, lambda: self.replica.params)
 
-    def sync(self, weights: np.ndarray, samples: int | None = None) -> None:
+    def sync(self, weights: np.ndarray, samples: int | None = None, lo: int = 0) -> None:
         """Take the server's weights, keeping any local work not pushed yet; with the
-        server's progress `samples`, train on at the schedule's lr there.
+        server's progress `samples`, train on at the schedule's lr there. `lo`: where
+        `weights` start when they are a slice, a streamed fragment's answer: the work done
+        there since that fragment was pushed is kept likewise (the client never waited).
 
         A blocking copy to the device (from the pinned `incoming`, one DMA): it is done
         when this returns, so MPI may receive the next weights into `incoming` at once."""
         if samples is not None and self.schedule is not None:
             self.lr = self.schedule.at(samples)
+        hi = lo + weights.size
         if self.answer_due:
             self._elastic_step(weights)
         elif self.unpushed_steps:
-            weights_now = host_copy(self.weights)
-            self.weights.copy_(torch.from_numpy(weights + (weights_now - self.base)))
+            weights_now = host_copy(self.weights[lo:hi])
+            self.weights[lo:hi].copy_(torch.from_numpy(weights + (weights_now - self.base[lo:hi])))
         else:
-            self.weights.copy_(torch.from_numpy(weights))
-        np.copyto(self.base, weights)
+            self.weights[lo:hi].copy_(torch.from_numpy(weights))
+        np.copyto(self.base[lo:hi], weights)
 
     def _elastic_step(self, center: np.ndarray) -> None:
         """The rule's step back towards the center that answered the push (EASGD's)."""

@@ -28,7 +28,7 @@ from paramserver.compute.quantkernel import make_codec
 from paramserver.wire import frame
 from paramserver.wire.compress import ErrorFeedback
 from runconfig.settings import Fault, RunConfig
-from paramserver.wire.protocol import Outgoing, Pull, Push, Rejoin, State, Stop, Tag, Weights
+from paramserver.wire.protocol import Outgoing, Pull, Push, Rejoin, State, Stop, Tag, Weights, shard_bounds
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class ClientPlan:
     stragglers: Stragglers | None = None  # slept after each minibatch (MPI); the simulator's clock has them
     failures: Failures | None = None
     dylu: bool = False     # the server's replies set each window (n_push == n_fetch: each push fetches)
+    fragments: int = 1     # streamed fragments: a push is P slices, one every n_push / P minibatches
 
     @classmethod
     def for_run(cls, cfg: RunConfig, index: int, clients: int, servers: int = 1, real_time: bool = True) -> ClientPlan:
@@ -61,7 +62,8 @@ class ClientPlan:
                    fault=cfg.fault_for(index + servers, f"client {index}")
                    if real_time or cfg.on_client_failure == "continue" else None,
                    compress=cfg.compress, compress_pulls=cfg.compress_pulls,
-                   stragglers=stragglers if real_time and stragglers.active else None, failures=Failures.for_run(cfg, stragglers), dylu=cfg.dylu)
+                   stragglers=stragglers if real_time and stragglers.active else None, failures=Failures.for_run(cfg, stragglers), dylu=cfg.dylu,
+                   fragments=cfg.fragments)
 
 
 def sleep_down(length: float, compute: float) -> float:
@@ -90,6 +92,7 @@ class ClientLoop:
     down: Callable[[float], float] | None = None  # (base times) -> seconds down; None: `sleep_down` (MPI)
     window: int = field(init=False)      # minibatches from one push to the next: n_push, or DyLU's
     pushed_at: int = field(init=False)   # the step of the last push (or the first step)
+    in_flight: int = 0            # streamed fragments pushed whose slice of the weights has not come back
 
     def __post_init__(self) -> None:
         self.window, self.pushed_at = self.plan.n_push, self.step
@@ -103,11 +106,25 @@ class ClientLoop:
         # where pulled weights land, as they come over the wire
         self.landing = np.empty(self.pull_codec.wire_size(self.client.size), self.pull_codec.wire_dtype) \
             if self.plan.compress_pulls else self.client.incoming
+        # the fragments' slices: the sharded servers' split, on the codec's blocks (each encodes alone)
+        self.pieces = shard_bounds(self.client.size, self.plan.fragments, self.codec.block) \
+            if self.plan.fragments > 1 else []
+
+    @property
+    def behind(self) -> bool:
+        """Whether a streamed fragment older than the last one pushed has not come back:
+        the client waits for it before it trains on (each is merged within n_push / P)."""
+        return self.in_flight > 1
 
     def take_weights(self, data: np.ndarray, reply: Weights | None = None) -> None:
         """The server's weights, as they came over the wire, at the progress its `reply`
-        says; a reply saying stop (the run reached its target) ends the loop here."""
-        self.client.sync(self.pull_codec.decode(data, self.client.incoming), reply.samples if reply else None)
+        says; a reply saying stop (the run reached its target) ends the loop here. A
+        streamed fragment's reply is its slice, merged keeping the work done meanwhile."""
+        lo, hi = 0, self.client.size
+        if reply is not None and reply.fragment >= 0:
+            (lo, hi), self.in_flight = self.pieces[reply.fragment], self.in_flight - 1
+        self.client.sync(self.pull_codec.decode(data, self.client.incoming[lo:hi]), reply.samples if reply else None,
+                         lo)
         self.pulled_bytes += len(self.plan.servers) * frame.HEADER_BYTES + data.nbytes
         self.stopping = self.stopping or (reply is not None and reply.stop)
         self.state_due = reply is not None and reply.state
@@ -143,7 +160,9 @@ class ClientLoop:
                 return self._push(fetch), fetch
             if fetch:
                 return Outgoing(Tag.PULL, Pull()), True
-        if self.rows:  # told to stop between pushes: the work done goes to the server first
+        # told to stop between pushes: the work done goes to the server first, all of it
+        # (with fragments, the other slices' since their last fragment, even where no row waits)
+        if self.rows or self.pieces and self.client.unpushed_steps:
             return self._push(False), False
         self.done = True
         return Outgoing(Tag.STOP, Stop(self.step, self.pushes, self.pushed_bytes, self.pulled_bytes)), False
@@ -167,12 +186,25 @@ class ClientLoop:
         if plan.dylu:  # the window the last reply gave; every push but the last fetches the next
             push = self.step - self.pushed_at >= self.window or last
             return push, push and not last
+        if self.pieces:  # a fragment every n_push / P minibatches, each fetching its slice back
+            push = self.step % (plan.n_push // plan.fragments) == 0 or last
+            return push, push and not last
         return self.step % plan.n_push == 0 or last, self.step % plan.n_fetch == 0 and not last
 
     def _push(self, fetch: bool) -> Outgoing:
-        push = self.client.take_push()
-        push = self.codec.encode(push) if self.feedback is None else self.feedback.encode(push)
-        header = Push(self.step, push.size, fetch, self.codec.dtype, rows=tuple(self.rows))
+        """The push due now: with streamed fragments each one that fetches is the next
+        fragment (p = the fragment windows run, less one, mod P), the last push (or one
+        a stop brings) everything not pushed yet; else the whole work since the last."""
+        fragment, lo = -1, 0
+        if self.pieces and fetch:
+            fragment = (self.step // (self.plan.n_push // self.plan.fragments) - 1) % self.plan.fragments
+            lo, hi = self.pieces[fragment]
+            push, self.in_flight = self.client.take_fragment(lo, hi), self.in_flight + 1
+        else:
+            push = self.client.take_push()
+        push = self.codec.encode(push) if self.feedback is None else self.feedback.encode(push, lo)
+        header = Push(self.step, push.size, fetch, self.codec.dtype, rows=tuple(self.rows), fragment=fragment,
+                      offset=lo)
         # a frame to each server, the rows to server 0 alone (paramserver/wire/fanout.py)
         self.pushed_bytes += frame.nbytes(header, push) + (len(self.plan.servers) - 1) * frame.HEADER_BYTES
         self.rows, self.pushes, self.pushed_at = [], self.pushes + 1, self.step

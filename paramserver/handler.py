@@ -76,14 +76,14 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
         return [_weights_for(state, msg.source)], events
     version = state.store.version
     _took_state(state, msg.source, msg.header.step)
-    result, minibatches, events = _push(state, msg)
+    result, minibatches, events, fragment = _push(state, msg)
     events += _checkpoint_ready(state)
     replies = []
     held = state.reply.holds(state, msg.source)  # a round of delayed Nesterov not yet stepped
     if msg.header.fetch and (held or result.gathered and state.reply.waits(state, msg.source, minibatches)):
         state.reply.deferred.append(msg.source)  # answered with the step or the round
     elif msg.header.fetch:
-        replies.append(_weights_for(state, msg.source))
+        replies.append(_weights_for(state, msg.source, fragment))
     if state.store.version != version and not held:
         replies += _answer_deferred(state)
     more, flushed = release(state)
@@ -125,8 +125,12 @@ def _message_problem(state: ServerState, msg: Message) -> str:
     return ""
 
 
-def _weights_for(state: ServerState, rank: int) -> Reply:
+def _weights_for(state: ServerState, rank: int, fragment: int = -1) -> Reply:
+    """The weights for client `rank`: all of them, or the slice of streamed fragment `fragment`."""
     weights, version = state.store.pull(state.client(rank))
+    if fragment >= 0:
+        lo, hi = state.pieces[fragment]
+        weights = weights[lo:hi]
     data = state.pull_codec.encode(weights)
     budget = state.budget
     client, running = state.client(rank), state.running if state.reply.windows or budget else []
@@ -134,7 +138,7 @@ def _weights_for(state: ServerState, rank: int) -> Reply:
     stop = state.stop() or (budget is not None and budget.spent(state.tally, client, running))
     if budget is not None and not stop:
         budget.went(state.tally, client, window)
-    return Reply(rank, Weights(version, data.size, state.progress, stop, state.checkpoint_due, window), data)
+    return Reply(rank, Weights(version, data.size, state.progress, stop, state.checkpoint_due, window, fragment), data)
 
 
 def _join(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
@@ -149,8 +153,9 @@ def _join(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
     return [Reply(msg.source, welcome, weights.payload)], [membership.joined(state, client, msg.source, msg.header.host)]
 
 
-def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, int, list[Event]]:
-    """Apply a push: its outcome, the minibatches it covers and the events to record."""
+def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, int, list[Event], int]:
+    """Apply a push: its outcome, the minibatches it covers, the events to record and the
+    fragment it was (-1: the whole vector, or a fragment refused, whose reply is all of it)."""
     header: Push = msg.header
     client, store, payload = state.client(msg.source), state.store, msg.payload
     pulled, version = store.pulled.get(client, 0), store.version
@@ -161,14 +166,17 @@ def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, int, list[Even
     state.reply.pushed(msg.source, client, minibatches)
     start = time.perf_counter()
     codec = state.codec
-    wire_size = codec.wire_size(store.size)  # a truncated or padded payload is refused here, before decoding
+    piece, reason = _piece(state, header)
+    size = store.size if piece is None else piece.stop - piece.start
+    wire_size = codec.wire_size(size)  # a truncated or padded payload is refused here, before decoding
     expected = (codec.dtype, codec.wire_dtype, wire_size, wire_size)
-    if (header.dtype, payload.dtype, header.size, payload.size) != expected:
+    if not reason and (header.dtype, payload.dtype, header.size, payload.size) != expected:
         reason = (f"payload of {payload.nbytes} bytes as {header.size} {header.dtype}, "
                   f"expected {wire_size} {codec.wire_dtype} of {codec.dtype}")
+    if reason:
         result = ApplyResult(False, store.version, store.version - pulled, reason)
     else:
-        result = store.apply(client, codec.decode(payload, state.buffer), minibatches, *at)
+        result = store.apply(client, codec.decode(payload, state.buffer[:size]), minibatches, *at, piece=piece)
     apply_s = time.perf_counter() - start if state.apply_cost is None else state.apply_cost
     events: list[Event] = [_outcome(state, msg.source, client, result, apply_s)]
     events.append(_client_rows(state, client, header, pulled, result))
@@ -178,7 +186,22 @@ def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, int, list[Even
                                     rule.noise.mean_norm))
     if store.version != version:
         events += _snapshot_due(state)
-    return result, minibatches, events
+    return result, minibatches, events, header.fragment if piece is not None else -1
+
+
+def _piece(state: ServerState, header: Push) -> tuple[slice | None, str]:
+    """The slice of the weights a push is for (None: all of them), or why its fragment
+    header is refused: an index outside the run's fragments, or an offset not that
+    fragment's (its length is checked with the payload's)."""
+    if header.fragment == -1:
+        return None, ""
+    count = len(state.pieces)
+    if not 0 <= header.fragment < count:
+        return None, f"fragment {header.fragment}, but this run's pushes come in {count or 'no'} fragments"
+    lo, hi = state.pieces[header.fragment]
+    if header.offset != lo:
+        return None, f"fragment {header.fragment} at offset {header.offset}, expected {lo}"
+    return slice(lo, hi), ""
 
 
 def _outcome(state: ServerState, rank: int, client: int, result: ApplyResult, apply_s: float) -> Event:

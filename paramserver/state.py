@@ -20,7 +20,7 @@ from paramserver.store import Store
 from paramserver.tally import RunBudget, ServerTally
 from paramserver.wire import frame
 from paramserver.wire.compress import Codec
-from paramserver.wire.protocol import State
+from paramserver.wire.protocol import State, shard_bounds
 
 
 @dataclass
@@ -40,6 +40,8 @@ class ServerState:
     STOP) came with, where it came with one; `arrived_states`: those awaiting their push.
     `budget`: the run's, where the run has one (`budget = "run"`; paramserver/tally.py).
     `members`: who may join and each client's shard (paramserver/membership.py).
+    `fragments`: P, the streamed fragments a push may come in (1: whole pushes only); their
+    slices (`pieces`) are the sharded servers' (`shard_bounds`), on the codec's blocks.
     """
 
     store: Store
@@ -62,6 +64,7 @@ class ServerState:
     checkpointed_at: float = 0.0   # `clock` when the last was asked for (from the start: __post_init__)
     budget: RunBudget | None = None
     members: Membership | None = None
+    fragments: int = 1
 
     def __post_init__(self) -> None:
         self.members = self.members or Membership.for_clients(len(self.client_ranks), 0)
@@ -71,6 +74,7 @@ class ServerState:
         compressed = self.codec.wire_dtype != np.float32
         self.landing = frame.empty(self.codec.wire_size(self.store.size), self.codec.wire_dtype) if compressed \
             else self.buffer  # as they come
+        self.pieces = shard_bounds(self.store.size, self.fragments, self.codec.block) if self.fragments > 1 else []
 
     @classmethod
     def for_run(cls, cfg: RunSettings, weights: np.ndarray, clients: int, optimizer_factory: Callable | None = None,
@@ -90,8 +94,10 @@ class ServerState:
                    pull_codec=make_codec(cfg.compress if cfg.compress_pulls else "none"),
                    schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr),
                    reply=ReplyPolicy.for_run(cfg, store.rule, clients, clock),
-                   budget=RunBudget(cfg.client_steps(clients), cfg.fetch_every) if cfg.run_budget else None,
-                   members=members, **options)
+                   budget=RunBudget(cfg.client_steps(clients), cfg.fetch_every // cfg.fragments,
+                                    ahead=cfg.fetch_every // cfg.fragments if cfg.fragments > 1 else 0)
+                   if cfg.run_budget else None,
+                   members=members, fragments=cfg.fragments, **options)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """What a checkpoint holds of the server: the Store's arrays, and the reply policy's."""
@@ -109,6 +115,7 @@ class ServerState:
             "minibatches": tally.minibatches,
             "samples": tally.samples,
             "version": store.version,
+            "fragments": self.fragments,  # a push's streamed fragments: each applied one moved the version
             # a stopped client says how many it sent; of one that failed or was lost, what came
             "pushes_sent": sum(max(int(tally.client_pushes[i]), tally.stops[r].pushes if r in tally.stops else 0)
                                for i, r in enumerate(self.client_ranks)),

@@ -88,20 +88,24 @@ class Store:
         self.rule.pulled(client, self.array)
         return self.weights, self.version
 
-    def check(self, push: np.ndarray) -> str:
-        """Why `push` must be rejected for its shape, or "" if it fits."""
+    def check(self, push: np.ndarray, piece: slice | None = None) -> str:
+        """Why `push` (for the weights' `piece`, or all of them) must be rejected for its
+        shape, or "" if it fits."""
+        size = self.size if piece is None else len(range(*piece.indices(self.size)))
         if push.dtype != np.float32:
             return f"dtype {push.dtype}, expected float32"
-        if push.size != self.size:
-            return f"length {push.size}, expected {self.size}"
+        if push.size != size:
+            return f"length {push.size}, expected {size}"
         return ""
 
     def apply(self, client: int, push: np.ndarray, minibatches: int = 1, lr_factor: float = 1.0,
-              scale_ramp: float = 1.0) -> ApplyResult:
+              scale_ramp: float = 1.0, piece: slice | None = None) -> ApplyResult:
         """Apply `client`'s push of `minibatches` minibatches (or reject, or drop it), at the
-        schedule's `lr_factor` and the batch scaling's `scale_ramp` (`PushFacts`)."""
+        schedule's `lr_factor` and the batch scaling's `scale_ramp` (`PushFacts`). `piece`:
+        the slice of the weights a fragment's push is for (its rule's `by_slice`), moving
+        the version by one as a whole push does; None: all of them."""
         staleness = self.version - self.pulled.get(client, 0)
-        reason = self.check(push)
+        reason = self.check(push, piece)
         dropped = "" if reason else self.rule.drops(staleness)
         if dropped:  # before it is read for NaN/Inf, which the fused path does in its kernel
             self.dropped[client] += 1
@@ -110,17 +114,20 @@ class Store:
             reason = "contains NaN or Inf"
         d = None if reason else self.backend.upload(push)
         facts = None if d is None else PushFacts(d, client, staleness, minibatches, lr_factor, scale_ramp)
+        target = self.array if piece is None else self.array[piece]  # a view: updated in place
         if facts is not None and self.fused:
             try:
-                weights = self.fused.apply(self.array, facts)
+                weights = self.fused.apply(target, facts)
             except fused.KernelFailed as error:
-                weights = self._unfused(error, push, facts)
+                weights = self._unfused(error, push, facts, target)
             if weights is None:
                 reason = "contains NaN or Inf"
-            else:
+            elif piece is None:
                 self.array = weights
+            elif weights is not target:  # a GPU kernel writes new weights beside the old
+                target.copy_(weights)
         elif facts is not None:
-            self.rule.apply(self.array, facts)
+            self.rule.apply(target, facts)
         if reason:  # counted by the handler's tally (pushes_rejected), with the other refusals
             return ApplyResult(False, self.version, staleness, reason)
         squared = self.fused.d_squared if self.fused else None  # summed by a host kernel on its way
@@ -132,7 +139,7 @@ class Store:
         self.staleness[staleness] += 1
         return ApplyResult(True, self.version, staleness, gathered=gathered, measured=measured)
 
-    def _unfused(self, error: fused.KernelFailed, push: np.ndarray, facts: PushFacts):
+    def _unfused(self, error: fused.KernelFailed, push: np.ndarray, facts: PushFacts, target):
         """The GPU kernel failed before writing anything of the weights' (it writes
         spare buffers): say so once, and from this push on apply with the rule's torch
         arithmetic, as `server_kernel = "torch"` does. The new weights, or None for a
@@ -142,8 +149,8 @@ class Store:
         self.fused = None
         if not finite(push):
             return None
-        self.rule.apply(self.array, facts)
-        return self.array
+        self.rule.apply(target, facts)
+        return target
 
     def flush(self) -> bool:
         """Take the step the rule is gathering now, with what it has (no more pushes can

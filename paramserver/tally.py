@@ -64,18 +64,21 @@ class RunBudget:
     pushed yet, makes the budget. Counting the windows under way, not only those in, is
     what makes the budget exact: at equal speeds each client runs `steps` (its own budget's
     count) instead of every client but the last running one window more. A lost client's
-    window is not counted (it will not come); one that comes back is told afresh."""
+    window is not counted (it will not come); one that comes back is told afresh. A
+    streamed-fragments client (`ahead`: n_push / P) computes on while its reply comes, so
+    it runs that much past its push before it reads the reply, whatever the reply says."""
 
     total: int
     window: int  # the minibatches a reply that says go holds its client to: n_fetch (DyLU: the reply's)
     due: dict[int, int] = field(default_factory=dict)  # client -> the step its running window ends at
+    ahead: int = 0  # the minibatches a client runs past its push before it reads the reply
 
     def spent(self, tally: ServerTally, client: int, running: list[int]) -> bool:
         """Whether `client` must stop: the run's minibatches are in or under way elsewhere
         (`running`: the clients still sending)."""
         owed = sum(max(0, self.due.get(c, 0) - int(tally.client_steps[c])) for c in running if c != client)
-        return tally.steps + owed >= self.total
+        return tally.steps + self.ahead + owed >= self.total
 
     def went(self, tally: ServerTally, client: int, window: int) -> None:
         """`client` was told to run `window` minibatches (0: n_fetch) from its last step."""
-        self.due[client] = int(tally.client_steps[client]) + (window or self.window)
+        self.due[client] = int(tally.client_steps[client]) + self.ahead + (window or self.window)

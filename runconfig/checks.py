@@ -22,6 +22,7 @@ from paramserver.rules import RULES, rule_class
 from paramserver.schedule import parse_milestones
 from paramserver.wire.compress import CODECS
 from runconfig.require import ConfigError, parsed as _parsed, require as _require
+from runconfig.fragchecks import check_fragments
 from runconfig.simchecks import check_simulator
 from paramserver.settings import Mode
 
@@ -46,7 +47,7 @@ def check(cfg: Any) -> None:
     if cfg.servers == "auto":
         _auto_servers(cfg)
     for concern in (_check_common, _check_inputs, _check_server, _check_schedule, _check_client,
-                    _check_stragglers, _check_evaluation, check_simulator, _check_performance):
+                    _check_stragglers, _check_evaluation, check_simulator, _check_performance, check_fragments):
         concern(cfg)
 
 

@@ -286,6 +286,8 @@ class RunConfig:
                                          "feedback; the server decodes them and keeps float32 weights")
     compress_pulls: bool = _performance(False, "pulls (the weights a reply carries) through the same codec too, "
                                                "rounded afresh each time (no error feedback: nothing accumulates)")
+    fragments: int = _performance(1, "async, simulator: a push in P fragments (slices of the vector) sent in turn "
+                                     "every n_sync/P minibatches while the client computes on (Streaming DiLoCo)")
 
     def __post_init__(self) -> None:
         check(self)
@@ -351,8 +353,10 @@ class RunConfig:
         return fault_on(self.inject_fault, rank, who, unit)
 
     def async_versions(self, clients: int) -> int:
-        """The versions an async run of `clients` makes: one a push, or as its rule gathers them."""
-        return rule_class(self.rule).versions(self, clients * math.ceil(self.steps / self.push_every), clients)
+        """The versions an async run of `clients` makes: one a push (a streamed fragment is
+        one), or as its rule gathers them."""
+        pushes = math.ceil(self.steps * self.fragments / self.push_every)
+        return rule_class(self.rule).versions(self, clients * pushes, clients)
 
     @property
     def run_budget(self) -> bool:

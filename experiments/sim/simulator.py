@@ -63,7 +63,7 @@ from runconfig.simchecks import parse_joins
 from runconfig.settings import ConfigError, RunConfig
 from paramserver import membership
 from paramserver.inprocess import InProcess
-from paramserver.wire.protocol import Join, Outgoing, Pull, Tag, Welcome
+from paramserver.wire.protocol import Join, Outgoing, Pull, Tag, Weights, Welcome
 from rundir.durable import read_jsonl
 from paramserver.settings import Mode
 
@@ -79,11 +79,18 @@ class StepClock:
     def __init__(self, step_time: float, stragglers: Stragglers | None = None, client: int = 0, step: int = 0):
         self.step_time, self.now = step_time, 0.0
         self.stragglers, self.client, self.step = stragglers, client, step
+        self.first: float | None = None  # when its first minibatch began
+        self.last = 0.0                  # when its last one ended
+        self.computed = 0.0              # the seconds its minibatches took (the rest it waited or was down)
 
     def __call__(self) -> float:
         self.step += 1
-        self.now += self.stragglers.duration(self.client, self.step, self.step_time) if self.stragglers \
+        took = self.stragglers.duration(self.client, self.step, self.step_time) if self.stragglers \
             else self.step_time
+        self.first = self.now if self.first is None else self.first
+        self.now += took
+        self.computed += took
+        self.last = self.now
         return self.now
 
     def down(self, length: float) -> float:
@@ -144,6 +151,8 @@ class Simulation:
         self.replay = deque(replay) if replay is not None else None  # (tag, client), in recorded order
         self.parked: dict[tuple[Tag, int], deque[tuple[float, Outgoing]]] = defaultdict(deque)
         self.wake: float | None = None    # when the server is set to wake for a gathered step
+        self.behind: set[int] = set()     # clients waiting for a streamed fragment's slice to come back
+        self.arrivals: dict[int, float] = {}  # client -> when its last message reaches the server
 
     def run(self, server: InProcess) -> float:
         """Until every client stopped; returns the server's busy virtual seconds."""
@@ -165,10 +174,9 @@ class Simulation:
                 self.now = max(when, self.server_free)
                 self._replied(server, server.lose(server.state.client_ranks[i], item))
                 self._admit(server, i)
-            else:
-                if kind == "reply":   # weights reach client i (a joiner's with its Welcome)
-                    header = item.header
-                    self.loops[i].take_weights(item.payload, header.weights if isinstance(header, Welcome) else header)
+            elif kind == "reply":     # weights reach client i (a joiner's with its Welcome)
+                self._reply(when, i, item)
+            else:                     # client i trains on
                 self._window(when, i)
             wake = server.state.reply.wake_at(server.state)  # as the MPI loop's timed wait: an event then, unless one is set
             if wake is not None and wake != self.wake:
@@ -177,6 +185,29 @@ class Simulation:
         if not server.state.done:
             raise RuntimeError("simulation: events ran out before every client stopped (replay order?)")
         return self.busy
+
+    def client_busy(self) -> float | None:
+        """The clients' busy share: the seconds they computed over those from each one's
+        first minibatch to its last (the rest they waited for the server, or were down)."""
+        spans = sum(c.last - c.first for c in self.clocks if c.first is not None)
+        return sum(c.computed for c in self.clocks) / spans if spans > 0 else None
+
+    def _reply(self, when: float, i: int, reply: Any) -> None:
+        """Weights reach client i, which trains on from here; but a streamed fragment's
+        slice is merged into a client that went on computing, which trains on from here
+        only where it waited for that very slice (`ClientLoop.behind`)."""
+        header, loop = reply.header, self.loops[i]
+        loop.take_weights(reply.payload, header.weights if isinstance(header, Welcome) else header)
+        if not (isinstance(header, Weights) and header.fragment >= 0) or (i in self.behind and not loop.behind):
+            self.behind.discard(i)
+            self._window(when, i)
+
+    def _sent(self, i: int, nbytes: float, at: float) -> float:
+        """When client i's message of `nbytes` sent at `at` reaches the server: never before
+        its last one, as MPI keeps one sender's messages in order (a STOP of headers alone
+        would overtake the streamed fragment a client sent just before it)."""
+        self.arrivals[i] = max(self.links.send(i, nbytes, at), self.arrivals.get(i, 0.0))
+        return self.arrivals[i]
 
     def _schedule(self, when: float, kind: str, client: int, item: Any) -> None:
         heapq.heappush(self.events, (when, next(self.tickets), kind, client, item))
@@ -229,7 +260,10 @@ class Simulation:
     def _serve(self, server: InProcess, when: float, i: int, message: Outgoing) -> None:
         self.now = max(when, self.server_free)
         replies = server.deliver(server.state.client_ranks[i], message.tag, message.header, message.payload)
-        self._replied(server, replies, self.timing.apply_time if message.tag == Tag.PUSH else 0.0)
+        cost = 0.0
+        if message.tag == Tag.PUSH:  # a streamed fragment is a slice: its share of an apply
+            cost = self.timing.apply_time / (self.loops[i].plan.fragments if message.header.fragment >= 0 else 1)
+        self._replied(server, replies, cost)
 
     def _replied(self, server: InProcess, replies: list, cost: float = 0.0) -> None:
         """The server, busy from now for `cost`, sends `replies` (to the sender, or to those a step waited for)."""
@@ -246,6 +280,9 @@ class Simulation:
         """Client i trains from `when` up to its next sync point and sends its message."""
         loop, clock = self.loops[i], self.clocks[i]
         clock.now = when
+        if loop.behind:  # the fragment before the one it just sent has not come back: it waits for it
+            self.behind.add(i)
+            return
         try:
             message, fetch = loop.advance()
         except InjectedFault as fault:  # it died (under continue): the server hears of it as MPI's would
@@ -253,10 +290,12 @@ class Simulation:
             return
         state = loop.state_before(message)
         if state is not None:  # it arrives before the message it precedes
-            self._schedule(self.links.send(i, 0.0, clock.now), "arrive", i, state)
-        sent = self.links.send(i, self.timing.wire_bytes(message.payload), clock.now)
+            self._schedule(self._sent(i, 0.0, clock.now), "arrive", i, state)
+        sent = self._sent(i, self.timing.wire_bytes(message.payload), clock.now)
         self._schedule(sent, "arrive", i, message)
-        if not fetch and not loop.done:
+        if message.tag == Tag.PUSH and message.header.fragment >= 0:  # sent without waiting: it computes on
+            self._schedule(clock.now, "window", i, None)
+        elif not fetch and not loop.done:
             self._schedule(sent, "window", i, None)
 
 
@@ -297,7 +336,8 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
                             joins=[(at, Join(SIM_SECRET, info["host"])) for _, at in parse_joins(cfg.joins)]
                             if cfg.joins else [], joiner=joiner, spares=cfg.spares, host=info["host"])
     serve_run(setup, lambda: simulation.now,
-              lambda state, recorder: {"server_busy_s": simulation.run(InProcess(state, recorder))},
+              lambda state, recorder: {"server_busy_s": simulation.run(InProcess(state, recorder)),
+                                       "client_busy": simulation.client_busy()},
               apply_cost=timing.apply_time, secret=SIM_SECRET if cfg.joinable or cfg.spares else None)
     return 0
 

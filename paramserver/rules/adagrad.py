@@ -15,6 +15,7 @@ class AdagradRule(Rule):
     A push of n_sync minibatches makes one step, as in Downpour; counting its squares as
     1 / n_sync each, so that it would move about as far as n_sync pushes of one, diverged
     (docs/rules.md), so it is not done."""
+    by_slice = False  # its state spans the vector
 
     pushes = "gradient"
     EPS = 1e-10  # torch.optim.Adagrad's

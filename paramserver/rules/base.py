@@ -81,6 +81,9 @@ class Rule:
     FORMULAS: tuple[str, ...] = (ADD,)  # every fused formula the rule's updates use
 
     pushes = "delta"   # what a client sends: its weight change ("delta"), "gradient" sums or "weights"
+    # whether applying a push slice by slice, each to its slice of w, is applying it whole:
+    # an elementwise update with no state of its own over the vector (a fragment is applied so)
+    by_slice = True
     # whether a push may join a step taken later (fresh), or a round its N-th push steps
     # (nesterov): the reply policy (paramserver/reply/policy.py) may then answer it with it
     gathers = False

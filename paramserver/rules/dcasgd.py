@@ -17,6 +17,7 @@ class DCASGDRule(Rule):
     and corrects the stale gradient by the first-order term of its change since then,
     g + lam * g*g*(w - w_pulled), lam = lam0 / sqrt(mean square of g) (moving average,
     m = 0.95). lam0 = 0 is `add`."""
+    by_slice = False  # its state spans the vector
 
     MOMENTUM, EPS = 0.95, 1e-7
     # DC-ASGD-a's published lam0, with its m (MOMENTUM): Zheng et al. 2017's CIFAR-10 runs

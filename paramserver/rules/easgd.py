@@ -16,6 +16,7 @@ class EASGDRule(Rule):
     client pushes its own weights x_i; the center moves alpha of the way towards them,
     alpha = beta / K, and the client moves the same amount back (`follow`, which
     clients/client.py calls with the answer to its push)."""
+    by_slice = False  # its state spans the vector
 
     pushes = "weights"
     FORMULA = "w_out = w + alpha * (d - w);"  # torch's lerp

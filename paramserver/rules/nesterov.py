@@ -29,6 +29,7 @@ class NesterovRule(Rule):
     beta = 0 it is `add`. At eps = 1 and c = 0 it is the arithmetic of the rule before it
     had them, bit for bit. eps defaults to 1 - beta (RunConfig.outer_step_lr): the outer
     step's amplification eps / (1 - beta) is then 1; beta to 0 (docs/rules.md: measured)."""
+    by_slice = False  # its state spans the vector
 
     # a plain step of eps d / N (plus, with c > 0, a share of the momentum's look-ahead), and
     # at every N-th push the momentum's update and the rest of its look-ahead

@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # as in base.py: torch loads with the weights
 class SGDRule(Rule):
     """The server's optimizer (torch.optim.SGD's update by default) applied to each pushed
     gradient sum; the base of `fresh`, which steps the same way on a gathered mean."""
+    by_slice = False  # its state spans the vector
 
     pushes = "gradient"
     steps_with_optimizer = True

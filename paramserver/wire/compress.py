@@ -219,5 +219,9 @@ class ErrorFeedback:
         self.residual = np.zeros(size, np.float32)
         self.decoded = np.empty(size, np.float32)
 
-    def encode(self, push: np.ndarray) -> np.ndarray:
-        return self.codec.encode_owing(np.ascontiguousarray(push, np.float32), self.residual, self.decoded)
+    def encode(self, push: np.ndarray, lo: int = 0) -> np.ndarray:
+        """`push` encoded with what earlier pushes dropped; `lo`: where it starts in the
+        vector, a streamed fragment's slice (its residual is that slice's)."""
+        hi = lo + push.size
+        return self.codec.encode_owing(np.ascontiguousarray(push, np.float32), self.residual[lo:hi],
+                                       self.decoded[lo:hi])

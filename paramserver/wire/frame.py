@@ -4,7 +4,8 @@
 
 The header is fixed binary: magic, format, tag, dtype, fetch, the sender's rank, step
 (of a reply: the server's progress in samples, which sets the lr schedule), version,
-payload length in elements, the rows' byte count, a reply's DyLU window (a push's: 0),
+payload length in elements, a streamed fragment's index (-1: the whole vector) and a
+push's offset of it (docs/training.md), the rows' byte count, a reply's DyLU window (a push's: 0),
 and a CRC-32 of the fields before it. Nothing here is unpickled, so a message from a broken or hostile sender can
 only be rejected (`Garbled`), never run. The rows go last, so a push's payload lands in
 the server's buffer whatever the rows' length.
@@ -32,10 +33,11 @@ import numpy as np
 
 from paramserver.wire.protocol import Push, Tag, Weights
 
-MAGIC, FORMAT = b"ASGD", 2  # 2: the window field
+MAGIC, FORMAT = b"ASGD", 3  # 2: the window field; 3: a streamed fragment's index and offset
 HEADER_BYTES = 64
-# magic, format, tag, dtype code, fetch, client rank, step, version, length, rows bytes, window | crc
-_FIELDS = struct.Struct("<4sBBBBiqqqII")
+# magic, format, tag, dtype code, fetch, client rank, step, version, length, fragment, offset, rows bytes,
+# window | crc
+_FIELDS = struct.Struct("<4sBBBBiqqqiqII")
 _CRC = struct.Struct("<I")
 DTYPES = ("float32", "float16", "bfloat16", "int8", "int4")  # a push header's codec name, by its code on the wire
 FRAMED = (Tag.PUSH, Tag.WEIGHTS)
@@ -96,11 +98,14 @@ def write_header(out: np.ndarray, tag: int, header: Push | Weights, rank: int, r
     server's weights share the room before them: the transport writes one there only
     when no send from it is under way, paramserver/wire/transport.py's `post`.)"""
     if isinstance(header, Push):
-        fields = (DTYPES.index(header.dtype), header.fetch, header.step, 0, header.size, 0)
+        fields = (DTYPES.index(header.dtype), header.fetch, header.step, 0, header.size, header.fragment,
+                  header.offset, 0)
     else:  # a reply's step field carries the server's progress in samples, its fetch byte two flags
-        fields = (0, header.stop | header.state << 1, header.samples, header.version, header.size, header.window)
-    dtype, fetch, step, version, length, window = fields
-    _FIELDS.pack_into(out, 0, MAGIC, FORMAT, tag, dtype, fetch, rank, step, version, length, len(rows), window)
+        fields = (0, header.stop | header.state << 1, header.samples, header.version, header.size, header.fragment,
+                  0, header.window)
+    dtype, fetch, step, version, length, fragment, offset, window = fields
+    _FIELDS.pack_into(out, 0, MAGIC, FORMAT, tag, dtype, fetch, rank, step, version, length, fragment, offset,
+                      len(rows), window)
     _CRC.pack_into(out, _FIELDS.size, zlib.crc32(out[:_FIELDS.size]))
 
 
@@ -129,23 +134,24 @@ def decode(tag: int, head: np.ndarray, rows: np.ndarray | bytes, rank: int) -> P
     must name."""
     if head.nbytes < HEADER_BYTES:
         return Garbled(f"a framed message of {head.nbytes} bytes, shorter than its header")
-    magic, fmt, wire_tag, dtype, fetch, client, step, version, length, nrows, window = _FIELDS.unpack_from(head)
+    (magic, fmt, wire_tag, dtype, fetch, client, step, version, length, fragment, offset, nrows,
+     window) = _FIELDS.unpack_from(head)
     if magic != MAGIC:
         return Garbled("a framed message without the frame's magic bytes")
     if _CRC.unpack_from(head, _FIELDS.size)[0] != zlib.crc32(head[:_FIELDS.size]):
         return Garbled("a frame header whose checksum does not match")
     flags = 3 if tag == Tag.WEIGHTS else 1  # a reply's stop and state, a push's fetch
     if ((fmt, wire_tag, client) != (FORMAT, tag, rank) or dtype >= len(DTYPES) or fetch > flags
-            or nrows != len(rows) or window and tag != Tag.WEIGHTS):
+            or nrows != len(rows) or window and tag != Tag.WEIGHTS or offset and tag == Tag.WEIGHTS):
         return Garbled(f"a frame header of format {fmt}, tag {wire_tag}, rank {client}, dtype code {dtype}, "
-                       f"fetch {fetch}, {nrows} row bytes ({len(rows)} came), window {window} on tag {tag} "
+                       f"fetch {fetch}, {nrows} row bytes ({len(rows)} came), window {window}, offset {offset} on tag {tag} "
                        f"for rank {rank}")
     if tag == Tag.WEIGHTS:
-        return Weights(version, length, step, bool(fetch & 1), bool(fetch & 2), window)
+        return Weights(version, length, step, bool(fetch & 1), bool(fetch & 2), window, fragment)
     try:
         decoded = json.loads(bytes(rows)) if nrows else []
     except (UnicodeDecodeError, ValueError):
         return Garbled("a push whose rows are not JSON")
     if not isinstance(decoded, list):
         return Garbled("a push whose rows are not a list")
-    return Push(step, length, bool(fetch), DTYPES[dtype], rows=tuple(decoded))
+    return Push(step, length, bool(fetch), DTYPES[dtype], rows=tuple(decoded), fragment=fragment, offset=offset)

@@ -108,6 +108,8 @@ class Push:
     fetch: bool                # reply with the weights after applying
     dtype: str = "float32"
     rows: tuple[dict[str, Any], ...] = field(default=())
+    fragment: int = -1         # a streamed fragment's index (-1: the whole vector), applied at `offset`
+    offset: int = 0            # its first element in the flat vector (the server checks it against its slicing)
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,7 @@ class Weights:
     stop: bool = False         # the run reached a target (stop_at_error, _loss, _metric): the client stops here
     state: bool = False        # a checkpoint is due: send the optimizer's state before each push
     window: int = 0            # DyLU: the minibatches to run before the next push (0: n_push; paramserver/reply/dylu.py)
+    fragment: int = -1         # the slice of the weights the payload is: the fragment answered (-1: all of them)
 
 
 @dataclass(frozen=True)
@@ -280,9 +283,13 @@ def carries_payload(tag: int, header: Any) -> bool:
 
 
 def payload_target(nbytes: int, into: np.ndarray | None) -> np.ndarray:
-    """Where an arriving payload of `nbytes` lands: `into` when the sizes match (no
-    allocation on the hot path), else fresh bytes, which the server rejects by size."""
-    return into if into is not None and nbytes == into.nbytes else np.empty(nbytes, np.uint8)
+    """Where an arriving payload of `nbytes` lands: `into`, or the start of it for a
+    shorter run of whole elements (a streamed fragment's slice; the server checks its
+    length against the header's fragment), with no allocation on the hot path; else
+    fresh bytes, which the server rejects by size."""
+    if into is None or nbytes > into.nbytes or nbytes % into.itemsize:
+        return np.empty(nbytes, np.uint8)
+    return into if nbytes == into.nbytes else into[:nbytes // into.itemsize]
 
 
 def well_formed(tag: int, header: Any) -> bool:
@@ -293,7 +300,8 @@ def well_formed(tag: int, header: Any) -> bool:
         return False
     if isinstance(header, Push):
         return (_is_int(header.step) and _is_int(header.size) and isinstance(header.fetch, bool)
-                and isinstance(header.dtype, str) and _loggable(header.rows))
+                and isinstance(header.dtype, str) and _loggable(header.rows)
+                and _is_int(header.fragment) and _is_int(header.offset))
     if isinstance(header, Rejoin):
         return _is_int(header.step) and _loggable(header.rows)
     if isinstance(header, Join):

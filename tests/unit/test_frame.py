@@ -23,7 +23,9 @@ def encoded(tag: int, header, rank: int) -> tuple[np.ndarray, bytes]:
 
 @pytest.mark.parametrize("tag, header", [(Tag.PUSH, PUSH), (Tag.PUSH, Push(0, 0, False)),
                                          (Tag.WEIGHTS, Weights(2**40, 10**9)),
-                                         (Tag.WEIGHTS, Weights(3, 10, 640, window=2**32 - 1))])
+                                         (Tag.WEIGHTS, Weights(3, 10, 640, window=2**32 - 1)),
+                                         (Tag.PUSH, Push(8, 5, True, fragment=3, offset=2**40)),
+                                         (Tag.WEIGHTS, Weights(4, 5, fragment=3))])
 def test_a_header_reads_back_as_it_was_written(tag, header):
     head, rows = encoded(tag, header, rank=5)
     assert frame.decode(tag, head, rows, 5) == header

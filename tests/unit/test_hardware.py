@@ -147,7 +147,8 @@ def test_a_rejoin_counts_the_lost_minibatches_so_the_next_push_holds_only_its_ow
     assert reply.dest == 1 and events == [ClientRows([dict(r) for r in lost], 4)]
     assert (state.tally.steps, state.tally.minibatches) == (4, 4)
     minibatches = []
-    state.store.apply = lambda client, push, n=1, *at: minibatches.append(n) or Store.apply(state.store, client, push, n, *at)
+    state.store.apply = lambda client, push, n=1, *at, **piece: minibatches.append(n) or Store.apply(
+        state.store, client, push, n, *at, **piece)
     handle(state, Message(1, Tag.PUSH, Push(6, 4, True, rows=(row(0, 5), row(0, 6))), ones))
     assert minibatches == [2] and state.tally.steps == 6 and state.store.version == 2
 

@@ -1,0 +1,88 @@
+"""Streamed fragments end to end in the simulator: what a fragmented run logs, that one
+client's fragments add up to its whole pushes, and the busy share they buy where a whole
+push costs half a window (experiments/sim/simulator.py, clients/loop.py)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments.cli import main
+from tests.sim.test_sim import rows, sim
+
+# 1 MB a whole push or pull at 50 MB/s: 20 ms each way, half of a window of 8 minibatches of 10 ms
+SLOW = ["--sim-push-bytes", "1000000", "--sim-bandwidth", "5e7"]
+
+
+def weights(run) -> np.ndarray:
+    return np.load(run / "checkpoint" / "latest.npz")["weights"]
+
+
+def summary(run) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_a_fragmented_run_applies_a_fragment_every_n_sync_over_p_minibatches(tmp_path, tiny_npz):
+    """2 clients, n_sync 4, 2 fragments: a fragment goes every 2 minibatches, each applied
+    as a push (one version), its rows logged with it; the run's budget holds exactly, and
+    the reply that stops a client is followed by a whole push of what its other slices
+    hold unpushed, so no work is lost (8 fragments and 1 whole push a client)."""
+    run = sim(tmp_path / "run", tiny_npz, "--rule", "add", "--clients", "2", "--steps", "16", "--n-sync", "4",
+              "--fragments", "2")
+    applied = [r for r in rows(run, "server") if "version" in r]
+    client_rows = rows(run, "clients")
+    assert len(client_rows) == 2 * 16 and not any("rejected" in r for r in client_rows)
+    synced = [r["step"] for r in client_rows if "version_pulled" in r and r["client"] == 0]
+    assert synced == list(range(2, 17, 2))  # every n_sync / P minibatches
+    assert len(applied) == 2 * 9 and [r["version"] for r in applied] == list(range(1, 19))
+    result = summary(run)
+    assert result["status"] == "complete" and result["minibatches"] == 32 and result["version"] == 18
+    assert json.loads((run / "config.json").read_text())["fragments"] == 2
+    assert 0 < result["client_busy"] <= 1
+
+
+def test_one_clients_fragments_end_where_its_whole_pushes_do(tmp_path, tiny_npz):
+    """With one client and `add` each fragment's answer is its own change on the server's
+    slice, and the merge keeps what it computed since: its weights follow the same local
+    steps as with whole pushes, apart from float32 rounding of w + (now - base) at each sync."""
+    flags = ["--rule", "add", "--clients", "1", "--steps", "16", "--n-sync", "4"]
+    whole = sim(tmp_path / "whole", tiny_npz, *flags)
+    streamed = sim(tmp_path / "streamed", tiny_npz, *flags, "--fragments", "4")
+    assert len([r for r in rows(streamed, "server") if "version" in r]) == 16  # one fragment a minibatch
+    np.testing.assert_allclose(weights(streamed), weights(whole), rtol=0, atol=1e-5)
+
+
+def test_where_a_whole_push_costs_half_a_window_fragments_keep_the_client_busy(tmp_path, tiny_npz):
+    """A whole push and its pull take 40 ms (and 0.1 ms the apply) after each window of
+    80 ms but the last: a client that waits computes 80 of every 120 ms. A fragment and
+    its slice take 10 ms, inside the 20 ms the next fragment's minibatches take, so the
+    client never waits."""
+    flags = ["--rule", "add", "--clients", "1", "--steps", "32", "--n-sync", "8", *SLOW]
+    whole = summary(sim(tmp_path / "whole", tiny_npz, *flags))["client_busy"]
+    streamed = summary(sim(tmp_path / "streamed", tiny_npz, *flags, "--fragments", "4"))["client_busy"]
+    # (`--sim-latency 0` leaves the profile's 2 us a message: a few us a wait more)
+    assert whole == pytest.approx(0.32 / (0.32 + 3 * (0.02 + 0.0001 + 0.02)), rel=1e-4)
+    assert streamed == pytest.approx(1.0, rel=1e-9)
+
+
+def test_int8_fragments_are_whole_blocks_each_with_its_own_error_feedback(tmp_path, tiny_npz):
+    """Under int8 each fragment is whole blocks of the codec (the slices start at multiples
+    of 256) and carries its slice's share of the error feedback: every one is applied."""
+    run = sim(tmp_path / "run", tiny_npz, "--rule", "add", "--clients", "2", "--steps", "16", "--n-sync", "4",
+              "--fragments", "4", "--compress", "int8", "--compress-pulls")
+    result = summary(run)
+    assert result["status"] == "complete" and result["pushes_rejected"] == 0
+    assert result["pushes_applied"] == result["version"] == 2 * (16 + 1)  # a fragment a minibatch, then a whole push
+
+
+@pytest.mark.parametrize("flags,line", [
+    (["--mode", "sync"], "fragments: needs --mode async (a server to stream to), got sync"),
+    (["--backend", "mpi", "--rule", "add"], "fragments: needs --backend sim (the MPI backend streams no fragments yet)"),
+])
+def test_fragments_where_refused_exit_2_in_one_line_before_anything_starts(tmp_path, tiny_npz, capsys, flags, line):
+    args = ["train", "--backend", "sim", "--data", str(tiny_npz), "--out", str(tmp_path / "run"), "--fragments", "4",
+            "--quiet", *flags]
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip() == f"asgd: error: {line}"
+    assert not (tmp_path / "run").exists()
