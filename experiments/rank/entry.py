@@ -77,8 +77,8 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
             ranks = clients + servers + spares if clients >= 1 else servers + spares + 1
             need = f"{ranks}" if clients >= 1 else f"at least {ranks}"
             what = f"{clients} client(s)" if clients >= 1 else "at least 1 client"
-            who = f"{servers} server(s), the clients and {spares} spare(s)" if spares else \
-                f"{servers} server(s) and the clients"
+            who = (f"{servers} server(s), the clients and {spares} spare(s)" if spares
+                   else f"{servers} server(s) and the clients")
             print(f"asgd: error: clients: {what} in {cfg.mode} mode need {need} MPI ranks ({who}), "
                   f"but the job has {transport.size}; use mpiexec -n {ranks}", file=sys.stderr)
         return 2
@@ -101,7 +101,7 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
         started = start(parts, out, records=transport.rank == 0, provenance=prov, share=_mpi_share(transport, servers))
         start_s, offset = time.perf_counter(), started.point.time if started.point else 0.0
         return _run_role(transport, started, parts.local[0] if parts.local else None, index, servers,
-                     clock=lambda: offset + time.perf_counter() - start_s)
+                         clock=lambda: offset + time.perf_counter() - start_s)
     except KeyboardInterrupt:  # SIGTERM or Ctrl-C, passed on to every rank; the recorder noted it
         if transport.rank == 0 and LOCKED_RUN not in os.environ:  # no supervisor to say it
             print(f"asgd: run {out} interrupted{resume_hint(out)}", file=sys.stderr)
@@ -137,7 +137,7 @@ def refused_anywhere(transport: Transport, error: str | None) -> bool:
 
 
 def _run_role(transport: Transport, started: Started, client: Client | None, index: int, servers: int,
-          clock: Callable[[], float]) -> int:
+              clock: Callable[[], float]) -> int:
     """This rank's part of the run, set up: a collective client, a server, or a client."""
     setup, point = started.setup, started.point
     cfg = setup.cfg
