@@ -25,7 +25,7 @@ from clients.collective import Average, Away, Lockstep, Straggle, collective_ste
 from clients.outer import OuterStep
 from experiments.run.resume import ResumePoint
 from experiments.run.life import RunLife
-from experiments.run.record import RunSetup, stops_early
+from experiments.run.record import RunSetup
 from paramserver.recorder import Background
 from rundir.checkpoint import Checkpoint, save_point
 from rundir.durable import read_jsonl
@@ -49,7 +49,7 @@ def collective_run(setup: RunSetup, lockstep: Lockstep, clients: list[Client], i
         life.counts = lambda: counts
         every = life.every
         first = point.client_steps[0] + 1 if point else 1
-        stopping = stops_early(cfg)
+        stopping = setup.record.stops
         faults = [f for i in indices if (f := cfg.fault_for(i, f"client {i}")) is not None]
         outer = OuterStep.for_run(cfg, clients[0].weights, point.outer if point else {})
         files = Background() if recorder else None
