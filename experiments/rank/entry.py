@@ -32,7 +32,7 @@ from experiments.run.provenance import provenance
 from experiments.rank.startwatch import bounded_start
 from experiments.run.resume import ResumePoint, resume_hint
 from experiments.run.record import RunSetup
-from experiments.run.serverrun import serve_mpi, serve_slice
+from experiments.run.serverrun import ServerSettings, serve_mpi, serve_slice
 from paramserver.compute.quantkernel import make_codec
 from paramserver.wire import frame
 from paramserver.wire.protocol import Bye
@@ -149,19 +149,24 @@ def _run_role(transport: Transport, started: Started, client: Client | None, ind
                               straggle=lockstep, point=point, agree=transport.bcast, away=lockstep.away)
     if index >= setup.clients:
         return _spare(transport, setup, servers, clock)
-    if transport.rank > 0 and client is None:
-        if serve_slice(setup, transport, clock, transport.rank):
-            _exit(0)  # clients were lost: see paramserver/wire/farewell.py
-        return 0
     if client is None:
-        lost = {entry["rank"] for entry in serve_mpi(setup, transport, clock)["lost_clients"]}
-        if say_bye(transport, transport.size, lost | transport.watch.reported):  # the dead spares too
-            _exit(0)  # with clients lost, leave at once: MPI_Finalize would wait for them forever
-        return 0
+        return _serve(transport, setup, ServerSettings.from_config(cfg, setup.clients), clock)
     run_client(transport, client, ClientPlan.for_run(cfg, index, setup.clients, servers), clock,
                start=(started.steps[0], point.client_pushes[index] if point else 0))
     if wait_for_bye(transport):
         _exit(0)  # as server 0 did: see paramserver/wire/farewell.py
+    return 0
+
+
+def _serve(transport: Transport, setup: RunSetup, server: ServerSettings, clock: Callable[[], float]) -> int:
+    """A server rank: server 0 serves its slice and records the run, the others serve theirs."""
+    if transport.rank > 0:
+        if serve_slice(setup, server, transport, clock, transport.rank):
+            _exit(0)  # clients were lost: see paramserver/wire/farewell.py
+        return 0
+    lost = {entry["rank"] for entry in serve_mpi(setup, server, transport, clock)["lost_clients"]}
+    if say_bye(transport, transport.size, lost | transport.watch.reported):  # the dead spares too
+        _exit(0)  # with clients lost, leave at once: MPI_Finalize would wait for them forever
     return 0
 
 

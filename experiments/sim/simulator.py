@@ -55,7 +55,7 @@ from clients.stragglers import Stragglers
 from experiments.run.assemble import build, join_client, start
 from experiments.run.collectiverun import collective_run
 from experiments.run.provenance import provenance
-from experiments.run.serverrun import serve_run
+from experiments.run.serverrun import ServerSettings, serve_run
 from experiments.sim.costs import SimTiming, sized
 from experiments.sim.links import Links
 from paramserver.faults import InjectedFault
@@ -296,7 +296,7 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order, links=links,
                             joins=[(at, Join(SIM_SECRET, info["host"])) for _, at in parse_joins(cfg.joins)]
                             if cfg.joins else [], joiner=joiner, spares=cfg.spares, host=info["host"])
-    serve_run(setup, lambda: simulation.now,
+    serve_run(setup, ServerSettings.from_config(cfg, clients), lambda: simulation.now,
               lambda state, recorder: {"server_busy_s": simulation.run(InProcess(state, recorder))},
               apply_cost=timing.apply_time, secret=SIM_SECRET if cfg.joinable or cfg.spares else None)
     return 0
