@@ -22,11 +22,11 @@ import numpy as np
 import torch
 
 from clients.client import Client
-from clients.collective import Fate, Lockstep, LockstepFates
+from clients.collective import Fate, LockstepFates
 from clients.devices import device_name, gpu_count, keep_freed_memory, node_devices, use_device, visible_gpu
 from clients.driver import ClientPlan, await_admission, run_client
 from experiments.run.assemble import Share, Started, build, join_client, make_replica, start
-from experiments.run.collectiverun import collective_run
+from experiments.run.collectiverun import CollectiveSettings, collective_run
 from experiments.parent.supervise import LOCKED_RUN, direct_stdio
 from experiments.run.provenance import provenance
 from experiments.rank.startwatch import bounded_start
@@ -144,7 +144,7 @@ def _run_role(transport: Transport, started: Started, client: Client | None, ind
     if cfg.mode != Mode.ASYNC:
         fates = LockstepFates.for_run(cfg, setup.clients, [index], [0.0], real_time=True)
         lockstep = _MpiLockstep(transport, fates)
-        return collective_run(setup, Lockstep.for_run(cfg, setup.clients), [client], [index],
+        return collective_run(setup, CollectiveSettings.from_config(cfg, setup.clients, [index]), [client], [index],
                               _mpi_average(transport), clock, gather=lambda rows: _flatten(transport.gather(rows)),
                               straggle=lockstep, point=point, agree=transport.bcast, away=lockstep.away)
     if index >= setup.clients:

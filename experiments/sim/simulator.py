@@ -53,7 +53,7 @@ from clients.devices import keep_freed_memory, pick_device
 from clients.loop import ClientLoop, ClientPlan
 from clients.stragglers import Stragglers
 from experiments.run.assemble import build, join_client, start
-from experiments.run.collectiverun import collective_run
+from experiments.run.collectiverun import CollectiveSettings, collective_run
 from experiments.run.provenance import provenance
 from experiments.run.serverrun import ServerSettings, serve_run
 from experiments.sim.costs import SimTiming, sized
@@ -282,10 +282,10 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     setup, point = started.setup, started.point
     if cfg.mode != Mode.ASYNC:
         fates = LockstepFates.for_run(cfg, clients, list(range(clients)), [timing.step_time * f for f in factors])
-        plan = Lockstep.for_run(cfg, clients)
-        lockstep = LockstepClock(timing, setup.weights, plan, fates)
+        collective = CollectiveSettings.from_config(cfg, clients, list(range(clients)))
+        lockstep = LockstepClock(timing, setup.weights, collective.lockstep, fates)
         lockstep.now = point.time if point else 0.0
-        return collective_run(setup, plan, parts.local, list(range(clients)), mean_in_place, lockstep,
+        return collective_run(setup, collective, parts.local, list(range(clients)), mean_in_place, lockstep,
                               gather=lambda rows: rows, straggle=lockstep.straggle, point=point, away=lockstep.away)
     clocks = [StepClock(timing.step_time * f, stragglers, i, started.steps[i]) for i, f in enumerate(factors)]
     loops = [ClientLoop(c, ClientPlan.for_run(cfg, i, clients, cfg.servers, real_time=False), clk,
