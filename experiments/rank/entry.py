@@ -40,7 +40,7 @@ from runconfig.settings import RunConfig
 from paramserver.wire.farewell import say_bye, tell_recorders, wait_for_bye
 from paramserver.wire.liveness import PeerDied, PeerWatch
 from rundir.summary import log_traceback
-from paramserver.settings import Mode
+from rundir.modes import Mode
 
 START_TIMEOUT_S = 600.0  # how long the ranks wait for each other's verdict on their start
 # The least time MPI may take to start: ranks reach MPI_Init as fast as they import torch,

@@ -40,7 +40,7 @@ from paramserver.schedule import Schedule
 from paramserver.wire.protocol import Welcome
 from rundir.durable import load_arrays
 from rundir.layout import RunDir
-from paramserver.settings import Mode
+from rundir.modes import Mode
 
 # How rank 0's start weights and resume point reach every process (identity in one process).
 Share = Callable[[np.ndarray, ResumePoint | None], tuple[np.ndarray, ResumePoint | None]]

@@ -33,7 +33,7 @@ from rundir.checkpoint import Checkpoint, save_point
 from rundir.durable import read_jsonl
 from rundir.layout import RunDir
 from runconfig.settings import RunConfig
-from paramserver.settings import Mode
+from rundir.modes import Mode
 
 
 @dataclass(frozen=True)

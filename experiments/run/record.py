@@ -34,7 +34,7 @@ from rundir.measure import curve_measure, stop_rules
 from rundir.status import COMPLETE, reached_target
 from rundir.summary import (VIRTUAL, WALL, ending, seconds, training_status, write_failure,
                                         write_result)
-from paramserver.settings import Mode
+from rundir.modes import Mode
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ from paramserver import membership
 from paramserver.inprocess import InProcess
 from paramserver.wire.protocol import Join, Outgoing, Pull, Tag, Welcome
 from rundir.durable import read_jsonl
-from paramserver.settings import Mode
+from rundir.modes import Mode
 
 
 SIM_SECRET = "simulated"  # what the simulator's joiners show: its processes are its own
