@@ -41,7 +41,7 @@ import torch
 from clients.client import Client, StepResult
 from clients.outer import OuterStep
 from clients.stragglers import Failures, Stragglers
-from paramserver.settings import Mode
+from rundir.modes import Mode
 from runconfig.settings import RunConfig
 
 Average = Callable[[list[torch.Tensor]], None]

@@ -21,8 +21,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from runconfig.settings import RunConfig
-from paramserver.settings import Mode
 
 MOMENTUM = "momentum"  # the name of the momentum buffer in a checkpoint's `outer` arrays
 
@@ -39,12 +37,14 @@ class OuterStep:
             self.optimizer.state[self.global_weights]["momentum_buffer"] = buffer
 
     @classmethod
-    def for_run(cls, cfg: RunConfig, weights: torch.Tensor, state: dict[str, np.ndarray]) -> OuterStep | None:
+    def for_run(cls, lr: float | None, momentum: float, weights: torch.Tensor,
+                state: dict[str, np.ndarray]) -> OuterStep | None:
         """The run's outer step from `weights` (the clients' at the start, or at the
-        checkpoint resumed from); None where it is plain averaging."""
-        if cfg.mode != Mode.LOCAL_SGD or (cfg.outer_step_lr == 1.0 and cfg.outer_momentum == 0.0):
+        checkpoint resumed from); None where it is plain averaging, or where the run
+        averages no weights (`lr` None: sync mode)."""
+        if lr is None or (lr == 1.0 and momentum == 0.0):
             return None
-        return cls(weights, cfg.outer_step_lr, cfg.outer_momentum, state)
+        return cls(weights, lr, momentum, state)
 
     def step(self, averaged: list[torch.Tensor]) -> None:
         """The outer step on the clients' mean (every tensor of `averaged` holds it); each

@@ -32,7 +32,7 @@ from runconfig.settings import GROUPS, ConfigError, RunConfig
 from rundir.layout import RunDir
 from rundir.lock import RunDirError
 from rundir.smoothing import WINDOW
-from paramserver.settings import Mode
+from rundir.modes import Mode
 
 if TYPE_CHECKING:
     from experiments.result import TrainResult

@@ -32,7 +32,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from paramserver.settings import Mode, RunSettings
+from paramserver.settings import RunSettings
+from rundir.modes import Mode
 from paramserver.rules.scaling import ramped_scale
 
 

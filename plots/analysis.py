@@ -19,12 +19,13 @@ import numpy as np
 from plots.rundata import load_json, load_log, smoothed_curve
 from rundir.lock import RunDirError
 from rundir.measure import recorded_measure
+from rundir.modes import Mode
 from rundir.smoothing import WINDOW
 from rundir.status import finished
 
 ROOT = Path(__file__).resolve().parents[1]  # relative sweep paths in notebooks start here
 
-MODE_ORDER = {"async": 0, "sync": 1, "local-sgd": 2}
+MODE_ORDER = {Mode.ASYNC: 0, Mode.SYNC: 1, Mode.LOCAL_SGD: 2}
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ def _error_at(c: Curve, minibatches: float) -> float:
 
 
 def _single_client(sweep: Sweep, start: str) -> SweepRun:
-    points = sweep.select(mode="async", clients=1, start=start)
+    points = sweep.select(mode=Mode.ASYNC, clients=1, start=start)
     if not points:
         raise ValueError(f"sweep {sweep.name} has no complete 1-client async point with start {start}")
     return min(points, key=lambda p: (p.n_sync, p.seed))
@@ -182,7 +183,7 @@ def default_target(sweep: Sweep, window: int = WINDOW, start: str = "cold") -> f
 def default_start(sweep: Sweep) -> str:
     """Warm when the sweep has a warm 1-client baseline: without the cold start's early slowdown the
     speedup measures the steady state, which is what adding clients is for."""
-    return "warm" if sweep.select(mode="async", clients=1, start="warm") else "cold"
+    return "warm" if sweep.select(mode=Mode.ASYNC, clients=1, start="warm") else "cold"
 
 
 def speedups(sweep: Sweep, target: float | None = None, start: str = "cold", window: int = WINDOW) -> list[dict]:
@@ -197,12 +198,12 @@ def speedups(sweep: Sweep, target: float | None = None, start: str = "cold", win
     for p in sweep.select(start=start):
         times.setdefault((p.mode, p.n_sync, p.clients), []).append(time_to_target(curve(p, window), target, window))
     means = {k: (float(np.mean(r)) if (r := [t for t in v if t is not None]) else None) for k, v in times.items()}
-    ones = sorted(n for (mode, n, k) in times if mode == "async" and k == 1)
+    ones = sorted(n for (mode, n, k) in times if mode == Mode.ASYNC and k == 1)
     rows = []
     for key in sorted(times, key=lambda k: (MODE_ORDER.get(k[0], 9), k[0], k[1], k[2])):
         mode, n_sync, clients = key
         base_n = n_sync if n_sync in ones else (ones[0] if ones else None)
-        t, t1 = means[key], means.get(("async", base_n, 1))
+        t, t1 = means[key], means.get((Mode.ASYNC, base_n, 1))
         speedup = t1 / t if t and t1 is not None else None
         rows.append({"mode": mode, "n_sync": n_sync, "clients": clients, "start": start, "seeds": len(times[key]),
                      "target": target, "time_to_target": t, "speedup": speedup,
@@ -215,7 +216,7 @@ def speedups(sweep: Sweep, target: float | None = None, start: str = "cold", win
 def staleness_table(sweep: Sweep) -> list[dict]:
     """Async points only (sync modes have no server); the mean is weighted by each run's pushes."""
     groups: dict[tuple[int, int], list[dict]] = {}
-    for p in sweep.select(mode="async"):
+    for p in sweep.select(mode=Mode.ASYNC):
         groups.setdefault((p.clients, p.n_sync), []).append(load_json(p.run, "summary").get("staleness", {}))
     rows = []
     for (clients, n_sync), stats in sorted(groups.items()):
@@ -273,11 +274,11 @@ def write_table(rows: list[dict], csv_path: str | Path, md_path: str | Path) -> 
 
 def _early_errors(sweep: Sweep, start: str, n_sync: int, window: int) -> tuple[int, dict[int, float]] | None:
     """Mean smoothed error per client count after 10% of the smallest count's minibatches."""
-    points = sweep.select(mode="async", start=start, n_sync=n_sync)
+    points = sweep.select(mode=Mode.ASYNC, start=start, n_sync=n_sync)
     counts = sorted({p.clients for p in points})
     if len(counts) < 2:
         return None
-    base = min(sweep.select(mode="async", start=start, n_sync=n_sync, clients=counts[0]), key=lambda p: p.seed)
+    base = min(sweep.select(mode=Mode.ASYNC, start=start, n_sync=n_sync, clients=counts[0]), key=lambda p: p.seed)
     m = max(1, int(0.1 * curve(base, window).minibatches[-1]))
     return m, {k: float(np.mean([_error_at(curve(p, window), m) for p in points if p.clients == k])) for k in counts}
 
@@ -297,7 +298,7 @@ def _missing(why: str) -> dict:
 
 
 def _cold_start_slowdown(sweep: Sweep, window: int) -> dict:
-    n_syncs = sweep.values("n_sync", mode="async", start="cold")
+    n_syncs = sweep.values("n_sync", mode=Mode.ASYNC, start="cold")
     early = _early_errors(sweep, "cold", n_syncs[0], window) if n_syncs else None
     if early is None:
         return _missing("needs cold async points at two client counts")
@@ -312,14 +313,14 @@ def _n_sync_hurts(sweep: Sweep, window: int) -> dict:
     """Judged at every client count above 1 with two n_sync values (not only the largest,
     where every run may have failed alike; one client's weights do not depend on n_sync):
     holds when the largest n_sync is worse at most of them."""
-    counts = [k for k in sweep.values("clients", mode="async", start="cold")
-              if k > 1 and len(sweep.values("n_sync", mode="async", start="cold", clients=k)) >= 2]
+    counts = [k for k in sweep.values("clients", mode=Mode.ASYNC, start="cold")
+              if k > 1 and len(sweep.values("n_sync", mode=Mode.ASYNC, start="cold", clients=k)) >= 2]
     if not counts:
         return _missing("needs cold async points at two n_sync values at one client count")
     worse, parts = 0, []
     for k in counts:
-        n_syncs = sweep.values("n_sync", mode="async", start="cold", clients=k)
-        groups = {n: sweep.select(mode="async", start="cold", clients=k, n_sync=n) for n in n_syncs}
+        n_syncs = sweep.values("n_sync", mode=Mode.ASYNC, start="cold", clients=k)
+        groups = {n: sweep.select(mode=Mode.ASYNC, start="cold", clients=k, n_sync=n) for n in n_syncs}
         m = min(curve(p, window).minibatches[-1] for n in (n_syncs[0], n_syncs[-1]) for p in groups[n])
         final = {n: float(np.mean([_error_at(curve(p, window), m) for p in groups[n]])) for n in n_syncs}
         jagged = {n: float(np.mean([np.abs(np.diff(curve(p, window).error[:int(m)], 2)).mean()
@@ -334,8 +335,8 @@ def _n_sync_hurts(sweep: Sweep, window: int) -> dict:
 
 
 def _warm_start_helps(sweep: Sweep, window: int) -> dict:
-    common = sorted(set(sweep.values("n_sync", mode="async", start="cold"))
-                    & set(sweep.values("n_sync", mode="async", start="warm")))
+    common = sorted(set(sweep.values("n_sync", mode=Mode.ASYNC, start="cold"))
+                    & set(sweep.values("n_sync", mode=Mode.ASYNC, start="warm")))
     early = {s: _early_errors(sweep, s, common[0], window) for s in ("cold", "warm")} if common else {}
     if not early or None in early.values() or min(early["cold"][1]) != min(early["warm"][1]):
         return _missing("needs cold and warm async points at the same n_sync and client counts")
@@ -352,11 +353,11 @@ def _warm_start_helps(sweep: Sweep, window: int) -> dict:
 
 def _speedup_grows(sweep: Sweep, window: int) -> dict:
     start = default_start(sweep)
-    n_syncs = sweep.values("n_sync", mode="async", start=start)
-    if not sweep.select(mode="async", clients=1, start=start) or not n_syncs:
+    n_syncs = sweep.values("n_sync", mode=Mode.ASYNC, start=start)
+    if not sweep.select(mode=Mode.ASYNC, clients=1, start=start) or not n_syncs:
         return _missing(f"needs a 1-client async point with start {start}")
     rows = [r for r in speedups(sweep, start=start, window=window)
-            if r["mode"] == "async" and r["n_sync"] == n_syncs[0]]
+            if r["mode"] == Mode.ASYNC and r["n_sync"] == n_syncs[0]]
     base = [r for r in rows if r["clients"] == 1]
     many = {r["clients"]: r["speedup"] for r in rows if r["clients"] > 1}
     if len(many) < 2 or not base or base[0]["time_to_target"] is None:

@@ -17,11 +17,12 @@ from plots.analysis import (Curve, SweepRun, Sweep, curve, default_start, speedu
                             staleness_table)
 from plots.backend import plt
 from plots.rundata import load_json, load_log
+from rundir.modes import Mode
 from rundir.smoothing import WINDOW
 
 LINESTYLES = ["-", "--", ":", "-."]
 PAPER_SPEEDUP = (8, 3.2)  # Paine et al. 2013: 3.2x at 8 GPUs
-MODE_COLOURS = {"async": "tab:blue", "sync": "tab:red", "local-sgd": "tab:green"}
+MODE_COLOURS = {Mode.ASYNC: "tab:blue", Mode.SYNC: "tab:red", Mode.LOCAL_SGD: "tab:green"}
 
 
 def client_colour(clients: int) -> tuple:
@@ -102,7 +103,7 @@ def _plot_seeds(ax: Axes, points: list[SweepRun], window: int, label: str, x: st
 
 
 def fig1_single_client(sweep: Sweep, window: int = WINDOW, ax: Axes | None = None) -> Figure:
-    ones = _need(sweep.select(mode="async", clients=1, start="cold"), "cold 1-client async point")
+    ones = _need(sweep.select(mode=Mode.ASYNC, clients=1, start="cold"), "cold 1-client async point")
     point = min(ones, key=lambda p: (p.n_sync, p.seed))
     fig, (ax,), owned = _axes(ax, 1)
     c = curve(point, window)
@@ -125,12 +126,12 @@ def fig_start(sweep: Sweep, start: str = "cold", window: int = WINDOW, axes: Seq
               x: str = "time") -> Figure:
     """Against time (the paper's axes: what more clients buy) or, with x="minibatches",
     against the minibatches of all clients (what staleness costs per unit of work)."""
-    points = _need(sweep.select(mode="async", start=start), f"async points with start {start}")
-    n_syncs = sweep.values("n_sync", mode="async", start=start)
+    points = _need(sweep.select(mode=Mode.ASYNC, start=start), f"async points with start {start}")
+    n_syncs = sweep.values("n_sync", mode=Mode.ASYNC, start=start)
     fig, panels, owned = _axes(axes, len(n_syncs), sharey=True)
     for ax, n in zip(panels, n_syncs):
-        for k in sweep.values("clients", mode="async", start=start, n_sync=n):
-            _plot_seeds(ax, sweep.select(mode="async", start=start, n_sync=n, clients=k), window,
+        for k in sweep.values("clients", mode=Mode.ASYNC, start=start, n_sync=n):
+            _plot_seeds(ax, sweep.select(mode=Mode.ASYNC, start=start, n_sync=n, clients=k), window,
                         _clients(k), x, color=client_colour(k), ls=nsync_style(n, n_syncs))
         ax.set(title=f"n_sync {n}", xlabel=_time_label(sweep, points[0]) if x == "time" else
                "minibatches (all clients)")
@@ -146,8 +147,8 @@ def fig4_speedup(sweep: Sweep, target: float | None = None, start: str | None = 
                  ax: Axes | None = None, window: int = WINDOW) -> Figure:
     """Speedup in time to a common target error; the star is the paper's number for comparison."""
     start = start or default_start(sweep)
-    points = _need(sweep.select(mode="async", start=start), f"async points with start {start}")
-    rows = [r for r in speedups(sweep, target, start, window) if r["mode"] == "async"]
+    points = _need(sweep.select(mode=Mode.ASYNC, start=start), f"async points with start {start}")
+    rows = [r for r in speedups(sweep, target, start, window) if r["mode"] == Mode.ASYNC]
     n_syncs = sorted({r["n_sync"] for r in rows})
     fig, (ax,), owned = _axes(ax, 1)
     for n in n_syncs:
@@ -172,7 +173,7 @@ def fig4_speedup(sweep: Sweep, target: float | None = None, start: str | None = 
 
 
 def fig_staleness(sweep: Sweep, axes: Sequence[Axes] | None = None) -> Figure:
-    n_syncs = _need(sweep.values("n_sync", mode="async"), "async points")
+    n_syncs = _need(sweep.values("n_sync", mode=Mode.ASYNC), "async points")
     rows = _need([r for r in staleness_table(sweep) if r["n_sync"] == n_syncs[0] and r["histogram"]],
                  f"async points at n_sync {n_syncs[0]} with staleness histograms")
     fig, panels, owned = _axes(axes, len(rows))
@@ -186,13 +187,13 @@ def fig_staleness(sweep: Sweep, axes: Sequence[Axes] | None = None) -> Figure:
                xlabel="staleness (server versions)")
         ax.grid(alpha=0.3, axis="y")
     panels[0].set_ylabel("pushes")
-    return _finish(fig, owned, sweep, sweep.select(mode="async", n_sync=n_syncs[0]),
+    return _finish(fig, owned, sweep, sweep.select(mode=Mode.ASYNC, n_sync=n_syncs[0]),
                    title=f"Staleness of pushes, async, n_sync {n_syncs[0]}")
 
 
 def fig_modes(sweep: Sweep, window: int = WINDOW, axes: Sequence[Axes] | None = None) -> Figure:
     """Panels only at client counts where some non-async mode ran, so every panel compares modes."""
-    others = _need([p for p in sweep.points if p.mode != "async"], "points of modes other than async")
+    others = _need([p for p in sweep.points if p.mode != Mode.ASYNC], "points of modes other than async")
     counts = sorted({p.clients for p in others})
     starts = {p.start for p in others}
     fig, panels, owned = _axes(axes, len(counts), sharey=True)
@@ -201,8 +202,8 @@ def fig_modes(sweep: Sweep, window: int = WINDOW, axes: Sequence[Axes] | None = 
         points = [p for p in sweep.select(clients=k) if p.start in starts]
         shown += points
         settings = sorted({(p.mode, p.n_sync, p.start) for p in points})
-        for mode, n, start in sorted(settings, key=lambda s: (s[0] != "async", s)):
-            label = mode if mode == "sync" else f"{mode}, n_sync {n}"
+        for mode, n, start in sorted(settings, key=lambda s: (s[0] != Mode.ASYNC, s)):
+            label = mode if mode == Mode.SYNC else f"{mode}, n_sync {n}"
             n_syncs = sorted({p.n_sync for p in points if p.mode == mode})
             _plot_seeds(ax, [p for p in points if (p.mode, p.n_sync, p.start) == (mode, n, start)], window,
                         label + (f" ({start})" if len(starts) > 1 else ""), color=MODE_COLOURS.get(mode, "0.3"),

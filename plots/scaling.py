@@ -42,6 +42,7 @@ from plots.analysis import Sweep, SweepRun
 from plots.backend import plt
 from plots.rundata import load_json, load_log
 from rundir.measure import ERROR, Measure, recorded_measure
+from rundir.modes import Mode
 
 SMOOTH = 3           # evaluations averaged before a target counts as reached
 DIVERGED = 0.5       # a final test error above this (chance: 90%) counts as diverged; other measures: not finite
@@ -100,11 +101,11 @@ def method(point: SweepRun) -> str:
     names it): sync's lr grid gives one row an lr, the best of which is tuned sync."""
     lr = point.get("lr")
     own_lr = f", lr {lr}" if f"-lr{lr}-" in f"{point.id}-" else ""
-    if point.mode == "sync":  # the linear rule's lr apart
+    if point.mode == Mode.SYNC:  # the linear rule's lr apart
         backups = int(point.get("backup_workers", 0))
         name = "sync, linear rule" if point.get("lr_scaling") == "linear" else "sync" + own_lr
         return f"{name}, {backups} backup" if backups else name
-    if point.mode == "local-sgd":
+    if point.mode == Mode.LOCAL_SGD:
         return f"local-sgd n{point.n_sync}" + _outer(point)
     return f"async {point.rule}" + (f" n{point.n_sync}" if point.n_sync > 1 else "") + own_lr + _outer(point)
 
@@ -128,13 +129,13 @@ def _tuned(times: dict[tuple[str, str, int], list], speed: str, k: int, backup: 
 
 
 def _base_batch(sweep: Sweep) -> int:
-    return min(int(p.get("batch_size", 64)) for p in sweep.select(mode="async", clients=1))
+    return min(int(p.get("batch_size", 64)) for p in sweep.select(mode=Mode.ASYNC, clients=1))
 
 
 def _single(sweep: Sweep) -> tuple[list[SweepRun], dict[int, list[SweepRun]]]:
     """The single-client lr grid at batch b, and the one-process runs at K x b by K."""
     b = _base_batch(sweep)
-    ones = [p for p in sweep.select(mode="async", clients=1, n_sync=1) if speeds(p) == "equal"]
+    ones = [p for p in sweep.select(mode=Mode.ASYNC, clients=1, n_sync=1) if speeds(p) == "equal"]
     big: dict[int, list[SweepRun]] = {}
     for p in ones:
         big.setdefault(int(p.get("batch_size", b)) // b, []).append(p)

@@ -24,7 +24,7 @@ from paramserver.wire.compress import CODECS
 from runconfig.require import ConfigError, parsed as _parsed, require as _require
 from runconfig.fragchecks import check_fragments
 from runconfig.simchecks import check_simulator
-from paramserver.settings import Mode
+from rundir.modes import Mode
 
 BACKENDS = ("mpi", "sim")
 OPTIMIZERS = ("sgd", "adam", "adamw")  # the clients' (clients/optimizers.py); or a factory of the user's

@@ -20,7 +20,7 @@ from paramserver.faults import Fault, fault_on
 from paramserver.rules import RULES, rule_class
 from runconfig.checks import (PRECISIONS, USER_CODE, USER_CODE_KEYS, ConfigError, check, is_user_code,
                               model_args_text, model_arguments)
-from paramserver.settings import Mode
+from rundir.modes import Mode
 
 # what importers take from here; the checks' words and the fault live in runconfig/checks.py and faults
 __all__ = ["GROUPS", "PRECISIONS", "USER_CODE", "USER_CODE_KEYS", "ConfigError", "Fault", "RunConfig",

@@ -7,7 +7,7 @@ from typing import Any
 
 from runconfig.links import parse_links, parse_regions
 from runconfig.require import parsed as _parsed, require as _require
-from paramserver.settings import Mode
+from rundir.modes import Mode
 
 SIM_PROFILES = ("measured", "paper")  # their values: experiments/sim/costs.py
 

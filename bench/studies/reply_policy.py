@@ -38,7 +38,7 @@ from clients.stragglers import Failures, Stragglers, client_speeds
 from experiments.sim.simulator import LockstepClock, SimTiming
 from bench.studies.spread_pace import SpreadPace
 from paramserver.reply.pace import LEAN, Pace
-from paramserver.settings import Mode
+from rundir.modes import Mode
 
 def study(seed: int, clients: int) -> Stragglers:
     return Stragglers(seed, clients, 0.5, slow_clients=1, slow_factor=2.0)

@@ -22,17 +22,17 @@ import numpy as np
 import torch
 
 from clients.client import Client
-from clients.collective import Fate, Lockstep, LockstepFates
+from clients.collective import Fate, LockstepFates
 from clients.devices import device_name, gpu_count, keep_freed_memory, node_devices, use_device, visible_gpu
 from clients.driver import ClientPlan, await_admission, run_client
 from experiments.run.assemble import Share, Started, build, join_client, make_replica, start
-from experiments.run.collectiverun import collective_run
+from experiments.run.collectiverun import CollectiveSettings, collective_run
 from experiments.parent.supervise import LOCKED_RUN, direct_stdio
 from experiments.run.provenance import provenance
 from experiments.rank.startwatch import bounded_start
 from experiments.run.resume import ResumePoint, resume_hint
 from experiments.run.record import RunSetup
-from experiments.run.serverrun import serve_mpi, serve_slice
+from experiments.run.serverrun import ServerSettings, serve_mpi, serve_slice
 from paramserver.compute.quantkernel import make_codec
 from paramserver.wire import frame
 from paramserver.wire.protocol import Bye
@@ -40,7 +40,7 @@ from runconfig.settings import RunConfig
 from paramserver.wire.farewell import say_bye, tell_recorders, wait_for_bye
 from paramserver.wire.liveness import PeerDied, PeerWatch
 from rundir.summary import log_traceback
-from paramserver.settings import Mode
+from rundir.modes import Mode
 
 START_TIMEOUT_S = 600.0  # how long the ranks wait for each other's verdict on their start
 # The least time MPI may take to start: ranks reach MPI_Init as fast as they import torch,
@@ -77,8 +77,8 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
             ranks = clients + servers + spares if clients >= 1 else servers + spares + 1
             need = f"{ranks}" if clients >= 1 else f"at least {ranks}"
             what = f"{clients} client(s)" if clients >= 1 else "at least 1 client"
-            who = f"{servers} server(s), the clients and {spares} spare(s)" if spares else \
-                f"{servers} server(s) and the clients"
+            who = (f"{servers} server(s), the clients and {spares} spare(s)" if spares
+                   else f"{servers} server(s) and the clients")
             print(f"asgd: error: clients: {what} in {cfg.mode} mode need {need} MPI ranks ({who}), "
                   f"but the job has {transport.size}; use mpiexec -n {ranks}", file=sys.stderr)
         return 2
@@ -101,7 +101,7 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
         started = start(parts, out, records=transport.rank == 0, provenance=prov, share=_mpi_share(transport, servers))
         start_s, offset = time.perf_counter(), started.point.time if started.point else 0.0
         return _run_role(transport, started, parts.local[0] if parts.local else None, index, servers,
-                     clock=lambda: offset + time.perf_counter() - start_s)
+                         clock=lambda: offset + time.perf_counter() - start_s)
     except KeyboardInterrupt:  # SIGTERM or Ctrl-C, passed on to every rank; the recorder noted it
         if transport.rank == 0 and LOCKED_RUN not in os.environ:  # no supervisor to say it
             print(f"asgd: run {out} interrupted{resume_hint(out)}", file=sys.stderr)
@@ -137,31 +137,36 @@ def refused_anywhere(transport: Transport, error: str | None) -> bool:
 
 
 def _run_role(transport: Transport, started: Started, client: Client | None, index: int, servers: int,
-          clock: Callable[[], float]) -> int:
+              clock: Callable[[], float]) -> int:
     """This rank's part of the run, set up: a collective client, a server, or a client."""
     setup, point = started.setup, started.point
     cfg = setup.cfg
     if cfg.mode != Mode.ASYNC:
         fates = LockstepFates.for_run(cfg, setup.clients, [index], [0.0], real_time=True)
         lockstep = _MpiLockstep(transport, fates)
-        return collective_run(setup, Lockstep.for_run(cfg, setup.clients), [client], [index],
+        return collective_run(setup, CollectiveSettings.from_config(cfg, setup.clients, [index]), [client], [index],
                               _mpi_average(transport), clock, gather=lambda rows: _flatten(transport.gather(rows)),
                               straggle=lockstep, point=point, agree=transport.bcast, away=lockstep.away)
     if index >= setup.clients:
         return _spare(transport, setup, servers, clock)
-    if transport.rank > 0 and client is None:
-        if serve_slice(setup, transport, clock, transport.rank):
-            _exit(0)  # clients were lost: see paramserver/wire/farewell.py
-        return 0
     if client is None:
-        lost = {entry["rank"] for entry in serve_mpi(setup, transport, clock)["lost_clients"]}
-        if say_bye(transport, transport.size, lost | transport.watch.reported):  # the dead spares too
-            _exit(0)  # with clients lost, leave at once: MPI_Finalize would wait for them forever
-        return 0
+        return _serve(transport, setup, ServerSettings.from_config(cfg, setup.clients), clock)
     run_client(transport, client, ClientPlan.for_run(cfg, index, setup.clients, servers), clock,
                start=(started.steps[0], point.client_pushes[index] if point else 0))
     if wait_for_bye(transport):
         _exit(0)  # as server 0 did: see paramserver/wire/farewell.py
+    return 0
+
+
+def _serve(transport: Transport, setup: RunSetup, server: ServerSettings, clock: Callable[[], float]) -> int:
+    """A server rank: server 0 serves its slice and records the run, the others serve theirs."""
+    if transport.rank > 0:
+        if serve_slice(setup, server, transport, clock, transport.rank):
+            _exit(0)  # clients were lost: see paramserver/wire/farewell.py
+        return 0
+    lost = {entry["rank"] for entry in serve_mpi(setup, server, transport, clock)["lost_clients"]}
+    if say_bye(transport, transport.size, lost | transport.watch.reported):  # the dead spares too
+        _exit(0)  # with clients lost, leave at once: MPI_Finalize would wait for them forever
     return 0
 
 

@@ -33,14 +33,14 @@ from clients.optimizers import user_optimizer
 from clients.sampling import ShardSampler, slot_indices
 from clients.user.code import loss_function, optimizer_factory
 from experiments.run.resume import ResumePoint, resume_point
-from experiments.run.record import RunSetup
+from experiments.run.record import RecordSettings, RunSetup
 from runconfig.settings import RunConfig
 from paramserver.rules import rule_class
 from paramserver.schedule import Schedule
 from paramserver.wire.protocol import Welcome
 from rundir.durable import load_arrays
 from rundir.layout import RunDir
-from paramserver.settings import Mode
+from rundir.modes import Mode
 
 # How rank 0's start weights and resume point reach every process (identity in one process).
 Share = Callable[[np.ndarray, ResumePoint | None], tuple[np.ndarray, ResumePoint | None]]
@@ -95,8 +95,8 @@ def start(parts: Parts, out: str, records: bool, provenance: dict[str, Any], sha
     for index, client in zip(parts.indices, parts.local):
         client.sync(weights)
         steps.append(start_client(client, cfg, index, point))
-    setup = RunSetup(cfg, out, parts.clients, parts.model, weights, parts.dataset, parts.device, provenance,
-                     warm_rows)
+    setup = RunSetup(cfg, parts.clients, parts.model, weights, parts.dataset, parts.device, provenance,
+                     RecordSettings.from_config(cfg, out, parts.clients, provenance), warm_rows)
     return Started(setup, steps, point)
 
 

@@ -15,6 +15,7 @@ a file holds exactly what it would have held written in line.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -25,33 +26,58 @@ from clients.collective import Average, Away, Lockstep, Straggle, collective_ste
 from clients.outer import OuterStep
 from experiments.run.resume import ResumePoint
 from experiments.run.life import RunLife
-from experiments.run.record import RunSetup, stops_early
+from experiments.run.record import RunSetup
+from paramserver.faults import Fault
 from paramserver.recorder import Background
 from rundir.checkpoint import Checkpoint, save_point
 from rundir.durable import read_jsonl
 from rundir.layout import RunDir
-from paramserver.settings import Mode
+from runconfig.settings import RunConfig
+from rundir.modes import Mode
 
 
-def collective_run(setup: RunSetup, lockstep: Lockstep, clients: list[Client], indices: list[int], average: Average,
-                   clock: Callable[[], float], gather: Callable[[list[dict]], list[dict] | None],
+@dataclass(frozen=True)
+class CollectiveSettings:
+    """What a collective run reads of the config: the lockstep's own settings, and the
+    rest, built once by `from_config` where either backend starts the run
+    (experiments/rank/entry.py for its rank's client, experiments/sim/simulator.py for
+    all). `outer_lr`: the outer step's (None: sync mode, no weights averaged);
+    `faults`: those `inject_fault` puts on the clients `indices` of this process."""
+
+    lockstep: Lockstep
+    batch_size: int
+    checkpoint_every: float
+    outer_lr: float | None
+    outer_momentum: float
+    faults: tuple[Fault, ...]
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, clients: int, indices: list[int]) -> CollectiveSettings:
+        faults = tuple(f for i in indices if (f := cfg.fault_for(i, f"client {i}")) is not None)
+        return cls(Lockstep.for_run(cfg, clients), cfg.batch_size, cfg.checkpoint_every,
+                   cfg.outer_step_lr if cfg.mode == Mode.LOCAL_SGD else None, cfg.outer_momentum, faults)
+
+
+def collective_run(setup: RunSetup, settings: CollectiveSettings, clients: list[Client], indices: list[int],
+                   average: Average, clock: Callable[[], float], gather: Callable[[list[dict]], list[dict] | None],
                    straggle: Straggle, point: ResumePoint | None = None,
                    agree: Callable[[bool], bool] = lambda flag: flag, away: Away | None = None) -> int:
     """Train every local client in lockstep; `gather` returns all rows on the recorder, else
     None; `straggle` (clients/collective.py) slows the step as the straggler model says,
     and `away` says who is down after a failure; `agree`: the recorder's word, on every
     rank (whether the curve reached a stop rule, asked at each evaluation step)."""
-    cfg = setup.cfg
-    k, samples_per_step = setup.clients, setup.clients * cfg.batch_size
+    lockstep = settings.lockstep
+    k, samples_per_step = setup.clients, setup.clients * settings.batch_size
     recorder = 0 in indices
     with RunLife(setup, lockstep.steps, clock, records=recorder) as life:
         counts, lines = _opened(life, setup)
         life.counts = lambda: counts
         every = life.every
         first = point.client_steps[0] + 1 if point else 1
-        stopping = stops_early(cfg)
-        faults = [f for i in indices if (f := cfg.fault_for(i, f"client {i}")) is not None]
-        outer = OuterStep.for_run(cfg, clients[0].weights, point.outer if point else {})
+        stopping = setup.record.stops
+        faults = settings.faults
+        outer = OuterStep.for_run(settings.outer_lr, settings.outer_momentum, clients[0].weights,
+                                  point.outer if point else {})
         files = Background() if recorder else None
         if files is not None:
             life.land_files = files.close
@@ -69,7 +95,7 @@ def collective_run(setup: RunSetup, lockstep: Lockstep, clients: list[Client], i
                     fault.strike(step)
                 everyone = gather(rows)
                 due = step % every == 0 or step == lockstep.steps
-                timed = not due and _checkpoint_due(cfg.checkpoint_every, lockstep, step, now - saved_at, recorder,
+                timed = not due and _checkpoint_due(settings.checkpoint_every, lockstep, step, now - saved_at, recorder,
                                                     agree)
                 checkpoint = (due or timed) and lockstep.averages(step)
                 states = _checkpoint_states(lockstep.mode, clients, gather, recorder, outer) if checkpoint else {}

@@ -16,7 +16,6 @@ import contextlib
 import time
 from typing import Any, Callable
 
-from clients.user.metric import metric_traits
 from experiments.progress import Progress
 from experiments.run.resume import cut_back
 from experiments.run.record import RunSetup, eval_every, finish_run, live_curve, open_run, record_dir, record_failure
@@ -31,21 +30,21 @@ class RunLife:
     `land_files`, should training fail, lands the files it was writing in the background."""
 
     def __init__(self, setup: RunSetup, events: int, clock: Callable[[], float], records: bool = True):
-        cfg = setup.cfg
+        record = setup.record
         self.setup, self.clock = setup, clock
         self.every = eval_every(setup, events)
         self.counts: Callable[[], dict[str, Any]] = dict
         self.checkpoint: Checkpoint | None = None  # where a resumed run goes on from
         self.run: RunDir | None = None
-        if records and cfg.resume:
-            self.run = record_dir(setup)
+        if records and record.resumes:
+            self.run = record_dir(record)
             self.checkpoint = Checkpoint.load(self.run)
-            cut_back(self.run, self.checkpoint, cfg.steps, setup.provenance,
-                     {"metric": cfg.metric, **metric_traits(cfg.metric)})
+            cut_back(self.run, self.checkpoint, record.steps, setup.provenance,
+                     {"metric": record.metric, **record.traits})
         elif records:
             self.run = open_run(setup, self.every)
         self.curve = live_curve(self.run, setup) if self.run is not None else None
-        self.progress = Progress(setup.clients * cfg.steps, quiet=cfg.quiet or not records)
+        self.progress = Progress(record.clients * record.steps, quiet=record.quiet or not records)
         self.land_files: Callable[[], None] = lambda: None
         self.wall = time.perf_counter()
 
@@ -81,4 +80,4 @@ class RunLife:
         return False
 
     def record_failure(self, error: BaseException, last: bool) -> None:
-        record_failure(self.run, self.setup.cfg, self.clock(), self.counts(), error, last)
+        record_failure(self.run, self.setup.record.clock, self.clock(), self.counts(), error, last)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 import secrets
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from clients.optimizers import OptimizerSettings
 from experiments.run.assemble import server_optimizer_factory
 from experiments.run.life import RunLife
 from experiments.run.record import RunSetup, spare_core
+from paramserver.faults import Fault
 from paramserver.follow import Follow
 from paramserver.state import ServerState
 from paramserver.tally import ServerTally
@@ -24,27 +26,61 @@ from paramserver.server import ServerLoop
 from paramserver.wire.compress import make_codec
 from paramserver.wire.fanout import gatherer
 from paramserver.wire.protocol import Link, Tag, shard_bounds
+from runconfig.settings import RunConfig
 
 # runs the message loop; returns what it measured for the summary (server_busy_s, ...)
 Drive = Callable[[ServerState, Recorder], dict[str, Any]]
 
 
-def serve_mpi(setup: RunSetup, link: Link, clock: Callable[[], float]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the async server's driver reads of the config besides its state's (the Store,
+    rule, schedule, reply policy and members are `ServerState.for_run`'s, from the config
+    as paramserver/settings.py's `RunSettings`). Built once, by `from_config`, where either
+    backend starts the server role (experiments/rank/entry.py, experiments/sim/simulator.py).
+
+    `block`: the codec's block, on whose multiples the servers' slices are cut;
+    `keeps_state`: the clients' optimizer keeps state, which server 0 then gathers for each
+    checkpoint; `versions`: the versions the run makes (the curve's points are spread over
+    them); `fault`: the one `inject_fault` puts on server 0; `optimizer_factory`: the user's
+    optimizer for the server's step (None: one of ours)."""
+
+    servers: int
+    spares: int
+    block: int
+    stall_timeout: float
+    on_client_failure: str
+    keeps_state: bool
+    versions: int
+    checkpoint_every: float
+    fault: Fault | None
+    optimizer_factory: Callable | None
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, clients: int) -> ServerSettings:
+        keeps_state = OptimizerSettings(name=cfg.optimizer, momentum=cfg.client_momentum(clients),
+                                        precision=cfg.precision).keeps_state
+        return cls(servers=cfg.servers, spares=cfg.spares, block=make_codec(cfg.compress).block,
+                   stall_timeout=cfg.stall_timeout, on_client_failure=cfg.on_client_failure, keeps_state=keeps_state,
+                   versions=cfg.async_versions(clients), checkpoint_every=cfg.checkpoint_every,
+                   fault=cfg.fault_for(0, "the server", "version"), optimizer_factory=server_optimizer_factory(cfg))
+
+
+def serve_mpi(setup: RunSetup, server: ServerSettings, link: Link, clock: Callable[[], float]) -> dict[str, Any]:
     """Server 0 of an MPI run: serve the clients over `link`, record the run. With spare
     ranks the run has a secret of its own, which only an admitted spare learns (its ADMIT)."""
-    cfg = setup.cfg
     hosts = {r["rank"]: r["host"] for r in setup.provenance.get("ranks", [])}
 
     def drive(state: ServerState, recorder: Recorder) -> dict[str, Any]:
-        loop = ServerLoop(link, state, recorder, clock, cfg.stall_timeout, cfg.on_client_failure, hosts,
-                          spin=spare_core(setup.provenance), followers=tuple(range(1, cfg.servers)))
+        loop = ServerLoop(link, state, recorder, clock, server.stall_timeout, server.on_client_failure, hosts,
+                          spin=spare_core(setup.provenance), followers=tuple(range(1, server.servers)))
         loop.serve()
         return {"server_busy_s": loop.busy_s, "server_push_us": loop.cost.medians_us()}
-    return serve_run(setup, clock, drive, link, secret=secrets.token_hex(16) if cfg.spares else None)
+    return serve_run(setup, server, clock, drive, link, secret=secrets.token_hex(16) if server.spares else None)
 
 
-def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: Link | None = None,
-              apply_cost: float | None = None, secret: str | None = None) -> dict[str, Any]:
+def serve_run(setup: RunSetup, server: ServerSettings, clock: Callable[[], float], drive: Drive,
+              link: Link | None = None, apply_cost: float | None = None, secret: str | None = None) -> dict[str, Any]:
     """Create the run directory (or cut a resumed one back to its checkpoint), serve until
     every client stopped, evaluate, summarise; returns the summary.
 
@@ -54,15 +90,12 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
     that take every message in the same order (experiments/sim/simulator.py). `secret`:
     what a process that joins must show (None: the run is not joinable).
     """
-    cfg, clients = setup.cfg, setup.clients
-    bounds = shard_bounds(setup.weights.size, cfg.servers if link is not None else 1, make_codec(cfg.compress).block)
-    # whether the clients' optimizer keeps state, which server 0 then gathers for each checkpoint
-    keeps_state = OptimizerSettings(name=cfg.optimizer, momentum=cfg.client_momentum(clients),
-                                    precision=cfg.precision).keeps_state
-    with RunLife(setup, cfg.async_versions(clients), clock) as life:
-        state = ServerState.for_run(cfg, setup.weights[slice(*bounds[0])], clients, server_optimizer_factory(cfg),
-                                    eval_every=life.every, checkpoint_every=cfg.checkpoint_every,
-                                    apply_cost=apply_cost, clock=clock, collects_states=keeps_state,
+    clients = setup.clients
+    bounds = shard_bounds(setup.weights.size, server.servers if link is not None else 1, server.block)
+    with RunLife(setup, server.versions, clock) as life:
+        state = ServerState.for_run(setup.cfg, setup.weights[slice(*bounds[0])], clients, server.optimizer_factory,
+                                    eval_every=life.every, checkpoint_every=server.checkpoint_every,
+                                    apply_cost=apply_cost, clock=clock, collects_states=server.keeps_state,
                                     secret=secret)
         life.counts = state.counts
         lines = (0, 0)
@@ -74,7 +107,7 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
         # is spent: state.budget; server 0's header is the one a client of sharded servers reads)
         state.stop = lambda: curve.reached is not None
         recorder = Recorder(life.run, state, clock, lines, life.progress.update,
-                            gatherer(link, bounds, cfg.stall_timeout), fault=cfg.fault_for(0, "the server", "version"),
+                            gatherer(link, bounds, server.stall_timeout), fault=server.fault,
                             after_snapshot=curve.catch_up if curve.inline else None)
         life.land_files = recorder.close
         if life.checkpoint is None:
@@ -88,14 +121,13 @@ def serve_run(setup: RunSetup, clock: Callable[[], float], drive: Drive, link: L
         return life.finish({**noise, **measured, **state.tally.wire_bytes()})
 
 
-def serve_slice(setup: RunSetup, link: Link, clock: Callable[[], float], shard: int) -> int:
+def serve_slice(setup: RunSetup, server: ServerSettings, link: Link, clock: Callable[[], float], shard: int) -> int:
     """Server `shard` > 0: serve its slice until every client stopped, then let server 0
     read it until server 0 says BYE; returns the clients lost, as BYE tells. It records
     nothing: server 0 records the run."""
-    cfg = setup.cfg
-    lo, hi = shard_bounds(setup.weights.size, cfg.servers, make_codec(cfg.compress).block)[shard]
-    state = ServerState.for_run(cfg, setup.weights[lo:hi], setup.clients, server_optimizer_factory(cfg), peers=(0,))
-    loop = ServerLoop(link, state, None, clock, cfg.stall_timeout, cfg.on_client_failure, follow=Follow(clock))
+    lo, hi = shard_bounds(setup.weights.size, server.servers, server.block)[shard]
+    state = ServerState.for_run(setup.cfg, setup.weights[lo:hi], setup.clients, server.optimizer_factory, peers=(0,))
+    loop = ServerLoop(link, state, None, clock, server.stall_timeout, server.on_client_failure, follow=Follow(clock))
     loop.serve()
     while (msg := link.recv(math.inf, source=0)).tag in (Tag.PULL, Tag.DECIDED):  # words after the last STOP: none to follow
         if msg.tag == Tag.PULL:

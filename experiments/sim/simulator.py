@@ -53,9 +53,9 @@ from clients.devices import keep_freed_memory, pick_device
 from clients.loop import ClientLoop, ClientPlan
 from clients.stragglers import Stragglers
 from experiments.run.assemble import build, join_client, start
-from experiments.run.collectiverun import collective_run
+from experiments.run.collectiverun import CollectiveSettings, collective_run
 from experiments.run.provenance import provenance
-from experiments.run.serverrun import serve_run
+from experiments.run.serverrun import ServerSettings, serve_run
 from experiments.sim.costs import SimTiming, sized
 from experiments.sim.links import Links
 from paramserver.faults import InjectedFault
@@ -65,7 +65,7 @@ from paramserver import membership
 from paramserver.inprocess import InProcess
 from paramserver.wire.protocol import Join, Outgoing, Pull, Tag, Weights, Welcome
 from rundir.durable import read_jsonl
-from paramserver.settings import Mode
+from rundir.modes import Mode
 
 
 SIM_SECRET = "simulated"  # what the simulator's joiners show: its processes are its own
@@ -321,10 +321,10 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     setup, point = started.setup, started.point
     if cfg.mode != Mode.ASYNC:
         fates = LockstepFates.for_run(cfg, clients, list(range(clients)), [timing.step_time * f for f in factors])
-        plan = Lockstep.for_run(cfg, clients)
-        lockstep = LockstepClock(timing, setup.weights, plan, fates)
+        collective = CollectiveSettings.from_config(cfg, clients, list(range(clients)))
+        lockstep = LockstepClock(timing, setup.weights, collective.lockstep, fates)
         lockstep.now = point.time if point else 0.0
-        return collective_run(setup, plan, parts.local, list(range(clients)), mean_in_place, lockstep,
+        return collective_run(setup, collective, parts.local, list(range(clients)), mean_in_place, lockstep,
                               gather=lambda rows: rows, straggle=lockstep.straggle, point=point, away=lockstep.away)
     clocks = [StepClock(timing.step_time * f, stragglers, i, started.steps[i]) for i, f in enumerate(factors)]
     loops = [ClientLoop(c, ClientPlan.for_run(cfg, i, clients, cfg.servers, real_time=False), clk,
@@ -335,7 +335,7 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order, links=links,
                             joins=[(at, Join(SIM_SECRET, info["host"])) for _, at in parse_joins(cfg.joins)]
                             if cfg.joins else [], joiner=joiner, spares=cfg.spares, host=info["host"])
-    serve_run(setup, lambda: simulation.now,
+    serve_run(setup, ServerSettings.from_config(cfg, clients), lambda: simulation.now,
               lambda state, recorder: {"server_busy_s": simulation.run(InProcess(state, recorder)),
                                        "client_busy": simulation.client_busy()},
               apply_cost=timing.apply_time, secret=SIM_SECRET if cfg.joinable or cfg.spares else None)

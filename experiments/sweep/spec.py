@@ -48,7 +48,7 @@ from experiments.run.resume import CHANGEABLE
 from runconfig.load import field_types, load_config
 from runconfig.settings import ConfigError, RunConfig
 from rundir.smoothing import WINDOW
-from paramserver.settings import Mode
+from rundir.modes import Mode
 
 GRID_KEYS = ("clients", "n_sync", "start", "mode", "seed")
 # Grid keys that are config keys as such: these five always in the index, with their

@@ -147,12 +147,12 @@ def test_a_short_run_gets_fewer_points_of_the_curve_than_a_long_one():
     forward passes; an eval_every set is kept."""
     from types import SimpleNamespace
 
-    from experiments.run.record import eval_every
+    from experiments.run.record import RecordSettings, eval_every
     from runconfig.settings import RunConfig
 
     def every(steps: int, net: nn.Module, **settings) -> int:
-        setup = SimpleNamespace(cfg=RunConfig(steps=steps, batch_size=32, **settings), clients=2, model=net,
-                                dataset=SimpleNamespace(test=range(2000)))
+        record = RecordSettings.from_config(RunConfig(steps=steps, batch_size=32, **settings), "run", 2, {})
+        setup = SimpleNamespace(record=record, model=net, dataset=SimpleNamespace(test=range(2000)))
         return eval_every(setup, events=2 * steps)
 
     with_bn, without = model(), nn.Sequential(nn.Linear(5, 3))
