@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from paramserver.rules import rule_class
-from paramserver.settings import Mode
+from rundir.modes import Mode
 from runconfig.require import require as _require
 
 
