@@ -37,6 +37,7 @@ class StubClient:
         self.clock = StepClock(TIMING.step_time * self.rng.uniform(0.5, 1.5))
         self.step = self.pushes = 0
         self.done = False
+        self.behind = False                  # whole pushes: never waits on a streamed fragment
         self.sent = np.zeros(SIZE)           # float64 sum of what it pushed
         self.pushed: list[int] = []          # the step of each push
 
