@@ -91,7 +91,7 @@ class Store:
     def check(self, push: np.ndarray, piece: slice | None = None) -> str:
         """Why `push` (for the weights' `piece`, or all of them) must be rejected for its
         shape, or "" if it fits."""
-        size = self.size if piece is None else len(range(*piece.indices(self.size)))
+        size = self.size if piece is None else piece.stop - piece.start
         if push.dtype != np.float32:
             return f"dtype {push.dtype}, expected float32"
         if push.size != size:
