@@ -41,7 +41,7 @@ from paramserver.wire.transport import Transport
 from bench.trials import interleave
 
 if TYPE_CHECKING:
-    from paramserver.server import ServerLoop
+    from paramserver.drivers.server import ServerLoop
     from paramserver.store import Store
 
 WARMUP = 3
@@ -92,7 +92,7 @@ def serve_clients(transport: Transport, size: int, clients: int, servers: int = 
     slice of a `size`-float model, until every client stops."""
     from paramserver.state import ServerState
     from paramserver.recorder import Recorder
-    from paramserver.server import ServerLoop
+    from paramserver.drivers.server import ServerLoop
     from rundir.layout import RunDir
 
     lo, hi = shard_bounds(size, servers)[transport.rank]

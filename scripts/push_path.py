@@ -21,7 +21,7 @@ sys.path.insert(0, ROOT)
 
 from clients.loop import ClientLoop  # noqa: E402 - the checkout's modules, after the path
 from experiments.cli import main  # noqa: E402
-from paramserver.server import ServerLoop  # noqa: E402
+from paramserver.drivers.server import ServerLoop  # noqa: E402
 from paramserver.wire.protocol import Tag  # noqa: E402
 
 

@@ -269,7 +269,7 @@ def make_server(path: Path, weights: np.ndarray, clients: int, clock=lambda: 0.0
     run dir, driven in process (`InProcess.deliver`)."""
     from runconfig.settings import RunConfig
     from paramserver.state import ServerState
-    from paramserver.inprocess import InProcess
+    from paramserver.drivers.inprocess import InProcess
     from paramserver.recorder import Recorder
     from paramserver.rules import make_rule
     from paramserver.store import Store

@@ -3,7 +3,7 @@
 With sharded servers (`--servers S`), rank 0 serves the first slice, records the run
 (reading the other slices for snapshots and checkpoints) and decides when each client is
 answered; ranks 1..S-1 serve their slice (`serve_slice`), follow server 0's decisions
-(paramserver/follow.py) and record nothing.
+(paramserver/drivers/follow.py) and record nothing.
 """
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from experiments.run.assemble import server_optimizer_factory
 from experiments.run.life import RunLife
 from experiments.run.record import RunSetup, spare_core
 from paramserver.faults import Fault
-from paramserver.follow import Follow
+from paramserver.drivers.follow import Follow
 from paramserver.state import ServerState
 from paramserver.tally import ServerTally
 from paramserver.noise import summarise
 from paramserver.recorder import Recorder
-from paramserver.server import ServerLoop
+from paramserver.drivers.server import ServerLoop
 from paramserver.wire.compress import make_codec
 from paramserver.wire.fanout import gatherer
 from paramserver.wire.protocol import Link, Tag, shard_bounds

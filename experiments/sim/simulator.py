@@ -18,7 +18,7 @@ one queue: it handles one message at a time, a push costs it `apply_time` (by de
 the real handler's measured time for a push: checks, apply, log rows), and sending a
 reply occupies it for the reply's transfer. With `servers` S > 1 it stands for S sharded
 servers: over MPI they handle every client message in server 0's order with its reply
-decisions (paramserver/follow.py), so one server with the whole vector, deciding as
+decisions (paramserver/drivers/follow.py), so one server with the whole vector, deciding as
 server 0, computes what they do, a push costing one server's
 time for its slice (`apply_time`) and a reply a slice's transfer. It departs from MPI
 only where a push is finite in one slice and not in another. A client that pushes
@@ -62,7 +62,7 @@ from paramserver.faults import InjectedFault
 from runconfig.simchecks import parse_joins
 from runconfig.settings import ConfigError, RunConfig
 from paramserver import membership
-from paramserver.inprocess import InProcess
+from paramserver.drivers.inprocess import InProcess
 from paramserver.wire.protocol import Join, Outgoing, Pull, Tag, Weights, Welcome
 from rundir.durable import read_jsonl
 from rundir.modes import Mode

@@ -11,7 +11,7 @@ each message server 0 handled it tells the others whose it was and what its repl
 answered (`Decided`, paramserver/wire/protocol.py). A follower keeps a client's message
 until server 0 names it (a copy, as the landing buffer takes the next message, unless
 named already) and server 0's word until the message comes, then handles the two
-together (paramserver/server.py's `ServerLoop`). Server 0's PULL of this slice for a snapshot waits behind the words sent
+together (paramserver/drivers/server.py's `ServerLoop`). Server 0's PULL of this slice for a snapshot waits behind the words sent
 before it, so a snapshot's slices are all at server 0's version.
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@ others, when the step it joined is taken (`fresh`, paramserver/handler.py).
 
 With sharded servers server 0 decides when each client is answered and tells the others
 after each message (`Decided`); they handle the clients' messages in its order with its
-answers (`follow`, paramserver/follow.py).
+answers (`follow`, paramserver/drivers/follow.py).
 
 A client that fails (it reports an exception), stalls (silent past the stall timeout)
 or dies (`PeerWatch`) is lost: by default that ends the job, naming it; with
@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from paramserver import membership
 from paramserver.events import Applied
-from paramserver.follow import IN_TURN, Follow
+from paramserver.drivers.follow import IN_TURN, Follow
 from paramserver.handler import ClientLost, handle, release, tag_name
 from paramserver.state import ServerState
 from paramserver.tally import ServerTally
@@ -139,7 +139,7 @@ class ServerLoop:
     def _tell(self, msg: Message | None, said: tuple[bool, ...]) -> None:
         """Server 0 of sharded servers: tell the others whose message it handled (`msg`; None:
         none, woken), what its reply policy answered while handling it (`said`) and then, looking
-        for a step to let go (paramserver/follow.py)."""
+        for a step to let go (paramserver/drivers/follow.py)."""
         if not self.followers:
             return
         then = self.state.reply.spoken()

@@ -15,7 +15,7 @@ smallest difference: so a speed within `TOLERANCE` of the fastest counts as the
 fastest. The reply to each push carries the client's next window (`Weights.window`);
 the client's loop (clients/loop.py) pushes when it has run that many minibatches since
 its last push (with sharded servers the client follows server 0's reply; the others
-handle the pushes in server 0's order, paramserver/follow.py). A shorter window means more pushes, never fewer minibatches: `steps`
+handle the pushes in server 0's order, paramserver/drivers/follow.py). A shorter window means more pushes, never fewer minibatches: `steps`
 still counts each client's minibatches.
 
 v_ref is the fastest client still running: once the fast clients have run their steps,

@@ -34,7 +34,7 @@ clients apart and answer one differently, and a client waits for its slowest rep
 server 0's policy keeps its answers (`said`), which its loop tells the other servers with
 each message it handled (`Decided`, paramserver/wire/protocol.py), and theirs answers each
 question with server 0's answer to it (`told`): they handle every client message in server
-0's order (paramserver/follow.py), so they ask the same questions in the same order.
+0's order (paramserver/drivers/follow.py), so they ask the same questions in the same order.
 """
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ class FreshRule(SGDRule):
     again, as a fast Rennala worker does; with "auto" it waits when the step is due
     before it could push again, else computes again (the reply policy decides:
     paramserver/reply/policy.py; with sharded servers server 0 decides and the others
-    follow it, paramserver/follow.py). `fresh_batch = "auto"`: S =
+    follow it, paramserver/drivers/follow.py). `fresh_batch = "auto"`: S =
     B_simple / b from the gradient noise scale, in [1, 4K] (K x n_push until it is
     measured).
 

@@ -59,7 +59,7 @@ client sends each message to every server, each push carrying that server's slic
 servers' slices with PULL for snapshots, and says BYE to them last. Server 0 decides
 when each client is answered (the pace, DyLU's windows): after each message it handled
 it sends the others DECIDED(rank, said, then), and they handle the clients' messages in its
-order with its answers (paramserver/follow.py), so every server's version v is the same
+order with its answers (paramserver/drivers/follow.py), so every server's version v is the same
 v steps of the same pushes. `rows` carries the client's per-minibatch log rows, so only
 the server's rank writes the run directory and clients on other hosts need no shared
 file system.

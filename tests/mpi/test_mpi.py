@@ -356,7 +356,7 @@ def test_delayed_nesterov_holds_each_round_under_mpi(tmp_path, tiny_npz):
                                    ["--rule", "add", "--dylu", "--n-sync", "3"]], ids=["pace", "dylu"])
 def test_two_sharded_servers_follow_server_0s_pace(tmp_path, tiny_npz, flags):
     """Server 0 decides when each client is answered (the pace of `fresh`, DyLU's windows)
-    and server 1 follows it (paramserver/follow.py), a straggler among three clients: the
+    and server 1 follows it (paramserver/drivers/follow.py), a straggler among three clients: the
     run completes, each minibatch logged once, each push applied or dropped once, and
     every curve point (but the final one) at a multiple of eval_every, read from both slices."""
     run = tmp_path / "run"

@@ -181,7 +181,7 @@ def test_with_continue_a_failing_client_is_recorded_and_the_run_completes(tmp_pa
 
 def test_with_continue_two_sharded_servers_following_the_pace_go_on_without_a_failing_client(tmp_path, tiny_npz):
     """Server 0 decides when each client is answered and server 1 follows it
-    (paramserver/follow.py); both lose the client, each when it hears, and go on."""
+    (paramserver/drivers/follow.py); both lose the client, each when it hears, and go on."""
     run = tmp_path / "run"
     result = run_command([str(BIN / "asgd"), "train", "--clients", "3", "--servers", "2", "--on-client-failure",
                           "continue", "--inject-fault", "3:7", *flags(tiny_npz, "--steps", "40"), "--rule", "fresh",

@@ -14,8 +14,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 
-from paramserver.inprocess import InProcess, land
-from paramserver.server import ServerLoop
+from paramserver.drivers.inprocess import InProcess, land
+from paramserver.drivers.server import ServerLoop
 from paramserver.wire.frame import Garbled
 from paramserver.wire.protocol import Fail, Message, Pull, Push, Stop, Tag, Weights, carries_payload
 from rundir.durable import read_jsonl

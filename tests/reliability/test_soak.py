@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from experiments.sim.simulator import Simulation, SimTiming, StepClock
-from paramserver.inprocess import InProcess
+from paramserver.drivers.inprocess import InProcess
 from paramserver.wire.protocol import Outgoing, Pull, Push, Stop, Tag
 from rundir.durable import read_jsonl
 from tests.conftest import make_server

@@ -17,7 +17,7 @@ from clients.sampling import ShardSampler, shard_indices
 from experiments.sim.simulator import Simulation, SimTiming, StepClock
 from runconfig.settings import RunConfig
 from paramserver.state import ServerState
-from paramserver.inprocess import InProcess
+from paramserver.drivers.inprocess import InProcess
 from paramserver.recorder import Recorder
 from paramserver.rules import make_rule, rule_class
 from paramserver.store import Store

@@ -46,7 +46,7 @@ def test_auto_adds_servers_where_pushes_are_dear_and_keeps_each_under_half(tmp_p
 
 
 def test_the_pace_with_two_servers_decides_as_with_one_at_equal_costs(tmp_path, tiny_npz):
-    """Server 0 decides for the run (paramserver/follow.py), so `fresh_reply = "auto"` no
+    """Server 0 decides for the run (paramserver/drivers/follow.py), so `fresh_reply = "auto"` no
     longer waits with several servers: at the costs of one server (an apply that does not
     shrink with the slice, transfers that take no time) a straggling run answers the same
     clients at the same virtual times with two servers as with one, pushes dropped alike."""

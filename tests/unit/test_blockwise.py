@@ -155,7 +155,7 @@ def test_error_feedback_owes_one_rounding_however_many_pushes_went(name):
 def _server(tmp_path, codec):
     from runconfig.settings import RunConfig
     from paramserver.state import ServerState
-    from paramserver.inprocess import InProcess
+    from paramserver.drivers.inprocess import InProcess
     from paramserver.recorder import Recorder
     from paramserver.rules import make_rule
     from paramserver.store import Store

@@ -1,6 +1,6 @@
 """Sharded servers follow server 0: a server > 0 that takes the clients' messages in
 another order (pushes crossing in flight) handles them in server 0's order with its
-reply decisions (paramserver/follow.py), so its slice takes the same steps and answers
+reply decisions (paramserver/drivers/follow.py), so its slice takes the same steps and answers
 the same clients at the same versions; the pace (`fresh_reply`, `nesterov_reply` =
 `auto`) decides once."""
 import numpy as np
@@ -62,8 +62,8 @@ def _state(rule: str, clock):
 
 
 def _serve(arrivals, follow: bool = False, followers=(), rule: str = "fresh"):
-    from paramserver.follow import Follow
-    from paramserver.server import ServerLoop
+    from paramserver.drivers.follow import Follow
+    from paramserver.drivers.server import ServerLoop
 
     now = [0.0]
     state = _state(rule, lambda: now[0])
@@ -107,7 +107,7 @@ def test_a_server_on_its_own_in_that_order_takes_other_steps():
 
 
 def test_server_0s_word_is_checked_before_it_is_followed():
-    from paramserver.follow import Follow
+    from paramserver.drivers.follow import Follow
     from paramserver.wire.protocol import ProtocolError
 
     with pytest.raises(ProtocolError, match="malformed decision"):
@@ -117,7 +117,7 @@ def test_server_0s_word_is_checked_before_it_is_followed():
 def test_a_word_for_a_client_this_server_lost_follows_only_the_loops_answers():
     """Its message may never come here: the answers the handler would have asked for it
     are passed over, the step server 0's loop let go after it is taken."""
-    from paramserver.follow import Follow
+    from paramserver.drivers.follow import Follow
 
     follow = Follow(lambda: 0.0)
     word = Decided(2, (True,), (False,))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from paramserver.compute.quantkernel import make_codec
-from paramserver.inprocess import InProcess
+from paramserver.drivers.inprocess import InProcess
 from paramserver.recorder import Recorder
 from paramserver.rules import make_rule
 from paramserver.state import ServerState

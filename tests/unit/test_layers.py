@@ -17,8 +17,8 @@ from tests.conftest import ROOT
 
 BLOCK_MPI = "import sys; sys.modules['mpi4py'] = None\n"
 CORE = ["runconfig.settings", "paramserver.wire.protocol", "paramserver.store", "paramserver.rules",
-        "paramserver.events", "paramserver.handler", "paramserver.recorder", "paramserver.server",
-        "paramserver.inprocess",
+        "paramserver.events", "paramserver.handler", "paramserver.recorder", "paramserver.drivers.server",
+        "paramserver.drivers.inprocess",
         "clients.loop", "clients.driver", "experiments.sim.simulator", "experiments.rank.entry", "experiments.cli",
         "experiments.sweep.spec", "experiments.sweep.run", "experiments.parent.claim", "experiments.run.assemble",
         "plots.analysis", "plots.scaling", "paramserver.schedule", "clients.stragglers"]

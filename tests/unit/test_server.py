@@ -256,7 +256,7 @@ def test_a_server_that_shares_its_cores_waits_without_spinning(tmp_path, spin):
     reply in flight; sharing the cores with clients it goes straight to sleeping polls."""
     import numpy as np
 
-    from paramserver.server import ServerLoop
+    from paramserver.drivers.server import ServerLoop
     from paramserver.wire.protocol import Message, Pull, Stop
     from tests.conftest import make_server
 
@@ -285,7 +285,7 @@ def test_a_reply_stuck_for_the_stall_timeout_loses_only_its_client(tmp_path):
     stuck client is lost (each other one was written off at once before)."""
     import numpy as np
 
-    from paramserver.server import ServerLoop
+    from paramserver.drivers.server import ServerLoop
     from paramserver.wire.protocol import Message, PeerTimeout, Pull, Stop
     from tests.conftest import make_server, push
 
