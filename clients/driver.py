@@ -1,5 +1,6 @@
 """The client's MPI driver: `run_client` moves a `ClientLoop`'s messages over a link,
-and `await_admission` is a spare rank's wait to become a client.
+`await_admission` is a spare rank's wait to become a client and `join_server` the JOIN
+of any joiner.
 
 The loop itself (clients/loop.py) knows nothing of the wire; `ServerLink`
 (paramserver/wire/fanout.py) is the client's end of it. Typed against
@@ -15,7 +16,7 @@ import numpy as np
 from clients.client import Client
 from clients.loop import ClientLoop, ClientPlan
 from paramserver.wire.fanout import ServerLink
-from paramserver.wire.protocol import (Admit, Bye, Join, Link, Outgoing, ProtocolError, Pull, Tag, Weights, Welcome,
+from paramserver.wire.protocol import (Admit, Bye, Fail, Join, Link, Outgoing, ProtocolError, Pull, Tag, Weights, Welcome,
                                        shard_bounds)
 
 
@@ -45,23 +46,30 @@ def run_client(transport: Link, client: Client, plan: ClientPlan, clock: Callabl
 
 def await_admission(transport: Link, host: str, landing: np.ndarray, timeout: float) -> Welcome | Bye:
     """A spare rank's wait for server 0 (paramserver/wire/protocol.py draws it): BYE (the
-    run ended without needing it), or ADMIT, then its JOIN, and the Welcome with the
-    weights into `landing` (sized as a pull's on the wire). A JOIN the server refuses
-    (the run finished meanwhile) is answered by the BYE at the run's end. Each wait asks
-    whether server 0 still runs (the transport's PeerWatch), so a dead server ends it."""
+    run ended without needing it), or ADMIT, then its JOIN (`join_server`). A JOIN the
+    server refuses (the run finished meanwhile) is answered by the BYE at the run's end.
+    Each wait asks whether server 0 still runs (the transport's PeerWatch), so a dead
+    server ends it."""
     msg = _from_server(transport, (Admit, Bye))
     if isinstance(msg, Bye):
         return msg
-    transport.send(0, Tag.JOIN, Join(msg.secret, host), timeout=timeout)
-    msg = _from_server(transport, (Welcome, Bye))
+    return join_server(transport, msg.secret, host, landing, timeout)
+
+
+def join_server(link: Link, secret: str, host: str, landing: np.ndarray, timeout: float) -> Welcome | Bye | Fail:
+    """JOIN server 0 with the run's secret: its Welcome, with the weights in `landing`
+    (sized as a pull's on the wire); else a BYE (the run ended) or, over the door of
+    paramserver/wire/door.py, a FAIL saying why the JOIN was refused."""
+    link.send(0, Tag.JOIN, Join(secret, host), timeout=timeout)
+    msg = _from_server(link, (Welcome, Bye, Fail))
     if isinstance(msg, Welcome):
-        replies = transport.expect_weights([0], [landing])
-        transport.complete(replies, [0], landing.nbytes, timeout)
+        replies = link.expect_weights([0], [landing])
+        link.complete(replies, [0], landing.nbytes, timeout)
     return msg
 
 
 def _from_server(transport: Link, expected: tuple[type, ...]) -> object:
     msg = transport.recv(math.inf, source=0)
     if not isinstance(msg.header, expected) or (msg.tag == Tag.BYE) != isinstance(msg.header, Bye):
-        raise ProtocolError(f"a spare waiting for server 0 got tag {msg.tag} with {type(msg.header).__name__}")
+        raise ProtocolError(f"waiting for server 0, got tag {msg.tag} with {type(msg.header).__name__}")
     return msg.header

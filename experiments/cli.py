@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None, extra: Iterable[Subcommand] = ()) -> int
         if args.command == "sweep":
             from experiments.sweep.folder import run_sweep
             return run_sweep(args.spec, args.out, args.jobs, args.retry_failed, args.quiet)
+        if args.command == "join":
+            from experiments.rank.joiner import join
+            return join(args.run)
         if args.command == "export":
             from experiments.export import export
             return export(args.run, args.out, args.best)
@@ -117,6 +120,8 @@ def _parser(extra: Mapping[str, Subcommand]) -> argparse.ArgumentParser:
     sweep.add_argument("--jobs", type=_count, default=0, help="points run at once (default: cores for sim, 1 for mpi)")
     sweep.add_argument("--retry-failed", action="store_true", help="run failed points again")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+    joiner = commands.add_parser("join", help="become a new client of a running --joinable run (docs/joining.md)")
+    joiner.add_argument("run", help="the run directory of a run started with --joinable over MPI")
     export = commands.add_parser("export", help="a run's last weights as a torch state_dict (model.pt)")
     export.add_argument("run", help="a run directory")
     export.add_argument("--out", help="the file (default: RUN/model.pt; *.safetensors: safetensors)")

@@ -117,14 +117,17 @@ def truncate_jsonl(path: Path, lines: int) -> None:
     _replace_atomically(path, lambda f: f.write("".join(kept).encode()))
 
 
-def _replace_atomically(path: Path, write) -> None:
+def _replace_atomically(path: Path, write, mode: int = 0o666) -> None:
     """Every writer makes its folder: a first write into `results/` must not fail at the end
-    of minutes of measurements."""
+    of minutes of measurements. `mode`: the new file's permissions (less the umask), set
+    as it is made, so a secret is never readable by others, not even for a moment."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     with naming(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as f:
+            if mode != 0o666:
+                os.fchmod(f.fileno(), mode)  # a file left by a writer that died keeps its mode: not before writing
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -136,8 +139,10 @@ def _replace_atomically(path: Path, write) -> None:
         os.close(dir_fd)
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(_finite(obj), indent=2, default=_plain) + "\n")
+def write_json_atomic(path: Path, obj: Any, private: bool = False) -> None:
+    """`private`: readable and writable by the owner alone (a run's door, with its secret)."""
+    text = json.dumps(_finite(obj), indent=2, default=_plain) + "\n"
+    _replace_atomically(path, lambda f: f.write(text.encode("utf-8")), 0o600 if private else 0o666)
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -8,6 +8,8 @@
       snapshots/       weights at those versions, for eval     (removed after eval, folder and all)
       checkpoint/latest.npz  weights, rule state, version      (atomic, no pickle)
       summary.json     results and status                      (written last, atomically)
+      door.json        where and how to join the running job  (--joinable over MPI; owner only;
+                                                                removed when the server stops serving)
       lock             who writes the run now (host, pid)     (flock; removed when released)
 
 Only the server's rank writes here; clients ship their rows inside their pushes. One
@@ -27,6 +29,8 @@ import numpy as np
 from rundir.durable import JsonlWriter, read_jsonl, save_arrays, write_json_atomic
 from rundir.lock import LOCK, FolderLock, RunDirError
 from rundir.status import finished
+
+DOOR = "door.json"
 
 
 class RunDir:
@@ -65,6 +69,18 @@ class RunDir:
 
     def write_config(self, config: dict[str, Any]) -> None:
         write_json_atomic(self.path / "config.json", config)
+
+    def open_door(self, door: dict[str, Any]) -> None:
+        """Tell joiners where server 0 listens and the secret to show (`asgd join`):
+        readable by the run's owner alone."""
+        write_json_atomic(self.path / DOOR, door, private=True)
+
+    def close_door(self) -> None:
+        (self.path / DOOR).unlink(missing_ok=True)
+
+    @property
+    def door_path(self) -> Path:
+        return self.path / DOOR
 
     @property
     def checkpoint_path(self) -> Path:

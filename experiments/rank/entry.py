@@ -35,6 +35,7 @@ from experiments.run.record import RunSetup
 from experiments.run.serverrun import ServerSettings, serve_mpi, serve_slice
 from paramserver.compute.quantkernel import make_codec
 from paramserver.wire import frame
+from paramserver.wire.door import Door, DoorLink
 from paramserver.wire.protocol import Bye
 from runconfig.settings import RunConfig
 from paramserver.wire.farewell import say_bye, tell_recorders, wait_for_bye
@@ -164,8 +165,14 @@ def _serve(transport: Transport, setup: RunSetup, server: ServerSettings, clock:
         if serve_slice(setup, server, transport, clock, transport.rank):
             _exit(0)  # clients were lost: see paramserver/wire/farewell.py
         return 0
-    lost = {entry["rank"] for entry in serve_mpi(setup, server, transport, clock)["lost_clients"]}
-    if say_bye(transport, transport.size, lost | transport.watch.reported):  # the dead spares too
+    door = Door(first_rank=transport.size) if server.joinable else None
+    link = transport if door is None else DoorLink(transport, door)
+    lost = {entry["rank"] for entry in serve_mpi(setup, server, link, clock, door)["lost_clients"]}
+    joiners = door.joiners() if door is not None else []
+    gone = say_bye(link, [*range(1, transport.size), *joiners], lost | transport.watch.reported)  # the dead spares too
+    if door is not None:
+        door.close()
+    if gone:
         _exit(0)  # with clients lost, leave at once: MPI_Finalize would wait for them forever
     return 0
 

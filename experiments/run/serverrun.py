@@ -8,7 +8,9 @@ answered; ranks 1..S-1 serve their slice (`serve_slice`), follow server 0's deci
 from __future__ import annotations
 
 import math
+import os
 import secrets
+import socket
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -24,9 +26,11 @@ from paramserver.noise import summarise
 from paramserver.recorder import Recorder
 from paramserver.drivers.server import ServerLoop
 from paramserver.wire.compress import make_codec
+from paramserver.wire.door import Door
 from paramserver.wire.fanout import gatherer
 from paramserver.wire.protocol import Link, Tag, shard_bounds
 from runconfig.settings import RunConfig
+from rundir.layout import RunDir
 
 # runs the message loop; returns what it measured for the summary (server_busy_s, ...)
 Drive = Callable[[ServerState, Recorder], dict[str, Any]]
@@ -47,6 +51,7 @@ class ServerSettings:
 
     servers: int
     spares: int
+    joinable: bool
     block: int
     stall_timeout: float
     on_client_failure: str
@@ -60,23 +65,53 @@ class ServerSettings:
     def from_config(cls, cfg: RunConfig, clients: int) -> ServerSettings:
         keeps_state = OptimizerSettings(name=cfg.optimizer, momentum=cfg.client_momentum(clients),
                                         precision=cfg.precision).keeps_state
-        return cls(servers=cfg.servers, spares=cfg.spares, block=make_codec(cfg.compress).block,
+        return cls(servers=cfg.servers, spares=cfg.spares, joinable=cfg.joinable, block=make_codec(cfg.compress).block,
                    stall_timeout=cfg.stall_timeout, on_client_failure=cfg.on_client_failure, keeps_state=keeps_state,
                    versions=cfg.async_versions(clients), checkpoint_every=cfg.checkpoint_every,
                    fault=cfg.fault_for(0, "the server", "version"), optimizer_factory=server_optimizer_factory(cfg))
 
 
-def serve_mpi(setup: RunSetup, server: ServerSettings, link: Link, clock: Callable[[], float]) -> dict[str, Any]:
+def serve_mpi(setup: RunSetup, server: ServerSettings, link: Link, clock: Callable[[], float],
+              door: Door | None = None) -> dict[str, Any]:
     """Server 0 of an MPI run: serve the clients over `link`, record the run. With spare
-    ranks the run has a secret of its own, which only an admitted spare learns (its ADMIT)."""
+    ranks or a `door` (`--joinable`: `link` is then its `DoorLink`) the run has a secret
+    of its own, which only an admitted spare learns (its ADMIT), or the run's owner from
+    the run directory's door file, there while the server serves."""
     hosts = {r["rank"]: r["host"] for r in setup.provenance.get("ranks", [])}
 
     def drive(state: ServerState, recorder: Recorder) -> dict[str, Any]:
         loop = ServerLoop(link, state, recorder, clock, server.stall_timeout, server.on_client_failure, hosts,
                           spin=spare_core(setup.provenance), followers=tuple(range(1, server.servers)))
-        loop.serve()
+        run = RunDir(setup.record.out)
+        if door is not None:
+            run.open_door({"port": door.port, "addresses": addresses(), "secret": state.members.secret,
+                           "host": socket.gethostname(), "pid": os.getpid()})
+        try:
+            loop.serve()
+        finally:
+            run.close_door()
         return {"server_busy_s": loop.busy_s, "server_push_us": loop.cost.medians_us()}
-    return serve_run(setup, server, clock, drive, link, secret=secrets.token_hex(16) if server.spares else None)
+    joinable = server.spares or door is not None
+    return serve_run(setup, server, clock, drive, link, secret=secrets.token_hex(16) if joinable else None)
+
+
+def addresses() -> list[str]:
+    """Where a joiner may reach this host, the likeliest first: the addresses its name
+    resolves to and the one its default route leaves by (loopback last: from another
+    host it would reach the joiner's own)."""
+    found = []
+    try:
+        found += [info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)]
+    except OSError:
+        pass
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # a documentation address: no packet leaves, the route is looked up
+            found.append(probe.getsockname()[0])
+    except OSError:
+        pass
+    outside = [a for a in found if not a.startswith("127.")]
+    return list(dict.fromkeys([*outside, socket.gethostname(), *found, "127.0.0.1"]))
 
 
 def serve_run(setup: RunSetup, server: ServerSettings, clock: Callable[[], float], drive: Drive,

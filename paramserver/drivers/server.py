@@ -18,6 +18,7 @@ and admits a spare rank in its place where one waits (ADMIT; paramserver/members
 """
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from paramserver import membership
-from paramserver.events import Applied
+from paramserver.events import Applied, Joined, JoinRefused
 from paramserver.drivers.follow import IN_TURN, Follow
 from paramserver.handler import ClientLost, handle, release, tag_name
 from paramserver.state import ServerState
@@ -109,12 +110,13 @@ class ServerLoop:
         if self.follow is not None:
             self.state.reply.follows()
         self.excused = 0.0  # seconds the server spent waiting on one client: no other's silence (`_excuse`)
+        self.lost_at = -math.inf  # when the last client was lost (`_awaits_joiner`)
         self.heard = {r: (self._now(), "none") for r in self.state.client_ranks}  # rank -> (when, last tag)
         self.in_flight: list[tuple[int, list, int]] = []  # replies under way: (rank, requests, bytes)
 
     def serve(self) -> ServerTally:
         """Handle messages until every client has stopped or is lost."""
-        while not self.state.done:
+        while not self.state.done or self._awaits_joiner():
             if self.follow is not None:
                 self._guarded(self._follow_one)
                 continue
@@ -195,9 +197,19 @@ class ServerLoop:
         for reply in replies:
             self._post(reply)
         posted = time.perf_counter()
+        self._at_door(events)
         if self.recorder is not None:
             self.recorder.record(events)
         return posted
+
+    def _at_door(self, events: list) -> None:
+        """A joiner at server 0's door (paramserver/wire/door.py, a link that can `refuse`)
+        is told why it was refused, and any joiner is named by its host from its JOIN on."""
+        for event in events:
+            if isinstance(event, JoinRefused) and hasattr(self.link, "refuse"):
+                self.link.refuse(event.rank, event.reason)
+            elif isinstance(event, Joined):
+                self.hosts.setdefault(event.rank, event.host)
 
     def _serve_one(self) -> tuple[Message | None, bool]:
         """Handles the next message: it, and True when there was none but a wake-up instead."""
@@ -210,12 +222,26 @@ class ServerLoop:
         self.busy_s += time.perf_counter() - start
         return msg, False
 
+    def _awaits_joiner(self) -> bool:
+        """Every client is lost but the run has not finished, and a door is open (a link
+        that can `refuse`: paramserver/wire/door.py): the run waits for a joiner, as long
+        as a client may be silent (the stall timeout) from the last loss."""
+        return (hasattr(self.link, "refuse") and not membership.finished(self.state)
+                and self._now() < self.lost_at + self.stall_timeout)
+
     def _next_message(self) -> Message | None:
         """Waits no longer than the first waiting client's stall deadline, and checks it
         even while other clients keep the server busy; None at `wake_at`, when a step
-        being gathered goes without the clients it waits for (the caller releases it)."""
+        being gathered goes without the clients it waits for (the caller releases it),
+        or when no client runs and no joiner came in time (`_awaits_joiner`)."""
         while True:
             waiting = self.state.waiting
+            if not waiting:
+                try:
+                    return self.link.recv(timeout=max(0.0, self.lost_at + self.stall_timeout - self._now()),
+                                          into=self.state.landing)
+                except (PeerTimeout, PeerDied):
+                    return None
             first = min(waiting, key=lambda r: self.heard[r][0])
             now = self.clock()  # the pace's clock; silence is measured by _now()
             left = self.heard[first][0] + self.stall_timeout - self._now()
@@ -309,6 +335,7 @@ class ServerLoop:
         if self.on_client_failure != "continue":
             raise type(lost)(lost.rank, what, named=True)
         membership.lose(self.state, lost.rank, f"{type(lost).__name__}: {lost}")
+        self.lost_at = self._now()
         print(f"asgd: {what}; continuing with {len(self.state.waiting)} client(s)", file=sys.stderr, flush=True)
         self._admit(client)
 

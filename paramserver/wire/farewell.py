@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import time
 
-from paramserver.wire.protocol import Bye, Fail, Link, Tag
+from paramserver.wire.liveness import PeerDied
+from paramserver.wire.protocol import Bye, Fail, Link, PeerTimeout, Tag
 
 FAIL_GRACE_S = 5.0  # a failed client waits this long for the server to record why
 
@@ -27,12 +28,15 @@ def tell_recorders(link: Link, rank: int, servers: int, reason: str, wait: bool)
         time.sleep(0.05)
 
 
-def say_bye(link: Link, ranks: int, gone: set[int]) -> bool:
-    """BYE to every rank but server 0 (`ranks` in all: spares never admitted too) not
-    `gone` (lost clients, dead spares); whether any were gone."""
-    for rank in range(1, ranks):
+def say_bye(link: Link, ranks: list[int], gone: set[int]) -> bool:
+    """BYE to each of `ranks` (every rank but server 0: spares never admitted and joiners
+    too) not `gone` (lost clients, dead spares); whether any were gone."""
+    for rank in ranks:
         if rank not in gone:
-            link.send(rank, Tag.BYE, Bye(len(gone)), timeout=10)
+            try:
+                link.send(rank, Tag.BYE, Bye(len(gone)), timeout=10)
+            except (PeerDied, PeerTimeout):  # it died since (a joiner's stream closed): the others still get theirs
+                pass
     return bool(gone)
 
 

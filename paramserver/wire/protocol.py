@@ -184,13 +184,16 @@ class Welcome:
     never given again), its share of the run's budget in minibatches, the shard of the
     training set it draws from (`slot`: a lost client's, or one of its own) and how many
     minibatches of that shard's order were drawn already (`position`), and the weights'
-    header (version, the schedule's position) before the payload."""
+    header (version, the schedule's position) before the payload. `clock`: the run's clock
+    at the join, which a joiner from another job stamps its rows from (the job's ranks
+    started theirs together)."""
 
     client: int
     steps: int
     slot: int
     position: int
     weights: Weights
+    clock: float = 0.0
 
 
 @dataclass(slots=True)

@@ -1,0 +1,135 @@
+"""`asgd join RUN_DIR`: a process outside the run's MPI job becomes a new client of it.
+
+Launched by hand, by `mpiexec -n J` or `srun` (each process joins alone: MPI is not
+started here), or from a second `sbatch`. It reads what the run recorded (config.json:
+the model, the data, the optimizer; door.json: where server 0 listens and the secret,
+readable by the run's owner alone), loads its model and data before it knocks, so
+that a join costs the server one message and a weights transfer, and then talks to
+server 0 over a TCP stream (paramserver/wire/stream.py; why not MPI: docs/joining.md).
+The server answers its JOIN as any joiner's (paramserver/membership.py): a new client
+number, a shard, its share of the budget, the weights; from then on it is an ordinary
+client, and waits for the server's BYE at the end of the run.
+
+Anything wrong before the server let it in (not a run, not joinable, finished, not the
+owner, the server unreachable, the JOIN refused) is one line and exit status 2, and the
+run is unchanged; a failure once it trains is exit status 1, after a FAIL to the server,
+which goes on without it under `--on-client-failure continue`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import sys
+import time
+
+import torch
+
+from clients.devices import gpu_count, node_devices, use_device
+from clients.driver import ClientPlan, join_server, run_client
+from clients.models import flat_weights
+from experiments.run.assemble import build, join_client, make_replica
+from experiments.run.resume import recorded_config
+from paramserver.wire import frame
+from paramserver.wire.compress import make_codec
+from paramserver.wire.farewell import tell_recorders, wait_for_bye
+from paramserver.wire.liveness import PeerDied
+from paramserver.wire.protocol import Fail, PeerTimeout, ProtocolError, Welcome
+from paramserver.wire.stream import SocketLink
+from runconfig.load import load_config
+from runconfig.settings import RunConfig
+from rundir.layout import RunDir
+from rundir.lock import RunDirError
+from rundir.modes import Mode
+
+CONNECT_S = 5.0  # the longest one address of the door is tried
+# where a launcher says which of a node's processes this is: a joiner's GPU, as a rank's
+LOCAL_RANK = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK")
+
+
+def join(run_dir: str) -> int:
+    """Join the run in `run_dir`; the exit status (bad input raises `RunDirError`)."""
+    run = RunDir(run_dir)
+    cfg, door = _read(run)
+    parts = build(cfg, _device(cfg), cfg.clients, [])
+    cfg, clients = parts.cfg, parts.clients
+    replica = make_replica(cfg, parts.model, parts.device, clients)
+    codec = make_codec(cfg.compress if cfg.compress_pulls else "none")
+    size = flat_weights(parts.model).size
+    landing = frame.empty(codec.wire_size(size), codec.wire_dtype)
+    link = SocketLink(_connect(run, door))
+    try:
+        answer = join_server(link, door["secret"], socket.gethostname(), landing, cfg.stall_timeout)
+    except (PeerDied, PeerTimeout, ProtocolError) as error:
+        raise RunDirError(f"join: {run.path}: the server did not let us in: {error}") from None
+    if not isinstance(answer, Welcome):
+        why = answer.reason if isinstance(answer, Fail) else "the run ended"
+        raise RunDirError(f"join: {run.path}: {why}")
+    start = time.perf_counter()
+    print(f"asgd: joined {run.path} as client {answer.client} at version {answer.weights.version}",
+          file=sys.stderr, flush=True)
+    try:
+        client = join_client(cfg, replica, parts.dataset, clients, answer)
+        plan = dataclasses.replace(ClientPlan.for_run(cfg, answer.client, clients, 1), steps=answer.steps)
+        run_client(link, client, plan, lambda: answer.clock + time.perf_counter() - start,
+                   first=(landing, answer.weights))
+        wait_for_bye(link)
+    except Exception as error:  # noqa: BLE001 - the server must hear why, then this process ends
+        reason = f"{type(error).__name__}: {error}"
+        print(f"asgd: client {answer.client} (joined) failed: {reason}", file=sys.stderr, flush=True)
+        if not isinstance(error, PeerDied):
+            tell_recorders(link, -1, 1, reason, wait=False)
+        return 1
+    finally:
+        link.close()
+    return 0
+
+
+def _read(run: RunDir) -> tuple[RunConfig, dict]:
+    """The run's config and its door, or why this process may not join it (one line)."""
+    if not (run.path / "config.json").is_file():
+        raise RunDirError(f"join: {run.path} is not a run directory (no config.json)")
+    stored = recorded_config(run.path)
+    if not stored.get("joinable"):
+        raise RunDirError(f"join: {run.path} is not joinable (start it with --joinable)")
+    if stored.get("backend") != "mpi" or stored.get("mode") != Mode.ASYNC:
+        raise RunDirError(f"join: {run.path} is not an async run over MPI (the simulator's --joins studies joins)")
+    status = run.status()
+    if status is not None:
+        raise RunDirError(f"join: {run.path} has finished ({status})")
+    try:
+        door = json.loads(run.door_path.read_text())
+    except FileNotFoundError:
+        raise RunDirError(f"join: {run.path}: its server is not serving (no {run.door_path.name}: "
+                          "not started yet, or ended)") from None
+    except PermissionError:
+        raise RunDirError(f"join: cannot read {run.door_path}: only the run's owner may join it") from None
+    except (OSError, ValueError) as error:
+        raise RunDirError(f"join: cannot read {run.door_path} ({error})") from None
+    if not isinstance(door, dict) or not {"port", "addresses", "secret"} <= set(door):
+        raise RunDirError(f"join: {run.door_path} is not a door file of ours")
+    return load_config(None, {**stored, "out": str(run.path)}), door
+
+
+def _connect(run: RunDir, door: dict) -> socket.socket:
+    """A stream to server 0, from the first of its addresses that answers."""
+    tried = []
+    for address in door["addresses"]:
+        try:
+            return socket.create_connection((address, door["port"]), timeout=CONNECT_S)
+        except OSError as error:
+            tried.append(f"{address}: {error.strerror or error}")
+    raise RunDirError(f"join: cannot reach the server of {run.path} on port {door['port']} "
+                      f"({'; '.join(tried)}): has the run ended?")
+
+
+def _device(cfg: RunConfig) -> str:
+    """The joiner's device: as a client rank's, this process counted among its node's by
+    the launcher's local rank (0 when launched alone)."""
+    local = next((int(os.environ[name]) for name in LOCAL_RANK if os.environ.get(name, "").isdigit()), 0)
+    device = node_devices(cfg.device, cfg.server_device, [True] * (local + 1), gpu_count())[local]
+    use_device(device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    return device
