@@ -115,9 +115,10 @@ class Recorder:
         spare = {} if event.spare_for is None else {"spare_for": event.spare_for}
         self.membership({"joined": event.client, "rank": event.rank, "host": event.host, "version": event.version,
                          **spare})
-        if spare:  # whoever runs the job sees the run grow back
-            print(f"asgd: client {event.spare_for} lost; spare rank {event.rank} joins as client {event.client}",
-                  file=sys.stderr, flush=True)
+        # whoever runs the job sees the run grow back
+        what = (f"client {event.spare_for} lost; spare rank {event.rank} joins as client {event.client}" if spare
+                else f"rank {event.rank} (host {event.host}) joins as client {event.client} at version {event.version}")
+        print(f"asgd: {what}", file=sys.stderr, flush=True)
 
     def _join_refused(self, event: JoinRefused) -> None:
         """Named on the console too: whoever runs the job should see who knocked."""

@@ -1,0 +1,90 @@
+"""Joining a running MPI job from outside it (`--joinable`, `asgd join RUN_DIR`): over server
+0's door (paramserver/wire/door.py), a process no MPI job owns becomes a client; a
+stranger is refused and a joiner that dies mid-pull is lost, both leaving the weights as
+they were; bad input is one line and exit status 2 before anything is sent."""
+from __future__ import annotations
+
+import json
+import socket
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments.cli import main
+from paramserver.wire import frame
+from paramserver.wire.protocol import Fail, Join, Tag, Welcome
+from paramserver.wire.stream import SocketLink
+from clients.driver import join_server
+from tests.conftest import BIN, each_logged_once, finish, kill_tree, run_command, start
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+# client 0 fails at its step 5 (4 pushed): the run, unfinished, waits at its door
+RUN = ["--clients", "1", "--joinable", "--on-client-failure", "continue", "--inject-fault", "1:5", "--steps", "60",
+       "--budget", "client", "--batch-size", "32", "--eval-samples", "50", "--device", "cpu", "--stall-timeout", "60"]
+
+
+def _rows(run: Path, log: str) -> list[dict]:
+    path = run / f"{log}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _wait_for(what, timeout: float, server) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert server.poll() is None, "the run ended before the joiners came"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def _knock(door: dict) -> SocketLink:
+    return SocketLink(socket.create_connection(("127.0.0.1", door["port"]), timeout=10))
+
+
+def test_every_client_dead_a_stranger_refused_a_joiner_killed_mid_pull_then_one_joins_and_finishes(tmp_path, tiny_npz):
+    run = tmp_path / "run"
+    args = [str(BIN / "asgd"), "train", "--quiet", "--data", str(tiny_npz), *RUN, "--out", str(run)]
+    server = start(args)
+    try:
+        _wait_for(lambda: any("lost" in r for r in _rows(run, "server")) and (run / "door.json").exists(), 120, server)
+        assert stat.S_IMODE((run / "door.json").stat().st_mode) == 0o600
+        door = json.loads((run / "door.json").read_text())
+        stranger = _knock(door)
+        answer = join_server(stranger, "0" * 32, "prober", frame.empty(1), 10)
+        assert answer == Fail("join refused: wrong secret")
+        dying = _knock(door)
+        dying.send(0, Tag.JOIN, Join(door["secret"], "dying"))
+        assert isinstance(dying.recv(10).header, Welcome)
+        dying.close()  # before its weights are read
+        _wait_for(lambda: sum("lost" in r for r in _rows(run, "server")) == 2, 30, server)
+        joiner = run_command([str(BIN / "asgd"), "join", str(run)], timeout=120)
+        assert joiner.returncode == 0, joiner.stderr
+        assert "joined" in joiner.stderr and "as client 2 at version 4" in joiner.stderr
+        result = finish(server, args, 120)
+    finally:
+        kill_tree(server.pid)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete" and not (run / "door.json").exists()
+    assert [(c["client"], c["last_step"]) for c in summary["lost_clients"]] == [(0, 4), (1, 0)]
+    assert [(c["client"], c["host"], c["version"], c["slot"]) for c in summary["joined_clients"]] == \
+        [(1, "dying", 4, 0), (2, socket.gethostname(), 4, 0)]  # the dying one changed nothing: still version 4
+    [refused] = [r for r in _rows(run, "server") if "join_refused" in r]
+    assert refused["host"] == "prober" and refused["join_refused"] == "wrong secret"
+    # client 0's shard, where its pushes left it, went on with the joiner: every sample once
+    assert each_logged_once([(r["client"], r["step"]) for r in _rows(run, "clients")], 3) == [4, 0, 56]
+    late = run_command([str(BIN / "asgd"), "join", str(run)], timeout=60)
+    assert late.returncode == 2 and late.stderr.strip().endswith("has finished (complete)")
+    assert late.stderr.count("\n") == 1
+
+
+def test_joining_what_is_not_a_joinable_running_run_is_one_line_and_exit_2(tmp_path, tiny_npz, capsys):
+    assert main(["join", str(tmp_path)]) == 2
+    assert "is not a run directory" in capsys.readouterr().err
+    sim = tmp_path / "sim"
+    assert main(["train", "--backend", "sim", "--quiet", "--data", str(tiny_npz), "--clients", "1", "--steps", "5",
+                 "--out", str(sim)]) == 0
+    capsys.readouterr()
+    assert main(["join", str(sim)]) == 2
+    assert capsys.readouterr().err.strip() == f"asgd: error: join: {sim} is not joinable (start it with --joinable)"
