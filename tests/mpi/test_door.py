@@ -17,7 +17,7 @@ from paramserver.wire import frame
 from paramserver.wire.protocol import Fail, Join, Tag, Welcome
 from paramserver.wire.stream import SocketLink
 from clients.driver import join_server
-from tests.conftest import BIN, each_logged_once, finish, kill_tree, run_command, start
+from tests.conftest import BIN, LAUNCHER, each_logged_once, finish, kill_tree, run_command, start
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 # client 0 fails at its step 5 (4 pushed): the run, unfinished, waits at its door
@@ -42,6 +42,9 @@ def _knock(door: dict) -> SocketLink:
     return SocketLink(socket.create_connection(("127.0.0.1", door["port"]), timeout=10))
 
 
+@pytest.mark.skipif(LAUNCHER.kind != "hydra", reason="Open MPI 5's launcher (ULFM) ends a job whose every client rank "
+                    "has ended, its server waiting at the door included (measured: gone 1.5 s after the last client's "
+                    "exit; docs/joining.md)")
 def test_every_client_dead_a_stranger_refused_a_joiner_killed_mid_pull_then_one_joins_and_finishes(tmp_path, tiny_npz):
     run = tmp_path / "run"
     args = [str(BIN / "asgd"), "train", "--quiet", "--data", str(tiny_npz), *RUN, "--out", str(run)]
