@@ -1,0 +1,53 @@
+"""Joining across hosts (issue 55): a run whose server is on h1 and whose one client, on h2,
+fails at its step 5 under `continue` waits at its door; a process on h3 outside the job
+joins it (`asgd join`, started as ssh starts a command, or by a second Slurm job) and
+finishes the lost client's shard, every sample once. MPICH only: Open MPI's launcher
+ends a job whose every client rank has ended (docs/joining.md)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from experiments.parent.tree import kill_tree
+from tests.cluster.conftest import AGENT, MPICH, rows, run_job
+from tests.conftest import BIN, ROOT, each_logged_once
+
+RUN = ["--clients", "1", "--joinable", "--on-client-failure", "continue", "--inject-fault", "1:5", "--steps", "60",
+       "--budget", "client", "--batch-size", "32", "--eval-samples", "50", "--stall-timeout", "60", "--threads", "1",
+       "--quiet"]
+
+
+@pytest.mark.parametrize("launch", ["ssh", "srun"])
+def test_a_process_on_another_host_joins_the_run_and_finishes_the_lost_clients_shard(cluster, tmp_path, tiny_npz,
+                                                                                     launch):
+    if launch == "srun":
+        cluster.need_slurm()
+    if not (BIN / "mpichversion").exists():
+        pytest.skip(f"{BIN} has no MPICH")
+    run = tmp_path / "run"
+    args = [*MPICH.mpiexec({"h1": 1, "h2": 1}, 2), "-disable-auto-cleanup", BIN / "asgd", "train", "--data", tiny_npz,
+            *RUN, "--out", run]
+    job = subprocess.Popen([str(a) for a in args], cwd=ROOT, env=MPICH.env(cluster), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run / "door.json").exists() and (run / "server.jsonl").exists()
+                   and any("lost" in r for r in rows(run, "server"))):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1] if job.poll() else "timeout"
+            time.sleep(0.1)
+        joiner = ([str(AGENT), "h3"] if launch == "ssh" else ["srun", "-w", "h3", "-n", "1"]) + \
+            [str(BIN / "asgd"), "join", str(run)]
+        joined = run_job(joiner, MPICH.env(cluster), timeout=120)
+        assert joined.returncode == 0, joined.stderr
+        err = job.communicate(timeout=120)[1]
+    finally:
+        kill_tree(job.pid)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete", err
+    assert [(c["client"], c["host"], c["version"], c["slot"]) for c in summary["joined_clients"]] == \
+        [(1, "h3", 4, 0)]
+    assert each_logged_once([(r["client"], r["step"]) for r in rows(run, "clients")], 2) == [4, 56]
+    assert "asgd: rank 2 (host h3) joins as client 1 at version 4" in err
