@@ -3,7 +3,7 @@
     python -m bench.studies.door_join [--joiners J] [--tries N] [--steps S]
 
 Each try starts `asgd train` (self-launched over MPI: 2 clients on the tiny data set, the
-second failing at its step 5 under `continue`, `--joinable`), waits for its door file and
+second failing at its step 5 under `continue`, `--joinable`, the run's budget), waits for its door file and
 the lost client, then starts J `asgd join` processes at once. From the run directory it
 prints, for each joiner: its start-up (from its launch to its `joined` row, wall seconds:
 importing torch, the model and data, the connection), the server's side (from the
@@ -37,7 +37,7 @@ def one_try(folder: Path, data: Path, joiners: int, steps: int) -> dict:
     run = folder / "run"
     server = subprocess.Popen([ASGD, "train", "--quiet", "--data", str(data), "--clients", "2", "--joinable",
                                "--on-client-failure", "continue", "--inject-fault", "2:5", "--steps", str(steps),
-                               "--budget", "client", "--device", "cpu", "--eval-samples", "50", "--out", str(run)],
+                               "--budget", "run", "--device", "cpu", "--eval-samples", "50", "--out", str(run)],
                               stderr=subprocess.DEVNULL, start_new_session=True)
     while not ((run / "door.json").exists() and any("lost" in r for r in _rows(run, "server"))):
         if server.poll() is not None:
@@ -70,7 +70,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--joiners", type=int, default=1)
     parser.add_argument("--tries", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=4000, help="client 0's minibatches: it must outlast the joins")
+    parser.add_argument("--steps", type=int, default=3000,
+                        help="a client's share of the run's budget (budget = run: 2 x S minibatches in all, "
+                             "shared with the joiners): client 0 must outlast the joins")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         data = make_tiny_npz(Path(tmp) / "tiny.npz")
