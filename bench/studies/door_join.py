@@ -55,13 +55,14 @@ def one_try(folder: Path, data: Path, joiners: int, steps: int) -> dict:
     server.wait(timeout=600)
     rows = _rows(run, "server")
     joined = [r for r in rows if "joined" in r]
-    first_push = {j["joined"]: min(r["time"] for r in rows if r.get("client") == j["joined"] and "version" in r
-                                   and "joined" not in r) for j in joined}
+    first_push = {j["joined"]: min((r["time"] for r in rows if r.get("client") == j["joined"] and "staleness" in r),
+                                   default=None) for j in joined}  # None: it never pushed (the budget was spent)
     at = min(j["time"] for j in joined)
     pushes0 = [r["time"] for r in rows if r.get("client") == 0 and "staleness" in r]
     before = sum(at - WINDOW_S <= t < at for t in pushes0) / WINDOW_S
     after = sum(at <= t < at + WINDOW_S for t in pushes0) / WINDOW_S
-    return {"server_s": [first_push[j["joined"]] - j["time"] for j in joined],
+    return {"server_s": [first_push[j["joined"]] - j["time"] for j in joined if first_push[j["joined"]] is not None],
+            "joined": len(joined),
             "joined_at": [j["time"] for j in joined], "startup_s": startup,
             "client0_rate": (before, after), "exit": [p.returncode for p in procs]}
 
@@ -81,10 +82,11 @@ def main() -> None:
             folder.mkdir()
             got = one_try(folder, data, args.joiners, args.steps)
             server = got["server_s"]
-            print(f"try {i}: {len(server)} of {args.joiners} joined (exit {got['exit']}); start-up (launch -> "
+            print(f"try {i}: {got['joined']} of {args.joiners} joined, {len(server)} pushed (exit {got['exit']}); "
+                  f"start-up (launch -> "
                   f"joined row) {min(got['startup_s'], default=0):.2f}-{max(got['startup_s'], default=0):.2f} s; "
                   f"joined row -> first "
-                  f"applied push: median {1e3 * statistics.median(server):.1f} ms, max {1e3 * max(server):.1f} ms; "
+                  f"applied push: median {1e3 * statistics.median(server or [0]):.1f} ms, max {1e3 * max(server or [0]):.1f} ms; "
                   f"joins spread over {max(got['joined_at']) - min(got['joined_at']):.2f} s; client 0 pushes/s "
                   f"2 s before / after the first join: {got['client0_rate'][0]:.0f} / {got['client0_rate'][1]:.0f}",
                   flush=True)
