@@ -1,0 +1,43 @@
+"""Churn with joins (scripts/churn.py): joiners killed with SIGKILL at random while the run
+goes on, each replaced after a repair time. Nothing is lost or doubled, every killed
+joiner is a lost client, and no process of the churn is left."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import BIN, ROOT, each_logged_once, finish, kill_tree, run_command, start
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.long]  # minutes on 2 cores: a joiner's start-up is seconds
+
+
+def test_joiners_killed_and_replaced_while_the_run_goes_on_leave_every_row_once_and_no_process(tmp_path, tiny_npz):
+    run = tmp_path / "run"
+    args = [str(BIN / "asgd"), "train", "--quiet", "--data", str(tiny_npz), "--clients", "1", "--joinable",
+            "--on-client-failure", "continue", "--steps", "3000", "--budget", "run", "--batch-size", "32",
+            "--eval-samples", "50", "--device", "cpu", "--stall-timeout", "60", "--out", str(run)]
+    server = start(args)
+    try:
+        churn = run_command([sys.executable, str(ROOT / "scripts" / "churn.py"), str(run), "--joiners", "1",
+                             "--mtbf", "1.0", "--repair", "0.2", "--seed", "3"], timeout=300)
+        result = finish(server, args, 120)
+    finally:
+        kill_tree(server.pid)
+    assert result.returncode == 0, result.stderr
+    assert churn.returncode == 0, churn.stderr
+    killed = re.findall(r"\(client (\d+)\) killed \(SIGKILL\)", churn.stdout)
+    assert killed and len(re.findall(r"joiner pid \d+ started", churn.stdout)) == 1 + len(killed), churn.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete"
+    joined = [c["client"] for c in summary["joined_clients"]]
+    assert joined == list(range(1, len(joined) + 1))  # numbered in turn, a lost one's never again
+    assert sorted(c["client"] for c in summary["lost_clients"]) == sorted(map(int, killed))  # each kill a loss
+    rows = [json.loads(line) for line in (run / "clients.jsonl").read_text().splitlines()]
+    ran = each_logged_once([(r["client"], r["step"]) for r in rows], 1 + len(joined))
+    assert sum(ran) == summary["minibatches"]
+    left = subprocess.run(["pgrep", "-f", f"join {run}"], capture_output=True, text=True)
+    assert left.stdout == "", left.stdout
