@@ -11,7 +11,7 @@ number, a shard, its share of the budget, the weights; from then on it is an ord
 client, and waits for the server's BYE at the end of the run.
 
 Anything wrong before the server let it in (not a run, not joinable, finished, not the
-owner, the server unreachable, the JOIN refused) is one line and exit status 2, and the
+owner, data on this host other than the run's, the server unreachable, the JOIN refused) is one line and exit status 2, and the
 run is unchanged; a failure once it trains is exit status 1, after a FAIL to the server,
 which goes on without it under `--on-client-failure continue`.
 """
@@ -30,6 +30,7 @@ from clients.devices import gpu_count, node_devices, use_device
 from clients.driver import ClientPlan, join_server, run_client
 from clients.models import flat_weights
 from experiments.run.assemble import build, join_client, make_replica
+from experiments.run.inputs import check_fingerprint
 from experiments.run.resume import recorded_config
 from paramserver.wire import frame
 from paramserver.wire.compress import make_codec
@@ -53,6 +54,7 @@ def join(run_dir: str) -> int:
     run = RunDir(run_dir)
     cfg, door = _read(run)
     parts = build(cfg, _device(cfg), cfg.clients, [])
+    check_fingerprint(run.record("config").get("data_fingerprint"), parts.dataset)  # this host's data, the run's?
     cfg, clients = parts.cfg, parts.clients
     replica = make_replica(cfg, parts.model, parts.device, clients)
     codec = make_codec(cfg.compress if cfg.compress_pulls else "none")

@@ -91,3 +91,15 @@ def test_joining_what_is_not_a_joinable_running_run_is_one_line_and_exit_2(tmp_p
     capsys.readouterr()
     assert main(["join", str(sim)]) == 2
     assert capsys.readouterr().err.strip() == f"asgd: error: join: {sim} is not joinable (start it with --joinable)"
+    # as if it were a joinable MPI run whose data was other than this host's: refused before any connection
+    config = json.loads((sim / "config.json").read_text())
+    config.update(joinable=True, backend="mpi", data_fingerprint={**config["data_fingerprint"], "files": [
+        {"path": "elsewhere", "size": 1, "sha256": "0" * 64}]})
+    (sim / "config.json").write_text(json.dumps(config))
+    (sim / "summary.json").unlink()
+    assert main(["join", str(sim)]) == 2
+    assert "asgd: error: join: " in capsys.readouterr().err and (sim / "door.json").exists() is False
+    (sim / "door.json").write_text(json.dumps({"port": 9, "addresses": ["127.0.0.1"], "secret": "s"}))
+    assert main(["join", str(sim)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "differs from what the run trained on" in err, err
