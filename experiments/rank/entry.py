@@ -165,7 +165,8 @@ def _serve(transport: Transport, setup: RunSetup, server: ServerSettings, clock:
         if serve_slice(setup, server, transport, clock, transport.rank):
             _exit(0)  # clients were lost: see paramserver/wire/farewell.py
         return 0
-    door = Door(first_rank=transport.size) if server.joinable else None
+    # a joiner's largest message: its optimizer's state (STATE, pickled), a few times the weights
+    door = Door(transport.size, max_body=8 * setup.weights.nbytes + (16 << 20)) if server.joinable else None
     link = transport if door is None else DoorLink(transport, door)
     lost = {entry["rank"] for entry in serve_mpi(setup, server, link, clock, door)["lost_clients"]}
     joiners = door.joiners() if door is not None else []

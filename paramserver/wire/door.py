@@ -69,7 +69,9 @@ class _Sent:
 class Door:
     """The listening socket and the joiners' streams (see the module's doc)."""
 
-    def __init__(self, first_rank: int, bind: str = ""):
+    def __init__(self, first_rank: int, max_body: int, bind: str = ""):
+        """`max_body`: the most bytes a welcomed joiner's message may announce (a larger
+        one is a broken peer, lost, before anything is allocated for it)."""
         self.listener = socket.create_server((bind, 0))
         self.listener.setblocking(False)
         self.port = self.listener.getsockname()[1]
@@ -77,7 +79,8 @@ class Door:
         self.selector.register(self.listener, selectors.EVENT_READ)
         self.peers: dict[int, _Peer] = {}
         self.first_rank = self.next_rank = first_rank
-        self.ready: deque[Message] = deque()
+        self.max_body = max_body
+        self.ready: deque[tuple[int, Prefix, np.ndarray, bool]] = deque()  # whole messages, not yet decoded
         self.receive_s = self.receive_cpu_s = 0.0
 
     def joiners(self) -> list[int]:
@@ -92,11 +95,22 @@ class Door:
             if key.fileobj is self.listener:
                 self._accept()
             else:
-                self._read(key.data, into)
+                self._read(key.data)
         for peer in list(self.peers.values()):
             if peer.outbox:
                 self._flush(peer)
-        return self.ready.popleft() if self.ready else None
+        return self._decode(into) if self.ready else None
+
+    def _decode(self, into: np.ndarray | None) -> Message:
+        """The oldest whole message, decoded now: a push's payload lands in `into` only
+        when the loop takes it (two pushes read in one poll would share the landing)."""
+        rank, prefix, body, trusted = self.ready.popleft()
+        if prefix is None:  # a stranger's first message, unread: a JOIN with no header
+            return Message(rank, Tag.JOIN, None)
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        message = decode(prefix, body, rank, into, trusted, framed_by=JOINER)
+        self.receive_s, self.receive_cpu_s = time.perf_counter() - start, time.thread_time() - start_cpu
+        return message
 
     def _accept(self) -> None:
         while True:
@@ -114,7 +128,7 @@ class Door:
             self.peers[peer.rank] = peer
             self.selector.register(sock, selectors.EVENT_READ, peer)
 
-    def _read(self, peer: _Peer, into: np.ndarray | None) -> None:
+    def _read(self, peer: _Peer) -> None:
         """Take what the socket holds; each message that is whole goes to `ready`."""
         while peer.rank in self.peers and not (peer.judged and not peer.trusted):
             try:
@@ -135,7 +149,7 @@ class Door:
                 if not self._begin(peer):
                     return
             if peer.prefix is not None and peer.got == peer.prefix.length:
-                self._deliver(peer, into)
+                self._deliver(peer)
 
     def _begin(self, peer: _Peer) -> bool:
         """The prefix is in: make room for the body; a stranger's message that is not a
@@ -145,21 +159,21 @@ class Door:
         if prefix is None or not peer.trusted and (prefix.tag != Tag.JOIN or prefix.length > FIRST_MAX):
             if not peer.trusted:
                 peer.judged = True
-                self.ready.append(Message(peer.rank, Tag.JOIN, None))
+                self.ready.append((peer.rank, None, None, False))
             else:
                 self._gone(peer, "sent bytes that are not a message")
+            return False
+        if prefix.length > self.max_body:
+            self._gone(peer, f"announced a message of {prefix.length} bytes (at most {self.max_body})")
             return False
         peer.prefix, peer.body, peer.got = prefix, np.empty(prefix.length, np.uint8), 0
         return True
 
-    def _deliver(self, peer: _Peer, into: np.ndarray | None) -> None:
-        start, start_cpu = time.perf_counter(), time.thread_time()
-        message = decode(peer.prefix, peer.body, peer.rank, into, peer.trusted, framed_by=JOINER)
-        self.receive_s, self.receive_cpu_s = time.perf_counter() - start, time.thread_time() - start_cpu
+    def _deliver(self, peer: _Peer) -> None:
+        self.ready.append((peer.rank, peer.prefix, peer.body, peer.trusted))
         peer.prefix, peer.body = None, None
         if not peer.trusted:
             peer.judged = True
-        self.ready.append(message)
 
     def _gone(self, peer: _Peer, why: str) -> None:
         """A stream ended: a stranger is forgotten; a welcomed joiner died."""

@@ -61,7 +61,7 @@ def test_a_frame_naming_another_sender_is_garbled_and_a_strangers_pickle_is_neve
 
 @pytest.fixture
 def door():
-    door = Door(first_rank=10, bind="127.0.0.1")
+    door = Door(first_rank=10, max_body=1 << 20, bind="127.0.0.1")
     yield door
     door.close()
 
@@ -154,3 +154,31 @@ def test_the_servers_link_hears_the_door_between_waits_on_mpi_and_times_out_as_i
         link.recv(0.01, source=0)
     assert inner.asked[-1] == {"source": 0}  # a wait for one rank of the job is the inner link's alone
     joiner.close()
+
+
+def _welcomed(door: Door, rank: int) -> SocketLink:
+    link = _joiner(door)
+    link.send(0, Tag.JOIN, Join("s3cret", "host"))
+    assert _poll(door).source == rank
+    door.complete(door.post(rank, Tag.JOIN, Welcome(rank - 10, 5, 0, 0, Weights(1, 4))), 5)
+    assert isinstance(link.recv(5).header, Welcome)
+    return link
+
+
+def test_two_pushes_read_in_one_poll_each_land_when_the_loop_takes_it(door):
+    first, second = _welcomed(door, 10), _welcomed(door, 11)
+    first.send(0, Tag.PUSH, Push(step=1, size=4, fetch=False), np.full(4, 1, np.float32))
+    second.send(0, Tag.PUSH, Push(step=1, size=4, fetch=False), np.full(4, 2, np.float32))
+    time.sleep(0.3)  # both whole on their sockets: one poll reads them both
+    into = frame.empty(4)
+    one = _poll(door, into)
+    assert np.array_equal(into, np.full(4, one.source - 9))  # the landing holds the message handed out
+    other = _poll(door, into)
+    assert {one.source, other.source} == {10, 11} and np.array_equal(into, np.full(4, other.source - 9))
+
+
+def test_a_joiner_announcing_more_than_the_door_takes_is_a_broken_peer_lost_before_anything_is_allocated(door):
+    link = _welcomed(door, 10)
+    link.sock.sendall(PREFIX.pack(b"asgd", int(Tag.STOP), 2, (1 << 20) + 1))
+    with pytest.raises(PeerDied, match="announced a message"):
+        _poll(door)
