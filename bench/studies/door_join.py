@@ -9,18 +9,26 @@ prints, for each joiner: its start-up (from its launch to its `joined` row, wall
 importing torch, the model and data, the connection), the server's side (from the
 `joined` row to the joiner's first applied push, the run's clock: what issue 55's target
 bounds, within n_sync minibatch times + 0.1 s), and client 0's applied pushes per second
-in the 2 s before the first join and the 2 s after it. Printed, never asserted.
+in the 2 s before the first join and the 2 s after it. With `--raw` the joins come from
+this process's sockets (JOIN, then the weights, then closed): how long the server takes to
+serve J joins at once, with no start-up in it. Printed, never asserted.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from paramserver.wire import frame
+from paramserver.wire.protocol import Join, Tag
+from paramserver.wire.stream import SocketLink
 
 from tests.conftest import make_tiny_npz
 
@@ -33,7 +41,24 @@ def _rows(run: Path, log: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def one_try(folder: Path, data: Path, joiners: int, steps: int) -> dict:
+def _served(door: dict, joiners: int) -> list[float]:
+    """J joins at once from this process, each on a thread: the seconds from its JOIN sent
+    to its weights in (no start-up: the server's side alone); each then closes, a lost client."""
+    def join() -> float:
+        link = SocketLink(socket.create_connection(("127.0.0.1", door["port"]), timeout=30))
+        start = time.perf_counter()
+        link.send(0, Tag.JOIN, Join(door["secret"], "raw"))
+        welcome = link.recv(30).header
+        landing = frame.empty(welcome.weights.size)
+        link.complete(link.expect_weights([0], [landing]), [0], landing.nbytes, 30)
+        took = time.perf_counter() - start
+        link.close()
+        return took
+    with ThreadPoolExecutor(joiners) as pool:
+        return list(pool.map(lambda _: join(), range(joiners)))
+
+
+def one_try(folder: Path, data: Path, joiners: int, steps: int, raw: bool) -> dict:
     run = folder / "run"
     server = subprocess.Popen([ASGD, "train", "--quiet", "--data", str(data), "--clients", "2", "--joinable",
                                "--on-client-failure", "continue", "--inject-fault", "2:5", "--steps", str(steps),
@@ -43,6 +68,10 @@ def one_try(folder: Path, data: Path, joiners: int, steps: int) -> dict:
         if server.poll() is not None:
             raise RuntimeError("the run ended before the joiners came")
         time.sleep(0.05)
+    if raw:
+        served = _served(json.loads((run / "door.json").read_text()), joiners)
+        server.wait(timeout=600)
+        return {"served_s": served}
     launched = time.time()
     procs = [subprocess.Popen([ASGD, "join", str(run)], stderr=subprocess.DEVNULL) for _ in range(joiners)]
     startup = []  # wall seconds from the launch to each `joined` row seen
@@ -71,6 +100,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--joiners", type=int, default=1)
     parser.add_argument("--tries", type=int, default=3)
+    parser.add_argument("--raw", action="store_true", help="joins from this process's sockets, not `asgd join`: "
+                                                            "the server's side of a join, without start-ups")
     parser.add_argument("--steps", type=int, default=3000,
                         help="a client's share of the run's budget (budget = run: 2 x S minibatches in all, "
                              "shared with the joiners): client 0 must outlast the joins")
@@ -80,7 +111,12 @@ def main() -> None:
         for i in range(args.tries):
             folder = Path(tmp) / f"try{i}"
             folder.mkdir()
-            got = one_try(folder, data, args.joiners, args.steps)
+            got = one_try(folder, data, args.joiners, args.steps, args.raw)
+            if args.raw:
+                served = sorted(got["served_s"])
+                print(f"try {i}: {len(served)} raw joins at once, JOIN sent -> weights in: median "
+                      f"{1e3 * statistics.median(served):.1f} ms, max {1e3 * served[-1]:.1f} ms", flush=True)
+                continue
             server = got["server_s"]
             print(f"try {i}: {got['joined']} of {args.joiners} joined, {len(server)} pushed (exit {got['exit']}); "
                   f"start-up (launch -> "
