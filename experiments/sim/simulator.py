@@ -52,7 +52,7 @@ from clients.collective import Fate, Lockstep, LockstepFates, mean_in_place
 from clients.devices import keep_freed_memory, pick_device
 from clients.loop import ClientLoop, ClientPlan, PlanSettings
 from clients.stragglers import Stragglers
-from experiments.run.assemble import build, join_client, start
+from experiments.run.assemble import Parts, build, join_client, start
 from experiments.run.collectiverun import CollectiveSettings, collective_run
 from experiments.run.provenance import provenance
 from experiments.run.serverrun import ServerSettings, serve_run
@@ -330,7 +330,7 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     loops = [ClientLoop(c, ClientPlan.for_run(plans, i, cfg.servers, real_time=False), clk,
                         step=started.steps[i], pushes=point.client_pushes[i] if point else 0, down=clk.down)
              for i, (c, clk) in enumerate(zip(parts.local, clocks))]
-    joiner = functools.partial(_joiner, cfg, parts, clients, timing.step_time, factors, plans)
+    joiner = functools.partial(_joiner, parts, cfg.servers, timing.step_time, factors, plans)
     links = Links.for_run(cfg, timing.bandwidth, timing.latency, clients)
     simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order, links=links,
                             joins=[(at, Join(SIM_SECRET, info["host"])) for _, at in parse_joins(cfg.joins)]
@@ -342,13 +342,14 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     return 0
 
 
-def _joiner(cfg: RunConfig, parts, clients: int, step_time: float, factors: list[float], plans: PlanSettings,
+def _joiner(parts: Parts, servers: int, step_time: float, factors: list[float], plans: PlanSettings,
             welcome: Welcome) -> tuple[ClientLoop, StepClock]:
     """A joiner's loop, on the shard and budget its Welcome deals, and its clock: the speed
     of client `client mod K`'s hardware, its own straggling (clients/stragglers.py)."""
+    clients = parts.clients
     client = join_client(parts.client, parts.local[0].replica, parts.dataset, clients, welcome)
     clock = StepClock(step_time * factors[welcome.client % clients], plans.stragglers, welcome.client)
-    plan = dataclasses.replace(ClientPlan.for_run(plans, welcome.client, cfg.servers, real_time=False),
+    plan = dataclasses.replace(ClientPlan.for_run(plans, welcome.client, servers, real_time=False),
                                steps=welcome.steps)
     return ClientLoop(client, plan, clock, down=clock.down), clock
 
