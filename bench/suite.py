@@ -159,13 +159,14 @@ def compute_steps() -> Callable[[int], float]:
 
     from clients.data import load_dataset
     from clients.models import run_model
-    from experiments.run.assemble import make_client, make_replica
+    from experiments.run.assemble import ClientSettings, make_client, make_replica
     from runconfig.settings import RunConfig
 
     torch.set_num_threads(1)
     cfg = RunConfig()
     dataset = load_dataset(cfg.data)
-    client = make_client(cfg, make_replica(cfg, run_model(cfg, dataset), "cpu", 1), dataset, 1, 0)
+    settings = ClientSettings.from_config(cfg, 1)
+    client = make_client(settings, make_replica(settings, run_model(cfg, dataset), "cpu"), dataset, 1, 0)
     for _ in range(WARMUP):
         client.step()
 

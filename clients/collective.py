@@ -115,6 +115,22 @@ def collective_step(clients: list[Client], lockstep: Lockstep, step: int, averag
             for done, fate in zip(results, fates)]
 
 
+@dataclass(frozen=True)
+class FateSettings:
+    """What the lockstep's fates read of the config, for a run of `clients` clients: its
+    straggler model, its failures and its b backup workers. Built once where either backend
+    starts a collective run (experiments/run/collectiverun.py's `CollectiveSettings`)."""
+
+    stragglers: Stragglers
+    failures: Failures | None
+    backups: int
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, clients: int) -> FateSettings:
+        stragglers = Stragglers.for_run(cfg, clients)
+        return cls(stragglers, Failures.for_run(cfg, stragglers), cfg.backup_workers)
+
+
 MAX_TRIES = 1000  # a minibatch that fails this often in a row never completes: the run is refused
 
 
@@ -149,11 +165,10 @@ class LockstepFates:
         self.tries = [0] * len(indices)    # the step's failed tries of each client's minibatch
 
     @classmethod
-    def for_run(cls, cfg: RunConfig, clients: int, indices: list[int], bases: list[float],
+    def for_run(cls, settings: FateSettings, indices: list[int], bases: list[float],
                 real_time: bool = False) -> LockstepFates:
-        """The fates of the local clients `indices` of a run of `clients`, for both backends."""
-        stragglers = Stragglers.for_run(cfg, clients)
-        return cls(stragglers, Failures.for_run(cfg, stragglers), cfg.backup_workers, indices, bases, real_time)
+        """The fates of the local clients `indices`, for both backends."""
+        return cls(settings.stragglers, settings.failures, settings.backups, indices, bases, real_time)
 
     def away(self, now: float) -> list[bool]:
         """Who is down as a step begins at `now` (a billionth of a base time: rounding)."""

@@ -27,8 +27,44 @@ from clients.stragglers import Failures, Stragglers
 from paramserver.compute.quantkernel import make_codec
 from paramserver.wire import frame
 from paramserver.wire.compress import ErrorFeedback
-from runconfig.settings import Fault, RunConfig
+from paramserver.faults import Fault, fault_on
+from runconfig.settings import RunConfig
 from paramserver.wire.protocol import Outgoing, Pull, Push, Rejoin, State, Stop, Tag, Weights, shard_bounds
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """What the clients' plans read of the config, for a run of `clients` clients: built
+    once by `from_config` where either backend starts its clients (experiments/rank/entry.py,
+    experiments/sim/simulator.py), then each client's plan is `ClientPlan.for_run`.
+
+    `steps`: the most minibatches one client may compute; `timeout`: the longest wait for
+    a reply, twice the server's stall timeout: when one client stalls, the server (which
+    names it) must give up before the others blame the busy server; `inject_fault` and
+    `on_client_failure`: the faults the clients take (paramserver/faults.py);
+    `stragglers`, `failures`: the run's (the simulator's clocks read them too)."""
+
+    steps: int
+    n_push: int
+    n_fetch: int
+    timeout: float
+    inject_fault: str
+    on_client_failure: str
+    compress: str
+    compress_pulls: bool
+    stragglers: Stragglers
+    failures: Failures | None
+    dylu: bool
+    fragments: int
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, clients: int) -> PlanSettings:
+        stragglers = Stragglers.for_run(cfg, clients)
+        return cls(steps=cfg.client_steps(clients), n_push=cfg.push_every, n_fetch=cfg.fetch_every,
+                   timeout=2 * cfg.stall_timeout, inject_fault=cfg.inject_fault,
+                   on_client_failure=cfg.on_client_failure, compress=cfg.compress,
+                   compress_pulls=cfg.compress_pulls, stragglers=stragglers,
+                   failures=Failures.for_run(cfg, stragglers), dylu=cfg.dylu, fragments=cfg.fragments)
 
 
 @dataclass(frozen=True)
@@ -48,22 +84,19 @@ class ClientPlan:
     fragments: int = 1     # streamed fragments: a push is P slices, one every n_push / P minibatches
 
     @classmethod
-    def for_run(cls, cfg: RunConfig, index: int, clients: int, servers: int = 1, real_time: bool = True) -> ClientPlan:
-        """Client `index`'s plan of a run of `clients` clients, for both backends. The wait
-        for a reply is twice the server's stall timeout: when one client stalls, the server
-        (which names it) must give up before the others blame the busy server. In
-        `real_time` (MPI) the client sleeps the straggler model and fails where
-        `inject_fault` says; the simulator's clock has the stragglers instead, and its
-        clients fail where `inject_fault` says only under `continue` (the client dies;
-        the run goes on without it, as over MPI)."""
-        stragglers = Stragglers.for_run(cfg, clients)
-        return cls(index=index, steps=cfg.client_steps(clients), n_push=cfg.push_every, n_fetch=cfg.fetch_every,
-                   timeout=2 * cfg.stall_timeout, servers=tuple(range(servers)),
-                   fault=cfg.fault_for(index + servers, f"client {index}")
-                   if real_time or cfg.on_client_failure == "continue" else None,
-                   compress=cfg.compress, compress_pulls=cfg.compress_pulls,
-                   stragglers=stragglers if real_time and stragglers.active else None, failures=Failures.for_run(cfg, stragglers), dylu=cfg.dylu,
-                   fragments=cfg.fragments)
+    def for_run(cls, settings: PlanSettings, index: int, servers: int = 1, real_time: bool = True) -> ClientPlan:
+        """Client `index`'s plan, for both backends. In `real_time` (MPI) the client sleeps
+        the straggler model and fails where `inject_fault` says; the simulator's clock has
+        the stragglers instead, and its clients fail where `inject_fault` says only under
+        `continue` (the client dies; the run goes on without it, as over MPI)."""
+        faults = real_time or settings.on_client_failure == "continue"
+        fault = fault_on(settings.inject_fault, index + servers, f"client {index}", "step") if faults else None
+        stragglers = settings.stragglers
+        return cls(index=index, steps=settings.steps, n_push=settings.n_push, n_fetch=settings.n_fetch,
+                   timeout=settings.timeout, servers=tuple(range(servers)), fault=fault,
+                   compress=settings.compress, compress_pulls=settings.compress_pulls,
+                   stragglers=stragglers if real_time and stragglers.active else None,
+                   failures=settings.failures, dylu=settings.dylu, fragments=settings.fragments)
 
 
 def sleep_down(length: float, compute: float) -> float:

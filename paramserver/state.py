@@ -1,7 +1,8 @@
 """Everything the server's `handle()` reads and changes (paramserver/handler.py), in one
 object: the Store, the tallies, the reply policy, the wire's codecs and buffers, who may
 join, and what a checkpoint must wait for. Apart from the handler so the drivers, the
-recorder and the tests name what they hold without the handler's decisions.
+recorder and the tests name what they hold without the handler's decisions. What it is
+made from is `StateSettings`, taken from the run's config once per run.
 """
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from paramserver.compute.arrays import ServerArrays
 from paramserver.compute.quantkernel import make_codec
 from paramserver.membership import Membership
 from paramserver.reply.policy import ReplyPolicy
+from paramserver.rules import RuleSettings, make_rule
 from paramserver.schedule import Schedule
 from paramserver.settings import RunSettings
 from paramserver.store import Store
@@ -21,6 +24,56 @@ from paramserver.tally import RunBudget, ServerTally
 from paramserver.wire import frame
 from paramserver.wire.compress import Codec
 from paramserver.wire.protocol import State, shard_bounds
+
+
+@dataclass(frozen=True)
+class StateSettings:
+    """What a server's state reads of the run, for a run of a given number of clients:
+    built once where the server role starts (experiments/run/serverrun.py's
+    `ServerSettings`), so every server of a sharded run, and a resumed one, is made from
+    the same values. The reply policy and DyLU read their keys here by the config's names
+    (`fresh_reply`, `nesterov_reply`, `overdue`, `dylu`, `push_every`).
+
+    `client_steps`: the most minibatches one client may compute (the run's budget where it
+    has one); `schedule`: the server's lr schedule; `run_budget`: the server ends the run
+    once the clients' steps make the run's budget."""
+
+    rule: str
+    rule_settings: RuleSettings
+    server_device: str
+    server_kernel: str
+    servers: int
+    spares: int
+    max_clients: int
+    client_steps: int
+    compress: str
+    compress_pulls: bool
+    schedule: Schedule
+    fresh_reply: str
+    nesterov_reply: str
+    overdue: float
+    dylu: bool
+    push_every: int
+    fetch_every: int
+    run_budget: bool
+    fragments: int
+
+    @classmethod
+    def from_config(cls, cfg: RunSettings, clients: int) -> StateSettings:
+        return cls(rule=cfg.rule, rule_settings=RuleSettings.from_config(cfg), server_device=cfg.server_device,
+                   server_kernel=cfg.server_kernel, servers=cfg.servers, spares=cfg.spares,
+                   max_clients=cfg.max_clients, client_steps=cfg.client_steps(clients), compress=cfg.compress,
+                   compress_pulls=cfg.compress_pulls,
+                   schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr),
+                   fresh_reply=cfg.fresh_reply, nesterov_reply=cfg.nesterov_reply, overdue=cfg.overdue,
+                   dylu=cfg.dylu, push_every=cfg.push_every, fetch_every=cfg.fetch_every,
+                   run_budget=cfg.run_budget, fragments=cfg.fragments)
+
+    def store(self, weights: np.ndarray, clients: int, optimizer_factory: Callable | None = None) -> Store:
+        """A store for these weights: the rule for `clients` clients, on the server's device
+        (`optimizer_factory`: the user's optimizer, where the rule steps with it)."""
+        rule = make_rule(self.rule, self.rule_settings, clients, optimizer_factory)
+        return Store(weights, rule, backend=ServerArrays(self.server_device), kernel=self.server_kernel)
 
 
 @dataclass
@@ -77,27 +130,27 @@ class ServerState:
         self.pieces = shard_bounds(self.store.size, self.fragments, self.codec.block) if self.fragments > 1 else []
 
     @classmethod
-    def for_run(cls, cfg: RunSettings, weights: np.ndarray, clients: int, optimizer_factory: Callable | None = None,
-                secret: str | None = None, **options: Any) -> ServerState:
+    def for_run(cls, settings: StateSettings, weights: np.ndarray, clients: int,
+                optimizer_factory: Callable | None = None, secret: str | None = None, **options: Any) -> ServerState:
         """A server's state for its slice `weights` of a run of `clients` clients: its store
         (`optimizer_factory`: the user's optimizer, for its rule), the clients' ranks (after
         the servers'), the wire's codec, the lr schedule the server counts progress for and
         applies its rule's lr by, who may join (`secret`: None, not joinable) (`options`:
-        the other fields). Spare ranks (`cfg.spares`) follow the clients' ranks."""
-        store = Store.for_run(cfg, weights, clients, optimizer_factory)
+        the other fields). Spare ranks (`settings.spares`) follow the clients' ranks."""
+        store = settings.store(weights, clients, optimizer_factory)
         clock = options.get("clock", time.monotonic)
-        first_spare = cfg.servers + clients
-        members = Membership.for_clients(clients, cfg.client_steps(clients), secret, cfg.max_clients,
-                                         list(range(first_spare, first_spare + cfg.spares)))
-        return cls(store, list(range(cfg.servers, cfg.servers + clients)),
-                   codec=make_codec(cfg.compress),
-                   pull_codec=make_codec(cfg.compress if cfg.compress_pulls else "none"),
-                   schedule=Schedule.for_run(cfg, clients, lr=cfg.effective_server_lr),
-                   reply=ReplyPolicy.for_run(cfg, store.rule, clients, clock),
-                   budget=RunBudget(cfg.client_steps(clients), cfg.fetch_every // cfg.fragments,
-                                    ahead=cfg.fetch_every // cfg.fragments if cfg.fragments > 1 else 0)
-                   if cfg.run_budget else None,
-                   members=members, fragments=cfg.fragments, **options)
+        servers, steps, window = settings.servers, settings.client_steps, settings.fetch_every // settings.fragments
+        first_spare = servers + clients
+        members = Membership.for_clients(clients, steps, secret, settings.max_clients,
+                                         list(range(first_spare, first_spare + settings.spares)))
+        return cls(store, list(range(servers, servers + clients)),
+                   codec=make_codec(settings.compress),
+                   pull_codec=make_codec(settings.compress if settings.compress_pulls else "none"),
+                   schedule=settings.schedule,
+                   reply=ReplyPolicy.for_run(settings, store.rule, clients, clock),
+                   budget=RunBudget(steps, window, ahead=window if settings.fragments > 1 else 0)
+                   if settings.run_budget else None,
+                   members=members, fragments=settings.fragments, **options)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """What a checkpoint holds of the server: the Store's arrays, and the reply policy's."""

@@ -27,14 +27,11 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from paramserver.compute import fused, hostkernel
 from paramserver.compute.arrays import ServerArrays
-from paramserver.settings import RunSettings
-from paramserver.rules import make_rule
 from paramserver.rules.base import PushFacts, Rule
 
 
@@ -63,13 +60,6 @@ class Store:
         self.applied: Counter[int] = Counter()
         self.dropped: Counter[int] = Counter()
         self.staleness: Counter[int] = Counter()
-
-    @classmethod
-    def for_run(cls, cfg: RunSettings, weights: np.ndarray, clients: int, optimizer_factory: Callable | None = None) -> Store:
-        """The server's store for these weights: its rule for `clients` clients, on its device
-        (`optimizer_factory`: the user's optimizer, where the rule steps with it)."""
-        return cls(weights, make_rule(cfg.rule, cfg, clients, optimizer_factory), backend=ServerArrays(cfg.server_device),
-                   kernel=cfg.server_kernel)
 
     @property
     def size(self) -> int:

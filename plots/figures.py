@@ -36,11 +36,17 @@ def nsync_style(n_sync: int, n_syncs: Sequence[int]) -> str:
 
 
 def save(fig: Figure, stem: str | Path) -> list[Path]:
+    """Write `fig` beside `stem` as PNG and PDF, and close it: a figure drawn to be saved is
+    done with, and pyplot would otherwise hold it, and every one after, for the life of the
+    process (a report run from a notebook or the API, the tests)."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_name(f"{stem.name}.png"), stem.with_name(f"{stem.name}.pdf")]
-    fig.savefig(paths[0], dpi=150)
-    fig.savefig(paths[1])
+    try:
+        fig.savefig(paths[0], dpi=150)
+        fig.savefig(paths[1])
+    finally:
+        plt.close(fig)
     return paths
 
 

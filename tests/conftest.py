@@ -73,6 +73,19 @@ def leaves_torch_as_found():
         pytest.fail(f"torch's process-wide settings left changed: {', '.join(changed)}")
 
 
+@pytest.fixture(autouse=True)
+def leaves_no_figures():
+    """A test that leaves pyplot figures open fails, and they are closed: pyplot holds them
+    for the life of the process, so the tests after it would find them (and, past 20, a
+    warning) in one order and not in another."""
+    yield
+    plt = sys.modules.get("matplotlib.pyplot")  # only where a test drew: importing it costs
+    if plt is not None and plt.get_fignums():
+        left = len(plt.get_fignums())
+        plt.close("all")
+        pytest.fail(f"{left} pyplot figure(s) left open")
+
+
 def make_tiny_npz(path: Path, n: int = 768, seed: int = 0) -> Path:
     """8x8 images whose class is the quadrant holding a bright blob: learnable in seconds."""
     rng = np.random.default_rng(seed)

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Callable, NoReturn
 import numpy as np
 import torch
 
-from clients.client import Client
 from clients.collective import Fate, LockstepFates
 from clients.devices import device_name, gpu_count, keep_freed_memory, node_devices, use_device, visible_gpu
-from clients.driver import ClientPlan, await_admission, run_client
-from experiments.run.assemble import Share, Started, build, join_client, make_replica, start
+from clients.driver import await_admission, run_client
+from clients.loop import ClientPlan, PlanSettings
+from experiments.run.assemble import ClientSettings, Parts, Share, Started, build, join_client, make_replica, start
 from experiments.run.collectiverun import CollectiveSettings, collective_run
 from experiments.parent.supervise import LOCKED_RUN, direct_stdio
 from experiments.run.provenance import provenance
@@ -101,7 +101,7 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
         prov = provenance(library_version(), ranks) if transport.rank == 0 else {}
         started = start(parts, out, records=transport.rank == 0, provenance=prov, share=_mpi_share(transport, servers))
         start_s, offset = time.perf_counter(), started.point.time if started.point else 0.0
-        return _run_role(transport, started, parts.local[0] if parts.local else None, index, servers,
+        return _run_role(transport, started, parts, index, servers,
                          clock=lambda: offset + time.perf_counter() - start_s)
     except KeyboardInterrupt:  # SIGTERM or Ctrl-C, passed on to every rank; the recorder noted it
         if transport.rank == 0 and LOCKED_RUN not in os.environ:  # no supervisor to say it
@@ -137,22 +137,24 @@ def refused_anywhere(transport: Transport, error: str | None) -> bool:
     return bool(refusals)
 
 
-def _run_role(transport: Transport, started: Started, client: Client | None, index: int, servers: int,
+def _run_role(transport: Transport, started: Started, parts: Parts, index: int, servers: int,
               clock: Callable[[], float]) -> int:
     """This rank's part of the run, set up: a collective client, a server, or a client."""
     setup, point = started.setup, started.point
+    client = parts.local[0] if parts.local else None
     cfg = setup.cfg
     if cfg.mode != Mode.ASYNC:
-        fates = LockstepFates.for_run(cfg, setup.clients, [index], [0.0], real_time=True)
-        lockstep = _MpiLockstep(transport, fates)
-        return collective_run(setup, CollectiveSettings.from_config(cfg, setup.clients, [index]), [client], [index],
-                              _mpi_average(transport), clock, gather=lambda rows: _flatten(transport.gather(rows)),
+        collective = CollectiveSettings.from_config(cfg, setup.clients, [index])
+        lockstep = _MpiLockstep(transport, LockstepFates.for_run(collective.fates, [index], [0.0], real_time=True))
+        return collective_run(setup, collective, [client], [index], _mpi_average(transport), clock,
+                              gather=lambda rows: _flatten(transport.gather(rows)),
                               straggle=lockstep, point=point, agree=transport.bcast, away=lockstep.away)
     if index >= setup.clients:
-        return _spare(transport, setup, servers, clock)
+        return _spare(transport, setup, parts.client, PlanSettings.from_config(cfg, setup.clients), servers, clock)
     if client is None:
         return _serve(transport, setup, ServerSettings.from_config(cfg, setup.clients), clock)
-    run_client(transport, client, ClientPlan.for_run(cfg, index, setup.clients, servers), clock,
+    plan = ClientPlan.for_run(PlanSettings.from_config(cfg, setup.clients), index, servers)
+    run_client(transport, client, plan, clock,
                start=(started.steps[0], point.client_pushes[index] if point else 0))
     if wait_for_bye(transport):
         _exit(0)  # as server 0 did: see paramserver/wire/farewell.py
@@ -178,20 +180,20 @@ def _serve(transport: Transport, setup: RunSetup, server: ServerSettings, clock:
     return 0
 
 
-def _spare(transport: Transport, setup: RunSetup, servers: int, clock: Callable[[], float]) -> int:
+def _spare(transport: Transport, setup: RunSetup, client_settings: ClientSettings, plans: PlanSettings,
+           servers: int, clock: Callable[[], float]) -> int:
     """A spare rank: its model and data loaded before it waits (so a join costs the
     messages, not the setup), it waits for server 0; admitted, it is an ordinary client
     from its Welcome on, with the number, shard and steps the Welcome deals."""
-    cfg = setup.cfg
-    replica = make_replica(cfg, setup.model, setup.device, setup.clients)
-    codec = make_codec(cfg.compress if cfg.compress_pulls else "none")
+    replica = make_replica(client_settings, setup.model, setup.device)
+    codec = make_codec(plans.compress if plans.compress_pulls else "none")
     landing = frame.empty(codec.wire_size(setup.weights.size), codec.wire_dtype)
-    answer = await_admission(transport, socket.gethostname(), landing, 2 * cfg.stall_timeout)
+    answer = await_admission(transport, socket.gethostname(), landing, plans.timeout)
     if isinstance(answer, Bye):
         lost = bool(answer.lost)
     else:
-        client = join_client(cfg, replica, setup.dataset, setup.clients, answer)
-        plan = dataclasses.replace(ClientPlan.for_run(cfg, answer.client, setup.clients, servers), steps=answer.steps)
+        client = join_client(client_settings, replica, setup.dataset, setup.clients, answer)
+        plan = dataclasses.replace(ClientPlan.for_run(plans, answer.client, servers), steps=answer.steps)
         run_client(transport, client, plan, clock, first=(landing, answer.weights))
         lost = wait_for_bye(transport)
     if lost:

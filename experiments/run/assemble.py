@@ -29,7 +29,7 @@ from clients.buffers import host_copy
 from clients.client import Client, Replica
 from clients.data import Dataset, load_dataset
 from clients.models import flat_weights, run_model
-from clients.optimizers import user_optimizer
+from clients.optimizers import OptimizerSettings, user_optimizer
 from clients.sampling import ShardSampler, slot_indices
 from clients.user.code import loss_function, optimizer_factory
 from experiments.run.resume import ResumePoint, resume_point
@@ -51,10 +51,40 @@ class StartError(ValueError):
     """The --init checkpoint cannot be used (one line)."""
 
 
+@dataclass(frozen=True)
+class ClientSettings:
+    """What a client is made of, of the config, for a run of a given number of clients:
+    its optimizer (the momentum `auto` gives them), loss, seed and batch size, what its
+    rule has it push and its elastic step (EASGD's), whether its shard is dealt afresh each
+    epoch (`redeal`: under the run's budget fast clients run more epochs, so in every mode
+    a collective run reads what an async run of equal speeds reads), its lr schedule and
+    data workers. Built once by `build` (`Parts.client`), which the joiners read too."""
+
+    optimizer: OptimizerSettings
+    loss: str
+    seed: int
+    batch_size: int
+    pushes: str
+    elastic: float
+    redeal: bool
+    schedule: Schedule
+    workers: int
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, clients: int) -> ClientSettings:
+        rule = rule_class(cfg.rule if cfg.mode == Mode.ASYNC else "add")  # the collective modes push no rule's way
+        optimizer = OptimizerSettings(name=cfg.optimizer, lr=cfg.lr, momentum=cfg.client_momentum(clients),
+                                      weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
+                                      clip_grad_norm=cfg.clip_grad_norm, precision=cfg.precision,
+                                      factory=optimizer_factory(cfg.optimizer))
+        return cls(optimizer, cfg.loss, cfg.seed, cfg.batch_size, rule.pushes, rule.client_elastic(cfg, clients),
+                   cfg.budget == "run", Schedule.for_run(cfg, clients), cfg.data_workers)
+
+
 @dataclass
 class Parts:
     """What `build` makes: the data, the model (the recorder evaluates with it) and this
-    process's clients, numbered `indices` among the run's `clients`."""
+    process's clients, numbered `indices` among the run's `clients`, and what they are made of."""
 
     cfg: RunConfig
     device: str
@@ -63,6 +93,7 @@ class Parts:
     dataset: Dataset
     model: nn.Module
     local: list[Client]
+    client: ClientSettings
 
 
 @dataclass(frozen=True)
@@ -77,9 +108,10 @@ def build(cfg: RunConfig, device: str, clients: int, indices: list[int]) -> Part
     dataset = load_dataset(cfg.data, cfg.data_dir or None)
     cfg = cfg.for_data(len(dataset.train), clients)  # every later reader of steps takes Parts.cfg
     model = run_model(cfg, dataset)
-    replica = make_replica(cfg, model, device, clients) if indices else None
-    local = [make_client(cfg, replica, dataset, clients, i) for i in indices]
-    return Parts(cfg, device, clients, indices, dataset, model, local)
+    settings = ClientSettings.from_config(cfg, clients)
+    replica = make_replica(settings, model, device) if indices else None
+    local = [make_client(settings, replica, dataset, clients, i) for i in indices]
+    return Parts(cfg, device, clients, indices, dataset, model, local, settings)
 
 
 def start(parts: Parts, out: str, records: bool, provenance: dict[str, Any], share: Share = lambda w, p: (w, p),
@@ -94,18 +126,18 @@ def start(parts: Parts, out: str, records: bool, provenance: dict[str, Any], sha
     steps = []
     for index, client in zip(parts.indices, parts.local):
         client.sync(weights)
-        steps.append(start_client(client, cfg, index, point))
+        steps.append(start_client(client, parts.client.seed, index, point))
     setup = RunSetup(cfg, parts.clients, parts.model, weights, parts.dataset, parts.device, provenance,
                      RecordSettings.from_config(cfg, out, parts.clients, provenance), warm_rows)
     return Started(setup, steps, point)
 
 
-def make_replica(cfg: RunConfig, model: nn.Module, device: str, clients: int) -> Replica:
-    """The model with the run's client optimizer, for one of `clients` clients (the
-    momentum `auto` gives them)."""
-    return Replica(model, lr=cfg.lr, momentum=cfg.client_momentum(clients), weight_decay=cfg.weight_decay,
-                   device=device, loss=loss_function(cfg.loss), name=cfg.optimizer, nesterov=cfg.nesterov,
-                   clip_grad_norm=cfg.clip_grad_norm, precision=cfg.precision, factory=optimizer_factory(cfg.optimizer))
+def make_replica(settings: ClientSettings, model: nn.Module, device: str) -> Replica:
+    """The model with the run's client optimizer."""
+    optimizer = settings.optimizer
+    return Replica(model, lr=optimizer.lr, momentum=optimizer.momentum, weight_decay=optimizer.weight_decay,
+                   device=device, loss=loss_function(settings.loss), name=optimizer.name, nesterov=optimizer.nesterov,
+                   clip_grad_norm=optimizer.clip_grad_norm, precision=optimizer.precision, factory=optimizer.factory)
 
 
 def server_optimizer_factory(cfg: RunConfig) -> Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None:
@@ -118,27 +150,24 @@ def server_optimizer_factory(cfg: RunConfig) -> Callable[[list[nn.Parameter]], t
                              momentum=cfg.effective_server_momentum, weight_decay=cfg.weight_decay)
 
 
-def make_client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int, index: int) -> Client:
+def make_client(settings: ClientSettings, replica: Replica, dataset: Dataset, clients: int, index: int) -> Client:
     """Client `index` of `clients`, on its shard of the training set (`index`: the shard's
     slot, for a joiner; `slot_indices`), stepping on `replica`, pushing what the server's
     rule takes."""
-    shard = slot_indices(len(dataset.train), clients, index, cfg.seed)
-    rule = rule_class(cfg.rule if cfg.mode == Mode.ASYNC else "add")  # the collective modes push no rule's way
-    pushes, elastic = rule.pushes, rule.client_elastic(cfg, clients)
-    # under the run's budget fast clients run more epochs: the shards are dealt afresh each, in
-    # every mode, so a collective run reads what an async run of equal speeds reads (one client's shard is all)
-    redeal = (len(dataset.train), clients) if cfg.budget == "run" and 1 < clients and index < clients else None
-    return Client(replica, dataset.train, ShardSampler(shard, cfg.batch_size, cfg.seed, index, redeal),
-                  pushes=pushes, elastic=elastic, schedule=Schedule.for_run(cfg, clients), workers=cfg.data_workers)
+    shard = slot_indices(len(dataset.train), clients, index, settings.seed)
+    redeal = (len(dataset.train), clients) if settings.redeal and 1 < clients and index < clients else None
+    sampler = ShardSampler(shard, settings.batch_size, settings.seed, index, redeal)
+    return Client(replica, dataset.train, sampler, pushes=settings.pushes, elastic=settings.elastic,
+                  schedule=settings.schedule, workers=settings.workers)
 
 
-def join_client(cfg: RunConfig, replica: Replica, dataset: Dataset, clients: int, welcome: Welcome) -> Client:
+def join_client(settings: ClientSettings, replica: Replica, dataset: Dataset, clients: int, welcome: Welcome) -> Client:
     """The client of a process the server let join (paramserver/membership.py): on the
     shard its `welcome` deals, standing where that shard's order was left; it syncs to
     the weights that came with the welcome."""
-    client = make_client(cfg, replica, dataset, clients, welcome.slot)
+    client = make_client(settings, replica, dataset, clients, welcome.slot)
     client.sampler.seek(welcome.position)
-    torch.manual_seed(int(np.random.SeedSequence([cfg.seed, welcome.client, 0]).generate_state(1)[0]))
+    torch.manual_seed(int(np.random.SeedSequence([settings.seed, welcome.client, 0]).generate_state(1)[0]))
     return client
 
 
@@ -172,7 +201,7 @@ def starting_weights(cfg: RunConfig, dataset: Dataset, device: str,
         weights = checkpoint_weights(*checkpoint, weights.size)
     if cfg.resume or not cfg.warm_start:  # a resumed run's warm start is in its checkpoint
         return weights, []
-    replica = make_replica(cfg, model, device, clients=1)
+    replica = make_replica(ClientSettings.from_config(cfg, clients=1), model, device)
     sampler = ShardSampler(np.arange(len(dataset.train)), cfg.batch_size, cfg.seed, WARM_STREAM)
     client = Client(replica, dataset.train, sampler)
     client.sync(weights)
@@ -185,7 +214,7 @@ def starting_weights(cfg: RunConfig, dataset: Dataset, device: str,
     return host_copy(client.weights), rows
 
 
-def start_client(client: Client, cfg: RunConfig, index: int, point: ResumePoint | None) -> int:
+def start_client(client: Client, seed: int, index: int, point: ResumePoint | None) -> int:
     """Position a client's data order and RNG at its first step (after a resume, its
     last pushed step, and its optimizer's state where the checkpoint has it); returns
     that step. Dropout draws differ across clients and steps."""
@@ -193,5 +222,5 @@ def start_client(client: Client, cfg: RunConfig, index: int, point: ResumePoint 
     if point and point.optimizer_of(index):
         client.optimizer.load_state_arrays(point.optimizer_of(index))
     client.sampler.seek(step)
-    torch.manual_seed(int(np.random.SeedSequence([cfg.seed, index, step]).generate_state(1)[0]))
+    torch.manual_seed(int(np.random.SeedSequence([seed, index, step]).generate_state(1)[0]))
     return step

@@ -22,7 +22,7 @@ import numpy as np
 
 from clients.buffers import host_copy
 from clients.client import Client
-from clients.collective import Average, Away, Lockstep, Straggle, collective_step
+from clients.collective import Average, Away, FateSettings, Lockstep, Straggle, collective_step
 from clients.outer import OuterStep
 from experiments.run.resume import ResumePoint
 from experiments.run.life import RunLife
@@ -42,7 +42,8 @@ class CollectiveSettings:
     rest, built once by `from_config` where either backend starts the run
     (experiments/rank/entry.py for its rank's client, experiments/sim/simulator.py for
     all). `outer_lr`: the outer step's (None: sync mode, no weights averaged);
-    `faults`: those `inject_fault` puts on the clients `indices` of this process."""
+    `faults`: those `inject_fault` puts on the clients `indices` of this process;
+    `fates`: what the driver's `LockstepFates` are made of."""
 
     lockstep: Lockstep
     batch_size: int
@@ -50,12 +51,14 @@ class CollectiveSettings:
     outer_lr: float | None
     outer_momentum: float
     faults: tuple[Fault, ...]
+    fates: FateSettings
 
     @classmethod
     def from_config(cls, cfg: RunConfig, clients: int, indices: list[int]) -> CollectiveSettings:
         faults = tuple(f for i in indices if (f := cfg.fault_for(i, f"client {i}")) is not None)
         return cls(Lockstep.for_run(cfg, clients), cfg.batch_size, cfg.checkpoint_every,
-                   cfg.outer_step_lr if cfg.mode == Mode.LOCAL_SGD else None, cfg.outer_momentum, faults)
+                   cfg.outer_step_lr if cfg.mode == Mode.LOCAL_SGD else None, cfg.outer_momentum, faults,
+                   FateSettings.from_config(cfg, clients))
 
 
 def collective_run(setup: RunSetup, settings: CollectiveSettings, clients: list[Client], indices: list[int],

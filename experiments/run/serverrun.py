@@ -20,7 +20,7 @@ from experiments.run.life import RunLife
 from experiments.run.record import RunSetup, spare_core
 from paramserver.faults import Fault
 from paramserver.drivers.follow import Follow
-from paramserver.state import ServerState
+from paramserver.state import ServerState, StateSettings
 from paramserver.tally import ServerTally
 from paramserver.noise import summarise
 from paramserver.recorder import Recorder
@@ -38,10 +38,10 @@ Drive = Callable[[ServerState, Recorder], dict[str, Any]]
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """What the async server's driver reads of the config besides its state's (the Store,
-    rule, schedule, reply policy and members are `ServerState.for_run`'s, from the config
-    as paramserver/settings.py's `RunSettings`). Built once, by `from_config`, where either
-    backend starts the server role (experiments/rank/entry.py, experiments/sim/simulator.py).
+    """What the async server reads of the config: its driver's settings, and its state's
+    (`state`: the Store, rule, schedule, reply policy and members of every server's
+    `ServerState`). Built once, by `from_config`, where either backend starts the server
+    role (experiments/rank/entry.py, experiments/sim/simulator.py).
 
     `block`: the codec's block, on whose multiples the servers' slices are cut;
     `keeps_state`: the clients' optimizer keeps state, which server 0 then gathers for each
@@ -60,6 +60,7 @@ class ServerSettings:
     checkpoint_every: float
     fault: Fault | None
     optimizer_factory: Callable | None
+    state: StateSettings
 
     @classmethod
     def from_config(cls, cfg: RunConfig, clients: int) -> ServerSettings:
@@ -68,7 +69,8 @@ class ServerSettings:
         return cls(servers=cfg.servers, spares=cfg.spares, joinable=cfg.joinable, block=make_codec(cfg.compress).block,
                    stall_timeout=cfg.stall_timeout, on_client_failure=cfg.on_client_failure, keeps_state=keeps_state,
                    versions=cfg.async_versions(clients), checkpoint_every=cfg.checkpoint_every,
-                   fault=cfg.fault_for(0, "the server", "version"), optimizer_factory=server_optimizer_factory(cfg))
+                   fault=cfg.fault_for(0, "the server", "version"), optimizer_factory=server_optimizer_factory(cfg),
+                   state=StateSettings.from_config(cfg, clients))
 
 
 def serve_mpi(setup: RunSetup, server: ServerSettings, link: Link, clock: Callable[[], float],
@@ -128,7 +130,7 @@ def serve_run(setup: RunSetup, server: ServerSettings, clock: Callable[[], float
     clients = setup.clients
     bounds = shard_bounds(setup.weights.size, server.servers if link is not None else 1, server.block)
     with RunLife(setup, server.versions, clock) as life:
-        state = ServerState.for_run(setup.cfg, setup.weights[slice(*bounds[0])], clients, server.optimizer_factory,
+        state = ServerState.for_run(server.state, setup.weights[slice(*bounds[0])], clients, server.optimizer_factory,
                                     eval_every=life.every, checkpoint_every=server.checkpoint_every,
                                     apply_cost=apply_cost, clock=clock, collects_states=server.keeps_state,
                                     secret=secret)
@@ -161,7 +163,7 @@ def serve_slice(setup: RunSetup, server: ServerSettings, link: Link, clock: Call
     read it until server 0 says BYE; returns the clients lost, as BYE tells. It records
     nothing: server 0 records the run."""
     lo, hi = shard_bounds(setup.weights.size, server.servers, server.block)[shard]
-    state = ServerState.for_run(setup.cfg, setup.weights[lo:hi], setup.clients, server.optimizer_factory, peers=(0,))
+    state = ServerState.for_run(server.state, setup.weights[lo:hi], setup.clients, server.optimizer_factory, peers=(0,))
     loop = ServerLoop(link, state, None, clock, server.stall_timeout, server.on_client_failure, follow=Follow(clock))
     loop.serve()
     while (msg := link.recv(math.inf, source=0)).tag in (Tag.PULL, Tag.DECIDED):  # words after the last STOP: none to follow

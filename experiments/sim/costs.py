@@ -22,10 +22,9 @@ from experiments.run.assemble import build, server_optimizer_factory
 from experiments.run.sizing import servers_for
 from runconfig.settings import ConfigError, RunConfig
 from paramserver.handler import handle
-from paramserver.state import ServerState
+from paramserver.state import ServerState, StateSettings
 from paramserver.recorder import Recorder
 from paramserver.rules import rule_class
-from paramserver.store import Store
 from paramserver.compute.quantkernel import make_codec
 from paramserver.wire.protocol import Message, Push, Tag
 from rundir.layout import RunDir
@@ -167,7 +166,9 @@ def measure_push(cfg: RunConfig, size: int, clients: int) -> float:
     with tempfile.TemporaryDirectory() as scratch:
         run = RunDir(scratch)
         run.create()
-        state = ServerState(Store.for_run(cfg, np.zeros(size, np.float32), clients, server_optimizer_factory(cfg)), [1],
+        store = StateSettings.from_config(cfg, clients).store(np.zeros(size, np.float32), clients,
+                                                              server_optimizer_factory(cfg))
+        state = ServerState(store, [1],
                             codec=make_codec(cfg.compress),
                             pull_codec=make_codec(cfg.compress if cfg.compress_pulls else "none"))
         recorder = Recorder(run, state, time.perf_counter)

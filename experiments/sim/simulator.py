@@ -50,9 +50,9 @@ import torch
 
 from clients.collective import Fate, Lockstep, LockstepFates, mean_in_place
 from clients.devices import keep_freed_memory, pick_device
-from clients.loop import ClientLoop, ClientPlan
+from clients.loop import ClientLoop, ClientPlan, PlanSettings
 from clients.stragglers import Stragglers
-from experiments.run.assemble import build, join_client, start
+from experiments.run.assemble import Parts, build, join_client, start
 from experiments.run.collectiverun import CollectiveSettings, collective_run
 from experiments.run.provenance import provenance
 from experiments.run.serverrun import ServerSettings, serve_run
@@ -313,24 +313,24 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     cfg, timing = sized(parts.cfg, parts.local[0].replica, parts.dataset, parts.local[0].size, clients)
     parts = dataclasses.replace(parts, cfg=cfg)  # its steps, with epochs; its servers, where auto picked them
     factors = _speed_factors(cfg.seed, clients, cfg.speed_jitter)
-    stragglers = Stragglers.for_run(cfg, clients)
     info = {"rank": 0, "role": "simulator", "host": socket.gethostname(), "device": device}
     prov = provenance(f"none (simulator, {platform.python_implementation()})", [info])
     prov["sim"] = {**timing.__dict__, "profile": cfg.sim_profile, "speed_factors": factors, "servers_asked": asked}
     started = start(parts, out, records=True, provenance=prov, warm_clock=StepClock(timing.step_time))
     setup, point = started.setup, started.point
     if cfg.mode != Mode.ASYNC:
-        fates = LockstepFates.for_run(cfg, clients, list(range(clients)), [timing.step_time * f for f in factors])
         collective = CollectiveSettings.from_config(cfg, clients, list(range(clients)))
+        fates = LockstepFates.for_run(collective.fates, list(range(clients)), [timing.step_time * f for f in factors])
         lockstep = LockstepClock(timing, setup.weights, collective.lockstep, fates)
         lockstep.now = point.time if point else 0.0
         return collective_run(setup, collective, parts.local, list(range(clients)), mean_in_place, lockstep,
                               gather=lambda rows: rows, straggle=lockstep.straggle, point=point, away=lockstep.away)
-    clocks = [StepClock(timing.step_time * f, stragglers, i, started.steps[i]) for i, f in enumerate(factors)]
-    loops = [ClientLoop(c, ClientPlan.for_run(cfg, i, clients, cfg.servers, real_time=False), clk,
+    plans = PlanSettings.from_config(cfg, clients)
+    clocks = [StepClock(timing.step_time * f, plans.stragglers, i, started.steps[i]) for i, f in enumerate(factors)]
+    loops = [ClientLoop(c, ClientPlan.for_run(plans, i, cfg.servers, real_time=False), clk,
                         step=started.steps[i], pushes=point.client_pushes[i] if point else 0, down=clk.down)
              for i, (c, clk) in enumerate(zip(parts.local, clocks))]
-    joiner = functools.partial(_joiner, cfg, parts, clients, timing.step_time, factors, stragglers)
+    joiner = functools.partial(_joiner, parts, cfg.servers, timing.step_time, factors, plans)
     links = Links.for_run(cfg, timing.bandwidth, timing.latency, clients)
     simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order, links=links,
                             joins=[(at, Join(SIM_SECRET, info["host"])) for _, at in parse_joins(cfg.joins)]
@@ -342,13 +342,14 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     return 0
 
 
-def _joiner(cfg: RunConfig, parts, clients: int, step_time: float, factors: list[float], stragglers: Stragglers,
+def _joiner(parts: Parts, servers: int, step_time: float, factors: list[float], plans: PlanSettings,
             welcome: Welcome) -> tuple[ClientLoop, StepClock]:
     """A joiner's loop, on the shard and budget its Welcome deals, and its clock: the speed
     of client `client mod K`'s hardware, its own straggling (clients/stragglers.py)."""
-    client = join_client(cfg, parts.local[0].replica, parts.dataset, clients, welcome)
-    clock = StepClock(step_time * factors[welcome.client % clients], stragglers, welcome.client)
-    plan = dataclasses.replace(ClientPlan.for_run(cfg, welcome.client, clients, cfg.servers, real_time=False),
+    clients = parts.clients
+    client = join_client(parts.client, parts.local[0].replica, parts.dataset, clients, welcome)
+    clock = StepClock(step_time * factors[welcome.client % clients], plans.stragglers, welcome.client)
+    plan = dataclasses.replace(ClientPlan.for_run(plans, welcome.client, servers, real_time=False),
                                steps=welcome.steps)
     return ClientLoop(client, plan, clock, down=clock.down), clock
 

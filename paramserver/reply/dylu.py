@@ -55,9 +55,9 @@ class Windows:
         self.replied = np.full(clients, math.nan)     # when the server last replied to each client
 
     @classmethod
-    def for_run(cls, cfg, clients: int) -> "Windows | None":
+    def for_run(cls, settings, clients: int) -> "Windows | None":
         """The run's windows, where `dylu` is on (None: every window is n_push)."""
-        return cls(cfg.push_every, clients) if cfg.dylu else None
+        return cls(settings.push_every, clients) if settings.dylu else None
 
     def grow(self) -> None:
         """One client more (a joiner), its speed not measured yet."""

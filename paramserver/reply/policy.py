@@ -136,12 +136,13 @@ class ReplyPolicy:
         return answer
 
     @classmethod
-    def for_run(cls, cfg, rule, clients: int, clock: Callable[[], float] = time.monotonic) -> ReplyPolicy:
+    def for_run(cls, settings, rule, clients: int, clock: Callable[[], float] = time.monotonic) -> ReplyPolicy:
         """The run's policy: `fresh_reply` where the rule gathers, `nesterov_reply` where it
-        steps by rounds, and DyLU's windows where `dylu` is on."""
-        mode = ReplyMode(cfg.fresh_reply) if rule.gathers else ReplyMode.AGAIN
-        rounds = ROUNDS[cfg.nesterov_reply] if rule.rounds else ReplyMode.AGAIN
-        return cls(mode, clock, cfg.overdue, Windows.for_run(cfg, clients), rounds)
+        steps by rounds, and DyLU's windows where `dylu` is on (`settings`: the server state's,
+        paramserver/state.py, or a config: its keys by those names)."""
+        mode = ReplyMode(settings.fresh_reply) if rule.gathers else ReplyMode.AGAIN
+        rounds = ROUNDS[settings.nesterov_reply] if rule.rounds else ReplyMode.AGAIN
+        return cls(mode, clock, settings.overdue, Windows.for_run(settings, clients), rounds)
 
     def grow(self) -> None:
         """One client more (a joiner): DyLU measures its speed from its first push; the

@@ -4,8 +4,8 @@ which is the `add` rule (w += d, the paper's) and the base of the others.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Callable
 
 from paramserver.noise import NoiseScale
 
@@ -13,8 +13,11 @@ if TYPE_CHECKING:  # torch loads with the server's weights, not with the config 
     from torch import Tensor
 
 
-class RuleSettings(Protocol):
-    """The run config's keys a rule reads (runconfig.settings.RunConfig has them)."""
+@dataclass(frozen=True)
+class RuleSettings:
+    """The run config's keys a rule reads, taken from it once (`from_config`) where the
+    server's state is set up; the config's checks hand the rules a RunConfig itself, which
+    has every one of them."""
 
     effective_server_lr: float
     effective_server_momentum: float
@@ -38,6 +41,11 @@ class RuleSettings(Protocol):
     optimizer: str
     nesterov: bool
     clip_grad_norm: float
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> RuleSettings:
+        """These keys of `cfg` (a runconfig.settings.RunConfig: its properties too)."""
+        return cls(**{key.name: getattr(cfg, key.name) for key in fields(cls)})
 
 
 @dataclass(frozen=True, slots=True)

@@ -190,11 +190,7 @@ def test_findings_are_none_without_the_points_they_need(tmp_path):
     lambda s: figures.fig_modes(s, window=20),
 ], ids=["fig1", "fig2", "fig3", "fig4", "fig4-cold", "staleness", "modes"])
 def test_every_figure_is_written_as_png_and_pdf(tmp_path, sweep, make):
-    fig = make(sweep)
-    try:
-        paths = figures.save(fig, tmp_path / "out" / "figure")
-    finally:
-        plt.close(fig)
+    paths = figures.save(make(sweep), tmp_path / "out" / "figure")  # and closed
     assert [p.suffix for p in paths] == [".png", ".pdf"] and all(p.stat().st_size > 1000 for p in paths)
 
 

@@ -11,7 +11,7 @@ import pytest
 from runconfig.settings import ConfigError, RunConfig
 from paramserver.reply.dylu import TOLERANCE, Windows, dylu_window
 from paramserver.handler import handle
-from paramserver.state import ServerState
+from paramserver.state import ServerState, StateSettings
 from paramserver.wire.protocol import Message, Pull, Push, Stop, Tag
 
 H = 8
@@ -80,7 +80,8 @@ def test_the_speeds_go_through_a_checkpoint():
 
 def _server(clock: list[float], **settings) -> ServerState:
     cfg = RunConfig(rule="add", dylu=True, n_sync=H, batch_size=4, **settings)
-    return ServerState.for_run(cfg, np.zeros(3, np.float32), clients=2, clock=lambda: clock[0])
+    return ServerState.for_run(StateSettings.from_config(cfg, 2), np.zeros(3, np.float32), clients=2,
+                               clock=lambda: clock[0])
 
 
 def _push(state: ServerState, rank: int, step: int, fetch: bool = True):
@@ -105,7 +106,8 @@ def test_each_reply_to_a_push_carries_the_clients_next_window():
 
 
 def test_without_dylu_replies_carry_no_window():
-    state = ServerState.for_run(RunConfig(rule="add", n_sync=H), np.zeros(3, np.float32), clients=1)
+    state = ServerState.for_run(StateSettings.from_config(RunConfig(rule="add", n_sync=H), 1), np.zeros(3, np.float32),
+                                clients=1)
     assert handle(state, Message(1, Tag.PULL, Pull()))[0][0].header.window == 0
     assert "dylu.speeds" not in state.arrays()
 

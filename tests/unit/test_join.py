@@ -8,7 +8,7 @@ import pytest
 from runconfig.settings import RunConfig
 from paramserver.events import Applied, Joined, JoinRefused
 from paramserver.handler import handle
-from paramserver.state import ServerState
+from paramserver.state import ServerState, StateSettings
 from paramserver.wire.protocol import Join, Message, Pull, Push, Stop, Tag, Welcome
 
 SECRET = "s3cret"
@@ -18,7 +18,8 @@ def _state(secret: str | None = SECRET, **settings) -> ServerState:
     """Two clients (ranks 1 and 2) of DC-ASGD with DyLU, each budgeted 10 minibatches."""
     cfg = RunConfig(clients=2, rule="dcasgd", dylu=True, budget="client", steps=10, n_sync=2, backend="sim",
                     servers=1, joinable=secret is not None, **settings)  # one server: clients are ranks 1, 2
-    state = ServerState.for_run(cfg, np.arange(4, dtype=np.float32), 2, secret=secret, clock=lambda: 0.0)
+    state = ServerState.for_run(StateSettings.from_config(cfg, 2), np.arange(4, dtype=np.float32), 2,
+                                secret=secret, clock=lambda: 0.0)
     for rank in (1, 2):
         handle(state, Message(rank, Tag.PULL, Pull()))
     return state
@@ -100,7 +101,8 @@ def test_a_refused_join_is_named_and_changes_nothing(case, reason):
 
 def test_under_the_runs_budget_a_joiner_is_refused_once_the_budget_is_spent():
     cfg = RunConfig(clients=1, budget="run", steps=4, n_sync=2, backend="sim", servers=1, joinable=True)
-    state = ServerState.for_run(cfg, np.zeros(4, np.float32), 1, secret=SECRET, clock=lambda: 0.0)
+    state = ServerState.for_run(StateSettings.from_config(cfg, 1), np.zeros(4, np.float32), 1,
+                                secret=SECRET, clock=lambda: 0.0)
     handle(state, Message(1, Tag.PULL, Pull()))
     [reply], _ = _join(state, rank=2)
     assert reply.header.steps == 4  # the run's: the server tells it when to stop

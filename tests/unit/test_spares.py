@@ -10,7 +10,7 @@ from experiments.cli import main
 from paramserver import membership
 from paramserver.events import Joined, JoinRefused, Rejected
 from paramserver.handler import handle
-from paramserver.state import ServerState
+from paramserver.state import ServerState, StateSettings
 from paramserver.wire.protocol import Admit, Join, Message, Pull, Push, Stop, Tag, Welcome, well_formed
 from runconfig.settings import RunConfig
 
@@ -21,7 +21,8 @@ def _state(spares: int = 2, **settings) -> ServerState:
     """Two clients (ranks 1 and 2) under continue, the spares at ranks 3, 4, ..."""
     cfg = RunConfig(clients=2, spares=spares, on_client_failure="continue", budget="client", steps=10, n_sync=2,
                     **settings)
-    state = ServerState.for_run(cfg, np.arange(4, dtype=np.float32), 2, secret=SECRET, clock=lambda: 0.0)
+    state = ServerState.for_run(StateSettings.from_config(cfg, 2), np.arange(4, dtype=np.float32), 2,
+                                secret=SECRET, clock=lambda: 0.0)
     for rank in (1, 2):
         handle(state, Message(rank, Tag.PULL, Pull()))
     return state
