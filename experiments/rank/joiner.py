@@ -29,7 +29,8 @@ import torch
 
 from clients.client import Client
 from clients.devices import gpu_count, node_devices, use_device
-from clients.driver import ClientPlan, join_server, run_client
+from clients.driver import join_server, run_client
+from clients.loop import ClientPlan, PlanSettings
 from clients.models import flat_weights
 from experiments.run.assemble import build, join_client, make_client, make_replica
 from experiments.run.inputs import check_fingerprint
@@ -58,8 +59,8 @@ def join(run_dir: str) -> int:
     parts = build(cfg, _device(cfg), cfg.clients, [])
     check_fingerprint(run.record("config").get("data_fingerprint"), parts.dataset)  # this host's data, the run's?
     cfg, clients = parts.cfg, parts.clients
-    replica = make_replica(cfg, parts.model, parts.device, clients)
-    _warm_up(make_client(cfg, replica, parts.dataset, clients, 0))
+    replica = make_replica(parts.client, parts.model, parts.device)
+    _warm_up(make_client(parts.client, replica, parts.dataset, clients, 0))
     codec = make_codec(cfg.compress if cfg.compress_pulls else "none")
     size = flat_weights(parts.model).size
     landing = frame.empty(codec.wire_size(size), codec.wire_dtype)
@@ -75,8 +76,9 @@ def join(run_dir: str) -> int:
     print(f"asgd: joined {run.path} as client {answer.client} at version {answer.weights.version}",
           file=sys.stderr, flush=True)
     try:
-        client = join_client(cfg, replica, parts.dataset, clients, answer)
-        plan = dataclasses.replace(ClientPlan.for_run(cfg, answer.client, clients, 1), steps=answer.steps)
+        client = join_client(parts.client, replica, parts.dataset, clients, answer)
+        plan = dataclasses.replace(ClientPlan.for_run(PlanSettings.from_config(cfg, clients), answer.client, 1),
+                                   steps=answer.steps)
         run_client(link, client, plan, lambda: answer.clock + time.perf_counter() - start,
                    first=(landing, answer.weights))
         wait_for_bye(link)
