@@ -137,6 +137,9 @@ def _scaling_report(sweep, window: int, out: Path, page: tuple[Path, str] | None
     return 0
 
 
+RAN = "The runs (those that ran; a variant, task or K not listed did not)"
+
+
 def _links_report(sweep, window: int, out: Path, page: tuple[Path, str] | None = None) -> int:
     """The links map: per task and K, the maps, the bytes, every cell's numbers and the
     runs they come from (plots/links.py), as CSV and Markdown, and on the page."""
@@ -145,9 +148,9 @@ def _links_report(sweep, window: int, out: Path, page: tuple[Path, str] | None =
     sections = {**{f"Map: {name}": rows for name, rows in links.map_tables(sweep).items()},
                 **{f"Bytes: {name}": rows for name, rows in links.bytes_tables(sweep).items()},
                 "The variants": links.variants_table(sweep), "Every cell": links.cell_table(sweep),
-                "The runs": links.runs_table(sweep)}
+                RAN: links.runs_table(sweep)}
     analysis.write_table(sections["Every cell"], out / "cells.csv", out / "cells.md")
-    analysis.write_table(sections["The runs"], out / "runs.csv", out / "runs.md")
+    analysis.write_table(sections[RAN], out / "runs.csv", out / "runs.md")
     text = {heading: analysis.markdown_table(rows) for heading, rows in sections.items()}
     (out / "maps.md").write_text("".join(f"## {heading}\n\n{table}\n" for heading, table in text.items()),
                                  encoding="utf-8")

@@ -28,6 +28,7 @@ from plots.rundata import load_json
 from plots.scaling import final, median, reached
 
 NOT_REACHED = "not reached"
+DERIVED = {"eval_every", "steps"}  # follow from the budget and the variant's versions: not what sets it apart
 
 
 def is_links_sweep(sweep: Sweep) -> bool:
@@ -170,6 +171,6 @@ def variants_table(sweep: Sweep) -> list[dict]:
             if pair is None:
                 continue
             mine, theirs = (p.settings.get("config", {}) for p in pair)
-            shown = [f"{key} {mine[key]}" for key in mine if mine[key] != theirs.get(key)]
+            shown = [f"{key} {mine[key]}" for key in mine if mine[key] != theirs.get(key) and key not in DERIVED]
             rows.append({"task": task, "variant": variant, "settings": ", ".join(shown) or "the reference"})
     return rows

@@ -91,7 +91,7 @@ def test_the_report_draws_the_map_from_a_sweep_folder(tmp_path):
     # the smoothed error reaches 0.25 at t = 4 on the fast curve, 8 on the slow one
     assert table[2:] == ["| 100 Gbps | 1 | 1 |", "| 100 Mbps | 2 | not reached |"]
     assert "## Bytes: fashion, K = 8: MB pushed a run" in text and "| 100 Gbps | 1000 | 250 |" in text
-    runs = text.split("## The runs\n\n")[1].splitlines()
+    runs = text.split("## The runs (those that ran; a variant, task or K not listed did not)\n\n")[1].splitlines()
     assert runs[0] == "| task | K | variant | runs | bandwidths | seeds |"
     assert runs[2] == "| fashion | 8 | float32 | 2 | 100 Gbps, 100 Mbps | 0 |"
     assert "| fashion | 8 | 100 Mbps | float32 | 1 | 8 | 0.1 | 8 | 0.25 | 1000 |" in text  # every cell: its servers
