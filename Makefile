@@ -10,7 +10,7 @@ DEMO_OUT ?= runs/demo
 SCALE ?= proxy
 RESULTS := results/$(SCALE)
 
-.PHONY: setup demo test test-long test-unit test-sim test-mpi test-reliability test-openmpi test-cluster test-install bench clean figures fig1 fig2 fig3 fig4 starts modes scaling scaling-glyphs scaling-defaults scaling-lm rules
+.PHONY: setup demo test test-long test-unit test-sim test-mpi test-reliability test-openmpi test-cluster test-install bench clean figures fig1 fig2 fig3 fig4 starts modes scaling scaling-glyphs scaling-defaults scaling-lm scaling-links rules
 
 setup: $(VENV)/.setup-done
 
@@ -105,7 +105,7 @@ clean:
 # were measured, to docs/results/$(SCALE)/<figure>.md (the pages the docs link to).
 # SCALE=paper runs the ImageNet specs (edit their data path; see
 # experiments/configs/paper/slurm.sbatch).
-fig1 starts modes scaling scaling-glyphs scaling-defaults scaling-lm: setup
+fig1 starts modes scaling scaling-glyphs scaling-defaults scaling-lm scaling-links: setup
 	$(BIN)/asgd sweep experiments/configs/$(SCALE)/$@.toml --out results/sweeps/$@-$(SCALE)
 	$(BIN)/asgd report results/sweeps/$@-$(SCALE) --figures $(RESULTS)/$@ --docs docs/results/$(SCALE)/$@.md
 
@@ -117,7 +117,10 @@ fig1 starts modes scaling scaling-glyphs scaling-defaults scaling-lm: setup
 # default re-measured on five seeds against issue 43's targets (proxy scale only);
 # `make scaling-lm` the study's language model (examples/char_lm.py): synchronous AdamW,
 # local SGD, synchronous and asynchronous DiLoCo and fresh, at equal samples, with the
-# bytes each put on the wire (proxy scale only; 344 runs of five seeds: hours on 2 cores).
+# bytes each put on the wire (proxy scale only; 344 runs of five seeds: hours on 2 cores);
+# `make scaling-links` the links map (issue 56): int8, int4, fragments and more servers
+# against the default over link bandwidth from 100 Gbps to 100 Mbps, K = 8 and 32, on both
+# image tasks and the char LM (proxy scale only; 136 runs of one seed).
 rules: scaling
 fig2 fig3 fig4: starts
 

@@ -9,7 +9,9 @@ table as CSV and Markdown, findings.json (which of the paper's findings the swee
 shows, with the numbers), and every figure the sweep has the points for, as PNG and PDF.
 A scaling study (a spec with `study = "scaling"`, `make scaling`) gets its own tables
 and figure instead: every method's speedup to the spec's fixed targets against the
-tuned single client, beside the measured ceiling (plots/scaling.py).
+tuned single client, beside the measured ceiling (plots/scaling.py). A links map (`study
+= "links"`, `make scaling-links`) gets its maps: each variant's time to each task's
+targets over link bandwidth, against the default on the fastest link (plots/links.py).
 
 With --docs, the same tables (and the findings as a table) also go to one Markdown page
 that says which runs they come from: when and where they were measured, at which
@@ -68,13 +70,15 @@ def _number(summary: dict, key: str) -> float | None:
 
 def _sweep_report(sweep_dir: Path, window: int, out: Path, target: float | None,
                   page: tuple[Path, str] | None = None) -> int:
-    from plots import analysis, figures, scaling
+    from plots import analysis, figures, links, scaling
 
     sweep = analysis.load_sweep(sweep_dir)
     refuse_mixed(sweep.points)
     out.mkdir(parents=True, exist_ok=True)
     if scaling.is_scaling_sweep(sweep):
         return _scaling_report(sweep, window, out, page)
+    if links.is_links_sweep(sweep):
+        return _links_report(sweep, window, out, page)
     start = analysis.default_start(sweep)
     sections = {}
     try:
@@ -129,6 +133,32 @@ def _scaling_report(sweep, window: int, out: Path, page: tuple[Path, str] | None
         written += figures.save(scaling.fig_scaling(sweep, rows), out / "scaling")
     except ValueError as missing:
         print(f"scaling: skipped ({missing})")
+    print("written:", ", ".join(str(p) for p in written))
+    return 0
+
+
+RAN = "The runs (those that ran; a variant, task or K not listed did not)"
+
+
+def _links_report(sweep, window: int, out: Path, page: tuple[Path, str] | None = None) -> int:
+    """The links map: per task and K, the maps, the bytes, every cell's numbers and the
+    runs they come from (plots/links.py), as CSV and Markdown, and on the page."""
+    from plots import analysis, links
+
+    sections = {**{f"Map: {name}": rows for name, rows in links.map_tables(sweep).items()},
+                **{f"Bytes: {name}": rows for name, rows in links.bytes_tables(sweep).items()},
+                "The variants": links.variants_table(sweep), "Every cell": links.cell_table(sweep),
+                RAN: links.runs_table(sweep)}
+    analysis.write_table(sections["Every cell"], out / "cells.csv", out / "cells.md")
+    analysis.write_table(sections[RAN], out / "runs.csv", out / "runs.md")
+    text = {heading: analysis.markdown_table(rows) for heading, rows in sections.items()}
+    (out / "maps.md").write_text("".join(f"## {heading}\n\n{table}\n" for heading, table in text.items()),
+                                 encoding="utf-8")
+    print((out / "maps.md").read_text())
+    written = [out / "maps.md", out / "cells.md", out / "runs.md"]
+    if page:
+        written.append(write_docs_page(page[0], sweep, window, text, page[1],
+                                       columns="plots/links.py (module docstring, `map_tables`, `cell_table`)"))
     print("written:", ", ".join(str(p) for p in written))
     return 0
 

@@ -122,7 +122,7 @@ def _outer(point: SweepRun) -> str:
 def _tuned(times: dict[tuple[str, str, int], list], speed: str, k: int, backup: bool) -> float | None:
     """Tuned sync at (speed, k): the best median time over its lrs (with `backup`, over its
     backup-worker counts and lrs too); the linear rule is not tuned."""
-    medians = [_median(ts) for (s, m, kk), ts in times.items() if s == speed and kk == k and m.startswith("sync")
+    medians = [median(ts) for (s, m, kk), ts in times.items() if s == speed and kk == k and m.startswith("sync")
                and "linear" not in m and (" backup" in m) == backup]  # a name may go on after it (_apart)
     found = [t for t in medians if t is not None]
     return min(found) if found else None
@@ -162,13 +162,14 @@ def ceiling(sweep: Sweep, target: float) -> dict[str, dict]:
     return out
 
 
-def _median(values: list[float | None]) -> float | None:
+def median(values: list[float | None]) -> float | None:
     """The median, a missing value (a target not reached, a run that diverged) counting as
-    the slowest: the median of 3 seeds of which 2 did not reach is "not reached"."""
+    the slowest: the median of 3 seeds of which 2 did not reach is "not reached". The
+    links map (plots/links.py) takes its medians so too."""
     if not values:
         return None
-    median = float(np.median([np.inf if v is None else v for v in values]))
-    return None if not np.isfinite(median) else median
+    middle = float(np.median([np.inf if v is None else v for v in values]))
+    return None if not np.isfinite(middle) else middle
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -191,7 +192,7 @@ def scaling_table(sweep: Sweep) -> list[dict]:
         times = {key: [(hit[0] if (hit := reached(p, target)) else None) for p in points]
                  for key, points in groups.items()}
         for (speed, name, k), points in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][2])):
-            t = _median(times[(speed, name, k)])
+            t = median(times[(speed, name, k)])
             sync, backup = _tuned(times, speed, k, backup=False), _tuned(times, speed, k, backup=True)
             cap = caps.get(str(k), {}).get("ceiling")
             summaries = [load_json(p.run, "summary") for p in points]
@@ -207,8 +208,8 @@ def scaling_table(sweep: Sweep) -> list[dict]:
                          "vs_sync_backup": _ratio(backup, t) if not name.startswith("sync") else None,
                          "diverged": any(_diverged(p) for p in points),
                          "server_bound": any(_server_bound(s) for s in summaries),
-                         "final": _median([final(p) for p in points]),
-                         "bytes": _median([_wire_bytes(s) for s in summaries])})
+                         "final": median([final(p) for p in points]),
+                         "bytes": median([_wire_bytes(s) for s in summaries])})
     return rows
 
 

@@ -103,14 +103,16 @@ def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 def refuse_mixed(points: list[Any]) -> None:
     """Refuse (RunDirError, one line) to compare sweep points whose shared settings (every
     config key but the grid's axes, what follows from them and how a run is handled)
-    differ, as a folder grown by a later spec may hold."""
-    seen: dict[str, tuple[Any, str]] = {}
+    differ, as a folder grown by a later spec may hold. A spec's tasks (its [tasks]: data,
+    model, costs of their own) are compared each within itself."""
+    seen: dict[tuple[Any, str], tuple[Any, str]] = {}
     axes = {key for point in points for key in point.settings}  # any key a grid of the spec varies
     for point in points:
         config = RunDir(point.run).record("config")
+        task = point.settings.get("task")
         for key in config.keys() - PER_POINT - RECORD_ONLY - axes:
             value = _compared(key, config)
-            first = seen.setdefault(key, (value, point.id))
+            first = seen.setdefault((task, key), (value, point.id))
             if first[0] != value:
                 raise RunDirError(f"report: the points differ in {key} ({first[0]!r} in {first[1]}, "
                                   f"{value!r} in {point.id}); a report compares points of one setting: "

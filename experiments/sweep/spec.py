@@ -31,6 +31,16 @@ A spec (TOML):
 `[[grid]]` tables instead of one `[grid]`: the points are the union of their grids (a
 full grid for some rules, a smaller one for others), each point once.
 
+Several tasks in one sweep (a map over tasks, `study = "links"`): `[tasks.NAME]` tables,
+each of config keys laid over [base] (data, model, costs) and the task's own `targets`
+and `samples`; a grid's `task = ["NAME", ...]` picks tasks (all, in the spec's order,
+where it names none) and a point's id ends in `-NAME`. A task's targets are in its own
+measure (an LM's perplexity beside a classifier's error), hence in the task, not the
+spec. A grid's `variant = ["LABEL"]` names the column its points stand in on the links
+report's map (index.json's `variants`: every label whose grid reached the point, as where
+`servers = auto` picks one server and the "1 server" grid reaches the default's config);
+neither key is a config key.
+
 In the simulator every point uses one step time, measured once for the sweep (unless
 `sim_step_time` is in [base]), so the points' virtual clocks are comparable
 (experiments/sweep/run.py measures it).
@@ -57,10 +67,11 @@ VARIANT_KEYS = ("rule", "momentum", "speed_jitter", "sim_profile", "steps")
 VARIANT_TAGS = {"rule": "", "momentum": "m", "speed_jitter": "j", "sim_profile": "", "steps": "steps"}
 SPEC_KEYS = {"name": str, "scale": str, "backend": str, "timeout": float, "warm_start": int, "window": int,
              "steps_per_client": str, "samples": (int, dict), "evaluations": int, "study": str, "targets": list,
-             "base": dict, "grid": (dict, list)}  # key: the type load_spec reads it as
+             "base": dict, "grid": (dict, list), "tasks": dict}  # key: the type load_spec reads it as
 KIND_NAMES = {str: "a string", float: "a number", int: "an integer", dict: "a table", (dict, list): "a table",
               list: "a list", (int, dict): "an integer or a table of integers by client count"}
-STUDIES = ("", "scaling")  # `study`: which report a sweep gets (plots/scaling.py for "scaling")
+STUDIES = ("", "scaling", "links")  # `study`: which report a sweep gets (plots/scaling.py, plots/links.py)
+LABELS = ("task", "variant")  # grid keys that label a point for its report, not config keys
 MAX_TIMEOUT = 2**31 // 1000  # seconds (24 days): a point's wait is one poll() of a C int of milliseconds
 # "sqrt": K clients run steps / sqrt(K) minibatches each (steps * sqrt(K) in all), so
 # every point runs long enough to show a speedup of sqrt(K) or more at a fraction of the
@@ -103,35 +114,81 @@ def load_spec(path: str) -> Spec:
     grids = grids if isinstance(grids, list) else [grids]
     if not all(isinstance(table, dict) for table in grids):
         raise ConfigError(f"sweep {path}: grid must be a table, or tables ([[grid]])")
-    axes = {k for g in grids for k in g} - set(GRID_KEYS)
+    axes = {k for g in grids for k in g} - set(GRID_KEYS) - set(LABELS)
     unknown = sorted(set(raw) - SPEC_KEYS.keys()) + sorted(axes - (field_types().keys() - OWN_KEYS))
     clashing = sorted(set(raw.get("base", {})) & OWN_KEYS)
+    _check_budgets(raw, axes, path)
+    if unknown or clashing:
+        raise ConfigError(f"sweep {path}: unknown key {unknown[0]!r}" if unknown else
+                          f"sweep {path}: [base] may not set {clashing[0]!r} (the grid and spec do)")
+    tasks = _tasks(raw, path)
+    backend = raw.get("backend", "sim")
+    references = {}
+    for name, task in tasks.items():
+        _check_budgets(task, axes, path)
+        try:  # what [base] alone (with the task's keys) gives: point ids name departures
+            references[name] = load_config(None, task.get("base", {}))
+        except ConfigError as error:
+            raise ConfigError(f"sweep {path}: [base]{f' with task {name}' if name else ''}: {error}") from None
+    points: dict[str, PlannedPoint] = {}
+    for table in grids:
+        _add_grid(points, table, tasks, backend, references, sorted(axes - set(VARIANT_KEYS)), path)
+    meta = {k: raw[k] for k in ("study", "targets", "samples", "evaluations") if k in raw}
+    meta.update({"tasks": {name: {"targets": task.get("targets")} for name, task in tasks.items()}}
+                if "tasks" in raw else {})
+    return Spec(raw.get("name", Path(path).stem), raw.get("scale", "proxy"), backend,
+                float(raw.get("timeout", 3600)), int(raw.get("window", WINDOW)), list(points.values()), meta)
+
+
+def _add_grid(points: dict[str, PlannedPoint], table: dict[str, Any], tasks: dict[str | None, dict[str, Any]],
+              backend: str, references: dict[str | None, RunConfig], axes: list[str], path: str) -> None:
+    """One [grid]'s points into `points` (by id, each once, in order): every combination of
+    its values, for each task it names; its variant label added to each point's."""
+    grid = {key: table.get(key, default) for key, default in zip(GRID_KEYS, ([1], [1], ["cold"], ["async"], [0]))}
+    grid.update({key: table[key] for key in table if key not in GRID_KEYS and key not in LABELS})
+    labels = {key: table.get(key, default) for key, default in (("task", list(tasks)), ("variant", [None]))}
+    if any(not isinstance(values, list) or not values for values in (*grid.values(), *labels.values())):
+        raise ConfigError(f"sweep {path}: every [grid] entry must be a non-empty list")
+    if len(labels["variant"]) > 1 or not set(labels["task"]) <= set(tasks):
+        raise ConfigError(f"sweep {path}: a grid's variant is one label, its tasks among [tasks] "
+                          f"({', '.join(map(str, tasks))}), got {labels}")
+    variant = labels["variant"][0]
+    for task, values in itertools.product(labels["task"], itertools.product(*grid.values())):
+        point = _point(dict(zip(grid, values)), tasks[task], backend, references[task], axes)
+        named = {**({"task": task} if task else {}), **({"variants": []} if variant is not None else {})}
+        point = PlannedPoint(point.id + (f"-{task}" if task else ""), {**point.settings, **named}, point.config)
+        point = points.setdefault(point.id, point)  # sync modes ignore n_sync: one point, not several
+        if variant is not None and variant not in point.settings["variants"]:
+            point.settings["variants"].append(variant)  # two columns' grids reach one config
+
+
+def _tasks(raw: dict[str, Any], path: str) -> dict[str | None, dict[str, Any]]:
+    """Each task's spec as the points read it: [base] with the task's config keys laid over
+    it, the task's targets and samples where it has them; one task, None, without
+    [tasks]. A task's targets are checked against its own measure."""
+    if "tasks" not in raw:
+        return {None: raw}
+    if not raw["tasks"] or not all(isinstance(t, dict) for t in raw["tasks"].values()):
+        raise ConfigError(f"sweep {path}: tasks must be tables ([tasks.NAME]) of config keys, targets and samples")
+    out = {}
+    for name, task in raw["tasks"].items():
+        own = {k: v for k, v in task.items() if k in ("targets", "samples")}
+        keys = {k: v for k, v in task.items() if k not in own}
+        bad = sorted(set(keys) - (field_types().keys() - OWN_KEYS))
+        if bad:
+            raise ConfigError(f"sweep {path}: task {name}: unknown key {bad[0]!r}")
+        out[name] = {**raw, **own, "base": {**raw.get("base", {}), **keys}}
+        _check_spec_values(out[name], f"{path} (task {name})")
+    return out
+
+
+def _check_budgets(raw: dict[str, Any], axes: set[str], path: str) -> None:
+    """A spec's (or a task's) budget is given once: in samples, or in steps by a grid."""
     if "samples" in raw and "steps" in raw.get("base", {}):
         raise ConfigError(f"sweep {path}: samples sets the points' steps; [base] may not set steps "
                           "(a grid may, for points that need a budget of their own)")
     if "epochs" in raw.get("base", {}) or "epochs" in axes:
         raise ConfigError(f"sweep {path}: epochs is for a run; a sweep's budget is steps or samples")
-    if unknown or clashing:
-        raise ConfigError(f"sweep {path}: unknown key {unknown[0]!r}" if unknown else
-                          f"sweep {path}: [base] may not set {clashing[0]!r} (the grid and spec do)")
-    backend = raw.get("backend", "sim")
-    try:  # what [base] alone gives: point ids name departures
-        reference = load_config(None, raw.get("base", {}))
-    except ConfigError as error:
-        raise ConfigError(f"sweep {path}: [base]: {error}") from None
-    points = {}
-    for table in grids:
-        grid = {key: table.get(key, default) for key, default in
-                zip(GRID_KEYS, ([1], [1], ["cold"], ["async"], [0]))}
-        grid.update({key: table[key] for key in table if key not in GRID_KEYS})
-        if any(not isinstance(values, list) or not values for values in grid.values()):
-            raise ConfigError(f"sweep {path}: every [grid] entry must be a non-empty list")
-        for values in itertools.product(*grid.values()):
-            point = _point(dict(zip(grid, values)), raw, backend, reference, sorted(axes - set(VARIANT_KEYS)))
-            points.setdefault(point.id, point)  # sync modes ignore n_sync: one point, not several
-    meta = {k: raw[k] for k in ("study", "targets", "samples", "evaluations") if k in raw}
-    return Spec(raw.get("name", Path(path).stem), raw.get("scale", "proxy"), backend,
-                float(raw.get("timeout", 3600)), int(raw.get("window", WINDOW)), list(points.values()), meta)
 
 
 def _check_spec_values(raw: dict[str, Any], path: str) -> None:
