@@ -47,9 +47,11 @@ class SimTiming:
     size: int = 0
 
     def wire_bytes(self, payload: np.ndarray | None) -> float:
-        if payload is None:
-            return 0.0
-        return payload.nbytes if self.push_bytes is None else self.push_bytes * payload.nbytes / (4 * self.size)
+        return 0.0 if payload is None else self.carried(payload.nbytes)
+
+    def carried(self, nbytes: int) -> float:
+        """What a payload of `nbytes` carries on the simulated wire."""
+        return nbytes if self.push_bytes is None else self.push_bytes * nbytes / (4 * self.size)
 
     def served(self, payload: np.ndarray | None) -> float:
         """What a reply occupies the server for: its slice's transfer (every server
@@ -91,17 +93,21 @@ def sized(cfg: RunConfig, replica: Replica, dataset: Dataset, size: int, clients
     """The run's config and costs, with `servers = auto` the count experiments/run/sizing.py
     picks from one server's costs: a push's apply (a slice's costing 1/S of it: passes
     over memory, as the paper profile's), its reply's send, and each server's link, which
-    carries its slice of every push in and every reply out. Where it picks several, the
+    carries its slice of every push in and every reply out, each in the bytes its codec
+    puts on the wire (`compress`, `compress_pulls`). Where it picks several, the
     config records a slice's apply as `sim_apply_time` (a given count reads it so): a
     resume, which keeps the recorded count, or a re-run of config.json charges the same."""
     if cfg.servers != "auto":
         return cfg, sim_timing(cfg, replica, dataset, size, clients)
     one = sim_timing(replace(cfg, servers=1), replica, dataset, size, clients)
-    nbytes = one.push_bytes or 4 * size
+    # what a push and a reply carry, as their codecs put them on the wire (int8 a quarter of float32's)
+    push, reply = (one.carried(codec.wire_size(size) * np.dtype(codec.wire_dtype).itemsize)
+                   for codec in (make_codec(cfg.compress), make_codec(cfg.compress if cfg.compress_pulls else "none")))
 
     def push_s(servers: int) -> float:
-        own = one.apply_time / servers + one.latency + nbytes / servers / one.bandwidth
-        return max(own, nbytes / servers / cfg.sim_server_bandwidth if cfg.sim_server_bandwidth else 0.0)
+        own = one.apply_time / servers + one.latency + reply / servers / one.bandwidth
+        link = max(push, reply) / servers / cfg.sim_server_bandwidth if cfg.sim_server_bandwidth else 0.0
+        return max(own, link)
     servers = servers_for(clients, cfg.push_every * one.step_time, push_s, rule_class(cfg.rule).gathers)
     slice_s = one.apply_time / servers
     picked = replace(cfg, servers=servers, **({"sim_apply_time": slice_s} if servers > 1 else {}))

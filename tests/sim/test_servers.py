@@ -61,6 +61,17 @@ def test_the_pace_with_two_servers_decides_as_with_one_at_equal_costs(tmp_path, 
     assert s["pushes_dropped"] > 0 and s["version"] == summary(one)["version"]  # the pace computed again, and waited
 
 
+def test_auto_counts_the_bytes_the_codec_puts_on_the_wire(tmp_path, tiny_npz):
+    """A slow link: float32 replies make one server's sends the bound, and auto adds
+    servers; int8 pushes and replies carry about a quarter of the bytes, so auto needs
+    fewer (it once counted float32's bytes whatever the codec)."""
+    slow = ["--sim-bandwidth", "2e7", "--sim-latency", "0"]  # 20 MB/s
+    plain = sim(tmp_path / "plain", tiny_npz, *FLAGS, *slow)
+    packed = sim(tmp_path / "int8", tiny_npz, *FLAGS, *slow, "--compress", "int8", "--compress-pulls")
+    servers = [json.loads((run / "config.json").read_text())["servers"] for run in (plain, packed)]
+    assert servers[0] > 1 and servers[1] < servers[0], servers
+
+
 def test_auto_never_exceeds_the_clients(tmp_path, tiny_npz):
     """0.1 s a push against a 10 ms window: no count of servers keeps two clients' server
     under the bound, and auto stops at one a client."""
