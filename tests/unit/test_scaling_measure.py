@@ -97,6 +97,26 @@ def test_a_report_compares_one_data_module_found_in_two_checkouts(tmp_path):
         with pytest.raises(RunDirError, match=f"the points differ in {key}"):
             refuse_mixed(points)
 
+def test_a_report_compares_points_whose_auto_servers_resolved_apart(tmp_path):
+    """`servers = auto` picks each simulated point's count from its costs and K (and records
+    a slice's push cost where it picks several): points that asked auto are one setting;
+    a point that asked a count of its own is not."""
+    import pytest
+
+    from experiments.sweep.folder import refuse_mixed
+    from rundir.lock import RunDirError
+
+    def config(servers, apply_time, asked="auto") -> dict:
+        return {"lr": 0.03, "servers": servers, "sim_apply_time": apply_time,
+                "provenance": {"sim": {"servers_asked": asked}}}
+
+    points = [run_dir(tmp_path / "k1", config(1, 0.004), [], {}), run_dir(tmp_path / "k4", config(4, 0.001), [], {})]
+    refuse_mixed(points)
+    (tmp_path / "k4" / "config.json").write_text(json.dumps(config(4, 0.004, asked=4)))
+    with pytest.raises(RunDirError, match="the points differ in servers"):
+        refuse_mixed(points)
+
+
 def test_tuned_sync_is_the_best_lr_and_the_best_backup_count():
     from plots.scaling import _tuned, method
 
