@@ -100,20 +100,24 @@ def changed_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return sorted(key for key in flat_old.keys() | flat_new.keys() if flat_old.get(key) != flat_new.get(key))
 
 
-SIZED = ("servers", "sim_apply_time")  # what `servers = auto` resolves per point
+SIZED = ("servers", "sim_apply_time")  # what `servers = auto` resolves for each point
 
 
 def refuse_mixed(points: list[Any]) -> None:
     """Refuse (RunDirError, one line) to compare sweep points whose shared settings (every
     config key but the grid's axes, what follows from them and how a run is handled)
     differ, as a folder grown by a later spec may hold. A spec's tasks (its [tasks]: data,
-    model, costs of their own) are compared each within itself."""
+    model, costs of their own) are compared each within itself. A simulated point that
+    left `servers` at `auto` records the count its own costs and K picked (and, where
+    several, a slice's push cost as `sim_apply_time`): those two are not compared for it,
+    as points of one spec differ there by design."""
     seen: dict[tuple[Any, str], tuple[Any, str]] = {}
     axes = {key for point in points for key in point.settings}  # any key a grid of the spec varies
     for point in points:
         config = RunDir(point.run).record("config")
         task = point.settings.get("task")
-        for key in config.keys() - PER_POINT - RECORD_ONLY - axes:
+        sized = config.get("provenance", {}).get("sim", {}).get("servers_asked") == "auto"
+        for key in config.keys() - PER_POINT - RECORD_ONLY - axes - (set(SIZED) if sized else set()):
             value = _compared(key, config)
             first = seen.setdefault((task, key), (value, point.id))
             if first[0] != value:
@@ -126,13 +130,8 @@ def _compared(key: str, config: dict[str, Any]) -> Any:
     """A setting as two points must agree on it. User code is recorded by where it was
     found (an absolute path), and a folder grown from two checkouts of one project records
     the same file twice: it is compared by its file or module and name, and data by the
-    fingerprint of what it loaded (experiments/run/inputs.py) where one was recorded. A
-    simulated point that left `servers` at `auto` records the count its costs picked, and
-    where several a slice's push cost as `sim_apply_time`: points of one spec differ there
-    by K and links, so it is what was asked that they share."""
+    fingerprint of what it loaded (experiments/run/inputs.py) where one was recorded."""
     value = config[key]
-    if key in SIZED and config.get("provenance", {}).get("sim", {}).get("servers_asked") == "auto":
-        return "auto"  # resolved per point from its own costs and K (experiments/sim/costs.py): one setting
     parts = USER_CODE.fullmatch(value) if key in USER_CODE_KEYS and isinstance(value, str) else None
     if parts is None:
         return value

@@ -99,8 +99,8 @@ def test_a_report_compares_one_data_module_found_in_two_checkouts(tmp_path):
 
 def test_a_report_compares_points_whose_auto_servers_resolved_apart(tmp_path):
     """`servers = auto` picks each simulated point's count from its costs and K (and records
-    a slice's push cost where it picks several): points that asked auto are one setting;
-    a point that asked a count of its own is not."""
+    a slice's push cost where it picks several): not compared for points that asked auto;
+    points that asked counts of their own still are."""
     import pytest
 
     from experiments.sweep.folder import refuse_mixed
@@ -112,7 +112,8 @@ def test_a_report_compares_points_whose_auto_servers_resolved_apart(tmp_path):
 
     points = [run_dir(tmp_path / "k1", config(1, 0.004), [], {}), run_dir(tmp_path / "k4", config(4, 0.001), [], {})]
     refuse_mixed(points)
-    (tmp_path / "k4" / "config.json").write_text(json.dumps(config(4, 0.004, asked=4)))
+    for run, servers in (("k1", 1), ("k4", 4)):
+        (tmp_path / run / "config.json").write_text(json.dumps(config(servers, 0.004, asked=servers)))
     with pytest.raises(RunDirError, match="the points differ in servers"):
         refuse_mixed(points)
 
