@@ -229,7 +229,10 @@ class Door:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise PeerTimeout(f"joiner rank {sent.rank} took no message for {timeout:g} s", (sent.rank,))
-            select.select([], [self.peers[sent.rank].sock], [], min(left, 0.1))
+            peer = self.peers.get(sent.rank)
+            if peer is None:  # dropped while we waited
+                raise PeerDied([sent.rank], f"joiner rank {sent.rank} is gone")
+            select.select([], [peer.sock], [], min(left, 0.1))
 
     def refuse(self, rank: int, why: str) -> None:
         """Tell a joiner why it was refused (as far as its socket takes it now), and close."""
