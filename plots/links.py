@@ -36,7 +36,10 @@ def is_links_sweep(sweep: Sweep) -> bool:
 
 
 def bandwidth_name(bytes_per_s: float) -> str:
-    """A link's rate as its bits a second are named (1.25e10 B/s: 100 Gbps)."""
+    """A link's rate as its bits a second are named (1.25e10 B/s: 100 Gbps; 0, the
+    simulator's "no bound", unlimited)."""
+    if not bytes_per_s:
+        return "unlimited"
     bits = 8 * bytes_per_s
     for unit, scale in (("Tbps", 1e12), ("Gbps", 1e9), ("Mbps", 1e6), ("kbps", 1e3)):
         if bits >= scale:
@@ -94,7 +97,7 @@ def map_tables(sweep: Sweep) -> dict[str, list[dict]]:
             t0 = _time(reference, target) if reference else None
             rows = []
             for rate in rates:
-                row: dict[str, Any] = {"bandwidth": bandwidth_name(rate) if rate else "unlimited"}
+                row: dict[str, Any] = {"bandwidth": bandwidth_name(rate)}
                 for variant in columns:
                     points = cells.get((rate, variant))
                     t = _time(points, target) if points else None
@@ -110,7 +113,7 @@ def bytes_tables(sweep: Sweep) -> dict[str, list[dict]]:
     for (task, k), cells in sorted(_groups(sweep).items()):
         rows = []
         for rate in _rows_by_rate(cells):
-            row: dict[str, Any] = {"bandwidth": bandwidth_name(rate) if rate else "unlimited"}
+            row: dict[str, Any] = {"bandwidth": bandwidth_name(rate)}
             for variant in columns:
                 pushed = [load_json(p.run, "summary").get("bytes_pushed") for p in cells.get((rate, variant), [])]
                 row[variant] = median([v / 1e6 if isinstance(v, (int, float)) else None for v in pushed]) \
@@ -130,7 +133,7 @@ def cell_table(sweep: Sweep) -> list[dict]:
                 if not points:
                     continue
                 summaries = [load_json(p.run, "summary") for p in points]
-                rows.append({"task": task, "K": k, "bandwidth": bandwidth_name(rate) if rate else "unlimited",
+                rows.append({"task": task, "K": k, "bandwidth": bandwidth_name(rate),
                              "variant": variant, "seeds": len(points),
                              **{f"time_to_{t:g}": _time(points, t) for t in _targets(sweep, task)},
                              "final": median([final(p) for p in points]),
@@ -153,7 +156,7 @@ def runs_table(sweep: Sweep) -> list[dict]:
             seen.setdefault((_task(p), p.clients, variant), []).append(p)
     order = {v: i for i, v in enumerate(_columns(sweep))}
     return [{"task": task, "K": k, "variant": variant, "runs": len(points),
-             "bandwidths": ", ".join(bandwidth_name(r) if r else "unlimited"
+             "bandwidths": ", ".join(bandwidth_name(r)
                                      for r in _fastest_first(float(p.get("sim_bandwidth", 0.0)) for p in points)),
              "seeds": ", ".join(map(str, sorted({p.seed for p in points})))}
             for (task, k, variant), points in sorted(seen.items(), key=lambda e: (e[0][0], e[0][1], order[e[0][2]]))]
