@@ -30,7 +30,8 @@ def test_joiners_killed_and_replaced_while_the_run_goes_on_leave_every_row_once_
     assert result.returncode == 0, result.stderr
     assert churn.returncode == 0, churn.stderr
     killed = re.findall(r"\(client (\d+)\) killed \(SIGKILL\)", churn.stdout)
-    assert killed and len(re.findall(r"joiner pid \d+ started", churn.stdout)) == 1 + len(killed), churn.stdout
+    started = len(re.findall(r"joiner pid \d+ started", churn.stdout))
+    assert killed and started - len(killed) in (0, 1), churn.stdout  # 0: the run ended during a repair time
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "complete"
     joined = [c["client"] for c in summary["joined_clients"]]
