@@ -33,13 +33,17 @@ secret. Its record names the client it stands in for (`Joined.spare_for`).
 from __future__ import annotations
 
 import hmac
+import json
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from paramserver.events import Joined, JoinRefused
 from paramserver.wire.protocol import Admit, Join, Message, Tag, well_formed
 
 ServerState = Any  # paramserver/state.py's, which holds a Membership (an import back would be a circle)
+GONE = -2  # a client a resume did not start stands on rank GONE - client, no process's (a joiner's frames say -1)
 
 
 @dataclass
@@ -57,6 +61,11 @@ class Membership:
     joined: list[dict[str, Any]] = field(default_factory=list)  # the summary's joined_clients
     spares: list[int] = field(default_factory=list)
     admitted: dict[int, int] = field(default_factory=dict)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """What a checkpoint holds of it: each client's seat, and the joins (JSON: hosts are text)."""
+        return {"members.seats": np.array(self.seats, np.int64).reshape(-1, 2),
+                "members.joined": np.array([json.dumps(entry) for entry in self.joined], dtype=str)}
 
     @classmethod
     def for_clients(cls, clients: int, steps: int, secret: str | None = None, max_clients: int = 0,
@@ -125,8 +134,18 @@ def seat(state: ServerState, rank: int) -> tuple[int, int, int, int]:
     members = state.members
     client = grow(state, rank)
     members.seats.append((slot, position))
-    steps = members.steps if state.budget is not None else members.steps - position
-    return client, steps, slot, position
+    return client, share_of(members.steps, position, state.budget is not None), slot, position
+
+
+def share_of(steps: int, position: int, run_budget: bool) -> int:
+    """The most minibatches a client seated `position` minibatches into its shard's order
+    may count to: the run's under its budget, else what the shard's order has left of `steps`."""
+    return steps if run_budget else steps - position
+
+
+def holders(seats: list[tuple[int, int]]) -> dict[int, int]:
+    """Each shard's last holder: slot -> the client seated on it last."""
+    return {slot: client for client, (slot, _) in enumerate(seats)}
 
 
 def joined(state: ServerState, client: int, rank: int, host: str) -> Joined:
@@ -143,7 +162,7 @@ def _free_slot(state: ServerState) -> tuple[int, int]:
     """The lowest shard whose last holder was lost with minibatches of it left, where that
     holder stood; else a slot of the joiner's own (its number)."""
     members, tally = state.members, state.tally
-    holder = {slot: client for client, (slot, _) in enumerate(members.seats)}  # the last one wins
+    holder = holders(members.seats)
     for slot in sorted(holder):
         client = holder[slot]
         position = members.seats[client][1] + int(tally.client_steps[client])
@@ -168,3 +187,30 @@ def grow(state: ServerState, rank: int) -> int:
     state.tally.grow()
     state.reply.grow()
     return len(state.client_ranks) - 1
+
+
+def resumed(state: ServerState, arrays: dict[str, np.ndarray]) -> None:
+    """The membership a resumed run goes on with, from its checkpoint's `arrays`. The job's
+    client ranks, slot s on the s-th, run each slot's last holder from where it stood (a
+    joiner's number, where one took a lost client's shard), so every shard goes on where it
+    was left and every row stays once. A client that holds no slot of the job's is not
+    started (a joiner on a shard of its own; one whose shard a joiner took): it is lost to
+    the resumed run, its number never given again, and its shard waits for the next
+    joiner where it stood (`_free_slot`). An older checkpoint holds no seats: the job's
+    clients are all there is."""
+    if "members.seats" not in arrays:
+        return
+    members, tally, jobs = state.members, state.tally, list(state.client_ranks)
+    members.seats = [(int(slot), int(position)) for slot, position in arrays["members.seats"]]
+    members.joined = [json.loads(entry) for entry in arrays["members.joined"]]
+    holder = holders(members.seats)
+    ranks = {holder[slot]: rank for slot, rank in enumerate(jobs)}
+    for _ in range(len(jobs), len(members.seats)):
+        state.reply.grow()
+    state.client_ranks = [ranks.get(client, GONE - client) for client in range(len(members.seats))]
+    for client, (slot, _) in enumerate(members.seats):
+        if client not in ranks:
+            why = f"client {holder[slot]} went on with its shard" if slot < len(jobs) \
+                else "a joiner on a shard of its own, which waits for the next joiner"
+            tally.lost[GONE - client] = {"client": client, "rank": None, "last_step": int(tally.client_steps[client]),
+                                         "reason": f"not restarted by the resume: {why}"}

@@ -14,7 +14,7 @@ import numpy as np
 
 from paramserver.compute.arrays import ServerArrays
 from paramserver.compute.quantkernel import make_codec
-from paramserver.membership import Membership
+from paramserver.membership import Membership, resumed
 from paramserver.reply.policy import ReplyPolicy
 from paramserver.rules import RuleSettings, make_rule
 from paramserver.schedule import Schedule
@@ -153,11 +153,15 @@ class ServerState:
                    members=members, fragments=settings.fragments, **options)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """What a checkpoint holds of the server: the Store's arrays, and the reply policy's."""
-        return {**self.store.state(), **self.reply.state()}
+        """What a checkpoint holds of the server: the Store's arrays, the reply policy's and
+        who trains on which shard."""
+        return {**self.store.state(), **self.reply.state(), **self.members.arrays()}
 
     def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
-        """The server as a checkpoint's `arrays` hold it."""
+        """The server as a checkpoint's `arrays` hold it, its tally (sized for every client
+        it had) already the checkpoint's: the membership first, which grows the reply
+        policy for the joiners."""
+        resumed(self, arrays)
         self.store.load_state(arrays)
         self.reply.load_state(arrays)
 

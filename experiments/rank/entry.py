@@ -99,7 +99,8 @@ def run_mpi(cfg: RunConfig, out: str) -> int:
         transport.watch = PeerWatch(ranks, info["host"])
         parts = build(cfg, device, clients, [index] if 0 <= index < clients else [])  # `start`'s barrier waits
         prov = provenance(library_version(), ranks) if transport.rank == 0 else {}
-        started = start(parts, out, records=transport.rank == 0, provenance=prov, share=_mpi_share(transport, servers))
+        started = start(parts, out, records=transport.rank == 0, provenance=prov,
+                        share=_mpi_share(transport, servers, clients))
         start_s, offset = time.perf_counter(), started.point.time if started.point else 0.0
         return _run_role(transport, started, parts, index, servers,
                          clock=lambda: offset + time.perf_counter() - start_s)
@@ -153,9 +154,12 @@ def _run_role(transport: Transport, started: Started, parts: Parts, index: int, 
         return _spare(transport, setup, parts.client, PlanSettings.from_config(cfg, setup.clients), servers, clock)
     if client is None:
         return _serve(transport, setup, ServerSettings.from_config(cfg, setup.clients), clock)
-    plan = ClientPlan.for_run(PlanSettings.from_config(cfg, setup.clients), index, servers)
+    number = started.numbers[0]  # after a resume, the slot's last holder
+    plan = ClientPlan.for_run(PlanSettings.from_config(cfg, setup.clients), number, servers)
+    if point:
+        plan = dataclasses.replace(plan, steps=point.steps_of(number, plan.steps, cfg.run_budget))
     run_client(transport, client, plan, clock,
-               start=(started.steps[0], point.client_pushes[index] if point else 0))
+               start=(started.steps[0], point.client_pushes[number] if point else 0))
     if wait_for_bye(transport):
         _exit(0)  # as server 0 did: see paramserver/wire/farewell.py
     return 0
@@ -201,14 +205,15 @@ def _spare(transport: Transport, setup: RunSetup, client_settings: ClientSetting
     return 0
 
 
-def _mpi_share(transport: Transport, servers: int) -> Share:
+def _mpi_share(transport: Transport, servers: int, clients: int) -> Share:
     """Rank 0's start weights and resume point, on every rank (with the optimizer state
-    of its own client alone: K clients' states are no rank's business but the client's);
-    time starts together on every rank, after all setup (the barrier)."""
+    of its own client alone, the one its slot goes on with: K clients' states are no
+    rank's business but the client's); time starts together on every rank, after all
+    setup (the barrier)."""
     def share(weights: np.ndarray, point: ResumePoint | None) -> tuple[np.ndarray, ResumePoint | None]:
         transport.barrier()
-        points = [point and point.only([rank - servers]) for rank in range(transport.size)] \
-            if transport.rank == 0 else None
+        points = [point and point.only([point.holder(rank - servers)] if 0 <= rank - servers < clients else [])
+                  for rank in range(transport.size)] if transport.rank == 0 else None
         return transport.bcast_array(weights), transport.scatter(points)
     return share
 

@@ -101,6 +101,7 @@ class Started:
     setup: RunSetup
     steps: list[int]           # each local client's first step (after a resume, its last pushed one)
     point: ResumePoint | None
+    numbers: list[int]         # each local client's number: its slot's, or after a resume the slot's last holder's
 
 
 def build(cfg: RunConfig, device: str, clients: int, indices: list[int]) -> Parts:
@@ -123,13 +124,14 @@ def start(parts: Parts, out: str, records: bool, provenance: dict[str, Any], sha
                           else (flat_weights(parts.model), []))
     point = resume_point(out) if cfg.resume and records else None
     weights, point = share(weights, point)
+    numbers = [point.holder(slot) if point else slot for slot in parts.indices]
     steps = []
-    for index, client in zip(parts.indices, parts.local):
+    for number, client in zip(numbers, parts.local):
         client.sync(weights)
-        steps.append(start_client(client, parts.client.seed, index, point))
+        steps.append(start_client(client, parts.client.seed, number, point))
     setup = RunSetup(cfg, parts.clients, parts.model, weights, parts.dataset, parts.device, provenance,
                      RecordSettings.from_config(cfg, out, parts.clients, provenance), warm_rows)
-    return Started(setup, steps, point)
+    return Started(setup, steps, point, numbers)
 
 
 def make_replica(settings: ClientSettings, model: nn.Module, device: str) -> Replica:
@@ -215,12 +217,12 @@ def starting_weights(cfg: RunConfig, dataset: Dataset, device: str,
 
 
 def start_client(client: Client, seed: int, index: int, point: ResumePoint | None) -> int:
-    """Position a client's data order and RNG at its first step (after a resume, its
-    last pushed step, and its optimizer's state where the checkpoint has it); returns
-    that step. Dropout draws differ across clients and steps."""
+    """Position client `index`'s data order and RNG at its first step (after a resume, its
+    last pushed step, counted from where it was seated, and its optimizer's state where
+    the checkpoint has it); returns that step. Dropout draws differ across clients and steps."""
     step = point.client_steps[index] if point else 0
     if point and point.optimizer_of(index):
         client.optimizer.load_state_arrays(point.optimizer_of(index))
-    client.sampler.seek(step)
+    client.sampler.seek((point.position(index) if point else 0) + step)
     torch.manual_seed(int(np.random.SeedSequence([seed, index, step]).generate_state(1)[0]))
     return step

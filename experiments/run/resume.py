@@ -11,6 +11,12 @@ weights (it restarts from the center) and the minibatches a client had run but n
 pushed when the job died (they are run again). The server's rule state (DC-ASGD's
 copies, Adagrad's sums, momentum) is in the checkpoint and restored exactly.
 
+Clients that joined are in the checkpoint too, each with its seat (shard, and where in
+its order it began): the job's rank of a slot goes on as the slot's last holder, a joiner
+where one took a lost client's shard (`ResumePoint.holder`; the server's side is
+paramserver/membership.py's `resumed`), so no shard is drawn twice however the clients
+holding it changed.
+
 `--steps` may grow on resume, to extend a finished run; the settings that shape the
 run (model, data, clients, learning rates...) may not change.
 """
@@ -23,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from paramserver.membership import holders, share_of
 from runconfig.load import load_config
 from runconfig.settings import USER_CODE, USER_CODE_KEYS, ConfigError, RunConfig
 from rundir.checkpoint import Checkpoint
@@ -55,6 +62,22 @@ class ResumePoint:
     optimizer: dict[str, np.ndarray] = field(default_factory=dict)  # every client's, where one for all
     client_optimizers: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)  # client -> its own
     outer: dict[str, np.ndarray] = field(default_factory=dict)  # local-sgd's outer step's state (every rank's)
+    seats: list[tuple[int, int]] = field(default_factory=list)  # each client's (slot, position): a joiner's too
+
+    def holder(self, slot: int) -> int:
+        """The client that goes on on the job's slot `slot`: the last seated on it (a joiner,
+        where one took a lost client's shard; paramserver/membership.py's `resumed`)."""
+        return holders(self.seats).get(slot, slot)
+
+    def position(self, client: int) -> int:
+        """Where in its shard's order `client` began (a joiner's seat; 0 for the job's)."""
+        return self.seats[client][1] if client < len(self.seats) else 0
+
+    def steps_of(self, client: int, steps: int, run_budget: bool) -> int:
+        """The most minibatches `client` counts to as it goes on, where every client's plan
+        says `steps`: a joiner seated into its shard's order counts to what that order had
+        left (as its Welcome said), unless the run's budget is what stops it."""
+        return share_of(steps, self.position(client), run_budget)
 
     def optimizer_of(self, client: int) -> dict[str, np.ndarray]:
         """The optimizer state `client` goes on with ({}: a fresh one)."""
@@ -87,7 +110,7 @@ def resumed_config(asked: dict[str, Any]) -> RunConfig:
         Checkpoint.verify(RunDir(run_dir))
     except CorruptFile as error:
         raise ConfigError(f"resume: {error}") from None
-    _refuse_joiners(run_dir, stored.get("clients"))
+    _refuse_unseated_joiners(run_dir, stored.get("clients"))
     handling = {key: value for key, value in asked.items() if key in CHANGEABLE}  # the rest: as recorded
     cfg = load_config(None, {**stored, **handling, "out": run_dir, "resume": run_dir})
     summary = Path(run_dir) / SUMMARY
@@ -98,13 +121,14 @@ def resumed_config(asked: dict[str, Any]) -> RunConfig:
     return cfg
 
 
-def _refuse_joiners(run_dir: str, clients: int | None) -> None:
-    """A run that clients joined cannot be resumed yet: its checkpoint counts clients the
-    resume would not start (docs/joining.md says what is missing)."""
-    held = len(load_arrays(RunDir(run_dir).checkpoint_path, checksummed=True).get("tally.client_steps", ()))
-    if clients is not None and held > clients:
-        raise ConfigError(f"resume: {held - clients} client(s) joined {run_dir} while it ran; resuming a run "
-                          "with joiners is not supported yet (docs/joining.md)")
+def _refuse_unseated_joiners(run_dir: str, clients: int | None) -> None:
+    """Clients joined the run, and its checkpoint, of a version before checkpoints held
+    the membership, does not say which shard each trained on: the resume could not tell
+    whom the job's ranks go on as."""
+    arrays = load_arrays(RunDir(run_dir).checkpoint_path, checksummed=True)
+    if clients is not None and len(arrays.get("tally.client_steps", ())) > clients and "members.seats" not in arrays:
+        raise ConfigError(f"resume: clients joined {run_dir} while it ran, and its checkpoint (of an earlier version) "
+                          "does not say which shard each trained on")
 
 
 def _same_setting(key: str, asked: Any, recorded: Any) -> bool:
@@ -222,9 +246,10 @@ def _count_rows(path: Path) -> int:
 
 def resume_point(run_dir: str) -> ResumePoint:
     checkpoint = Checkpoint.load(RunDir(run_dir))
+    seats = checkpoint.store.get("members.seats", np.zeros((0, 2), np.int64))
     return ResumePoint(checkpoint.time, [int(s) for s in checkpoint.client_steps],
                        [int(p) for p in checkpoint.client_pushes], checkpoint.optimizer, checkpoint.client_optimizers,
-                       checkpoint.outer)
+                       checkpoint.outer, [(int(slot), int(position)) for slot, position in seats])
 
 
 def cut_back(run: RunDir, checkpoint: Checkpoint, steps: int, record: dict[str, Any],

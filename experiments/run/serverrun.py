@@ -137,8 +137,8 @@ def serve_run(setup: RunSetup, server: ServerSettings, clock: Callable[[], float
         life.counts = state.counts
         lines = (0, 0)
         if life.checkpoint is not None:
-            state.load_arrays(life.checkpoint.store_state)
             state.tally, lines = ServerTally.from_checkpoint(life.checkpoint), life.checkpoint.lines
+            state.load_arrays(life.checkpoint.store_state)
         curve = life.curve
         # a stop rule reached: replies from then on say stop (as they do once the run's budget
         # is spent: state.budget; server 0's header is the one a client of sharded servers reads)

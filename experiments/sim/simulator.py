@@ -37,12 +37,10 @@ import dataclasses
 import functools
 import heapq
 import itertools
-import math
 import os
 import platform
 import socket
-from collections import Counter, defaultdict, deque
-from pathlib import Path
+from collections import defaultdict, deque
 from typing import Any, Callable
 
 import numpy as np
@@ -58,13 +56,13 @@ from experiments.run.provenance import provenance
 from experiments.run.serverrun import ServerSettings, serve_run
 from experiments.sim.costs import SimTiming, sized
 from experiments.sim.links import Links
+from experiments.sim.replay import replay_order
 from paramserver.faults import InjectedFault
 from runconfig.simchecks import parse_joins
-from runconfig.settings import ConfigError, RunConfig
+from runconfig.settings import RunConfig
 from paramserver import membership
 from paramserver.drivers.inprocess import InProcess
 from paramserver.wire.protocol import Join, Outgoing, Pull, Tag, Weights, Welcome
-from rundir.durable import read_jsonl
 from rundir.modes import Mode
 
 
@@ -135,12 +133,14 @@ class Simulation:
     JOIN) a process sends to the server, whose Welcome `joiner` turns into a client.
     `spares`: spare ranks after the clients', on `host`, admitted as the server says."""
 
-    def __init__(self, loops: list[ClientLoop], clocks: list[StepClock], timing: SimTiming, start: float = 0.0,
-                 replay: list[tuple[Tag, int]] | None = None, links: Links | None = None,
-                 joins: list[tuple[float, Join]] = (), joiner: Joiner | None = None, spares: int = 0, host: str = ""):
+    def __init__(self, loops: list[ClientLoop | None], clocks: list[StepClock | None], timing: SimTiming,
+                 start: float = 0.0, replay: list[tuple[Tag, int]] | None = None, links: Links | None = None,
+                 joins: list[tuple[float, Join]] = (), joiner: Joiner | None = None, spares: int = 0, host: str = "",
+                 first_rank: int = 1):
         self.loops, self.clocks, self.timing = loops, clocks, timing
         self.links = links or Links.uniform(timing.bandwidth, timing.latency, len(loops))
         self.joins, self.joiner, self.host = list(joins), joiner, host
+        self.first_rank = first_rank      # the first client's rank: process i is rank first_rank + i
         for n in range(len(self.joins) + spares):  # a joiner stands on client (K + n) mod K's hardware: its link too
             self.links.add(like=(len(loops) + n) % len(loops))
         self.busy = 0.0                   # virtual seconds the server spent on messages
@@ -157,7 +157,8 @@ class Simulation:
     def run(self, server: InProcess) -> float:
         """Until every client stopped; returns the server's busy virtual seconds."""
         for i in range(len(self.loops)):
-            self._schedule(self.links.send(i, 0.0, self.now), "arrive", i, Outgoing(Tag.PULL, Pull()))
+            if self.loops[i] is not None:  # after a resume, a client not restarted has none
+                self._schedule(self.links.send(i, 0.0, self.now), "arrive", i, Outgoing(Tag.PULL, Pull()))
         for n, (at, join) in enumerate(self.joins):  # from ranks after the K clients', one a join
             i = len(self.loops) + n
             self._schedule(self.links.send(i, 0.0, max(at, self.now)), "join", i, join)
@@ -189,8 +190,9 @@ class Simulation:
     def client_busy(self) -> float | None:
         """The clients' busy share: the seconds they computed over those from each one's
         first minibatch to its last (the rest they waited for the server, or were down)."""
-        spans = sum(c.last - c.first for c in self.clocks if c.first is not None)
-        return sum(c.computed for c in self.clocks) / spans if spans > 0 else None
+        clocks = [c for c in self.clocks if c is not None and c.first is not None]
+        spans = sum(c.last - c.first for c in clocks)
+        return sum(c.computed for c in clocks) / spans if spans > 0 else None
 
     def _reply(self, when: float, i: int, reply: Any) -> None:
         """Weights reach client i, which trains on from here; but a streamed fragment's
@@ -239,7 +241,7 @@ class Simulation:
         """A JOIN from a rank after the K clients' (`i`: K + its place among the joins): a
         Welcome makes it client `len(loops)`, which trains once the weights reach it."""
         self.now = max(when, self.server_free)
-        replies = server.deliver(server.state.client_ranks[0] + i, Tag.JOIN, join)
+        replies = server.deliver(self.first_rank + i, Tag.JOIN, join)
         if replies:
             loop, clock = self.joiner(replies[0].header)
             self.loops.append(loop)
@@ -253,7 +255,7 @@ class Simulation:
         admitted = membership.admit(server.state, lost)
         if admitted is not None:
             rank, admit = admitted
-            i = rank - server.state.client_ranks[0]
+            i = rank - self.first_rank
             told = self.links.receive(i, 0.0, self.server_free)
             self._schedule(self.links.send(i, 0.0, told), "join", i, Join(admit.secret, self.host))
 
@@ -326,15 +328,27 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
         return collective_run(setup, collective, parts.local, list(range(clients)), mean_in_place, lockstep,
                               gather=lambda rows: rows, straggle=lockstep.straggle, point=point, away=lockstep.away)
     plans = PlanSettings.from_config(cfg, clients)
-    clocks = [StepClock(timing.step_time * f, plans.stragglers, i, started.steps[i]) for i, f in enumerate(factors)]
-    loops = [ClientLoop(c, ClientPlan.for_run(plans, i, cfg.servers, real_time=False), clk,
-                        step=started.steps[i], pushes=point.client_pushes[i] if point else 0, down=clk.down)
-             for i, (c, clk) in enumerate(zip(parts.local, clocks))]
-    joiner = functools.partial(_joiner, parts, cfg.servers, timing.step_time, factors, plans)
     links = Links.for_run(cfg, timing.bandwidth, timing.latency, clients)
+    # by client number: after a resume the joiners' too, each slot's last holder on the
+    # slot's hardware and link, a client the resume did not start none (membership.resumed)
+    numbered = len(point.client_steps) if point else clients
+    loops: list[ClientLoop | None] = [None] * numbered
+    clocks: list[StepClock | None] = [None] * numbered
+    for slot, (client, number, step) in enumerate(zip(parts.local, started.numbers, started.steps)):
+        clock = StepClock(timing.step_time * factors[slot], plans.stragglers, number, step)
+        plan = ClientPlan.for_run(plans, number, cfg.servers, real_time=False)
+        if point:
+            plan = dataclasses.replace(plan, steps=point.steps_of(number, plan.steps, cfg.run_budget))
+        loops[number], clocks[number] = ClientLoop(client, plan, clock, step=step, pushes=point.client_pushes[number]
+                                                   if point else 0, down=clock.down), clock
+    for number in range(clients, numbered):
+        links.add(like=started.numbers.index(number) if number in started.numbers else number % clients)
+    joiner = functools.partial(_joiner, parts, cfg.servers, timing.step_time, factors, plans)
+    # a resume's joins: those due after its checkpoint (the others were let in or refused before)
+    joins = [(at, Join(SIM_SECRET, info["host"])) for _, at in parse_joins(cfg.joins)
+             if not point or at > point.time] if cfg.joins else []
     simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order, links=links,
-                            joins=[(at, Join(SIM_SECRET, info["host"])) for _, at in parse_joins(cfg.joins)]
-                            if cfg.joins else [], joiner=joiner, spares=cfg.spares, host=info["host"])
+                            joins=joins, joiner=joiner, spares=cfg.spares, host=info["host"], first_rank=cfg.servers)
     serve_run(setup, ServerSettings.from_config(cfg, clients), lambda: simulation.now,
               lambda state, recorder: {"server_busy_s": simulation.run(InProcess(state, recorder)),
                                        "client_busy": simulation.client_busy()},
@@ -352,42 +366,6 @@ def _joiner(parts: Parts, servers: int, step_time: float, factors: list[float], 
     plan = dataclasses.replace(ClientPlan.for_run(plans, welcome.client, servers, real_time=False),
                                steps=welcome.steps)
     return ClientLoop(client, plan, clock, down=clock.down), clock
-
-
-def replay_order(cfg: RunConfig, clients: int) -> list[tuple[Tag, int]]:
-    """The order in which a recorded run's server took each client's first pull, every
-    applied push and each STOP. A first pull goes right after the push that made the
-    version the client pulled (clients.jsonl's `version_pulled`), so every client starts
-    from the weights it started from then; later pulls come with their pushes
-    (n_fetch == n_push)."""
-    if cfg.push_every != cfg.fetch_every:
-        raise ConfigError("replay: needs n_push == n_fetch (later pulls are not recorded apart from pushes)")
-    run = Path(cfg.replay)
-    try:
-        pushes = [row["client"] for row in read_jsonl(run / "server.jsonl") if "version" in row]
-        first_pull: dict[int, int] = {}
-        for row in read_jsonl(run / "clients.jsonl"):
-            if "version_pulled" in row:
-                first_pull.setdefault(row["client"], row["version_pulled"])
-    except (OSError, ValueError, KeyError) as error:
-        raise ConfigError(f"replay: cannot read the logs of {run} ({error})") from None
-    counts = Counter(pushes)  # under the run's budget a fast client pushed more than a slow one
-    per_client = math.ceil(cfg.steps / cfg.push_every)
-    budget = clients * cfg.steps  # the run's: its pushes' windows make it, the last ones under way with it
-    fits = budget <= len(pushes) * cfg.push_every < budget + clients * cfg.fetch_every if cfg.run_budget \
-        else set(counts.values()) == {per_client}
-    if sorted(counts) != list(range(clients)) or sorted(first_pull) != list(range(clients)) or not fits:
-        held = f"{budget} minibatches from" if cfg.run_budget else f"{per_client} pushes from each of"
-        raise ConfigError(f"replay: {run} does not hold {held} {clients} clients")
-    order = [(Tag.PULL, c) for c, v in first_pull.items() if v == 0]
-    done = {c: 0 for c in range(clients)}
-    for version, client in enumerate(pushes, start=1):
-        order.append((Tag.PUSH, client))
-        done[client] += 1
-        if done[client] == counts[client]:  # its STOP must not overtake its parked last push
-            order.append((Tag.STOP, client))
-        order += [(Tag.PULL, c) for c, v in first_pull.items() if v == version]
-    return order
 
 
 def _speed_factors(seed: int, clients: int, jitter: float) -> list[float]:

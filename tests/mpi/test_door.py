@@ -5,6 +5,7 @@ they were; bad input is one line and exit status 2 before anything is sent."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import stat
 import time
@@ -14,6 +15,7 @@ import pytest
 
 from experiments.cli import main
 from paramserver.wire import frame
+from rundir.durable import load_arrays
 from paramserver.wire.protocol import Fail, Join, Tag, Welcome
 from paramserver.wire.stream import SocketLink
 from clients.driver import join_server
@@ -80,6 +82,49 @@ def test_every_client_dead_a_stranger_refused_a_joiner_killed_mid_pull_then_one_
     late = run_command([str(BIN / "asgd"), "join", str(run)], timeout=60)
     assert late.returncode == 2 and late.stderr.strip().endswith("has finished (complete)")
     assert late.stderr.count("\n") == 1
+
+
+@pytest.mark.skipif(LAUNCHER.kind != "hydra", reason="Open MPI 5's launcher ends a job whose every client rank has "
+                    "ended (the first test's reason): here client 0 dies before the joiner comes")
+def test_a_run_a_joiner_went_on_in_resumes_with_the_jobs_rank_as_that_joiner(tmp_path, tiny_npz):
+    """Client 0 dies at its step 5; a joiner, client 1, goes on with its shard from
+    minibatch 4; the job is interrupted (SIGTERM) after a checkpoint that knows the
+    joiner. The resume starts the job's one client rank as client 1, from the step and
+    the shard position the checkpoint holds: every minibatch of the run once, client 0
+    lost for good, the joiner's process gone with the job it joined."""
+    run = tmp_path / "run"
+    # 400 minibatches: the joiner runs seconds of them, the checkpoint comes 0.2 s after it joined
+    flags = ["--quiet", "--data", str(tiny_npz), *RUN[:RUN.index("--steps")], "--steps", "400",
+             *RUN[RUN.index("--steps") + 2:], "--checkpoint-every", "0.2", "--out", str(run)]
+    server = start([str(BIN / "asgd"), "train", *flags])
+    joiner = None
+    try:
+        _wait_for(lambda: (run / "door.json").exists() and any("lost" in r for r in _rows(run, "server")), 120, server)
+        joiner = start([str(BIN / "asgd"), "join", str(run)])
+
+        def knows_the_joiner() -> bool:
+            try:
+                return len(load_arrays(run / "checkpoint" / "latest.npz")["members.seats"]) == 2
+            except (OSError, KeyError, ValueError):
+                return False
+        _wait_for(knows_the_joiner, 120, server)
+        server.send_signal(signal.SIGTERM)
+        assert finish(server, flags, 60).returncode == 130
+        assert finish(joiner, ["asgd", "join"], 60).returncode != 0  # its server gone
+    finally:
+        kill_tree(server.pid)
+        if joiner is not None:
+            kill_tree(joiner.pid)
+    steps = load_arrays(run / "checkpoint" / "latest.npz")["tally.client_steps"]
+    assert steps[0] == 4 and 0 < steps[1] < 396
+    resumed = run_command([str(BIN / "asgd"), "train", "--resume", str(run), "--quiet"], timeout=180)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["minibatches"] == 400
+    [lost] = summary["lost_clients"]
+    assert lost["client"] == 0 and "client 1 went on with its shard" in lost["reason"]
+    assert [(c["client"], c["slot"]) for c in summary["joined_clients"]] == [(1, 0)]
+    assert each_logged_once([(r["client"], r["step"]) for r in _rows(run, "clients")], 2) == [4, 396]
 
 
 def test_joining_what_is_not_a_joinable_running_run_is_one_line_and_exit_2(tmp_path, tiny_npz, capsys):
