@@ -94,7 +94,7 @@ def test_a_malformed_fragment_is_refused_without_touching_the_weights(tmp_path):
     ({"mode": "local-sgd"}, "needs --mode async"),
     ({"backend": "mpi"}, "needs --backend sim"),
     ({"rule": "fresh"}, "slice by slice"),
-    ({"rule": "nesterov"}, "slice by slice"),
+    ({"rule": "nesterov", "nesterov_reply": "round"}, "not with nesterov_reply round"),
     ({"rule": "easgd"}, "slice by slice"),
     ({"n_sync": 2}, "must be a multiple"),
     ({"n_sync": 6}, "must be a multiple"),
@@ -107,6 +107,11 @@ def test_fragments_where_they_have_no_meaning_are_refused(flags, says):
     with pytest.raises(ConfigError, match=says) as refused:
         RunConfig(**settings)
     assert str(refused.value).startswith("fragments: ") and "\n" not in str(refused.value)
+
+
+def test_nesterov_streams_fragments_answered_now_or_by_the_pace():
+    for reply in ("now", "auto"):  # auto: no round is ever held with fragments (NesterovRule.round_left)
+        assert RunConfig(backend="sim", rule="nesterov", n_sync=8, fragments=4, nesterov_reply=reply).fragments == 4
 
 
 def test_fragments_below_one_are_refused_and_one_is_whole_pushes():
