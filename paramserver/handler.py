@@ -176,7 +176,8 @@ def _push(state: ServerState, msg: Message) -> tuple[ApplyResult, int, list[Even
     if reason:
         result = ApplyResult(False, store.version, store.version - pulled, reason)
     else:
-        result = store.apply(client, codec.decode(payload, state.buffer[:size]), minibatches, *at, piece=piece)
+        result = store.apply(client, codec.decode(payload, state.buffer[:size]), minibatches, *at, piece=piece,
+                             pieces=tuple(slice(lo, hi) for lo, hi in state.pieces))
     apply_s = time.perf_counter() - start if state.apply_cost is None else state.apply_cost
     events: list[Event] = [_outcome(state, msg.source, client, result, apply_s)]
     events.append(_client_rows(state, client, header, pulled, result))

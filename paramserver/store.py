@@ -89,35 +89,31 @@ class Store:
         return ""
 
     def apply(self, client: int, push: np.ndarray, minibatches: int = 1, lr_factor: float = 1.0,
-              scale_ramp: float = 1.0, piece: slice | None = None) -> ApplyResult:
+              scale_ramp: float = 1.0, piece: slice | None = None, pieces: tuple[slice, ...] = ()) -> ApplyResult:
         """Apply `client`'s push of `minibatches` minibatches (or reject, or drop it), at the
         schedule's `lr_factor` and the batch scaling's `scale_ramp` (`PushFacts`). `piece`:
-        the slice of the weights a fragment's push is for (its rule's `by_slice`), moving
-        the version by one as a whole push does; None: all of them."""
+        the slice of the weights a fragment's push is for (its rule's `by_slice` or
+        `per_slice`), moving the version by one as a whole push does; None: all of them.
+        `pieces`: the run's fragments, where it streams them: a whole push is then applied
+        as a push of each in turn where the rule keeps its state per slice."""
         staleness = self.version - self.pulled.get(client, 0)
         reason = self.check(push, piece)
         dropped = "" if reason else self.rule.drops(staleness)
         if dropped:  # before it is read for NaN/Inf, which the fused path does in its kernel
             self.dropped[client] += 1
             return ApplyResult(False, self.version, staleness, dropped, dropped=True)
-        if not reason and self.fused is None and not finite(push):
+        parts = pieces if piece is None and pieces and self.rule.per_slice else (piece,)
+        # checked whole first where it is split: a kernel's own check would find a NaN only in its part
+        if not reason and (self.fused is None or len(parts) > 1) and not finite(push):
             reason = "contains NaN or Inf"
         d = None if reason else self.backend.upload(push)
-        facts = None if d is None else PushFacts(d, client, staleness, minibatches, lr_factor, scale_ramp)
-        target = self.array if piece is None else self.array[piece]  # a view: updated in place
-        if facts is not None and self.fused:
-            try:
-                weights = self.fused.apply(target, facts)
-            except fused.KernelFailed as error:
-                weights = self._unfused(error, push, facts, target)
-            if weights is None:
-                reason = "contains NaN or Inf"
-            elif piece is None:
-                self.array = weights
-            elif weights is not target:  # a GPU kernel writes new weights beside the old
-                target.copy_(weights)
-        elif facts is not None:
-            self.rule.apply(target, facts)
+        for part in [] if d is None else parts:
+            whole = part is piece  # the push is this part's, not a slice of it
+            facts = PushFacts(d if whole else d[part], client, staleness, minibatches, lr_factor, scale_ramp,
+                              part, self.size)
+            reason = self._write(part, facts, push if whole else push[part])
+            if reason:
+                break
         if reason:  # counted by the handler's tally (pushes_rejected), with the other refusals
             return ApplyResult(False, self.version, staleness, reason)
         squared = self.fused.d_squared if self.fused else None  # summed by a host kernel on its way
@@ -129,13 +125,32 @@ class Store:
         self.staleness[staleness] += 1
         return ApplyResult(True, self.version, staleness, gathered=gathered, measured=measured)
 
+    def _write(self, piece: slice | None, facts: PushFacts, push: np.ndarray) -> str:
+        """The rule's update of the weights' `piece` (None: all of them) by `facts`, or why
+        not: a NaN or Inf the fused kernel found, having written nothing."""
+        target = self.array if piece is None else self.array[piece]  # a view: updated in place
+        if not self.fused:
+            self.rule.apply(target, facts)
+            return ""
+        try:
+            weights = self.fused.apply(target, facts)
+        except fused.KernelFailed as error:
+            weights = self._unfused(error, push, facts, target)
+        if weights is None:
+            return "contains NaN or Inf"
+        if piece is None:
+            self.array = weights
+        elif weights is not target:  # a GPU kernel writes new weights beside the old
+            target.copy_(weights)
+        return ""
+
     def _unfused(self, error: fused.KernelFailed, push: np.ndarray, facts: PushFacts, target):
         """The GPU kernel failed before writing anything of the weights' (it writes
         spare buffers): say so once, and from this push on apply with the rule's torch
         arithmetic, as `server_kernel = "torch"` does. The new weights, or None for a
         push with NaN or Inf (which the kernel would have found)."""
         warnings.warn(f"server_kernel: {error}; applying pushes with the rule's torch arithmetic "
-                      "instead (server_kernel = \"torch\" chooses that from the start)", RuntimeWarning, stacklevel=2)
+                      "instead (server_kernel = \"torch\" chooses that from the start)", RuntimeWarning, stacklevel=3)
         self.fused = None
         if not finite(push):
             return None

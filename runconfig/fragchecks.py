@@ -3,7 +3,9 @@ slices sent in turn has a meaning this tool gives it, and one line saying why no
 
 A fragment is a slice of the client's weight change applied to the same slice of the
 server's weights, so the rule must be one whose update of a slice reads only that slice's
-change (`Rule.by_slice`): `add`, `scaled`, `staleness`. Each fragment is pushed once a
+change (`Rule.by_slice`: `add`, `scaled`, `staleness`) or that keeps its state slice by
+slice (`Rule.per_slice`: `nesterov`, each slice its own rounds, so its answers are never
+held for a round: `nesterov_reply` round is refused). Each fragment is pushed once a
 window of n_sync minibatches, the P of them n_sync/P apart, so n_sync is a multiple of P,
 and every fragment fetches its slice back (n_fetch = n_push). The client does not wait
 for a reply, so the collective modes (which have no server to stream to) and the
@@ -28,8 +30,11 @@ def check_fragments(cfg: Any) -> None:
     _require(cfg.mode == Mode.ASYNC, "fragments", f"needs --mode async (a server to stream to), got {cfg.mode}")
     _require(cfg.backend == "sim", "fragments", "needs --backend sim (the MPI backend streams no fragments yet)")
     rule = rule_class(cfg.rule)
-    _require(rule.pushes == "delta" and rule.by_slice, "fragments",
-             f"needs a rule that applies a weight change slice by slice (add, scaled, staleness), got {cfg.rule}")
+    _require(rule.pushes == "delta" and (rule.by_slice or rule.per_slice), "fragments",
+             f"needs a rule that applies a weight change slice by slice (add, scaled, staleness, nesterov), "
+             f"got {cfg.rule}")
+    _require(not rule.rounds or cfg.nesterov_reply != "round", "fragments",
+             "not with nesterov_reply round (a fragment's answer is never held for a round: now or auto)")
     _require(cfg.push_every % p == 0, "fragments",
              f"n_sync (n_push) must be a multiple of the {p} fragments (each pushed every n_sync/{p} minibatches), "
              f"got {cfg.push_every}")

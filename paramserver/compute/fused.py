@@ -66,19 +66,30 @@ class Fused:
 
     def apply(self, w: Tensor, push: PushFacts) -> Tensor | None:
         """The new weights (`w` becomes a spare), or None if the push is not finite; the
-        rule's state is replaced likewise."""
+        rule's state is replaced likewise. A fragment's `w` and state are views into the
+        whole vectors, so its new values are copied back into them instead (and `w` returned)."""
         update, d = self.rule.fused(push), push.d
         state = {k: w.new_zeros(w.shape) if v is None else v for k, v in update.state.items()}
-        outputs = {k: self.spare.pop(k) if k in self.spare else w.new_empty(w.shape) for k in ("w", *state)}
+        outputs = {k: self._buffer(k, w) for k in ("w", *state)}
         if not self.kernel(update, {"w": w, "d": d, **state, **update.reads}, outputs):
             self.spare.update(outputs)
             return None
-        self.spare.update({"w": w, **state})
-        if state:
-            self.rule.load_state({**self.rule.state(), **{k: outputs[k] for k in state}})
+        if push.piece is not None:
+            for k, view in {"w": w, **state}.items():
+                view.copy_(outputs[k])
+            self.spare.update(outputs)
+        else:
+            self.spare.update({"w": w, **state})
+            if state:
+                self.rule.load_state({**self.rule.state(), **{k: outputs[k] for k in state}})
         if update.after is not None:
             update.after()
-        return outputs["w"]
+        return w if push.piece is not None else outputs["w"]
+
+    def _buffer(self, name: str, w: Tensor) -> Tensor:
+        """A buffer of `w`'s length for `name`'s new values: the spare, where it has that length."""
+        spare = self.spare.pop(name, None)
+        return spare if spare is not None and spare.shape == w.shape else w.new_empty(w.shape)
 
 
 def statements(code: str) -> list[tuple[str, str]]:

@@ -59,6 +59,10 @@ class PushFacts:
     minibatches: int = 1  # the minibatches it covers (from the header's step, which every server of a sharded run gets)
     lr_factor: float = 1.0   # the lr schedule's multiplier at the server's progress before it (paramserver/schedule.py)
     scale_ramp: float = 1.0  # how far the batch-size scaling has ramped in (`lr_scale_warmup`)
+    # the weights' slice a streamed fragment is for (d and the rule's w are that slice), and
+    # the whole vector's length, by which a rule whose state is kept per slice sizes it
+    piece: slice | None = None
+    size: int = 0
 
 
 @dataclass(slots=True)
@@ -92,6 +96,10 @@ class Rule:
     # whether applying a push slice by slice, each to its slice of w, is applying it whole:
     # an elementwise update with no state of its own over the vector (a fragment is applied so)
     by_slice = True
+    # whether the rule keeps its state slice by slice (nesterov): a fragment then reads and
+    # updates only its slice's, and a whole push under fragments is applied as a push of
+    # each slice in turn (Store.apply), so streamed fragments have a meaning with it too
+    per_slice = False
     # whether a push may join a step taken later (fresh), or a round its N-th push steps
     # (nesterov): the reply policy (paramserver/reply/policy.py) may then answer it with it
     gathers = False

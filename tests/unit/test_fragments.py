@@ -94,7 +94,7 @@ def test_a_malformed_fragment_is_refused_without_touching_the_weights(tmp_path):
     ({"mode": "local-sgd"}, "needs --mode async"),
     ({"backend": "mpi"}, "needs --backend sim"),
     ({"rule": "fresh"}, "slice by slice"),
-    ({"rule": "nesterov"}, "slice by slice"),
+    ({"rule": "nesterov", "nesterov_reply": "round"}, "not with nesterov_reply round"),
     ({"rule": "easgd"}, "slice by slice"),
     ({"n_sync": 2}, "must be a multiple"),
     ({"n_sync": 6}, "must be a multiple"),
@@ -109,7 +109,34 @@ def test_fragments_where_they_have_no_meaning_are_refused(flags, says):
     assert str(refused.value).startswith("fragments: ") and "\n" not in str(refused.value)
 
 
+def test_nesterov_streams_fragments_answered_now_or_by_the_pace():
+    for reply in ("now", "auto"):  # auto: no round is ever held with fragments (NesterovRule.round_left)
+        assert RunConfig(backend="sim", rule="nesterov", n_sync=8, fragments=4, nesterov_reply=reply).fragments == 4
+
+
 def test_fragments_below_one_are_refused_and_one_is_whole_pushes():
     with pytest.raises(ConfigError, match="fragments: must be at least 1"):
         RunConfig(fragments=0)
     assert RunConfig(fragments=1, mode="sync").fragments == 1  # whole pushes: every mode
+
+
+@pytest.mark.parametrize("rule", ["add", "scaled"])
+def test_fragments_on_a_gpu_servers_double_buffered_path_make_the_whole_push(rule):
+    """As a GPU server's kernel runs them (`Fused`, in numpy here): a fragment's new
+    values are copied back into its slice, never left in a view of the weights kept as
+    the next push's spare buffer (which would write another slice's values there)."""
+    from paramserver.compute import fused
+
+    def fused_store() -> Store:
+        store = Store(np.linspace(-1, 1, SIZE, dtype=np.float32), make_rule(rule, RunConfig(rule=rule), clients=2),
+                      kernel="torch")
+        store.fused = fused.Fused(store.rule, fused.numpy_kernel)
+        return store
+    whole, streamed = fused_store(), fused_store()
+    rng = np.random.default_rng(3)
+    for _ in range(2):
+        d = rng.standard_normal(SIZE).astype(np.float32) * 1e-2
+        whole.apply(0, d)
+        for lo, hi in shard_bounds(SIZE, 4, 1):
+            assert streamed.apply(0, d[lo:hi], piece=slice(lo, hi)).accepted
+    np.testing.assert_array_equal(streamed.weights, whole.weights)
