@@ -92,7 +92,6 @@ def test_a_malformed_fragment_is_refused_without_touching_the_weights(tmp_path):
 @pytest.mark.parametrize("flags,says", [
     ({"mode": "sync"}, "needs --mode async"),
     ({"mode": "local-sgd"}, "needs --mode async"),
-    ({"backend": "mpi"}, "needs --backend sim"),
     ({"rule": "fresh"}, "slice by slice"),
     ({"rule": "nesterov"}, "slice by slice"),
     ({"rule": "easgd"}, "slice by slice"),
@@ -113,3 +112,8 @@ def test_fragments_below_one_are_refused_and_one_is_whole_pushes():
     with pytest.raises(ConfigError, match="fragments: must be at least 1"):
         RunConfig(fragments=0)
     assert RunConfig(fragments=1, mode="sync").fragments == 1  # whole pushes: every mode
+
+
+@pytest.mark.parametrize("backend", ["sim", "mpi"])
+def test_fragments_stream_over_either_backend(backend):
+    assert RunConfig(backend=backend, rule="add", n_sync=8, fragments=4).fragments == 4
