@@ -4,8 +4,9 @@
 each message to the pure `handle()` and its events to the `Recorder`, and returns when
 every client has sent STOP. Replies go out without waiting (the transfer completes
 while the next message is taken); those that read the live weights in place are
-finished before the next push is handled, the copies whenever their clients take them. A push may be answered later, with
-others, when the step it joined is taken (`fresh`, paramserver/handler.py).
+finished before the next push is handled, the copies whenever their clients take them.
+A push may be answered later, with others, when the step it joined is taken (`fresh`,
+paramserver/handler.py).
 
 With sharded servers server 0 decides when each client is answered and tells the others
 after each message (`Decided`); they handle the clients' messages in its order with its
