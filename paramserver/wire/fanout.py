@@ -51,10 +51,10 @@ class ServerLink:
     def start(self, message: Outgoing, into: np.ndarray | None) -> Awaited:
         """`exchange` split in two: send `message` and return at once, its replies (with
         `into`) still to `finish`, so a client streaming fragments trains on meanwhile.
-        With one server its reply fills all of `into`, which may be a fragment's slice."""
-        if len(self.servers) == 1:  # as it is (a streamed fragment's push or reply is a slice)
-            slices = [] if into is None else [into]
-            sends = [(self.servers[0], message.tag, message.header, message.payload)]
+        A streamed fragment (one server: runconfig/fragchecks.py) goes as it is, its answer
+        filling all of `into`, the fragment's own vector (`ClientLoop.landing_for`)."""
+        if isinstance(message.header, Push) and message.header.fragment >= 0:
+            slices, sends = [into], [(self.servers[0], message.tag, message.header, message.payload)]
         else:
             slices = [] if into is None else [into[lo:hi] for lo, hi in self.pull_bounds]
             sends = [(server, message.tag, _sliced(message.header, i, lo, hi),
@@ -74,7 +74,7 @@ def _sliced(header: Any, server: int, lo: int, hi: int) -> Any:
     server 0 (which writes the run's logs) gets the rows (a push's, or a rejoining client's)."""
     if isinstance(header, Rejoin):
         return header if server == 0 else replace(header, rows=())
-    if not isinstance(header, Push):
+    if not isinstance(header, Push) or (header.size, server) == (hi - lo, 0):  # one server: as it is
         return header
     return replace(header, size=hi - lo, rows=header.rows if server == 0 else ())
 
