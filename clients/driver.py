@@ -5,17 +5,23 @@ of any joiner.
 The loop itself (clients/loop.py) knows nothing of the wire; `ServerLink`
 (paramserver/wire/fanout.py) is the client's end of it. Typed against
 `paramserver.wire.protocol.Link`, so importing this starts no MPI.
+
+Streamed fragments (docs/training.md): a fragment is pushed and the client trains on; its
+answer is taken at the next fragment boundary, after the next fragment is sent (waited
+for there if it has not come), so at most two are in flight; a whole push or STOP takes
+every answer still out first, so none is left on the wire when the client leaves.
 """
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Callable
 
 import numpy as np
 
 from clients.client import Client
 from clients.loop import ClientLoop, ClientPlan
-from paramserver.wire.fanout import ServerLink
+from paramserver.wire.fanout import Awaited, ServerLink
 from paramserver.wire.protocol import (Admit, Bye, Fail, Join, Link, Outgoing, ProtocolError, Pull, Tag, Weights, Welcome,
                                        shard_bounds)
 
@@ -33,15 +39,38 @@ def run_client(transport: Link, client: Client, plan: ClientPlan, clock: Callabl
     if first is None:
         first = loop.landing, link.exchange(Outgoing(Tag.PULL, Pull()), loop.landing)
     loop.take_weights(*first)
+    streamed: deque[tuple[np.ndarray, Awaited]] = deque()  # fragments pushed, their slices not yet taken
     while not loop.done:
         message, fetch = loop.advance()
         state = loop.state_before(message)
         if state is not None:
             link.to_first(state)
+        if message.tag == Tag.PUSH and message.header.fragment >= 0:
+            _stream(loop, link, message, streamed)
+            continue
+        while streamed:  # a whole push or STOP: every fragment's slice taken first
+            _take_oldest(loop, link, streamed)
         reply = link.exchange(message, loop.landing if fetch else None)
         if fetch:
             loop.take_weights(loop.landing, reply)
     return loop.pushes
+
+
+def _stream(loop: ClientLoop, link: ServerLink, message: Outgoing,
+            streamed: deque[tuple[np.ndarray, Awaited]]) -> None:
+    """Push a streamed fragment and train on without its answer, which lands in the
+    fragment's own slice of the landing (two in flight share no bytes). The previous
+    fragment's answer is taken here, at the first fragment boundary after it was sent
+    (waited for if it is not in yet: `ClientLoop.behind`), as the simulator does."""
+    into = loop.landing_for(message.header.fragment)
+    streamed.append((into, link.start(message, into)))
+    if loop.behind:
+        _take_oldest(loop, link, streamed)
+
+
+def _take_oldest(loop: ClientLoop, link: ServerLink, streamed: deque[tuple[np.ndarray, Awaited]]) -> None:
+    into, awaited = streamed.popleft()
+    loop.take_weights(into, link.finish(awaited))
 
 
 def await_admission(transport: Link, host: str, landing: np.ndarray, timeout: float) -> Welcome | Bye:

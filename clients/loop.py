@@ -126,6 +126,7 @@ class ClientLoop:
     window: int = field(init=False)      # minibatches from one push to the next: n_push, or DyLU's
     pushed_at: int = field(init=False)   # the step of the last push (or the first step)
     in_flight: int = 0            # streamed fragments pushed whose slice of the weights has not come back
+    fragment_landings: dict[int, np.ndarray] = field(default_factory=dict)  # see `landing_for`
 
     def __post_init__(self) -> None:
         self.window, self.pushed_at = self.plan.n_push, self.step
@@ -148,6 +149,15 @@ class ClientLoop:
         """Whether a streamed fragment older than the last one pushed has not come back:
         the client waits for it before it trains on (each is merged within n_push / P)."""
         return self.in_flight > 1
+
+    def landing_for(self, fragment: int) -> np.ndarray:
+        """Where streamed fragment `fragment`'s answer lands as it comes over the wire (MPI):
+        a framed vector of its own, received in place, so the answers of two fragments in
+        flight share no bytes (made at first use: the simulator hands over its payloads)."""
+        if fragment not in self.fragment_landings:
+            lo, hi = self.pull_codec.wire_bounds(self.pieces)[fragment]
+            self.fragment_landings[fragment] = frame.empty(hi - lo, self.pull_codec.wire_dtype)
+        return self.fragment_landings[fragment]
 
     def take_weights(self, data: np.ndarray, reply: Weights | None = None) -> None:
         """The server's weights, as they came over the wire, at the progress its `reply`

@@ -28,7 +28,6 @@ def check_fragments(cfg: Any) -> None:
     if p == 1:
         return
     _require(cfg.mode == Mode.ASYNC, "fragments", f"needs --mode async (a server to stream to), got {cfg.mode}")
-    _require(cfg.backend == "sim", "fragments", "needs --backend sim (the MPI backend streams no fragments yet)")
     rule = rule_class(cfg.rule)
     _require(rule.pushes == "delta" and (rule.by_slice or rule.per_slice), "fragments",
              f"needs a rule that applies a weight change slice by slice (add, scaled, staleness, nesterov), "

@@ -3,9 +3,10 @@
 `serve()` answers clients in the order their messages arrive (no round robin), hands
 each message to the pure `handle()` and its events to the `Recorder`, and returns when
 every client has sent STOP. Replies go out without waiting (the transfer completes
-while the next message is taken) and are finished before the next push is handled,
-since a reply may be reading the live weights. A push may be answered later, with
-others, when the step it joined is taken (`fresh`, paramserver/handler.py).
+while the next message is taken); those that read the live weights in place are
+finished before the next push is handled, the copies whenever their clients take them.
+A push may be answered later, with others, when the step it joined is taken (`fresh`,
+paramserver/handler.py).
 
 With sharded servers server 0 decides when each client is answered and tells the others
 after each message (`Decided`); they handle the clients' messages in its order with its
@@ -176,7 +177,7 @@ class ServerLoop:
         phases are timed (`cost`)."""
         start, start_cpu = time.perf_counter(), time.thread_time()
         if msg.tag == Tag.PUSH or (msg.tag == Tag.STOP and self.state.reply.deferred):
-            self.finish_replies()  # the apply, or a step a STOP releases, changes the weights they may read
+            self.finish_replies(live=True)  # the apply, or a step a STOP releases, changes the weights they may read
         finished = time.perf_counter()
         replies, events = handle(self.state, msg)
         handled = time.perf_counter()
@@ -280,14 +281,23 @@ class ServerLoop:
         requests = self.link.post(reply.dest, Tag.WEIGHTS, header, reply.payload)
         self.in_flight.append((reply.dest, requests, reply.payload.nbytes))
 
-    def finish_replies(self) -> None:
-        """Finish every reply in flight; a client that does not take its reply within the
-        stall timeout, or died, is lost (and the others' replies still finish). The time
-        spent here is excused (`_excuse`): whatever the others sent meanwhile waits for the
-        server, and their replies wait behind the one it finishes. (A reply to a host whose
-        link was cut held the server for the whole stall timeout; every other client was
-        then written off as silent at once, and a `continue` run ended with none.)"""
+    def finish_replies(self, live: bool = False) -> None:
+        """Finish every reply in flight, or (`live`: the weights are about to change) those
+        that read the weights in place; a copy (`Posted.live` false: a streamed fragment's
+        answer, which its client takes only at its next fragment boundary) goes on without
+        holding up the applies, and is forgotten once out. A client that does not take its
+        reply within the stall timeout, or died, is lost (and the others' replies still
+        finish). The time spent here is excused (`_excuse`): whatever the others sent
+        meanwhile waits for the server, and their replies wait behind the one it finishes.
+        (A reply to a host whose link was cut held the server for the whole stall timeout;
+        every other client was then written off as silent at once, and a `continue` run
+        ended with none.)"""
         replies, self.in_flight = self.in_flight, []
+        if live:  # a link that does not say its post copied (`live`) is taken to read in place
+            lost = self.state.tally.lost
+            copies = [r for r in replies if not getattr(r[1], "live", True)]
+            self.in_flight = [r for r in copies if r[0] not in lost and not self.link.done(r[1])]
+            replies = [r for r in replies if getattr(r[1], "live", True)]
         start = self.clock()
         for rank, requests, nbytes in replies:
             if rank in self.state.tally.lost:

@@ -5,12 +5,20 @@ Typed against `Link`, so importing this starts no MPI.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
 
 from paramserver.wire.protocol import Link, Outgoing, Pull, Push, Rejoin, Tag, Weights
+
+
+@dataclass(frozen=True)
+class Awaited:
+    """Replies under way (`ServerLink.start`): the receives posted, and the bytes they bring."""
+
+    requests: Any
+    nbytes: int
 
 
 class ServerLink:
@@ -37,15 +45,28 @@ class ServerLink:
     def exchange(self, message: Outgoing, into: np.ndarray | None) -> Weights | None:
         """Send `message`; with `into`, the servers' weights come back into it, and server
         0's header is returned (its progress, the lr schedule's; whether to stop)."""
-        slices = [] if into is None else [into[lo:hi] for lo, hi in self.pull_bounds]
+        awaited = self.start(message, into)
+        return None if into is None else self.finish(awaited)
+
+    def start(self, message: Outgoing, into: np.ndarray | None) -> Awaited:
+        """`exchange` split in two: send `message` and return at once, its replies (with
+        `into`) still to `finish`, so a client streaming fragments trains on meanwhile.
+        A streamed fragment (one server: runconfig/fragchecks.py) goes as it is, its answer
+        filling all of `into`, the fragment's own vector (`ClientLoop.landing_for`)."""
+        if isinstance(message.header, Push) and message.header.fragment >= 0:
+            slices, sends = [into], [(self.servers[0], message.tag, message.header, message.payload)]
+        else:
+            slices = [] if into is None else [into[lo:hi] for lo, hi in self.pull_bounds]
+            sends = [(server, message.tag, _sliced(message.header, i, lo, hi),
+                      None if message.payload is None else message.payload[lo:hi])
+                     for i, (server, (lo, hi)) in enumerate(zip(self.servers, self.bounds))]
         replies = self.transport.expect_weights(list(self.servers), slices)
-        self.transport.send_many([(server, message.tag, _sliced(message.header, i, lo, hi),
-                                   None if message.payload is None else message.payload[lo:hi])
-                                  for i, (server, (lo, hi)) in enumerate(zip(self.servers, self.bounds))],
-                                 self.timeout)
-        if into is None:
-            return None
-        return self.transport.complete(replies, list(self.servers), into.nbytes, self.timeout)[0]
+        self.transport.send_many(sends, self.timeout)
+        return Awaited(replies, 0 if into is None else into.nbytes)
+
+    def finish(self, awaited: Awaited) -> Weights:
+        """Wait for the replies `start` posted the receives of: server 0's header."""
+        return self.transport.complete(awaited.requests, list(self.servers), awaited.nbytes, self.timeout)[0]
 
 
 def _sliced(header: Any, server: int, lo: int, hi: int) -> Any:

@@ -24,6 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from paramserver.wire import frame
+from paramserver.wire.blocks import Blocks, Posted
 from paramserver.wire.frame import FRAMED, HEADER_BYTES, rows_bytes
 from paramserver.wire.liveness import PeerDied, PeerWatch, finish_within
 from paramserver.wire.protocol import (Message, PeerFailed, PeerTimeout, ProtocolError, Push, Tag, Weights,
@@ -33,18 +34,7 @@ ANY = MPI.ANY_SOURCE
 _FIRST_SLEEP, _MAX_SLEEP = 50e-6, 1e-3
 _BUSY = 1e-3  # a message the peer sends right after its last one comes within this
 ABORT_GRACE_S = 10.0
-_REMEMBERED = 16  # sends from distinct blocks kept in mind before the finished ones are forgotten
 _PROC_FAILED = (MPI.ERR_PROC_FAILED, MPI.ERR_PROC_FAILED_PENDING)  # ULFM: a rank of the communicator died
-
-
-class Posted(list):
-    """MPI requests under way, with the buffers they read or fill (alive until done) and,
-    for replies, the check to run once they are in."""
-
-    def __init__(self, requests: list[MPI.Request], keep: list[np.ndarray] = (),
-                 verify: Callable[[], list] | None = None):
-        super().__init__(requests)
-        self.keep, self.verify = keep, verify
 
 
 class Transport:
@@ -57,8 +47,7 @@ class Transport:
         self.size = comm.Get_size()
         self.watch = watch
         self.timeout = timeout  # for collectives, whose callers have no better bound
-        self._staging: dict[tuple[str, int], np.ndarray] = {}  # see _staged
-        self._in_place: dict[int, Posted] = {}  # block address -> the send from it still under way
+        self.blocks = Blocks(MPI.Request.Testall)  # the staging blocks, and the sends from blocks still under way
         self.yields = True  # a transfer is polled, yielding the core, while its bytes should move (`wait_as_client`)
         self._abandoned: list[list] = []  # a lost peer's transfers: MPI may resume them, into buffers kept here
 
@@ -113,41 +102,21 @@ class Transport:
         rows = rows_bytes(header) if isinstance(header, Push) else b""
         data = _as_bytes(payload if payload is not None else np.empty(0, np.uint8))
         block = frame.around(data, len(rows))
-        if block is not None and self._reading(block):
-            block = None  # its header is being sent (replies to several clients): not rewritten under MPI
+        # Not in place: a block whose header is being sent (replies to several clients: not
+        # rewritten under MPI), or a streamed fragment's answer, which its client takes only
+        # at its next fragment boundary: the server changes the weights before then.
+        if block is not None and (self.blocks.reading(block) or isinstance(header, Weights) and header.fragment >= 0):
+            block = None
+        live = block is not None
         if block is None:
-            block = self._staged(("to", dest), HEADER_BYTES + data.nbytes + len(rows))
+            block = self.blocks.staged(("to", dest), HEADER_BYTES + data.nbytes + len(rows))
             block[HEADER_BYTES:HEADER_BYTES + data.nbytes] = data
         block[HEADER_BYTES + data.nbytes:] = np.frombuffer(rows, np.uint8)
         frame.write_header(block[:HEADER_BYTES], tag, header, self.rank, rows)
         posted = Posted([self._dead_on_error(lambda: self.comm.Isend([block, MPI.BYTE], dest, int(tag)), [dest])],
-                        keep=[block])
-        self._in_place[frame.address(block)] = posted
+                        keep=[block], live=live)
+        self.blocks.sending(block, posted)
         return posted
-
-    def _reading(self, block: np.ndarray) -> bool:
-        """Whether a send from `block` (one that starts where it does) is still under way:
-        MPI allows no write to a buffer it is sending, not even of the same bytes. (Only
-        sends under way are remembered, so the blocks of finished ones can be freed.)"""
-        address = frame.address(block)
-        posted = self._in_place.get(address)
-        if posted is not None and MPI.Request.Testall(posted):
-            del self._in_place[address]
-            posted = None
-        if len(self._in_place) > _REMEMBERED:  # forget the finished, so their blocks can be freed
-            self._in_place = {a: p for a, p in self._in_place.items() if not MPI.Request.Testall(p)}
-        return posted is not None
-
-    def _staged(self, key: tuple[str, int], nbytes: int) -> np.ndarray:
-        """A reused block of `nbytes` for a framed message to or from a peer whose vector has
-        no room around it (compressed, GPU-staged, a shard's slice): one copy, where a
-        derived MPI datatype would have MPICH pack it, a copy too, and in pieces that move
-        only while both sides poll. A new block while a send from the last is still
-        under way."""
-        block = self._staging.get(key)
-        if block is None or block.nbytes < nbytes or self._reading(block):
-            block = self._staging[key] = np.empty(nbytes, np.uint8)
-        return block[:nbytes]
 
     def recv(self, timeout: float, source: int = ANY, tag: int = MPI.ANY_TAG, busy: float = _BUSY,
              into: np.ndarray | None = None) -> Message:
@@ -183,7 +152,7 @@ class Transport:
         block = frame.around(data, tail) if into is not None and tail >= 0 else None
         in_place = block is not None
         if not in_place:
-            block = self._staged(("from", sender), count)
+            block = self.blocks.staged(("from", sender), count)
         self._take(sender, tag, count, block)
         nrows = min(frame.rows_length(block), max(count - HEADER_BYTES, 0))
         if not (in_place and nrows == tail):
@@ -204,7 +173,7 @@ class Transport:
             block = frame.around(data, 0)
             staged.append(block is None)
             if block is None:
-                block = self._staged(("from", source), HEADER_BYTES + data.nbytes)
+                block = self.blocks.staged(("from", source), HEADER_BYTES + data.nbytes)
             blocks.append(block)
             requests.append(self._dead_on_error(
                 lambda: self.comm.Irecv([block, MPI.BYTE], source, int(Tag.WEIGHTS)), [source]))

@@ -78,7 +78,7 @@ def test_int8_fragments_are_whole_blocks_each_with_its_own_error_feedback(tmp_pa
 
 @pytest.mark.parametrize("flags,line", [
     (["--mode", "sync"], "fragments: needs --mode async (a server to stream to), got sync"),
-    (["--backend", "mpi", "--rule", "add"], "fragments: needs --backend sim (the MPI backend streams no fragments yet)"),
+    (["--rule", "add", "--n-sync", "4", "--servers", "2"], "fragments: needs one server (--servers 1), got 2"),
 ])
 def test_fragments_where_refused_exit_2_in_one_line_before_anything_starts(tmp_path, tiny_npz, capsys, flags, line):
     args = ["train", "--backend", "sim", "--data", str(tiny_npz), "--out", str(tmp_path / "run"), "--fragments", "4",

@@ -92,7 +92,6 @@ def test_a_malformed_fragment_is_refused_without_touching_the_weights(tmp_path):
 @pytest.mark.parametrize("flags,says", [
     ({"mode": "sync"}, "needs --mode async"),
     ({"mode": "local-sgd"}, "needs --mode async"),
-    ({"backend": "mpi"}, "needs --backend sim"),
     ({"rule": "fresh"}, "slice by slice"),
     ({"rule": "nesterov", "nesterov_reply": "round"}, "not with nesterov_reply round"),
     ({"rule": "easgd"}, "slice by slice"),
@@ -140,3 +139,8 @@ def test_fragments_on_a_gpu_servers_double_buffered_path_make_the_whole_push(rul
         for lo, hi in shard_bounds(SIZE, 4, 1):
             assert streamed.apply(0, d[lo:hi], piece=slice(lo, hi)).accepted
     np.testing.assert_array_equal(streamed.weights, whole.weights)
+
+
+@pytest.mark.parametrize("backend", ["sim", "mpi"])
+def test_fragments_stream_over_either_backend(backend):
+    assert RunConfig(backend=backend, rule="add", n_sync=8, fragments=4).fragments == 4

@@ -315,3 +315,39 @@ def test_a_reply_stuck_for_the_stall_timeout_loses_only_its_client(tmp_path):
     server.recorder.close()
     assert not messages
     assert list(tally.lost) == [1] and tally.stops == {3: Stop(0, 0), 2: Stop(1, 1)}
+
+
+def test_before_a_push_the_server_finishes_only_the_replies_that_read_the_weights_in_place(tmp_path):
+    """A copied reply (a streamed fragment's answer, which its client takes only at its next
+    fragment boundary) goes on while the next push is applied, forgotten once out; one that
+    reads the weights in place (or whose link does not say) is finished first; at the end,
+    every one."""
+    import numpy as np
+
+    from paramserver.drivers.server import ServerLoop
+    from tests.conftest import make_server
+
+    server = make_server(tmp_path / "run", np.zeros(4, np.float32), clients=3)
+    completed = []
+
+    class Sent(list):
+        def __init__(self, name, live):
+            super().__init__([name])
+            self.live = live
+
+    class Link:
+        def done(self, requests):
+            return requests[0] == "copy, out"
+
+        def complete(self, requests, peers, nbytes, timeout):
+            completed.append(requests[0])
+            return []
+
+    loop = ServerLoop(Link(), server.state, server.recorder, clock=lambda: 0.0, stall_timeout=5.0)
+    loop.in_flight = [(1, Sent("in place", True), 16), (2, Sent("copy, out", False), 16),
+                      (3, Sent("copy, on its way", False), 16), (1, ["said nothing"], 16)]
+    loop.finish_replies(live=True)
+    assert completed == ["in place", "said nothing"] and [r[1][0] for r in loop.in_flight] == ["copy, on its way"]
+    loop.finish_replies()
+    server.recorder.close()
+    assert completed[2:] == ["copy, on its way"] and loop.in_flight == []

@@ -1,0 +1,45 @@
+"""The client's end of the wire (paramserver/wire/fanout.py): which slice each server's
+message and reply are, whole or streamed, with the receives posted before the send."""
+from __future__ import annotations
+
+import numpy as np
+
+from paramserver.wire.fanout import ServerLink
+from paramserver.wire.protocol import Outgoing, Pull, Push, Tag, Weights
+
+
+class Recording:
+    """A `Link` that notes what was posted and sent, in order, and answers every receive."""
+
+    def __init__(self):
+        self.calls = []
+
+    def expect_weights(self, sources, intos):
+        self.calls.append(("expect", sources, [(into.base is not None, into.size) for into in intos]))
+        return intos
+
+    def send_many(self, messages, timeout):
+        self.calls.append(("send", [(dest, header, None if payload is None else payload.size)
+                                    for dest, _, header, payload in messages]))
+
+    def complete(self, requests, peers, nbytes, timeout):
+        self.calls.append(("complete", peers, nbytes))
+        return [Weights(1, into.size) for into in requests]
+
+
+def test_a_fragment_goes_as_it_is_and_its_answer_fills_its_own_vector():
+    link = Recording()
+    servers = ServerLink(link, (0,), [(0, 10)], timeout=1.0)
+    push = Push(4, 3, True, fragment=1, offset=5)
+    awaited = servers.start(Outgoing(Tag.PUSH, push, np.ones(3, np.float32)), np.empty(3, np.float32))
+    assert link.calls == [("expect", [0], [(False, 3)]), ("send", [(0, push, 3)])]  # posted before it goes
+    assert servers.finish(awaited) == Weights(1, 3) and link.calls[-1] == ("complete", [0], 12)
+
+
+def test_one_server_of_a_slice_fills_its_slice_of_the_whole_vector():
+    """Server 0 reads server 1's slice (`gatherer`) through a link of one server whose slice
+    does not start at 0: its reply lands there, not at the vector's start."""
+    link = Recording()
+    whole = np.zeros(10, np.float32)
+    assert ServerLink(link, (1,), [(4, 10)], timeout=1.0).exchange(Outgoing(Tag.PULL, Pull()), whole) == Weights(1, 6)
+    assert link.calls[0] == ("expect", [1], [(True, 6)]) and link.calls[-1] == ("complete", [1], 40)
