@@ -36,7 +36,9 @@ def test_joiners_killed_and_replaced_while_the_run_goes_on_leave_every_row_once_
     assert summary["status"] == "complete"
     joined = [c["client"] for c in summary["joined_clients"]]
     assert joined == list(range(1, len(joined) + 1))  # numbered in turn, a lost one's never again
-    assert sorted(c["client"] for c in summary["lost_clients"]) == sorted(map(int, killed))  # each kill a loss
+    # each kill a loss, but the last may come after that joiner's STOP (the run's budget spent): not lost then
+    lost = sorted(c["client"] for c in summary["lost_clients"])
+    assert lost in (sorted(map(int, killed)), sorted(map(int, killed[:-1]))), (lost, killed)
     rows = [json.loads(line) for line in (run / "clients.jsonl").read_text().splitlines()]
     ran = each_logged_once([(r["client"], r["step"]) for r in rows], 1 + len(joined))
     assert sum(ran) == summary["minibatches"]
