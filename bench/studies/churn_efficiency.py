@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from plots.churn import churn_figure
-from rundir.status import EXIT_DIVERGED
+from rundir.status import DIVERGED, EXIT_DIVERGED, word
 from tests.conftest import make_tiny_npz
 
 ASGD = str(Path(sys.executable).with_name("asgd"))
@@ -54,7 +54,7 @@ def efficiency(summary: dict, clients: int) -> float:
 def trained(summaries: list[dict]) -> list[dict]:
     """The runs that did not diverge: a diverged run's refused pushes entered no step, which
     measures its learning rate, not what churn costs (each table row counts them apart)."""
-    return [s for s in summaries if not s["status"].startswith("diverged")]
+    return [s for s in summaries if word(s["status"]) != DIVERGED]
 
 
 def one_run(folder: Path, data: Path, method: list[str], clients: int, steps: int, mtbf: float, down: float,

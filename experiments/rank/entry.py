@@ -25,7 +25,8 @@ from clients.collective import Fate, LockstepFates
 from clients.devices import device_name, gpu_count, keep_freed_memory, node_devices, use_device, visible_gpu
 from clients.driver import await_admission, run_client
 from clients.loop import ClientPlan, PlanSettings
-from experiments.run.assemble import ClientSettings, Parts, Share, Started, build, join_client, make_replica, start
+from experiments.run.assemble import (ClientSettings, Parts, Share, Started, build, client_plan, join_client,
+                                      make_replica, start)
 from experiments.run.collectiverun import CollectiveSettings, collective_run
 from experiments.parent.supervise import LOCKED_RUN, direct_stdio
 from experiments.run.provenance import provenance
@@ -155,9 +156,7 @@ def _run_role(transport: Transport, started: Started, parts: Parts, index: int, 
     if client is None:
         return _serve(transport, setup, ServerSettings.from_config(cfg, setup.clients), clock)
     number = started.numbers[0]  # after a resume, the slot's last holder
-    plan = ClientPlan.for_run(PlanSettings.from_config(cfg, setup.clients), number, servers)
-    if point:
-        plan = dataclasses.replace(plan, steps=point.steps_of(number, plan.steps, cfg.run_budget))
+    plan = client_plan(PlanSettings.from_config(cfg, setup.clients), number, servers, point, cfg.run_budget)
     run_client(transport, client, plan, clock,
                start=(started.steps[0], point.client_pushes[number] if point else 0))
     if wait_for_bye(transport):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -27,6 +27,7 @@ from torch import nn
 
 from clients.buffers import host_copy
 from clients.client import Client, Replica
+from clients.loop import ClientPlan, PlanSettings
 from clients.data import Dataset, load_dataset
 from clients.models import flat_weights, run_model
 from clients.optimizers import OptimizerSettings, user_optimizer
@@ -214,6 +215,14 @@ def starting_weights(cfg: RunConfig, dataset: Dataset, device: str,
         result = client.step()
         rows.append(result.row(0, step, clock()))
     return host_copy(client.weights), rows
+
+
+def client_plan(plans: PlanSettings, number: int, servers: int, point: ResumePoint | None, run_budget: bool,
+                real_time: bool = True) -> ClientPlan:
+    """Client `number`'s plan, for both backends; after a resume, a joiner's counts to what
+    its shard's order had left from where it was seated (`ResumePoint.steps_of`)."""
+    plan = ClientPlan.for_run(plans, number, servers, real_time)
+    return replace(plan, steps=point.steps_of(number, plan.steps, run_budget)) if point else plan
 
 
 def start_client(client: Client, seed: int, index: int, point: ResumePoint | None) -> int:

@@ -50,7 +50,7 @@ from clients.collective import Fate, Lockstep, LockstepFates, mean_in_place
 from clients.devices import keep_freed_memory, pick_device
 from clients.loop import ClientLoop, ClientPlan, PlanSettings
 from clients.stragglers import Stragglers
-from experiments.run.assemble import Parts, build, join_client, start
+from experiments.run.assemble import Parts, build, client_plan, join_client, start
 from experiments.run.collectiverun import CollectiveSettings, collective_run
 from experiments.run.provenance import provenance
 from experiments.run.serverrun import ServerSettings, serve_run
@@ -336,9 +336,7 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     clocks: list[StepClock | None] = [None] * numbered
     for slot, (client, number, step) in enumerate(zip(parts.local, started.numbers, started.steps)):
         clock = StepClock(timing.step_time * factors[slot], plans.stragglers, number, step)
-        plan = ClientPlan.for_run(plans, number, cfg.servers, real_time=False)
-        if point:
-            plan = dataclasses.replace(plan, steps=point.steps_of(number, plan.steps, cfg.run_budget))
+        plan = client_plan(plans, number, cfg.servers, point, cfg.run_budget, real_time=False)
         loops[number], clocks[number] = ClientLoop(client, plan, clock, step=step, pushes=point.client_pushes[number]
                                                    if point else 0, down=clock.down), clock
     for number in range(clients, numbered):
