@@ -10,6 +10,7 @@ import pytest
 
 from clients.data import load_dataset
 from rundir.durable import load_arrays
+from rundir.status import finished
 from tests.conftest import BIN, each_logged_once, mpi_train, run_command
 from tests.reference import assert_steps_close, plain_sgd
 from tests.sim.test_compress import frame_bytes
@@ -357,7 +358,7 @@ def test_delayed_nesterov_holds_each_round_under_mpi(tmp_path, tiny_npz):
 def test_two_sharded_servers_follow_server_0s_pace(tmp_path, tiny_npz, flags):
     """Server 0 decides when each client is answered (the pace of `fresh`, DyLU's windows)
     and server 1 follows it (paramserver/drivers/follow.py), a straggler among three clients: the
-    run completes, each minibatch logged once, each push applied or dropped once, and
+    run ends, each minibatch logged once, each push applied or dropped once, and
     every curve point (but the final one) at a multiple of eval_every, read from both slices."""
     run = tmp_path / "run"
     result = mpi_train(5, "--servers", "2", "--data", str(tiny_npz), *TINY, "--steps", "12", "--slow-clients", "1",
@@ -365,7 +366,8 @@ def test_two_sharded_servers_follow_server_0s_pace(tmp_path, tiny_npz, flags):
                        "--out", str(run), *flags)
     assert result.returncode == 0, result.stderr
     s = summary(run)
-    assert s["status"] == "complete" and s["pushes_rejected"] == 0
+    # 12 steps, the pace gathering 3 gradients a step: the error may end at chance (`untrained`)
+    assert finished(s["status"]) and s["pushes_rejected"] == 0
     assert s["pushes_sent"] == s["pushes_applied"] + s["pushes_dropped"]
     # the run's budget (K x steps, the windows told counted) may end a window past it
     assert sum(each_logged_once([(r["client"], r["step"]) for r in rows(run, "clients")], 3)) == s["minibatches"] >= 36
