@@ -73,7 +73,7 @@ def _take_oldest(loop: ClientLoop, link: ServerLink, streamed: deque[tuple[np.nd
     loop.take_weights(into, link.finish(awaited))
 
 
-def await_admission(transport: Link, host: str, landing: np.ndarray, timeout: float) -> Welcome | Bye:
+def await_admission(transport: Link, host: str, landing: np.ndarray | None, timeout: float) -> Welcome | Bye:
     """A spare rank's wait for server 0 (paramserver/wire/protocol.py draws it): BYE (the
     run ended without needing it), or ADMIT, then its JOIN (`join_server`). A JOIN the
     server refuses (the run finished meanwhile) is answered by the BYE at the run's end.
@@ -85,13 +85,15 @@ def await_admission(transport: Link, host: str, landing: np.ndarray, timeout: fl
     return join_server(transport, msg.secret, host, landing, timeout)
 
 
-def join_server(link: Link, secret: str, host: str, landing: np.ndarray, timeout: float) -> Welcome | Bye | Fail:
+def join_server(link: Link, secret: str, host: str, landing: np.ndarray | None,
+                timeout: float) -> Welcome | Bye | Fail:
     """JOIN server 0 with the run's secret: its Welcome, with the weights in `landing`
-    (sized as a pull's on the wire); else a BYE (the run ended) or, over the door of
-    paramserver/wire/door.py, a FAIL saying why the JOIN was refused."""
+    (sized as a pull's on the wire; None: sharded servers, whose Welcome brings none, the
+    joiner pulling from every server once each knows it); else a BYE (the run ended) or,
+    over the door of paramserver/wire/door.py, a FAIL saying why the JOIN was refused."""
     link.send(0, Tag.JOIN, Join(secret, host), timeout=timeout)
     msg = _from_server(link, (Welcome, Bye, Fail))
-    if isinstance(msg, Welcome):
+    if isinstance(msg, Welcome) and landing is not None:
         replies = link.expect_weights([0], [landing])
         link.complete(replies, [0], landing.nbytes, timeout)
     return msg

@@ -149,7 +149,7 @@ def _join(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
         return [], [refused]
     client, steps, slot, position = membership.seat(state, msg.source)
     weights = _weights_for(state, msg.source)
-    welcome = Welcome(client, steps, slot, position, weights.header, state.clock())
+    welcome = Welcome(client, steps, slot, position, weights.header, state.clock(), membership.ticket(state, client))
     return [Reply(msg.source, welcome, weights.payload)], [membership.joined(state, client, msg.source, msg.header.host)]
 
 

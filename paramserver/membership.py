@@ -32,6 +32,7 @@ secret. Its record names the client it stands in for (`Joined.spare_for`).
 """
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from paramserver.events import Joined, JoinRefused
-from paramserver.wire.protocol import Admit, Join, Message, Tag, well_formed
+from paramserver.wire.protocol import Admit, Join, Message, ProtocolError, Seated, Tag, well_formed
 
 ServerState = Any  # paramserver/state.py's, which holds a Membership (an import back would be a circle)
 GONE = -2  # a client a resume did not start stands on rank GONE - client, no process's (a joiner's frames say -1)
@@ -135,6 +136,22 @@ def seat(state: ServerState, rank: int) -> tuple[int, int, int, int]:
     client = grow(state, rank)
     members.seats.append((slot, position))
     return client, share_of(members.steps, position, state.budget is not None), slot, position
+
+
+def ticket(state: ServerState, client: int) -> str:
+    """What joiner `client` shows the doors of servers 1..S-1 (`Seated`): the run's secret
+    keyed to its number, so it opens no door for another client and tells nothing of the
+    secret; the same on every server 0 that holds the secret (a resume's too)."""
+    return hmac.new(state.members.secret.encode(), f"client {client}".encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def follow_seat(state: ServerState, word: Seated) -> None:
+    """A server > 0 of sharded servers grows by server 0's word, in its order: the same
+    client number for the same rank, or the two disagree on who trains."""
+    client = grow(state, word.rank)
+    if client != word.client:
+        raise ProtocolError(f"server 0 seated rank {word.rank} as client {word.client}; this server counts "
+                            f"it client {client}")
 
 
 def share_of(steps: int, position: int, run_budget: bool) -> int:

@@ -87,7 +87,7 @@ def _auto_servers(cfg: Any) -> None:
     fixed before any rank could time a push (docs/training.md, How many servers); the
     collective modes have no server; a resume reads the count its run recorded before it
     gets here (experiments/run/resume.py). Whether more than one is allowed is asked of
-    the checks themselves with two servers (adascale, spares, a gathered gradient's
+    the checks themselves with two servers (adascale, a gathered gradient's
     clipping or noise scale refuse several, each in its own check), so no second list
     of them can drift from theirs."""
     if cfg.backend == "sim" and cfg.mode == Mode.ASYNC and not cfg.resume:
@@ -255,8 +255,6 @@ def _check_stragglers(cfg: Any) -> None:
     _require(cfg.stall_timeout > 0, "stall_timeout", f"must be positive, got {cfg.stall_timeout}")
     _require(fault_ok(cfg.inject_fault), "inject_fault", f"expected RANK:STEP, got {cfg.inject_fault!r}")
     _require(not cfg.joinable or cfg.mode == Mode.ASYNC, "joinable", "needs --mode async (a client joins the server)")
-    _require(not cfg.joinable or cfg.backend == "sim" or cfg.servers == 1, "joinable",
-             "over MPI needs --servers 1 for now (a joiner would have to join every server; docs/joining.md)")
     _check_spares(cfg)
     _require(cfg.max_clients >= 0, "max_clients", f"must be non-negative (0: no bound), got {cfg.max_clients}")
     _require(not cfg.max_clients or cfg.joinable, "max_clients", "needs --joinable")
@@ -272,7 +270,6 @@ def _check_spares(cfg: Any) -> None:
     _require(cfg.mode == Mode.ASYNC, "spares", "needs --mode async (a spare joins the server)")
     _require(cfg.on_client_failure == "continue", "spares",
              "needs --on-client-failure continue (under abort a lost client ends the run)")
-    _require(cfg.servers == 1, "spares", "needs --servers 1 for now (a spare would have to join every server)")
     _require(not cfg.joins, "spares", "give --joins or --spares, not both (both number the joiners K, K+1, ...)")
 
 

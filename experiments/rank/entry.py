@@ -33,11 +33,12 @@ from experiments.run.provenance import provenance
 from experiments.rank.startwatch import bounded_start
 from experiments.run.resume import ResumePoint, resume_hint
 from experiments.run.record import RunSetup
-from experiments.run.serverrun import ServerSettings, serve_mpi, serve_slice
+from experiments.run.serverrun import ServerSettings, door_of, serve_mpi, serve_slice
 from paramserver.compute.quantkernel import make_codec
 from paramserver.wire import frame
 from paramserver.wire.door import Door, DoorLink
-from paramserver.wire.protocol import Bye
+from paramserver.drivers.tickets import FIRST_RANK
+from paramserver.wire.protocol import Bye, Tag
 from runconfig.settings import RunConfig
 from paramserver.wire.farewell import say_bye, tell_recorders, wait_for_bye
 from paramserver.wire.liveness import PeerDied, PeerWatch
@@ -165,15 +166,28 @@ def _run_role(transport: Transport, started: Started, parts: Parts, index: int, 
 
 
 def _serve(transport: Transport, setup: RunSetup, server: ServerSettings, clock: Callable[[], float]) -> int:
-    """A server rank: server 0 serves its slice and records the run, the others serve theirs."""
+    """A server rank: server 0 serves its slice and records the run, the others serve
+    theirs. With `--joinable` each opens a door (a joiner joins every server: server 0
+    first, which lets it in, then the others by its word: paramserver/drivers/tickets.py),
+    and the others tell server 0 where theirs listen, for the run's door file."""
+    # a joiner's largest message: its optimizer's state (STATE, pickled), a few times the weights
+    door = Door(transport.size if transport.rank == 0 else FIRST_RANK,
+                max_body=8 * setup.weights.nbytes + (16 << 20)) if server.joinable else None
+    link = transport if door is None else DoorLink(transport, door)
     if transport.rank > 0:
-        if serve_slice(setup, server, transport, clock, transport.rank):
+        if door is not None:
+            transport.send(0, Tag.DOOR, door_of(door), timeout=server.stall_timeout)
+        try:
+            lost = serve_slice(setup, server, link, clock, transport.rank)
+        finally:
+            if door is not None:
+                door.close()
+        if lost:
             _exit(0)  # clients were lost: see paramserver/wire/farewell.py
         return 0
-    # a joiner's largest message: its optimizer's state (STATE, pickled), a few times the weights
-    door = Door(transport.size, max_body=8 * setup.weights.nbytes + (16 << 20)) if server.joinable else None
-    link = transport if door is None else DoorLink(transport, door)
-    lost = {entry["rank"] for entry in serve_mpi(setup, server, link, clock, door)["lost_clients"]}
+    doors = [transport.recv(server.stall_timeout, source=s, tag=Tag.DOOR).header for s in range(1, server.servers)] \
+        if door is not None else []
+    lost = {entry["rank"] for entry in serve_mpi(setup, server, link, clock, door, doors)["lost_clients"]}
     joiners = door.joiners() if door is not None else []
     gone = say_bye(link, [*range(1, transport.size), *joiners], lost | transport.watch.reported)  # the dead spares too
     if door is not None:
@@ -190,14 +204,15 @@ def _spare(transport: Transport, setup: RunSetup, client_settings: ClientSetting
     from its Welcome on, with the number, shard and steps the Welcome deals."""
     replica = make_replica(client_settings, setup.model, setup.device)
     codec = make_codec(plans.compress if plans.compress_pulls else "none")
-    landing = frame.empty(codec.wire_size(setup.weights.size), codec.wire_dtype)
+    # with sharded servers the Welcome brings no weights: the spare pulls from every server
+    landing = frame.empty(codec.wire_size(setup.weights.size), codec.wire_dtype) if servers == 1 else None
     answer = await_admission(transport, socket.gethostname(), landing, plans.timeout)
     if isinstance(answer, Bye):
         lost = bool(answer.lost)
     else:
         client = join_client(client_settings, replica, setup.dataset, setup.clients, answer)
         plan = dataclasses.replace(ClientPlan.for_run(plans, answer.client, servers), steps=answer.steps)
-        run_client(transport, client, plan, clock, first=(landing, answer.weights))
+        run_client(transport, client, plan, clock, first=None if landing is None else (landing, answer.weights))
         lost = wait_for_bye(transport)
     if lost:
         _exit(0)  # as server 0 did: see paramserver/wire/farewell.py

@@ -9,7 +9,9 @@ weights transfer, and the joiner's first push one ordinary minibatch, and then t
 server 0 over a TCP stream (paramserver/wire/stream.py; why not MPI: docs/joining.md).
 The server answers its JOIN as any joiner's (paramserver/membership.py): a new client
 number, a shard, its share of the budget, the weights; from then on it is an ordinary
-client, and waits for the server's BYE at the end of the run.
+client, and waits for the server's BYE at the end of the run. With sharded servers it
+then joins each other server's door with the Welcome's ticket (`_enter`) and pulls the
+weights from all of them.
 
 Anything wrong before the server let it in (not a run, not joinable, finished, not the
 owner, data on this host other than the run's, the server unreachable, the JOIN
@@ -39,7 +41,7 @@ from paramserver.wire import frame
 from paramserver.wire.compress import make_codec
 from paramserver.wire.farewell import tell_recorders, wait_for_bye
 from paramserver.wire.liveness import PeerDied
-from paramserver.wire.protocol import Fail, PeerTimeout, ProtocolError, Welcome
+from paramserver.wire.protocol import Fail, Join, PeerTimeout, ProtocolError, Seated, Tag, Welcome
 from paramserver.wire.stream import SocketLink
 from runconfig.load import load_config
 from runconfig.settings import RunConfig
@@ -63,7 +65,8 @@ def join(run_dir: str) -> int:
     _warm_up(make_client(parts.client, replica, parts.dataset, clients, 0))
     codec = make_codec(cfg.compress if cfg.compress_pulls else "none")
     size = flat_weights(parts.model).size
-    landing = frame.empty(codec.wire_size(size), codec.wire_dtype)
+    others = door.get("servers") or []  # sharded servers: the Welcome brings no weights (`_enter`)
+    landing = None if others else frame.empty(codec.wire_size(size), codec.wire_dtype)
     link = SocketLink(_connect(run, door))
     try:
         answer = join_server(link, door["secret"], socket.gethostname(), landing, cfg.stall_timeout)
@@ -76,21 +79,35 @@ def join(run_dir: str) -> int:
     print(f"asgd: joined {run.path} as client {answer.client} at version {answer.weights.version}",
           file=sys.stderr, flush=True)
     try:
+        for other in others:
+            _enter(link, run, other, answer, cfg.stall_timeout)
         client = join_client(parts.client, replica, parts.dataset, clients, answer)
-        plan = dataclasses.replace(ClientPlan.for_run(PlanSettings.from_config(cfg, clients), answer.client, 1),
-                                   steps=answer.steps)
+        plan = dataclasses.replace(ClientPlan.for_run(PlanSettings.from_config(cfg, clients), answer.client,
+                                                      1 + len(others)), steps=answer.steps)
         run_client(link, client, plan, lambda: answer.clock + time.perf_counter() - start,
-                   first=(landing, answer.weights))
+                   first=None if landing is None else (landing, answer.weights))
         wait_for_bye(link)
-    except Exception as error:  # noqa: BLE001 - the server must hear why, then this process ends
+    except Exception as error:  # noqa: BLE001 - the servers must hear why, then this process ends
         reason = f"{type(error).__name__}: {error}"
         print(f"asgd: client {answer.client} (joined) failed: {reason}", file=sys.stderr, flush=True)
         if not isinstance(error, PeerDied):
-            tell_recorders(link, -1, 1, reason, wait=False)
+            tell_recorders(link, -1, len(link.socks), reason, wait=False)
         return 1
     finally:
         link.close()
     return 0
+
+
+def _enter(link: SocketLink, run: RunDir, door: dict, answer: Welcome, timeout: float) -> None:
+    """Join server i > 0 of sharded servers, once server 0 let us in: show it the ticket
+    of the Welcome, and be told the client number server 0 gave (its word, which that
+    server waited for: paramserver/drivers/tickets.py)."""
+    server = link.add(_connect(run, door))
+    link.send(server, Tag.JOIN, Join(answer.ticket, socket.gethostname()), timeout=timeout)
+    msg = link.recv(timeout, server)
+    if not isinstance(msg.header, Seated) or msg.header.client != answer.client:
+        why = msg.header.reason if isinstance(msg.header, Fail) else f"answered {type(msg.header).__name__}"
+        raise ProtocolError(f"server {server} did not let client {answer.client} in: {why}")
 
 
 def _warm_up(client: Client) -> None:
@@ -134,14 +151,15 @@ def _read(run: RunDir) -> tuple[RunConfig, dict]:
 
 
 def _connect(run: RunDir, door: dict) -> socket.socket:
-    """A stream to server 0, from the first of its addresses that answers."""
+    """A stream to a server's door (`door`: its port and addresses), from the first of
+    its addresses that answers."""
     tried = []
     for address in door["addresses"]:
         try:
             return socket.create_connection((address, door["port"]), timeout=CONNECT_S)
         except OSError as error:
             tried.append(f"{address}: {error.strerror or error}")
-    raise RunDirError(f"join: cannot reach the server of {run.path} on port {door['port']} "
+    raise RunDirError(f"join: cannot reach a server of {run.path} on port {door['port']} "
                       f"({'; '.join(tried)}): has the run ended?")
 
 

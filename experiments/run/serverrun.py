@@ -28,7 +28,7 @@ from paramserver.drivers.server import ServerLoop
 from paramserver.wire.compress import make_codec
 from paramserver.wire.door import Door
 from paramserver.wire.fanout import gatherer
-from paramserver.wire.protocol import Link, Tag, shard_bounds
+from paramserver.wire.protocol import Link, Seated, Tag, shard_bounds
 from runconfig.settings import RunConfig
 from rundir.layout import RunDir
 
@@ -74,11 +74,12 @@ class ServerSettings:
 
 
 def serve_mpi(setup: RunSetup, server: ServerSettings, link: Link, clock: Callable[[], float],
-              door: Door | None = None) -> dict[str, Any]:
+              door: Door | None = None, doors: list[dict] = ()) -> dict[str, Any]:
     """Server 0 of an MPI run: serve the clients over `link`, record the run. With spare
     ranks or a `door` (`--joinable`: `link` is then its `DoorLink`) the run has a secret
     of its own, which only an admitted spare learns (its ADMIT), or the run's owner from
-    the run directory's door file, there while the server serves."""
+    the run directory's door file, there while the server serves; with sharded servers
+    the file lists the others' doors too (`doors`, servers 1..S-1: `door_of`)."""
     hosts = {r["rank"]: r["host"] for r in setup.provenance.get("ranks", [])}
 
     def drive(state: ServerState, recorder: Recorder) -> dict[str, Any]:
@@ -86,8 +87,8 @@ def serve_mpi(setup: RunSetup, server: ServerSettings, link: Link, clock: Callab
                           spin=spare_core(setup.provenance), followers=tuple(range(1, server.servers)))
         run = RunDir(setup.record.out)
         if door is not None:
-            run.open_door({"port": door.port, "addresses": addresses(), "secret": state.members.secret,
-                           "host": socket.gethostname(), "pid": os.getpid()})
+            run.open_door({**door_of(door), "secret": state.members.secret, "host": socket.gethostname(),
+                           "pid": os.getpid(), "servers": list(doors)})
         try:
             loop.serve()
         finally:
@@ -95,6 +96,11 @@ def serve_mpi(setup: RunSetup, server: ServerSettings, link: Link, clock: Callab
         return {"server_busy_s": loop.busy_s, "server_push_us": loop.cost.medians_us()}
     joinable = server.spares or door is not None
     return serve_run(setup, server, clock, drive, link, secret=secrets.token_hex(16) if joinable else None)
+
+
+def door_of(door: Door) -> dict[str, Any]:
+    """Where a joiner finds this server's door: its port and this host's addresses."""
+    return {"port": door.port, "addresses": addresses()}
 
 
 def addresses() -> list[str]:
@@ -169,5 +175,8 @@ def serve_slice(setup: RunSetup, server: ServerSettings, link: Link, clock: Call
     while (msg := link.recv(math.inf, source=0)).tag in (Tag.PULL, Tag.DECIDED):  # words after the last STOP: none to follow
         if msg.tag == Tag.PULL:
             loop.answer(msg)
+        elif isinstance(msg.header, Seated):  # every client here stopped or lost, and server 0 let one in
+            loop.seat(msg.header)
+            loop.serve()
     loop.finish_replies()
     return msg.header.lost

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, Container, Iterator
 
-from paramserver.wire.protocol import Decided, Message, ProtocolError, Tag, well_formed
+from paramserver.wire.protocol import Decided, Message, ProtocolError, Seated, Tag, well_formed
 
 LEADER = 0  # the server that decides
 IN_TURN = (Tag.PUSH, Tag.PULL, Tag.STOP)  # a client's messages that every server gets and handles in server 0's order
@@ -30,7 +30,7 @@ class Follow:
 
     def __init__(self, clock: Callable[[], float]):
         self.clock = clock
-        self.words: deque[Decided | Message] = deque()  # server 0's, in its order: a word, or its PULL
+        self.words: deque[Decided | Seated | Message] = deque()  # server 0's, in its order: a word, or its PULL
         self.kept: dict[int, deque[tuple[float, Message]]] = {}  # rank -> (when it came, message) not yet named
 
     def take(self, msg: Message) -> bool:
@@ -53,15 +53,15 @@ class Follow:
         receive (`ready`), so it needs no copy (a follower behind server 0 pays none)."""
         return bool(self.words) and isinstance(self.words[0], Decided) and self.words[0].rank == rank
 
-    def ready(self, gone: Container[int]) -> Iterator[tuple[Decided | None, Message | None]]:
+    def ready(self, gone: Container[int]) -> Iterator[tuple[Decided | Seated | None, Message | None]]:
         """The messages whose turn came, in server 0's order, each with its word (None:
-        server 0's PULL; a word without a message: a step its loop let go, or one of a
-        client this server lost, whose message may never come: then only the loop's
-        answers are followed)."""
+        server 0's PULL; a word without a message: a step its loop let go, a joiner it
+        seated (`Seated`), or one of a client this server lost, whose message may never
+        come: then only the loop's answers are followed)."""
         while self.words:
             word = self.words[0]
-            if isinstance(word, Message):
-                yield None, self.words.popleft()
+            if isinstance(word, (Message, Seated)):
+                yield (None, self.words.popleft()) if isinstance(word, Message) else (self.words.popleft(), None)
                 continue
             kept = self.kept.get(word.rank)
             if word.rank >= 0 and not kept and word.rank not in gone:

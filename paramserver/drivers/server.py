@@ -30,12 +30,13 @@ from typing import Any, Callable
 from paramserver import membership
 from paramserver.events import Applied, Joined, JoinRefused
 from paramserver.drivers.follow import IN_TURN, Follow
+from paramserver.drivers.tickets import Tickets
 from paramserver.handler import ClientLost, handle, release, tag_name
 from paramserver.state import ServerState
 from paramserver.tally import ServerTally
 from paramserver.recorder import Recorder
 from paramserver.wire.liveness import PeerDied
-from paramserver.wire.protocol import Decided, Link, Message, PeerTimeout, Reply, Tag, Welcome
+from paramserver.wire.protocol import Decided, Link, Message, PeerTimeout, Reply, Seated, Tag, Welcome
 
 
 PHASES = ("receive", "check", "apply", "reply", "record")  # wall time, each push
@@ -110,6 +111,8 @@ class ServerLoop:
             self.state.reply.leads()
         if self.follow is not None:
             self.state.reply.follows()
+        # a server > 0 with a door: the joiners from outside the job that server 0 let in
+        self.tickets = Tickets(self.link, self.stall_timeout) if self.follow and hasattr(self.link, "admit") else None
         self.excused = 0.0  # seconds the server spent waiting on one client: no other's silence (`_excuse`)
         self.lost_at = -math.inf  # when the last client was lost (`_awaits_joiner`)
         self.heard = {r: (self._now(), "none") for r in self.state.client_ranks}  # rank -> (when, last tag)
@@ -158,11 +161,16 @@ class ServerLoop:
         with its answers, and let go the steps it let go."""
         msg = self._next_message()
         self.heard[msg.source] = (self._now(), tag_name(msg.tag))
-        if not self.follow.take(msg):
+        if msg.tag == Tag.JOIN and self.tickets is not None:  # a joiner server 0 let in, at this server's door
+            self.tickets.knock(msg, self._now())
+        elif not self.follow.take(msg):
             self.answer(msg)
         for word, turn in self.follow.ready(self.state.tally.lost):
             if word is None:  # server 0 reads this slice, at the version of the words before
                 self.answer(turn)
+                continue
+            if isinstance(word, Seated):
+                self.seat(word)
                 continue
             if turn is not None:
                 self.state.reply.hear(word.said)
@@ -170,6 +178,13 @@ class ServerLoop:
             self.state.reply.hear(word.then)
             if self.state.reply.release_due(self.state):
                 self._release()
+
+    def seat(self, word: Seated) -> None:
+        """A server > 0: a joiner server 0 let in is a client here too, from this point of its order."""
+        membership.follow_seat(self.state, word)
+        self.heard[word.rank] = (self._now(), "JOIN")
+        if self.tickets is not None:
+            self.tickets.seated(word, self._now())
 
     def answer(self, msg: Message) -> None:
         """Handle one message, start sending the replies, then record what happened: the
@@ -227,7 +242,7 @@ class ServerLoop:
         """Every client is lost but the run has not finished, and a door is open (a link
         that can `refuse`: paramserver/wire/door.py): the run waits for a joiner, as long
         as a client may be silent (the stall timeout) from the last loss."""
-        return (hasattr(self.link, "refuse") and not membership.finished(self.state)
+        return (self.follow is None and hasattr(self.link, "refuse") and not membership.finished(self.state)
                 and self._now() < self.lost_at + self.stall_timeout)
 
     def _next_message(self) -> Message | None:
@@ -277,6 +292,12 @@ class ServerLoop:
         header = reply.header
         if isinstance(header, Welcome):  # a joiner's place first, pickled on JOIN's tag; then weights as a pull's
             self.in_flight.append((reply.dest, self.link.post(reply.dest, Tag.JOIN, header), 0))
+            if self.followers:  # the others grow by server 0's word, and the joiner pulls from every server
+                spare = "spare_for" in self.state.members.joined[-1]
+                for server in self.followers:
+                    self.link.send(server, Tag.DECIDED, Seated(reply.dest, header.client, "" if spare else header.ticket),
+                                   timeout=self.stall_timeout)
+                return
             header = header.weights
         requests = self.link.post(reply.dest, Tag.WEIGHTS, header, reply.payload)
         self.in_flight.append((reply.dest, requests, reply.payload.nbytes))

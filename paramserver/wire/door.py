@@ -1,10 +1,12 @@
-"""Server 0's door: processes that MPI does not own join a running job over TCP (`--joinable`).
+"""A server's door: processes that MPI does not own join a running job over TCP (`--joinable`).
 
-`Door` listens on a port of server 0's host and holds one stream a joiner
-(paramserver/wire/stream.py says why streams, not MPI's dynamic processes). Each
-connection gets a rank of its own past the job's (`first_rank` on), so the server loop
-and `handle()` see a joiner as any other rank: its JOIN is let in or refused by
-paramserver/membership.py, and from its Welcome on it is a client like the others.
+`Door` listens on a port of its server's host and holds one stream a joiner
+(paramserver/wire/stream.py says why streams, not MPI's dynamic processes). At server 0
+each connection gets a rank of its own past the job's (`first_rank` on), so the server
+loop and `handle()` see a joiner as any other rank: its JOIN is let in or refused by
+paramserver/membership.py, and from its Welcome on it is a client like the others. At
+servers 1..S-1 of sharded servers a connection is a stranger's rank until server 0's
+word lets it in as the rank server 0 gave it (`admit`; paramserver/drivers/tickets.py).
 
 What a stranger can do to the run: nothing but be refused. Until the server welcomed it,
 a connection's only message read is its first, at most `FIRST_MAX` bytes of JSON, handed
@@ -234,6 +236,18 @@ class Door:
                 raise PeerDied([sent.rank], f"joiner rank {sent.rank} is gone")
             select.select([], [peer.sock], [], min(left, 0.1))
 
+    def admit(self, rank: int, as_rank: int) -> None:
+        """A server > 0 of sharded servers lets a joiner in by server 0's word
+        (paramserver/drivers/tickets.py): connection `rank` becomes a client known by
+        `as_rank`, the rank server 0 gave it, so server 0's words about it name it here."""
+        peer = self.peers.pop(rank)
+        peer.rank, peer.trusted, peer.judged = as_rank, True, False
+        self.peers[as_rank] = peer
+
+    def owns(self, rank: int) -> bool:
+        """Whether `rank` is one of the door's (else a rank of the MPI job)."""
+        return rank in self.peers or rank >= self.first_rank
+
     def refuse(self, rank: int, why: str) -> None:
         """Tell a joiner why it was refused (as far as its socket takes it now), and close."""
         peer = self.peers.get(rank)
@@ -292,7 +306,7 @@ class DoorLink:
 
     def send(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None,
              timeout: float = 600.0) -> None:
-        if dest >= self.door.first_rank:
+        if self.door.owns(dest):
             self.door.complete(self.door.post(dest, tag, header, payload), timeout)
         else:
             self.inner.send(dest, tag, header, payload, timeout)
@@ -302,7 +316,7 @@ class DoorLink:
             self.send(*message, timeout=timeout)
 
     def post(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None) -> Any:
-        if dest >= self.door.first_rank:
+        if self.door.owns(dest):
             return self.door.post(dest, tag, header, payload)
         return self.inner.post(dest, tag, header, payload)
 
@@ -320,3 +334,6 @@ class DoorLink:
 
     def refuse(self, rank: int, why: str) -> None:
         self.door.refuse(rank, why)
+
+    def admit(self, rank: int, as_rank: int) -> None:
+        self.door.admit(rank, as_rank)

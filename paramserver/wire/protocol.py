@@ -85,6 +85,7 @@ class Tag(IntEnum):
     JOIN = 10      # a process asks to become a new client of the running job (`Join`; answered with a `Welcome`)
     DECIDED = 11   # server 0's reply decisions, to the other servers, for each message it handled (`Decided`)
     ADMIT = 12     # server 0 to a spare rank: join now, in a lost client's place (`Admit`)
+    DOOR = 13      # a server > 0 to server 0 as the run starts (`--joinable`): where its door listens (a dict)
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,19 @@ class Decided:
 
 
 @dataclass(frozen=True)
+class Seated:
+    """Server 0 of sharded servers, to the others, when it let a joiner in: the rank it
+    knows the joiner by, its client number, and the ticket it shows the other servers'
+    doors (one from outside the job: paramserver/drivers/tickets.py). They grow by it,
+    in server 0's order, before any word naming the joiner's messages; a server's answer
+    to the joiner at its door is this word too."""
+
+    rank: int
+    client: int
+    ticket: str = ""
+
+
+@dataclass(frozen=True)
 class Admit:
     """Server 0 to a spare rank: a client was lost, join in its place. The secret is what
     the JOIN must show: no rank learns it before it is admitted, so a JOIN from a spare
@@ -186,7 +200,8 @@ class Welcome:
     minibatches of that shard's order were drawn already (`position`), and the weights'
     header (version, the schedule's position) before the payload. `clock`: the run's clock
     at the join, which a joiner from another job stamps its rows from (the job's ranks
-    started theirs together)."""
+    started theirs together). `ticket`: what it shows servers 1..S-1 of sharded servers
+    (`Seated`); with them the payload does not follow: the joiner pulls from every server."""
 
     client: int
     steps: int
@@ -194,6 +209,7 @@ class Welcome:
     position: int
     weights: Weights
     clock: float = 0.0
+    ticket: str = ""
 
 
 @dataclass(slots=True)
@@ -274,8 +290,8 @@ def shard_bounds(size: int, servers: int, block: int = 1) -> list[tuple[int, int
 
 
 HEADERS = {Tag.PULL: (Pull, Rejoin), Tag.PUSH: Push, Tag.STOP: Stop, Tag.FAIL: Fail, Tag.WEIGHTS: Weights,
-           Tag.BYE: Bye, Tag.STATE: State, Tag.JOIN: Join, Tag.DECIDED: Decided,
-           Tag.ADMIT: Admit}
+           Tag.BYE: Bye, Tag.STATE: State, Tag.JOIN: Join, Tag.DECIDED: (Decided, Seated),
+           Tag.ADMIT: Admit, Tag.DOOR: dict}
 FROM_CLIENTS = (Tag.PULL, Tag.PUSH, Tag.STOP, Tag.FAIL, Tag.STATE)
 _LOGGABLE = (int, float, str, bool, type(None))
 
@@ -312,6 +328,8 @@ def well_formed(tag: int, header: Any) -> bool:
     if isinstance(header, Decided):
         return _is_int(header.rank) and all(isinstance(said, tuple) and all(isinstance(b, bool) for b in said)
                                             for said in (header.said, header.then))
+    if isinstance(header, Seated):
+        return _is_int(header.rank) and _is_int(header.client) and isinstance(header.ticket, str)
     if isinstance(header, Admit):
         return isinstance(header.secret, str)
     if isinstance(header, Stop):

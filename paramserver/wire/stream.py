@@ -1,4 +1,4 @@
-"""Messages over a TCP stream: how a process that MPI does not own (`asgd join`) talks to server 0.
+"""Messages over TCP streams: how a process that MPI does not own (`asgd join`) talks to the servers.
 
 Separately launched MPI jobs cannot be joined safely: with the mpich wheel a joiner that
 dies inside `MPI_Comm_accept`/`Connect` or `MPI_Comm_join` took the server down
@@ -13,9 +13,8 @@ stranger's first message must be a JOIN, which JSON carries, and is at most `FIR
 bytes. The joiner unpickles what server 0 sends: it found the server through a file only
 the run's owner can read.
 
-`SocketLink` is the joiner's `Link` to server 0 (rank 0), blocking with timeouts: one
-server, one stream, messages in the order sent. The server's side is
-paramserver/wire/door.py.
+`SocketLink` is the joiner's `Link` to the servers, blocking with timeouts: a stream a
+server, messages in the order sent. The servers' side is paramserver/wire/door.py.
 """
 from __future__ import annotations
 
@@ -110,20 +109,27 @@ def _join_from_json(text: bytes) -> Join | None:
 
 
 class SocketLink:
-    """The joiner's `Link` to server 0 over one TCP stream (paramserver/wire/protocol.py's
-    `Link`; only rank 0 is there). Sends return once written to the stream; a receive
-    waits at most its timeout; a closed stream is server 0 gone (`PeerDied`)."""
+    """The joiner's `Link` to the servers (paramserver/wire/protocol.py's `Link`): server
+    i over the i-th TCP stream (`add`: with sharded servers, each after server 0 let the
+    joiner in). Sends return once written to the stream; a receive waits at most its
+    timeout; a closed stream is its server gone (`PeerDied`)."""
 
     receive_s = receive_cpu_s = 0.0
 
     def __init__(self, sock: socket.socket):
-        self.sock = sock
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.socks: list[socket.socket] = []
         self.rank = JOINER  # it has no rank of the job: the server numbers it
+        self.add(sock)
+
+    def add(self, sock: socket.socket) -> int:
+        """A stream to the next server; its server number."""
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.socks.append(sock)
+        return len(self.socks) - 1
 
     def send(self, dest: int, tag: Tag, header: Any, payload: np.ndarray | None = None,
              timeout: float = 600.0) -> None:
-        self._write(encode(tag, header, payload, self.rank), timeout)
+        self._write(dest, encode(tag, header, payload, self.rank), timeout)
 
     def send_many(self, messages: list[tuple[int, Tag, Any, np.ndarray | None]], timeout: float = 600.0) -> None:
         for dest, tag, header, payload in messages:
@@ -137,62 +143,65 @@ class SocketLink:
         return True
 
     def expect_weights(self, sources: list[int], intos: list[np.ndarray]) -> list:
-        """The arrays the next WEIGHTS replies land in: the stream keeps them in order, so
-        nothing is posted; `complete` reads them."""
-        return list(intos)
+        """Where the next WEIGHTS replies land: each stream keeps them in order, so nothing
+        is posted; `complete` reads them."""
+        return list(zip(sources, intos))
 
     def complete(self, requests: list, peers: list[int], nbytes: int, timeout: float) -> list[Weights]:
         headers = []
-        for into in requests:
-            msg = self.recv(timeout, into=into)
+        for source, into in requests:
+            msg = self.recv(timeout, source, into=into)
             if msg.tag != Tag.WEIGHTS or not isinstance(msg.header, Weights) or msg.header.size != into.size \
                     or msg.payload is not into:
-                raise ProtocolError(f"a bad weights reply from server 0: {msg.header}")
+                raise ProtocolError(f"a bad weights reply from server {source}: {msg.header}")
             headers.append(msg.header)
         return headers
 
     def recv(self, timeout: float, source: int = 0, tag: int | None = None, busy: float = 0.0,
              into: np.ndarray | None = None) -> Message:
-        """The next message from server 0; `tag`, when given, is the one it must be."""
+        """The next message from server `source`; `tag`, when given, is the one it must be."""
         deadline = time.monotonic() + timeout
-        head = self._read(PREFIX.size, deadline)
+        head = self._read(source, PREFIX.size, deadline)
         prefix = read_prefix(bytes(head))
         if prefix is None:
-            raise ProtocolError("server 0 sent bytes that are not a message of ours")
-        msg = decode(prefix, self._read(prefix.length, deadline), 0, into, trusted=True, framed_by=0)
+            raise ProtocolError(f"server {source} sent bytes that are not a message of ours")
+        # every door frames as server 0 (paramserver/wire/door.py): the stream says which server it is
+        msg = decode(prefix, self._read(source, prefix.length, deadline), source, into, trusted=True, framed_by=0)
         if tag is not None and tag >= 0 and msg.tag != tag:
-            raise ProtocolError(f"expected {Tag(tag).name} from server 0, got tag {msg.tag}")
+            raise ProtocolError(f"expected {Tag(tag).name} from server {source}, got tag {msg.tag}")
         return msg
 
-    def _read(self, nbytes: int, deadline: float) -> np.ndarray:
+    def _read(self, server: int, nbytes: int, deadline: float) -> np.ndarray:
         out = np.empty(nbytes, np.uint8)
-        view, got = memoryview(out), 0
+        view, got, sock = memoryview(out), 0, self.socks[server]
         while got < nbytes:
-            self.sock.settimeout(_left(deadline))
+            sock.settimeout(_left(deadline))
             try:
-                n = self.sock.recv_into(view[got:])
+                n = sock.recv_into(view[got:])
             except socket.timeout:
-                raise PeerTimeout("no message from server 0 (rank 0) in time", (0,)) from None
+                raise PeerTimeout(f"no message from server {server} (rank {server}) in time", (server,)) from None
             except OSError as error:
-                raise PeerDied([0], f"server 0 (rank 0) is gone: {error.strerror or error}") from None
+                raise PeerDied([server], f"server {server} (rank {server}) is gone: {error.strerror or error}") from None
             if n == 0:
-                raise PeerDied([0], "server 0 (rank 0) closed the connection")
+                raise PeerDied([server], f"server {server} (rank {server}) closed the connection")
             got += n
         return out
 
-    def _write(self, buffers: list, timeout: float) -> None:
+    def _write(self, server: int, buffers: list, timeout: float) -> None:
         deadline = time.monotonic() + timeout
+        sock = self.socks[server]
         for buffer in buffers:
-            self.sock.settimeout(_left(deadline))
+            sock.settimeout(_left(deadline))
             try:
-                self.sock.sendall(buffer)
+                sock.sendall(buffer)
             except socket.timeout:
-                raise PeerTimeout("server 0 (rank 0) took no message in time", (0,)) from None
+                raise PeerTimeout(f"server {server} (rank {server}) took no message in time", (server,)) from None
             except OSError as error:
-                raise PeerDied([0], f"server 0 (rank 0) is gone: {error.strerror or error}") from None
+                raise PeerDied([server], f"server {server} (rank {server}) is gone: {error.strerror or error}") from None
 
     def close(self) -> None:
-        self.sock.close()
+        for sock in self.socks:
+            sock.close()
 
 
 def _left(deadline: float) -> float | None:

@@ -20,16 +20,19 @@ RUN = ["--clients", "1", "--joinable", "--on-client-failure", "continue", "--inj
        "--quiet"]
 
 
-@pytest.mark.parametrize("launch", ["ssh", "srun"])
+@pytest.mark.parametrize("launch, servers", [("ssh", 1), ("srun", 1), ("ssh", 2)])
 def test_a_process_on_another_host_joins_the_run_and_finishes_the_lost_clients_shard(cluster, tmp_path, tiny_npz,
-                                                                                     launch):
+                                                                                     launch, servers):
+    """With two servers, server 1 is on h2 and the client on h1: the joiner on h3 joins
+    server 0's door, then server 1's on another host (docs/joining.md, Sharded servers)."""
     if launch == "srun":
         cluster.need_slurm()
     if not (BIN / "mpichversion").exists():
         pytest.skip(f"{BIN} has no MPICH")
     run = tmp_path / "run"
-    args = [*MPICH.mpiexec({"h1": 1, "h2": 1}, 2), "-disable-auto-cleanup", BIN / "asgd", "train", "--data", tiny_npz,
-            *RUN, "--out", run]
+    fault = ["--servers", "2", "--inject-fault", "2:5"] if servers == 2 else []  # the client is rank 2, on h1
+    args = [*MPICH.mpiexec({"h1": 1, "h2": 1}, servers + 1), "-disable-auto-cleanup", BIN / "asgd", "train",
+            "--data", tiny_npz, *RUN, *fault, "--out", run]
     job = subprocess.Popen([str(a) for a in args], cwd=ROOT, env=MPICH.env(cluster), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -50,4 +53,4 @@ def test_a_process_on_another_host_joins_the_run_and_finishes_the_lost_clients_s
     assert [(c["client"], c["host"], c["version"], c["slot"]) for c in summary["joined_clients"]] == \
         [(1, "h3", 4, 0)]
     assert each_logged_once([(r["client"], r["step"]) for r in rows(run, "clients")], 2) == [4, 56]
-    assert "asgd: rank 2 (host h3) joins as client 1 at version 4" in err
+    assert f"asgd: rank {servers + 1} (host h3) joins as client 1 at version 4" in err

@@ -86,6 +86,40 @@ def test_every_client_dead_a_stranger_refused_a_joiner_killed_mid_pull_then_one_
 
 @pytest.mark.skipif(LAUNCHER.kind != "hydra", reason="Open MPI 5's launcher ends a job whose every client rank has "
                     "ended (the first test's reason): here client 0 dies before the joiner comes")
+def test_with_two_servers_a_joiner_joins_both_a_wrong_ticket_at_server_1s_door_changing_nothing(tmp_path, tiny_npz):
+    """Sharded servers: door.json lists server 1's door beside server 0's; `asgd join`
+    is let in by server 0, shows its ticket at server 1's door, pulls from both and runs
+    what the lost client's shard had left; a stranger knocking at server 1 with a ticket
+    of its own is never let in, and the run completes as if it had not come."""
+    run = tmp_path / "run"
+    args = [str(BIN / "asgd"), "train", "--quiet", "--data", str(tiny_npz), *RUN[:RUN.index("--inject-fault")],
+            "--inject-fault", "2:5", *RUN[RUN.index("--inject-fault") + 2:], "--servers", "2", "--out", str(run)]
+    server = start(args)
+    stranger = None
+    try:
+        _wait_for(lambda: any("lost" in r for r in _rows(run, "server")) and (run / "door.json").exists(), 120, server)
+        door = json.loads((run / "door.json").read_text())
+        [other] = door["servers"]
+        assert other["port"] != door["port"]
+        stranger = _knock(other)
+        stranger.send(0, Tag.JOIN, Join("0" * 32, "prober"))
+        joiner = run_command([str(BIN / "asgd"), "join", str(run)], timeout=120)
+        assert joiner.returncode == 0, joiner.stderr
+        assert "as client 1 at version 4" in joiner.stderr
+        result = finish(server, args, 120)
+    finally:
+        kill_tree(server.pid)
+        if stranger is not None:
+            stranger.close()
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["minibatches"] == 60
+    assert [(c["client"], c["version"], c["slot"]) for c in summary["joined_clients"]] == [(1, 4, 0)]
+    assert each_logged_once([(r["client"], r["step"]) for r in _rows(run, "clients")], 2) == [4, 56]
+
+
+@pytest.mark.skipif(LAUNCHER.kind != "hydra", reason="Open MPI 5's launcher ends a job whose every client rank has "
+                    "ended (the first test's reason): here client 0 dies before the joiner comes")
 def test_a_run_a_joiner_went_on_in_resumes_with_the_jobs_rank_as_that_joiner(tmp_path, tiny_npz):
     """Client 0 dies at its step 5; a joiner, client 1, goes on with its shard from
     minibatch 4; the job is interrupted (SIGTERM) after a checkpoint that knows the

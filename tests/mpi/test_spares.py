@@ -76,3 +76,21 @@ def test_a_spare_no_client_needed_is_told_to_end_and_the_run_completes(tmp_path,
     s = summary(run)
     assert s["status"] == "complete" and s["spares_left"] == 1 and s["joined_clients"] == []
     assert each_logged_once([(r["client"], r["step"]) for r in rows(run, "clients")], 2) == [20, 20]
+
+
+def test_with_two_servers_a_spare_joins_every_server_as_the_simulator_says(tmp_path, tiny_npz):
+    """Server 0 lets the spare in and tells server 1 (its `Seated` word, in its order),
+    which grows by it; the spare pulls from both and trains on: client 1 (rank 3) fails
+    at its step 5, the spare runs what its shard had left, every row once, and the
+    simulator with two servers admits the same spare."""
+    flags = ["--data", str(tiny_npz), *SPARED[:6], "--steps", "40", *SPARED[8:], "--servers", "2",
+             "--inject-fault", "3:5"]
+    result = run_command([str(BIN / "asgd"), "train", "--quiet", *flags, "--out", str(tmp_path / "run")], timeout=240)
+    assert result.returncode == 0, result.stderr  # self-launched: a lost client's exit status is not the run's
+    s = summary(tmp_path / "run")
+    assert s["status"] == "complete" and s["spares_left"] == 0 and s["minibatches"] == 80
+    lost, joined, ran = what_joined(tmp_path / "run")
+    assert (lost, joined) == ([(1, 3, 4)], [(2, 4, 1, 1)]) and [ran[c] for c in range(3)] == [40, 4, 36]
+    each_logged_once([(r["client"], r["step"]) for r in rows(tmp_path / "run", "clients")], 3)
+    assert main(["train", "--backend", "sim", "--quiet", *flags, "--out", str(tmp_path / "sim")]) == 0
+    assert what_joined(tmp_path / "sim")[1:] == (joined, ran)

@@ -179,6 +179,6 @@ def test_two_pushes_read_in_one_poll_each_land_when_the_loop_takes_it(door):
 
 def test_a_joiner_announcing_more_than_the_door_takes_is_a_broken_peer_lost_before_anything_is_allocated(door):
     link = _welcomed(door, 10)
-    link.sock.sendall(PREFIX.pack(b"asgd", int(Tag.STOP), 2, (1 << 20) + 1))
+    link.socks[0].sendall(PREFIX.pack(b"asgd", int(Tag.STOP), 2, (1 << 20) + 1))
     with pytest.raises(PeerDied, match="announced a message"):
         _poll(door)

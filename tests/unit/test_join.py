@@ -113,7 +113,6 @@ def test_under_the_runs_budget_a_joiner_is_refused_once_the_budget_is_spent():
 
 
 @pytest.mark.parametrize("settings, field", [
-    ({"joinable": True, "servers": 2}, "joinable"),  # over MPI: one server (a joiner would join every one)
     ({"backend": "sim", "joinable": True, "mode": "sync"}, "joinable"),
     ({"backend": "sim", "joins": "2@1"}, "joins"),
     ({"backend": "sim", "joinable": True, "joins": "2@x"}, "joins"),
@@ -128,3 +127,4 @@ def test_join_settings_are_checked_before_anything_runs(settings, field):
         RunConfig(clients=2, **settings)
     RunConfig(clients=2, backend="sim", joinable=True, joins="3@1,2@0.5", max_clients=4)  # in time order: fine
     assert RunConfig(clients=2, joinable=True).servers == 1  # over MPI `auto` is one server
+    assert RunConfig(clients=2, joinable=True, servers=2, spares=1, on_client_failure="continue").servers == 2

@@ -47,7 +47,6 @@ def test_the_default_is_auto_and_one_server_wherever_the_tool_cannot_size_it():
 
 
 @pytest.mark.parametrize("settings", [{"lr_scaling": "adascale"},
-                                      {"spares": 1, "on_client_failure": "continue"},
                                       {"rule": "fresh", "fresh_batch": "auto"},
                                       {"rule": "sgd", "clip_grad_norm": 1.0}])
 def test_the_default_is_one_server_where_a_setting_needs_one(settings):

@@ -79,7 +79,6 @@ def test_no_spare_is_admitted_once_the_run_finished_and_a_dead_one_hands_its_cli
 @pytest.mark.parametrize("flags, message", [
     (["--spares", "1"], "spares: needs --on-client-failure continue"),
     (["--spares", "1", "--mode", "sync"], "spares: needs --mode async"),
-    (["--spares", "1", "--on-client-failure", "continue", "--servers", "2"], "spares: needs --servers 1"),
     (["--spares", "-1"], "spares: must be non-negative"),
     (["--spares", "1", "--on-client-failure", "continue", "--backend", "sim", "--joinable", "--joins", "2@1"],
      "spares: give --joins or --spares, not both"),
