@@ -7,7 +7,7 @@ words) named the same ticket: the connection then becomes the rank server 0 know
 joiner by, so server 0's later words about its messages name it here too, and the joiner
 is told so (the word, on JOIN's tag). The joiner may knock before the word came (it races
 server 0's word to this server) or after; a knock whose word has not come within the
-stall timeout is refused, as is a malformed one. A ticket opens one door once: a second
+stall timeout is refused at the next knock or word after it, a malformed one at once. A ticket opens one door once: a second
 knock with it waits for a word that never comes.
 """
 from __future__ import annotations
