@@ -29,7 +29,8 @@ from paramserver.wire import frame
 from paramserver.wire.compress import ErrorFeedback
 from paramserver.faults import Fault, fault_on
 from runconfig.settings import RunConfig
-from paramserver.wire.protocol import Outgoing, Pull, Push, Rejoin, State, Stop, Tag, Weights, fragment_pieces, shard_bounds
+from paramserver.wire.protocol import (Outgoing, Pull, Push, Rejoin, State, Stop, Tag, Weights, fragment_pieces,
+                                       shard_bounds)
 
 
 @dataclass(frozen=True)

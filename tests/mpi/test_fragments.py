@@ -1,7 +1,8 @@
 """Streamed fragments over real mpiexec (clients/driver.py's `_stream`), to one server and
 to two sharded ones: every minibatch logged once, every fragment applied once, and one
-client ending where the simulator's run of the same settings ends, bit for bit (the merge of each answer happens at the same
-fragment boundary in both, whatever the timing: tests/sim/test_fragments.py)."""
+client ending where the simulator's run of the same settings ends, bit for bit (the
+merge of each answer happens at the same fragment boundary in both, whatever the
+timing: tests/sim/test_fragments.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -80,7 +80,8 @@ def test_int8_fragments_are_whole_blocks_each_with_its_own_error_feedback(tmp_pa
 @pytest.mark.parametrize("flags,line", [
     (["--mode", "sync"], "fragments: needs --mode async (a server to stream to), got sync"),
     (["--rule", "add", "--n-sync", "6"],
-     "fragments: n_sync (n_push) must be a multiple of the 4 fragments (each pushed every n_sync/4 minibatches), got 6"),
+     "fragments: n_sync (n_push) must be a multiple of the 4 fragments "
+     "(each pushed every n_sync/4 minibatches), got 6"),
 ])
 def test_fragments_where_refused_exit_2_in_one_line_before_anything_starts(tmp_path, tiny_npz, capsys, flags, line):
     args = ["train", "--backend", "sim", "--data", str(tiny_npz), "--out", str(tmp_path / "run"), "--fragments", "4",
