@@ -22,8 +22,7 @@ import numpy as np
 from clients.client import Client
 from clients.loop import ClientLoop, ClientPlan
 from paramserver.wire.fanout import Awaited, ServerLink
-from paramserver.wire.protocol import (Admit, Bye, Fail, Join, Link, Outgoing, ProtocolError, Pull, Tag, Weights, Welcome,
-                                       shard_bounds)
+from paramserver.wire.protocol import Admit, Bye, Fail, Join, Link, Outgoing, ProtocolError, Pull, Tag, Weights, Welcome
 
 
 def run_client(transport: Link, client: Client, plan: ClientPlan, clock: Callable[[], float],
@@ -33,13 +32,12 @@ def run_client(transport: Link, client: Client, plan: ClientPlan, clock: Callabl
     they came over the wire) and their header a joiner's Welcome brought, in place of a
     first pull."""
     loop = ClientLoop(client, plan, clock, *start)
-    bounds = shard_bounds(client.size, len(plan.servers), loop.codec.block)
-    link = ServerLink(transport, plan.servers, loop.codec.wire_bounds(bounds), plan.timeout,
-                      loop.pull_codec.wire_bounds(bounds))
+    link = ServerLink(transport, plan.servers, loop.codec.wire_bounds(loop.shards), plan.timeout,
+                      loop.pull_codec.wire_bounds(loop.shards), loop.fragment_wire())
     if first is None:
         first = loop.landing, link.exchange(Outgoing(Tag.PULL, Pull()), loop.landing)
     loop.take_weights(*first)
-    streamed: deque[tuple[np.ndarray, Awaited]] = deque()  # fragments pushed, their slices not yet taken
+    streamed: deque[tuple[list[np.ndarray], Awaited]] = deque()  # fragments pushed, their slices not yet taken
     while not loop.done:
         message, fetch = loop.advance()
         state = loop.state_before(message)
@@ -57,9 +55,9 @@ def run_client(transport: Link, client: Client, plan: ClientPlan, clock: Callabl
 
 
 def _stream(loop: ClientLoop, link: ServerLink, message: Outgoing,
-            streamed: deque[tuple[np.ndarray, Awaited]]) -> None:
-    """Push a streamed fragment and train on without its answer, which lands in the
-    fragment's own slice of the landing (two in flight share no bytes). The previous
+            streamed: deque[tuple[list[np.ndarray], Awaited]]) -> None:
+    """Push a streamed fragment and train on without its answer, whose pieces land in
+    the fragment's own vectors (two in flight share no bytes). The previous
     fragment's answer is taken here, at the first fragment boundary after it was sent
     (waited for if it is not in yet: `ClientLoop.behind`), as the simulator does."""
     into = loop.landing_for(message.header.fragment)
@@ -68,9 +66,11 @@ def _stream(loop: ClientLoop, link: ServerLink, message: Outgoing,
         _take_oldest(loop, link, streamed)
 
 
-def _take_oldest(loop: ClientLoop, link: ServerLink, streamed: deque[tuple[np.ndarray, Awaited]]) -> None:
-    into, awaited = streamed.popleft()
-    loop.take_weights(into, link.finish(awaited))
+def _take_oldest(loop: ClientLoop, link: ServerLink, streamed: deque[tuple[list[np.ndarray], Awaited]]) -> None:
+    """The oldest fragment's answer, its servers' pieces put together (one server: as it landed)."""
+    pieces, awaited = streamed.popleft()
+    reply = link.finish(awaited)
+    loop.take_weights(pieces[0] if len(pieces) == 1 else np.concatenate(pieces), reply)
 
 
 def await_admission(transport: Link, host: str, landing: np.ndarray | None, timeout: float) -> Welcome | Bye:

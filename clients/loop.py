@@ -29,7 +29,8 @@ from paramserver.wire import frame
 from paramserver.wire.compress import ErrorFeedback
 from paramserver.faults import Fault, fault_on
 from runconfig.settings import RunConfig
-from paramserver.wire.protocol import Outgoing, Pull, Push, Rejoin, State, Stop, Tag, Weights, shard_bounds
+from paramserver.wire.protocol import (Outgoing, Pull, Push, Rejoin, State, Stop, Tag, Weights, fragment_pieces,
+                                       shard_bounds)
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class ClientLoop:
     window: int = field(init=False)      # minibatches from one push to the next: n_push, or DyLU's
     pushed_at: int = field(init=False)   # the step of the last push (or the first step)
     in_flight: int = 0            # streamed fragments pushed whose slice of the weights has not come back
-    fragment_landings: dict[int, np.ndarray] = field(default_factory=dict)  # see `landing_for`
+    fragment_landings: dict[int, list[np.ndarray]] = field(default_factory=dict)  # see `landing_for`
 
     def __post_init__(self) -> None:
         self.window, self.pushed_at = self.plan.n_push, self.step
@@ -140,9 +141,12 @@ class ClientLoop:
         # where pulled weights land, as they come over the wire
         self.landing = np.empty(self.pull_codec.wire_size(self.client.size), self.pull_codec.wire_dtype) \
             if self.plan.compress_pulls else self.client.incoming
-        # the fragments' slices: the sharded servers' split, on the codec's blocks (each encodes alone)
+        # the fragments' slices: the sharded servers' split, on the codec's blocks (each encodes alone),
+        # and each fragment cut at the servers' own slices (`shards`), a piece to each server
         self.pieces = shard_bounds(self.client.size, self.plan.fragments, self.codec.block) \
             if self.plan.fragments > 1 else []
+        self.shards = shard_bounds(self.client.size, len(self.plan.servers), self.codec.block)
+        self.cuts = [fragment_pieces(piece, self.shards) for piece in self.pieces]
 
     @property
     def behind(self) -> bool:
@@ -150,14 +154,21 @@ class ClientLoop:
         the client waits for it before it trains on (each is merged within n_push / P)."""
         return self.in_flight > 1
 
-    def landing_for(self, fragment: int) -> np.ndarray:
+    def landing_for(self, fragment: int) -> list[np.ndarray]:
         """Where streamed fragment `fragment`'s answer lands as it comes over the wire (MPI):
-        a framed vector of its own, received in place, so the answers of two fragments in
-        flight share no bytes (made at first use: the simulator hands over its payloads)."""
+        a framed vector of its own for each server's piece (empty where the fragment misses
+        that server), each received in place, so no two answers in flight share bytes, not
+        even a staging block (made at first use: the simulator hands over its payloads)."""
         if fragment not in self.fragment_landings:
-            lo, hi = self.pull_codec.wire_bounds(self.pieces)[fragment]
-            self.fragment_landings[fragment] = frame.empty(hi - lo, self.pull_codec.wire_dtype)
+            self.fragment_landings[fragment] = [frame.empty(hi - lo, self.pull_codec.wire_dtype) for lo, hi in
+                                                self.pull_codec.wire_bounds([cut[1:] for cut in self.cuts[fragment]])]
         return self.fragment_landings[fragment]
+
+    def fragment_wire(self) -> list[list[tuple[int, int, int]]]:
+        """Each fragment's pieces as a push carries them to each server: (its offset in that
+        server's slice, in float32 elements; its start and stop in the push's encoding)."""
+        return [[(offset, *self.codec.wire_bounds([(start, stop)])[0]) for offset, start, stop in cut]
+                for cut in self.cuts]
 
     def take_weights(self, data: np.ndarray, reply: Weights | None = None) -> None:
         """The server's weights, as they came over the wire, at the progress its `reply`

@@ -23,7 +23,7 @@ from paramserver.store import Store
 from paramserver.tally import RunBudget, ServerTally
 from paramserver.wire import frame
 from paramserver.wire.compress import Codec
-from paramserver.wire.protocol import State, shard_bounds
+from paramserver.wire.protocol import State, fragment_pieces, shard_bounds
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,10 @@ class ServerState:
     `budget`: the run's, where the run has one (`budget = "run"`; paramserver/tally.py).
     `members`: who may join and each client's shard (paramserver/membership.py).
     `fragments`: P, the streamed fragments a push may come in (1: whole pushes only); their
-    slices (`pieces`) are the sharded servers' (`shard_bounds`), on the codec's blocks.
+    slices of the whole vector are the sharded servers' (`shard_bounds`), on the codec's
+    blocks, and `pieces` are their pieces on this server's slice `shard` (its start and
+    stop in the whole vector, and the whole's length; None: it holds all of it), empty
+    where a fragment misses it (`fragment_pieces`).
     """
 
     store: Store
@@ -118,6 +121,7 @@ class ServerState:
     budget: RunBudget | None = None
     members: Membership | None = None
     fragments: int = 1
+    shard: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         self.members = self.members or Membership.for_clients(len(self.client_ranks), 0)
@@ -127,7 +131,13 @@ class ServerState:
         compressed = self.codec.wire_dtype != np.float32
         self.landing = frame.empty(self.codec.wire_size(self.store.size), self.codec.wire_dtype) if compressed \
             else self.buffer  # as they come
-        self.pieces = shard_bounds(self.store.size, self.fragments, self.codec.block) if self.fragments > 1 else []
+        self.pieces = self._pieces() if self.fragments > 1 else []
+
+    def _pieces(self) -> list[tuple[int, int]]:
+        """Each fragment's piece of this server's slice, in the slice's own indices."""
+        lo, hi, whole = self.shard or (0, self.store.size, self.store.size)
+        cuts = [fragment_pieces(f, [(lo, hi)])[0] for f in shard_bounds(whole, self.fragments, self.codec.block)]
+        return [(offset, offset + stop - start) for offset, start, stop in cuts]
 
     @classmethod
     def for_run(cls, settings: StateSettings, weights: np.ndarray, clients: int,

@@ -103,6 +103,8 @@ class Store:
             self.dropped[client] += 1
             return ApplyResult(False, self.version, staleness, dropped, dropped=True)
         parts = pieces if piece is None and pieces and self.rule.per_slice else (piece,)
+        # a fragment that misses this server's slice (sharded servers) moves the version alone
+        parts = [part for part in parts if part is None or part.stop > part.start]
         # checked whole first where it is split: a kernel's own check would find a NaN only in its part
         if not reason and (self.fused is None or len(parts) > 1) and not finite(push):
             reason = "contains NaN or Inf"

@@ -7,10 +7,11 @@ change (`Rule.by_slice`: `add`, `scaled`, `staleness`) or that keeps its state s
 slice (`Rule.per_slice`: `nesterov`, each slice its own rounds, so its answers are never
 held for a round: `nesterov_reply` round is refused). Each fragment is pushed once a
 window of n_sync minibatches, the P of them n_sync/P apart, so n_sync is a multiple of P,
-and every fragment fetches its slice back (n_fetch = n_push). The client does not wait
-for a reply, so the collective modes (which have no server to stream to) and the
-settings that reshape a client's windows or restart it (DyLU, failures, joins, replays)
-are refused until they are given a meaning with fragments.
+and every fragment fetches its slice back (n_fetch = n_push). With sharded servers a
+fragment goes to each server as its piece (`protocol.fragment_pieces`). The client does
+not wait for a reply, so the collective modes (which have no server to stream to) and
+the settings that reshape a client's windows or restart it (DyLU, failures, joins,
+replays) are refused until they are given a meaning with fragments.
 """
 from __future__ import annotations
 
@@ -38,7 +39,6 @@ def check_fragments(cfg: Any) -> None:
              f"n_sync (n_push) must be a multiple of the {p} fragments (each pushed every n_sync/{p} minibatches), "
              f"got {cfg.push_every}")
     _require(cfg.fetch_every == cfg.push_every, "fragments", "needs n_fetch = n_push (each fragment fetches its slice)")
-    _require(cfg.servers == 1, "fragments", f"needs one server (--servers 1), got {cfg.servers}")
     for key, on in (("dylu", cfg.dylu), ("mtbf", cfg.mtbf), ("joinable", cfg.joinable), ("spares", cfg.spares),
                     ("replay", cfg.replay)):
         _require(not on, "fragments", f"not with {key} (no meaning given to a fragment there yet)")

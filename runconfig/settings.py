@@ -286,7 +286,7 @@ class RunConfig:
                                          "feedback; the server decodes them and keeps float32 weights")
     compress_pulls: bool = _performance(False, "pulls (the weights a reply carries) through the same codec too, "
                                                "rounded afresh each time (no error feedback: nothing accumulates)")
-    fragments: int = _performance(1, "async, simulator: a push in P fragments (slices of the vector) sent in turn "
+    fragments: int = _performance(1, "async, either backend: a push in P fragments (slices of the vector) sent in turn "
                                      "every n_sync/P minibatches while the client computes on (Streaming DiLoCo)")
 
     def __post_init__(self) -> None:

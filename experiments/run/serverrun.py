@@ -139,7 +139,7 @@ def serve_run(setup: RunSetup, server: ServerSettings, clock: Callable[[], float
         state = ServerState.for_run(server.state, setup.weights[slice(*bounds[0])], clients, server.optimizer_factory,
                                     eval_every=life.every, checkpoint_every=server.checkpoint_every,
                                     apply_cost=apply_cost, clock=clock, collects_states=server.keeps_state,
-                                    secret=secret)
+                                    secret=secret, shard=(*bounds[0], setup.weights.size))
         life.counts = state.counts
         lines = (0, 0)
         if life.checkpoint is not None:
@@ -169,7 +169,8 @@ def serve_slice(setup: RunSetup, server: ServerSettings, link: Link, clock: Call
     read it until server 0 says BYE; returns the clients lost, as BYE tells. It records
     nothing: server 0 records the run."""
     lo, hi = shard_bounds(setup.weights.size, server.servers, server.block)[shard]
-    state = ServerState.for_run(server.state, setup.weights[lo:hi], setup.clients, server.optimizer_factory, peers=(0,))
+    state = ServerState.for_run(server.state, setup.weights[lo:hi], setup.clients, server.optimizer_factory, peers=(0,),
+                                shard=(lo, hi, setup.weights.size))
     loop = ServerLoop(link, state, None, clock, server.stall_timeout, server.on_client_failure, follow=Follow(clock))
     loop.serve()
     while (msg := link.recv(math.inf, source=0)).tag in (Tag.PULL, Tag.DECIDED):  # words after the last STOP: none to follow

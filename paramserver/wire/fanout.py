@@ -32,11 +32,14 @@ class ServerLink:
     for it would be a deadlock."""
 
     def __init__(self, transport: Link, servers: tuple[int, ...], bounds: list[tuple[int, int]],
-                 timeout: float, pull_bounds: list[tuple[int, int]] | None = None):
+                 timeout: float, pull_bounds: list[tuple[int, int]] | None = None,
+                 fragments: list[list[tuple[int, int, int]]] = ()):
         """`bounds`: each server's slice of a push as the wire carries it (a codec's
-        elements: `Codec.wire_bounds`), `pull_bounds` of the weights (None: the same)."""
+        elements: `Codec.wire_bounds`), `pull_bounds` of the weights (None: the same);
+        `fragments`: each streamed fragment's piece for each server (`ClientLoop.fragment_wire`)."""
         self.transport, self.servers, self.bounds, self.timeout = transport, servers, bounds, timeout
         self.pull_bounds = bounds if pull_bounds is None else pull_bounds
+        self.fragments = fragments
 
     def to_first(self, message: Outgoing) -> None:
         """A message for server 0 alone (which records the run): a client's STATE."""
@@ -48,21 +51,26 @@ class ServerLink:
         awaited = self.start(message, into)
         return None if into is None else self.finish(awaited)
 
-    def start(self, message: Outgoing, into: np.ndarray | None) -> Awaited:
+    def start(self, message: Outgoing, into: np.ndarray | list[np.ndarray] | None) -> Awaited:
         """`exchange` split in two: send `message` and return at once, its replies (with
         `into`) still to `finish`, so a client streaming fragments trains on meanwhile.
-        A streamed fragment (one server: runconfig/fragchecks.py) goes as it is, its answer
-        filling all of `into`, the fragment's own vector (`ClientLoop.landing_for`)."""
-        if isinstance(message.header, Push) and message.header.fragment >= 0:
-            slices, sends = [into], [(self.servers[0], message.tag, message.header, message.payload)]
+        A streamed fragment goes to each server as its piece of it, at that piece's offset
+        in the server's slice (a header alone where it misses the slice: every server
+        takes every push, paramserver/wire/protocol.py's `fragment_pieces`), and `into`
+        is then a vector for each server's piece of the answer (`ClientLoop.landing_for`)."""
+        header = message.header
+        if isinstance(header, Push) and header.fragment >= 0:
+            slices = into
+            sends = [(server, message.tag, replace(_sliced(header, i, lo, hi), offset=offset), message.payload[lo:hi])
+                     for i, (server, (offset, lo, hi)) in enumerate(zip(self.servers, self.fragments[header.fragment]))]
         else:
             slices = [] if into is None else [into[lo:hi] for lo, hi in self.pull_bounds]
-            sends = [(server, message.tag, _sliced(message.header, i, lo, hi),
+            sends = [(server, message.tag, _sliced(header, i, lo, hi),
                       None if message.payload is None else message.payload[lo:hi])
                      for i, (server, (lo, hi)) in enumerate(zip(self.servers, self.bounds))]
         replies = self.transport.expect_weights(list(self.servers), slices)
         self.transport.send_many(sends, self.timeout)
-        return Awaited(replies, 0 if into is None else into.nbytes)
+        return Awaited(replies, sum(piece.nbytes for piece in slices))
 
     def finish(self, awaited: Awaited) -> Weights:
         """Wait for the replies `start` posted the receives of: server 0's header."""

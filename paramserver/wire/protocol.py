@@ -289,6 +289,17 @@ def shard_bounds(size: int, servers: int, block: int = 1) -> list[tuple[int, int
     return list(zip(edges[:-1], edges[1:]))
 
 
+def fragment_pieces(fragment: tuple[int, int], shards: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """Streamed fragment [a, b) of the flat vector cut at the servers' slices `shards`:
+    for each server (offset in its own slice, start, stop within the fragment), so the
+    fragment's payload [start:stop] goes to that server, applied at that offset. A server
+    whose slice it misses gets an empty piece (start == stop, the offset clamped to its
+    slice): its header still goes, so every server takes every push in server 0's order
+    (paramserver/drivers/follow.py) and counts the same versions."""
+    a, b = fragment
+    return [(min(max(a, lo), hi) - lo, min(max(lo, a), b) - a, max(min(hi, b), a) - a) for lo, hi in shards]
+
+
 HEADERS = {Tag.PULL: (Pull, Rejoin), Tag.PUSH: Push, Tag.STOP: Stop, Tag.FAIL: Fail, Tag.WEIGHTS: Weights,
            Tag.BYE: Bye, Tag.STATE: State, Tag.JOIN: Join, Tag.DECIDED: (Decided, Seated),
            Tag.ADMIT: Admit, Tag.DOOR: dict}

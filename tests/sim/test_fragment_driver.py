@@ -27,6 +27,7 @@ from paramserver.wire.protocol import Tag
 from rundir.layout import RunDir
 from runconfig.settings import RunConfig
 from tests.reference import at_run_threads
+from tests.unit.test_fragment_shards import Servers, sharded
 
 STEPS, H, P = 14, 4, 2
 
@@ -66,20 +67,25 @@ def dataset(tiny_npz):
     return load_dataset(str(tiny_npz))
 
 
+def model(dataset):
+    return build_model("cnn", dataset.shape, dataset.num_classes, seed=0)
+
+
+def client_of(dataset) -> Client:
+    sampler = ShardSampler(shard_indices(len(dataset.train), 1, 0, 0), 32, 0, 0)
+    return Client(Replica(model(dataset), lr=0.05, momentum=0.9, weight_decay=0.0), dataset.train, sampler)
+
+
 @at_run_threads
 def one_client(path, dataset, drive) -> np.ndarray:
     """One client of `STEPS` minibatches, n_sync H in P fragments, driven by `drive(loop or
     client, plan, server)`; the server's final weights."""
-    def model():
-        return build_model("cnn", dataset.shape, dataset.num_classes, seed=0)
-
-    state = ServerState(Store(flat_weights(model()), make_rule("add", RunConfig(rule="add"))), [1], fragments=P)
+    state = ServerState(Store(flat_weights(model(dataset)), make_rule("add", RunConfig(rule="add"))), [1],
+                        fragments=P)
     run = RunDir(path)
     run.create()
     recorder = Recorder(run, state, clock=lambda: 0.0)
-    sampler = ShardSampler(shard_indices(len(dataset.train), 1, 0, 0), 32, 0, 0)
-    client = Client(Replica(model(), lr=0.05, momentum=0.9, weight_decay=0.0), dataset.train, sampler)
-    drive(client, ClientPlan(0, STEPS, H, H, timeout=1.0, fragments=P), InProcess(state, recorder))
+    drive(client_of(dataset), ClientPlan(0, STEPS, H, H, timeout=1.0, fragments=P), InProcess(state, recorder))
     recorder.close()
     assert state.tally.stops and state.tally.rejected == 0
     return state.store.weights.copy()
@@ -112,3 +118,29 @@ def test_the_driver_streams_fragments_as_the_simulator_does(tmp_path, dataset):
     assert [log[i - 1][:2] for i in taken[:-1]] == [("sent", "PUSH")] * 5 and log[-1][1] == "STOP"
     landings = {frame.address(into) for into in links[0].landed[1:]}
     assert len(landings) == P and all(frame.around(into, 0) is not None for into in links[0].landed[1:])
+
+
+@pytest.mark.parametrize("servers", [2, 3])
+def test_the_driver_streams_fragments_to_sharded_servers_as_the_simulator_does(tmp_path, dataset, servers):
+    """The same client over a link to `servers` in-process servers, each its slice: each
+    fragment goes as its pieces (a header alone to a server it misses), each answer comes
+    back as pieces put together, and the servers' slices end as the simulator's one
+    server's weights, bit for bit."""
+    @at_run_threads
+    def to_shards() -> tuple[np.ndarray, Servers]:
+        made = sharded(tmp_path / "shards", flat_weights(model(dataset)), servers, P, "add", "none")
+        link = Servers(made)
+        run_client(link, client_of(dataset), ClientPlan(0, STEPS, H, H, timeout=1.0, fragments=P,
+                                                        servers=tuple(made)), clock=lambda: 0.0)
+        for server in made.values():
+            server.recorder.close()
+            assert server.state.tally.stops and server.state.tally.rejected == 0
+        return np.concatenate([made[s].state.store.weights for s in range(servers)]), link
+
+    def simulated(client, plan, server):
+        clock = StepClock(1.0)
+        Simulation([ClientLoop(client, plan, clock)], [clock], SimTiming(1.0, 0.0, 1e9, 0.0)).run(server)
+
+    weights, link = to_shards()
+    np.testing.assert_array_equal(weights, one_client(tmp_path / "sim", dataset, simulated))
+    assert link.headers_alone > 0  # with P = 2 every fragment misses a server

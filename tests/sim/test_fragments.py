@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from experiments.cli import main
+from tests.conftest import each_logged_once
 from tests.sim.test_sim import TIMED, rows, sim
 
 # 1 MB a whole push or pull at 50 MB/s: 20 ms each way, half of a window of 8 minibatches of 10 ms
@@ -78,7 +79,9 @@ def test_int8_fragments_are_whole_blocks_each_with_its_own_error_feedback(tmp_pa
 
 @pytest.mark.parametrize("flags,line", [
     (["--mode", "sync"], "fragments: needs --mode async (a server to stream to), got sync"),
-    (["--rule", "add", "--n-sync", "4", "--servers", "2"], "fragments: needs one server (--servers 1), got 2"),
+    (["--rule", "add", "--n-sync", "6"],
+     "fragments: n_sync (n_push) must be a multiple of the 4 fragments "
+     "(each pushed every n_sync/4 minibatches), got 6"),
 ])
 def test_fragments_where_refused_exit_2_in_one_line_before_anything_starts(tmp_path, tiny_npz, capsys, flags, line):
     args = ["train", "--backend", "sim", "--data", str(tiny_npz), "--out", str(tmp_path / "run"), "--fragments", "4",
@@ -114,15 +117,50 @@ def test_one_clients_nesterov_fragments_end_where_its_whole_pushes_do(tmp_path, 
     np.testing.assert_allclose(weights(streamed), weights(whole), rtol=0, atol=1e-5)
 
 
-def test_a_fragmented_run_killed_by_a_fault_resumes_to_its_budget_every_row_once(tmp_path, tiny_npz):
+@pytest.mark.parametrize("servers", ["1", "2"])
+def test_a_fragmented_run_killed_by_a_fault_resumes_to_its_budget_every_row_once(tmp_path, tiny_npz, servers):
     """The server fails at version 30, past the checkpoint of version 24; the resume goes
     on from the checkpoint (what a client's other slices held unpushed is lost there:
-    docs/training.md), to the run's 80 minibatches, each logged once."""
+    docs/training.md), to the run's 80 minibatches, each logged once; with sharded
+    servers too (the simulator's one server stands for them), which the resume keeps."""
     run = tmp_path / "run"
     flags = ["--backend", "sim", "--data", str(tiny_npz), "--out", str(run), *TIMED, "--rule", "add", "--clients",
-             "2", "--steps", "40", "--n-sync", "8", "--fragments", "4", "--eval-every", "8"]
+             "2", "--steps", "40", "--n-sync", "8", "--fragments", "4", "--eval-every", "8", "--servers", servers]
     assert main(["train", *flags, "--inject-fault", "0:30"]) == 1
     assert main(["train", "--resume", str(run)]) == 0
     logged = [(r["client"], r["step"]) for r in rows(run, "clients")]
     assert len(logged) == len(set(logged)) == summary(run)["minibatches"] == 80
     assert summary(run)["status"] == "complete"
+    assert json.loads((run / "config.json").read_text())["servers"] == int(servers)
+
+
+@pytest.mark.parametrize("fragments", ["2", "4"])
+def test_one_clients_fragments_end_alike_whatever_the_servers(tmp_path, tiny_npz, fragments):
+    """One client, 2 and 3 sharded servers against one: the same weights, exactly. Every
+    server takes every push (a fragment's piece, or its header alone) in one order, and
+    the rules are elementwise, so S servers compute what one does (tests/unit/
+    test_fragment_shards.py, bit for bit); the simulator's one server stands for them,
+    and its costs for S move no merge with one client (each answer is merged at the
+    fragment boundary after the next fragment is sent, whenever it comes)."""
+    flags = ["--rule", "add", "--clients", "1", "--steps", "16", "--n-sync", "4", "--fragments", fragments]
+    one = weights(sim(tmp_path / "1", tiny_npz, *flags, "--servers", "1"))
+    for servers in ("2", "3"):
+        run = sim(tmp_path / servers, tiny_npz, *flags, "--servers", servers)
+        np.testing.assert_array_equal(weights(run), one)
+        assert summary(run)["version"] == 16 // (4 // int(fragments))
+
+
+@pytest.mark.parametrize("servers", ["2", "3"])
+@pytest.mark.parametrize("rule", [["--rule", "add"], ["--rule", "nesterov", "--nesterov-momentum", "0.9"]])
+def test_several_clients_stream_fragments_to_sharded_servers_each_row_and_push_once(tmp_path, tiny_npz, servers,
+                                                                                     rule):
+    """3 clients of unequal speeds (the run's budget shared by speed): each (client, step)
+    logged once, every push sent applied once, a version each, in order."""
+    run = sim(tmp_path / "run", tiny_npz, *rule, "--clients", "3", "--steps", "16", "--n-sync", "8",
+              "--fragments", "4", "--servers", servers, "--speed-jitter", "0.3")
+    result = summary(run)
+    assert sum(each_logged_once([(r["client"], r["step"]) for r in rows(run, "clients")], 3)) == \
+        result["minibatches"] == 3 * 16
+    assert result["status"] == "complete" and result["pushes_rejected"] == 0
+    assert result["pushes_sent"] == result["pushes_applied"] == result["version"]
+    assert [r["version"] for r in rows(run, "server") if "version" in r] == list(range(1, result["version"] + 1))

@@ -98,7 +98,6 @@ def test_a_malformed_fragment_is_refused_without_touching_the_weights(tmp_path):
     ({"n_sync": 2}, "must be a multiple"),
     ({"n_sync": 6}, "must be a multiple"),
     ({"n_fetch": 4}, "n_fetch = n_push"),
-    ({"servers": 2}, "one server"),
     ({"dylu": True}, "not with dylu"),
 ])
 def test_fragments_where_they_have_no_meaning_are_refused(flags, says):
@@ -142,5 +141,6 @@ def test_fragments_on_a_gpu_servers_double_buffered_path_make_the_whole_push(rul
 
 
 @pytest.mark.parametrize("backend", ["sim", "mpi"])
-def test_fragments_stream_over_either_backend(backend):
-    assert RunConfig(backend=backend, rule="add", n_sync=8, fragments=4).fragments == 4
+@pytest.mark.parametrize("servers", [1, 3])
+def test_fragments_stream_over_either_backend_to_one_server_or_several(backend, servers):
+    assert RunConfig(backend=backend, rule="add", n_sync=8, fragments=4, servers=servers).fragments == 4
