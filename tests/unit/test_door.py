@@ -2,7 +2,6 @@
 MPI: real sockets on this host, the joiner's end a `SocketLink`."""
 from __future__ import annotations
 
-import pickle
 import socket
 import time
 
