@@ -83,6 +83,7 @@ class Door:
         self.first_rank = self.next_rank = first_rank
         self.max_body = max_body
         self.ready: deque[tuple[int, Prefix, np.ndarray, bool]] = deque()  # whole messages, not yet decoded
+        self.died: deque[PeerDied] = deque()  # joiners whose stream broke as a post wrote to it, for `poll` to raise
         self.receive_s = self.receive_cpu_s = 0.0
 
     def joiners(self) -> list[int]:
@@ -93,6 +94,8 @@ class Door:
         """A message that has come in whole, if any (no wait): new connections are taken,
         readable streams read, outboxes written on. A welcomed joiner's closed stream is
         raised (`PeerDied`) once."""
+        if self.died:
+            raise self.died.popleft()
         for key, _ in self.selector.select(0):
             if key.fileobj is self.listener:
                 self._accept()
@@ -199,7 +202,10 @@ class Door:
             view = memoryview(buffer).cast("B")
             peer.outbox.append(view)
             peer.queued += view.nbytes
-        self._flush(peer)
+        try:
+            self._flush(peer)
+        except PeerDied as died:  # as MPI's post, this never fails: the next poll says so, `done` and `complete` too
+            self.died.append(died)
         return _Sent(dest, peer.queued)
 
     def _flush(self, peer: _Peer) -> None:

@@ -35,7 +35,7 @@ def _rows(run: Path, log: str) -> list[dict]:
 def _wait_for(what, timeout: float, server) -> None:
     deadline = time.monotonic() + timeout
     while not what():
-        assert server.poll() is None, "the run ended before the joiners came"
+        assert server.poll() is None, f"the run ended before the joiners came: {server.communicate()[1]}"
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.1)
 

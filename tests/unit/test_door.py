@@ -181,3 +181,19 @@ def test_a_joiner_announcing_more_than_the_door_takes_is_a_broken_peer_lost_befo
     link.socks[0].sendall(PREFIX.pack(b"asgd", int(Tag.STOP), 2, (1 << 20) + 1))
     with pytest.raises(PeerDied, match="announced a message"):
         _poll(door)
+
+
+def test_a_joiner_gone_as_a_reply_is_posted_to_it_fails_no_post_the_next_poll_says_so_once(door):
+    """As MPI's post, the door's never raises: a joiner that took its Welcome and closed
+    before its weights went out (the server's loop between the two posts) is raised by
+    the next poll, once, and by the reply's `complete`; the loop then loses it as any dead
+    client (a post that raised took the server down with it)."""
+    link = _welcomed(door, 10)
+    link.close()
+    time.sleep(0.2)  # the close is in: the next writes find the stream broken
+    sent = [door.post(10, Tag.WEIGHTS, Weights(1, 1 << 20), np.zeros(1 << 20, np.float32)) for _ in range(2)]
+    with pytest.raises(PeerDied, match="joiner rank 10"):
+        door.poll(None)
+    assert door.poll(None) is None and door.joiners() == []
+    with pytest.raises(PeerDied):
+        door.complete(sent[-1], 1.0)
