@@ -149,7 +149,9 @@ def _join(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
         return [], [refused]
     client, steps, slot, position = membership.seat(state, msg.source)
     weights = _weights_for(state, msg.source)
-    welcome = Welcome(client, steps, slot, position, weights.header, state.clock(), membership.ticket(state, client))
+    # a spare is a rank of the job, which every server knows: it shows no door a ticket
+    ticket = "" if msg.source in state.members.admitted else membership.ticket(state, client)
+    welcome = Welcome(client, steps, slot, position, weights.header, state.clock(), ticket)
     return [Reply(msg.source, welcome, weights.payload)], [membership.joined(state, client, msg.source, msg.header.host)]
 
 

@@ -293,9 +293,8 @@ class ServerLoop:
         if isinstance(header, Welcome):  # a joiner's place first, pickled on JOIN's tag; then weights as a pull's
             self.in_flight.append((reply.dest, self.link.post(reply.dest, Tag.JOIN, header), 0))
             if self.followers:  # the others grow by server 0's word, and the joiner pulls from every server
-                spare = "spare_for" in self.state.members.joined[-1]
                 for server in self.followers:
-                    self.link.send(server, Tag.DECIDED, Seated(reply.dest, header.client, "" if spare else header.ticket),
+                    self.link.send(server, Tag.DECIDED, Seated(reply.dest, header.client, header.ticket),
                                    timeout=self.stall_timeout)
                 return
             header = header.weights

@@ -7,8 +7,8 @@ words) named the same ticket: the connection then becomes the rank server 0 know
 joiner by, so server 0's later words about its messages name it here too, and the joiner
 is told so (the word, on JOIN's tag). The joiner may knock before the word came (it races
 server 0's word to this server) or after; a knock whose word has not come within the
-stall timeout is refused at the next knock or word after it, a malformed one at once. A ticket opens one door once: a second
-knock with it waits for a word that never comes.
+stall timeout is refused at the next knock or word after it, a malformed one at once. A
+ticket opens one door once: a second knock with it waits for a word that never comes.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class Tickets:
 
     def seated(self, word: Seated, now: float) -> None:
         """Server 0 seated a joiner from outside the job (a spare's word has no ticket: it
-        is a rank of the job already)."""
+        is a rank of the job already; paramserver/handler.py's `_join`)."""
         if word.ticket:
             self.words.append(word)
             self._let_in(now)
