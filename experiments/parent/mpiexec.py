@@ -17,7 +17,12 @@ What each launcher is told:
   rank dies, SIGTERM to every rank, so nothing can go on without a lost client and the
   summary would say `interrupted` without naming the dead rank; with it MPI itself tells
   the survivors which rank failed (paramserver/wire/transport.py), as under MPICH, and they
-  go on or end the job (MPI_Abort) as `on_client_failure` says.
+  go on or end the job (MPI_Abort) as `on_client_failure` says. And
+  `--prtemca state_base_error_non_zero_exit 0`: PRTE otherwise counts a rank's non-zero
+  exit (a client that failed and said so) as the job's error and ends the job once no
+  other client rank runs, its server waiting at its door for a joiner included (measured:
+  gone 1.5 s after the last client's exit). The job's exit status still says a failure:
+  a failing run's server ends it with MPI_Abort.
 """
 from __future__ import annotations
 
@@ -81,7 +86,7 @@ class Launcher:
         if self.kind == "hydra":
             return ["-disable-auto-cleanup"]
         if self.kind == "openmpi" and self.ulfm:
-            return ["--with-ft", "ulfm"]
+            return ["--with-ft", "ulfm", "--prtemca", "state_base_error_non_zero_exit", "0"]
         return []
 
     def command(self, ranks: int, argv: list[str]) -> list[str]:

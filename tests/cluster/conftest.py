@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from bench.cluster import missing as cluster_missing
-from experiments.parent.mpiexec import OPEN_MPI_ENV
+from experiments.parent.mpiexec import OPEN_MPI_ENV, Launcher
 from tests.conftest import BIN, ROOT, each_logged_once, finish
 
 SCRIPT = ROOT / "scripts" / "cluster.sh"
@@ -112,6 +112,11 @@ class Mpi:
 
     def env(self, cluster: Cluster) -> dict[str, str]:
         return {**cluster.env, **(OPEN_MPI_ENV if self.name == "openmpi" else {})}
+
+    def survive(self) -> list[str]:
+        """The flags `asgd train` gives this launcher so a job outlives a dead rank."""
+        kind = "hydra" if self.name == "mpich" else "openmpi"
+        return Launcher(str(self.bin / "mpiexec"), kind, ulfm=kind == "openmpi").flags()
 
 
 MPICH = Mpi("mpich", BIN)

@@ -113,8 +113,8 @@ def test_a_cut_link_under_continue_loses_that_client_alone(cluster, mpi, tmp_pat
     ob1 defect, docs/cluster.md); then the job ends (h3's rank gave up on the server after
     twice the stall timeout)."""
     run = tmp_path / "run"
-    flag = ("--with-ft", "ulfm") if mpi.name == "openmpi" else ("-disable-auto-cleanup",)
-    job = start_job(mpi, cluster, tiny_npz, run, "--on-client-failure", "continue", "--steps", "1000", launcher=flag)
+    job = start_job(mpi, cluster, tiny_npz, run, "--on-client-failure", "continue", "--steps", "1000",
+                    launcher=tuple(mpi.survive()))
     err = cut_h3_until_the_server_ends(job, run, 120)
     said = [line for line in err.splitlines() if line.startswith("asgd: client ")]
     # "continuing with N": the clients still running then (0-3: on a quiet host the other three

@@ -19,7 +19,7 @@ from rundir.durable import load_arrays
 from paramserver.wire.protocol import Fail, Join, Tag, Welcome
 from paramserver.wire.stream import SocketLink
 from clients.driver import join_server
-from tests.conftest import BIN, LAUNCHER, each_logged_once, finish, kill_tree, run_command, start
+from tests.conftest import BIN, each_logged_once, finish, kill_tree, run_command, start
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 # client 0 fails at its step 5 (4 pushed): the run, unfinished, waits at its door
@@ -44,9 +44,6 @@ def _knock(door: dict) -> SocketLink:
     return SocketLink(socket.create_connection(("127.0.0.1", door["port"]), timeout=10))
 
 
-@pytest.mark.skipif(LAUNCHER.kind != "hydra", reason="Open MPI 5's launcher (ULFM) ends a job whose every client rank "
-                    "has ended, its server waiting at the door included (measured: gone 1.5 s after the last client's "
-                    "exit; docs/joining.md)")
 def test_every_client_dead_a_stranger_refused_a_joiner_killed_mid_pull_then_one_joins_and_finishes(tmp_path, tiny_npz):
     run = tmp_path / "run"
     args = [str(BIN / "asgd"), "train", "--quiet", "--data", str(tiny_npz), *RUN, "--out", str(run)]
@@ -84,8 +81,6 @@ def test_every_client_dead_a_stranger_refused_a_joiner_killed_mid_pull_then_one_
     assert late.stderr.count("\n") == 1
 
 
-@pytest.mark.skipif(LAUNCHER.kind != "hydra", reason="Open MPI 5's launcher ends a job whose every client rank has "
-                    "ended (the first test's reason): here client 0 dies before the joiner comes")
 def test_with_two_servers_a_joiner_joins_both_a_wrong_ticket_at_server_1s_door_changing_nothing(tmp_path, tiny_npz):
     """Sharded servers: door.json lists server 1's door beside server 0's; `asgd join`
     is let in by server 0, shows its ticket at server 1's door, pulls from both and runs
@@ -118,8 +113,6 @@ def test_with_two_servers_a_joiner_joins_both_a_wrong_ticket_at_server_1s_door_c
     assert each_logged_once([(r["client"], r["step"]) for r in _rows(run, "clients")], 2) == [4, 56]
 
 
-@pytest.mark.skipif(LAUNCHER.kind != "hydra", reason="Open MPI 5's launcher ends a job whose every client rank has "
-                    "ended (the first test's reason): here client 0 dies before the joiner comes")
 def test_a_run_a_joiner_went_on_in_resumes_with_the_jobs_rank_as_that_joiner(tmp_path, tiny_npz):
     """Client 0 dies at its step 5; a joiner, client 1, goes on with its shard from
     minibatch 4; the job is interrupted (SIGTERM) after a checkpoint that knows the

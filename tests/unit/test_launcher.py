@@ -31,7 +31,7 @@ def fake_mpiexec(tmp_path: Path, says: str) -> str:
 
 @pytest.mark.parametrize("which, kind, flags", [
     ("hydra", "hydra", ["-disable-auto-cleanup"]),
-    ("openmpi", "openmpi", ["--with-ft", "ulfm"]),
+    ("openmpi", "openmpi", ["--with-ft", "ulfm", "--prtemca", "state_base_error_non_zero_exit", "0"]),
     ("openmpi4", "openmpi", []),  # no ULFM before Open MPI 5
     ("other", "other", []),
 ])
