@@ -100,6 +100,27 @@ class ClientPlan:
                    failures=settings.failures, dylu=settings.dylu, fragments=settings.fragments)
 
 
+@dataclass
+class BusyTime:
+    """A client's minibatches' seconds, and the span from its first one's start to its
+    last one's end: their ratio is how much of its time the server and the link left it
+    computing (the rest it waited, or was down). A real client times them on the wall
+    clock; the simulator's clock keeps one in virtual seconds (StepClock)."""
+
+    first: float | None = None
+    last: float = 0.0
+    computed: float = 0.0
+
+    def add(self, start: float, end: float) -> None:
+        self.first = start if self.first is None else self.first
+        self.computed += end - start
+        self.last = end
+
+    @property
+    def span(self) -> float:
+        return 0.0 if self.first is None else self.last - self.first
+
+
 def sleep_down(length: float, compute: float) -> float:
     """A real client's outage: `length` base minibatch times, the base time being what its
     failing minibatch took to compute; returns the seconds slept."""
@@ -124,6 +145,7 @@ class ClientLoop:
     pushed_bytes: int = 0         # the push frames' bytes, to every server (STOP tells the server)
     pulled_bytes: int = 0         # the weights frames' bytes, from every server
     down: Callable[[float], float] | None = None  # (base times) -> seconds down; None: `sleep_down` (MPI)
+    busy: BusyTime | None = None  # the simulator's clock's; None: timed here, on the wall clock (MPI)
     window: int = field(init=False)      # minibatches from one push to the next: n_push, or DyLU's
     pushed_at: int = field(init=False)   # the step of the last push (or the first step)
     in_flight: int = 0            # streamed fragments pushed whose slice of the weights has not come back
@@ -131,6 +153,8 @@ class ClientLoop:
 
     def __post_init__(self) -> None:
         self.window, self.pushed_at = self.plan.n_push, self.step
+        self.timed = self.busy is None
+        self.busy = BusyTime() if self.busy is None else self.busy
         self.codec = make_codec(self.plan.compress)
         self.pull_codec = make_codec(self.plan.compress if self.plan.compress_pulls else "none")
         compressed = self.plan.compress != "none"
@@ -204,6 +228,8 @@ class ClientLoop:
             compute = time.perf_counter() - start
             if plan.stragglers is not None:
                 plan.stragglers.sleep_after(plan.index, self.step, compute)
+            if self.timed:  # the straggler's sleep is its slower hardware's compute
+                self.busy.add(start, time.perf_counter())
             self.rows.append(result.row(plan.index, self.step, self.clock()))
             if plan.fault is not None:
                 plan.fault.strike(self.step)
@@ -219,7 +245,8 @@ class ClientLoop:
         if self.rows or self.pieces and self.client.unpushed_steps:
             return self._push(False), False
         self.done = True
-        return Outgoing(Tag.STOP, Stop(self.step, self.pushes, self.pushed_bytes, self.pulled_bytes)), False
+        return Outgoing(Tag.STOP, Stop(self.step, self.pushes, self.pushed_bytes, self.pulled_bytes,
+                                       float(self.busy.computed), float(self.busy.span))), False
 
     def _failed(self, compute: float) -> Outgoing:
         """The client failed after this minibatch: its work since the last push is lost

@@ -48,6 +48,13 @@ class ServerTally:
         return {"bytes_pushed": sum(stop.pushed_bytes for stop in self.stops.values()),
                 "bytes_pulled": sum(stop.pulled_bytes for stop in self.stops.values())}
 
+    def client_busy(self) -> dict[str, float]:
+        """The clients' computing share: their minibatches' seconds over the spans from
+        each one's first minibatch to its last, as each said in its STOP (so a lost
+        client's are missing, and a resumed run counts from its resume)."""
+        span = sum(stop.span_s for stop in self.stops.values())
+        return {"client_busy": sum(stop.computed_s for stop in self.stops.values()) / span} if span > 0 else {}
+
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint) -> "ServerTally":
         tally = cls(len(checkpoint.client_steps), *checkpoint.counts)

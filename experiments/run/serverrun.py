@@ -161,7 +161,7 @@ def serve_run(setup: RunSetup, server: ServerSettings, clock: Callable[[], float
         life.progress.close()
         recorder.finish()
         noise = {"noise_scale": summarise(life.run.rows("server"))} if state.store.rule.noise is not None else {}
-        return life.finish({**noise, **measured, **state.tally.wire_bytes()})
+        return life.finish({**noise, **measured, **state.tally.wire_bytes(), **state.tally.client_busy()})
 
 
 def serve_slice(setup: RunSetup, server: ServerSettings, link: Link, clock: Callable[[], float], shard: int) -> int:

@@ -48,7 +48,7 @@ import torch
 
 from clients.collective import Fate, Lockstep, LockstepFates, mean_in_place
 from clients.devices import keep_freed_memory, pick_device
-from clients.loop import ClientLoop, ClientPlan, PlanSettings
+from clients.loop import BusyTime, ClientLoop, ClientPlan, PlanSettings
 from clients.stragglers import Stragglers
 from experiments.run.assemble import Parts, build, client_plan, join_client, start
 from experiments.run.collectiverun import CollectiveSettings, collective_run
@@ -77,18 +77,14 @@ class StepClock:
     def __init__(self, step_time: float, stragglers: Stragglers | None = None, client: int = 0, step: int = 0):
         self.step_time, self.now = step_time, 0.0
         self.stragglers, self.client, self.step = stragglers, client, step
-        self.first: float | None = None  # when its first minibatch began
-        self.last = 0.0                  # when its last one ended
-        self.computed = 0.0              # the seconds its minibatches took (the rest it waited or was down)
+        self.busy = BusyTime()           # its minibatches' virtual seconds, and their span
 
     def __call__(self) -> float:
         self.step += 1
         took = self.stragglers.duration(self.client, self.step, self.step_time) if self.stragglers \
             else self.step_time
-        self.first = self.now if self.first is None else self.first
+        self.busy.add(self.now, self.now + took)
         self.now += took
-        self.computed += took
-        self.last = self.now
         return self.now
 
     def down(self, length: float) -> float:
@@ -186,13 +182,6 @@ class Simulation:
         if not server.state.done:
             raise RuntimeError("simulation: events ran out before every client stopped (replay order?)")
         return self.busy
-
-    def client_busy(self) -> float | None:
-        """The clients' busy share: the seconds they computed over those from each one's
-        first minibatch to its last (the rest they waited for the server, or were down)."""
-        clocks = [c for c in self.clocks if c is not None and c.first is not None]
-        spans = sum(c.last - c.first for c in clocks)
-        return sum(c.computed for c in clocks) / spans if spans > 0 else None
 
     def _reply(self, when: float, i: int, reply: Any) -> None:
         """Weights reach client i, which trains on from here; but a streamed fragment's
@@ -338,7 +327,7 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
         clock = StepClock(timing.step_time * factors[slot], plans.stragglers, number, step)
         plan = client_plan(plans, number, cfg.servers, point, cfg.run_budget, real_time=False)
         loops[number], clocks[number] = ClientLoop(client, plan, clock, step=step, pushes=point.client_pushes[number]
-                                                   if point else 0, down=clock.down), clock
+                                                   if point else 0, down=clock.down, busy=clock.busy), clock
     for number in range(clients, numbered):
         links.add(like=started.numbers.index(number) if number in started.numbers else number % clients)
     joiner = functools.partial(_joiner, parts, cfg.servers, timing.step_time, factors, plans)
@@ -348,8 +337,7 @@ def run_sim(cfg: RunConfig, out: str, clients: int) -> int:
     simulation = Simulation(loops, clocks, timing, start=point.time if point else 0.0, replay=order, links=links,
                             joins=joins, joiner=joiner, spares=cfg.spares, host=info["host"], first_rank=cfg.servers)
     serve_run(setup, ServerSettings.from_config(cfg, clients), lambda: simulation.now,
-              lambda state, recorder: {"server_busy_s": simulation.run(InProcess(state, recorder)),
-                                       "client_busy": simulation.client_busy()},
+              lambda state, recorder: {"server_busy_s": simulation.run(InProcess(state, recorder))},
               apply_cost=timing.apply_time, secret=SIM_SECRET if cfg.joinable or cfg.spares else None)
     return 0
 
@@ -363,7 +351,7 @@ def _joiner(parts: Parts, servers: int, step_time: float, factors: list[float], 
     clock = StepClock(step_time * factors[welcome.client % clients], plans.stragglers, welcome.client)
     plan = dataclasses.replace(ClientPlan.for_run(plans, welcome.client, servers, real_time=False),
                                steps=welcome.steps)
-    return ClientLoop(client, plan, clock, down=clock.down), clock
+    return ClientLoop(client, plan, clock, down=clock.down, busy=clock.busy), clock
 
 
 def _speed_factors(seed: int, clients: int, jitter: float) -> list[float]:

@@ -66,6 +66,8 @@ file system.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Protocol
@@ -119,6 +121,8 @@ class Stop:
     pushes: int                # pushes it sent
     pushed_bytes: int = 0      # the bytes of its push frames (headers, payloads, rows), to every server
     pulled_bytes: int = 0      # the bytes of the weights frames it took, from every server
+    computed_s: float = 0.0    # seconds its minibatches took (clients/loop.py, BusyTime)
+    span_s: float = 0.0        # seconds from its first minibatch's start to its last one's end
 
 
 @dataclass(frozen=True)
@@ -344,7 +348,8 @@ def well_formed(tag: int, header: Any) -> bool:
     if isinstance(header, Admit):
         return isinstance(header.secret, str)
     if isinstance(header, Stop):
-        return all(_is_int(v) for v in (header.steps, header.pushes, header.pushed_bytes, header.pulled_bytes))
+        return all(_is_int(v) for v in (header.steps, header.pushes, header.pushed_bytes, header.pulled_bytes)) and \
+            all(isinstance(v, float) and 0 <= v < math.inf for v in (header.computed_s, header.span_s))
     if isinstance(header, State):
         return _is_int(header.step) and isinstance(header.arrays, dict) and all(
             isinstance(k, str) and isinstance(v, np.ndarray) and v.dtype != object for k, v in header.arrays.items())

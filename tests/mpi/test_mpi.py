@@ -86,6 +86,7 @@ def test_four_clients_every_push_applied_once_with_staleness_and_falling_loss(tm
     assert 1e6 * np.median([r["apply_s"] for r in server_rows]) == pytest.approx(cost["apply"], rel=0.01)
     assert s["server_busy"] == s["server_busy_s"] / s["time_s"] and 0 < s["server_busy"] < 1
     assert ("servers_needed" in s) == (s["server_busy"] > 0.5)  # the bound of experiments/run/sizing.py
+    assert 0 < s["client_busy"] < 1  # each client waits for its replies: the span is more than its minibatches
     losses = [r["loss"] for r in sorted(rows(run, "clients"), key=lambda r: r["time"])]
     assert np.mean(losses[-20:]) < 0.5 * np.mean(losses[:20])
     # The simulator replays this real run's arrival order: with the MPI run's thread count

@@ -49,6 +49,8 @@ BAD = {
     "PULL with a Push header": Bad((1, Tag.PULL, Push(1, 4, True), None), "with header Push"),
     "STOP with a Pull header": Bad((1, Tag.STOP, Pull(), None), "with header Pull"),
     "FAIL with a Stop header": Bad((1, Tag.FAIL, Stop(0, 0), None), "with header Stop"),
+    "STOP with a NaN busy time": Bad((1, Tag.STOP, Stop(0, 0, 0, 0, float("nan"), 1.0), None), "with header Stop"),
+    "STOP with a negative span": Bad((1, Tag.STOP, Stop(0, 0, 0, 0, 0.0, -1.0), None), "with header Stop"),
     # (c) a payload of the wrong size
     "5 floats": Bad((1, *push(1, np.ones(5, np.float32))), "payload of 20 bytes", answered=True),
     "3 floats": Bad((1, *push(1, np.ones(3, np.float32))), "payload of 12 bytes", answered=True),
