@@ -81,6 +81,50 @@ def test_every_client_dead_a_stranger_refused_a_joiner_killed_mid_pull_then_one_
     assert late.stderr.count("\n") == 1
 
 
+# Speeds 0.05 and 1: client 0 sleeps 19 times its compute after each minibatch, client 1
+# none; a joiner, client 2, runs on client 2 mod 2's hardware (clients/stragglers.py), 20
+# times slower than client 1. Client 1's ~900 minibatches of the run's 1,000 take seconds;
+# an `asgd join` forked from this process is in within a fraction of one (0.2-0.3 s measured).
+# One thread, as each client rank takes on 2 cores: the joiner sets the run's `threads`, and
+# at its default (every core) it spun beside the job's ranks, its minibatch 30-400 times
+# slower, and the straggler's sleep, 19 times that, held the run's end for 20 s.
+SLOW_RUN = ["--clients", "2", "--joinable", "--client-speeds", "0.05,1", "--steps", "500", "--n-sync", "2",
+            "--budget", "run", "--rule", "sgd", "--threads", "1", "--batch-size", "32", "--eval-samples", "50",
+            "--device", "cpu", "--stall-timeout", "60"]
+
+
+def test_a_joiner_far_slower_than_the_others_pulls_once_pushes_and_the_budget_holds(tmp_path, tiny_npz):
+    """tests/sim/test_join.py's test of the same name, over MPI with a real `asgd join`.
+    The joiner's first window computes from the weights its Welcome brought, its one pull
+    before it pushes (the simulator's clock ends the run within that window; here the wall
+    clock decides how many windows it runs, each from one pull); its pushes are applied
+    (`sgd` takes stale pushes: `fresh` at R = 0 would drop them as the fast client's steps
+    overtake them), and its windows, told to it out of the run's budget, make that budget
+    exact: every minibatch once, the run's 1,000 in all."""
+    run = tmp_path / "run"
+    args = [str(BIN / "asgd"), "train", "--quiet", "--data", str(tiny_npz), *SLOW_RUN, "--out", str(run)]
+    server = start(args)
+    try:
+        _wait_for(lambda: (run / "door.json").exists(), 120, server)
+        joiner = run_command([str(BIN / "asgd"), "join", str(run)], timeout=120)
+        assert joiner.returncode == 0, joiner.stderr
+        result = finish(server, args, 120)
+    finally:
+        kill_tree(server.pid)
+    assert result.returncode == 0, result.stderr
+    [joined] = [r for r in _rows(run, "server") if "joined" in r]
+    assert joined["joined"] == 2 and f"as client 2 at version {joined['version']}" in joiner.stderr
+    slow = [r for r in _rows(run, "clients") if r["client"] == 2]
+    pulls = [r["version_pulled"] for r in slow if "version_pulled" in r]
+    applied = [r["version"] for r in _rows(run, "server") if r.get("client") == 2 and "version" in r]
+    assert pulls[0] == joined["version"] and len(applied) == len(pulls) >= 1
+    counts = each_logged_once([(r["client"], r["step"]) for r in _rows(run, "clients")], 3)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete" and sum(counts) == summary["minibatches"] == 1000
+    assert counts[1] > counts[0] + counts[2]  # the fast client computed most of the budget
+    assert [(c["client"], c["slot"]) for c in summary["joined_clients"]] == [(2, 2)]  # a shard of its own
+
+
 def test_with_two_servers_a_joiner_joins_both_a_wrong_ticket_at_server_1s_door_changing_nothing(tmp_path, tiny_npz):
     """Sharded servers: door.json lists server 1's door beside server 0's; `asgd join`
     is let in by server 0, shows its ticket at server 1's door, pulls from both and runs
