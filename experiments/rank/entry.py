@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from clients.collective import Fate, LockstepFates
-from clients.devices import device_name, gpu_count, keep_freed_memory, node_devices, use_device, visible_gpu
+from clients.devices import (device_name, gpu_count, keep_freed_memory, node_devices, share_cores, use_device,
+                             visible_gpu)
 from clients.driver import await_admission, run_client
 from clients.loop import ClientPlan, PlanSettings
 from experiments.run.assemble import (ClientSettings, Parts, Share, Started, build, client_plan, join_client,
@@ -314,8 +315,4 @@ def _exit(status: int) -> NoReturn:
 
 def _set_threads(is_client: bool, threads: int, local_ranks: int, local_clients: int) -> None:
     """Share this node's cores among its client ranks (the server needs little CPU)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if is_client:
-        torch.set_num_threads(threads or max(1, cores // max(1, local_clients)))
-    else:
-        torch.set_num_threads(max(1, cores // local_ranks))
+    share_cores(threads if is_client else 0, local_clients if is_client else local_ranks)

@@ -30,7 +30,7 @@ import time
 import torch
 
 from clients.client import Client
-from clients.devices import gpu_count, node_devices, use_device
+from clients.devices import gpu_count, node_devices, share_cores, use_device
 from clients.driver import join_server, run_client
 from clients.loop import ClientPlan, PlanSettings
 from clients.models import flat_weights
@@ -52,13 +52,15 @@ from rundir.modes import Mode
 CONNECT_S = 5.0  # the longest one address of the door is tried
 # where a launcher says which of a node's processes this is: a joiner's GPU, as a rank's
 LOCAL_RANK = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK")
+# and how many processes it started on this node (joiners launched together)
+LOCAL_SIZE = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", "LOCAL_WORLD_SIZE")
 
 
 def join(run_dir: str) -> int:
     """Join the run in `run_dir`; the exit status (bad input raises `RunDirError`)."""
     run = RunDir(run_dir)
     cfg, door = _read(run)
-    parts = build(cfg, _device(cfg), cfg.clients, [])
+    parts = build(cfg, _device(cfg, _sharing(run)), cfg.clients, [])
     check_fingerprint(run.record("config").get("data_fingerprint"), parts.dataset)  # this host's data, the run's?
     cfg, clients = parts.cfg, parts.clients
     replica = make_replica(parts.client, parts.model, parts.device)
@@ -163,12 +165,24 @@ def _connect(run: RunDir, door: dict) -> socket.socket:
                       f"({'; '.join(tried)}): has the run ended?")
 
 
-def _device(cfg: RunConfig) -> str:
+def _sharing(run: RunDir, host: str | None = None) -> int:
+    """The processes a joiner computes beside on its node: the run's client ranks there
+    (config.json's record of its ranks) and the joiners launched with it (the launcher's
+    local size; 1 alone). A joiner that took every core beside a job's client rank took
+    35 to 400 times as long a minibatch as they did (measured on the 2-core machine)."""
+    host = host or socket.gethostname()
+    ranks = run.record("config").get("provenance", {}).get("ranks", [])
+    here = sum(r.get("role") in ("client", "spare") and r.get("host") == host for r in ranks)
+    launched = next((int(os.environ[name]) for name in LOCAL_SIZE if os.environ.get(name, "").isdigit()), 1)
+    return here + launched
+
+
+def _device(cfg: RunConfig, sharing: int) -> str:
     """The joiner's device: as a client rank's, this process counted among its node's by
-    the launcher's local rank (0 when launched alone)."""
+    the launcher's local rank (0 when launched alone); its threads `threads`, or (0) the
+    node's cores shared among `sharing` processes, as a client rank's are."""
     local = next((int(os.environ[name]) for name in LOCAL_RANK if os.environ.get(name, "").isdigit()), 0)
     device = node_devices(cfg.device, cfg.server_device, [True] * (local + 1), gpu_count())[local]
     use_device(device)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    share_cores(cfg.threads, sharing)
     return device
