@@ -58,3 +58,24 @@ def test_every_atomic_writer_makes_its_folder(tmp_path):
     path = tmp_path / "results" / "deeper" / "bench.json"
     write_json_atomic(path, {"wire": [1, 2]})
     assert path.read_text().startswith("{")
+
+
+def test_every_bench_module_imports_and_every_study_says_its_usage():
+    """The bench is run by hand, not by the suite: a rename it depends on would break it
+    unseen. Every module of bench/ imports (in a fresh interpreter, MPI allowed), and each
+    study with a `main` parses `--help`."""
+    script = ("import contextlib, importlib, io, pkgutil, sys\nimport bench\nfailed = []\n"
+              "for found in pkgutil.walk_packages(bench.__path__, 'bench.'):\n"
+              "    try:\n        module = importlib.import_module(found.name)\n"
+              "    except Exception as error:\n        failed.append(f'{found.name}: {error!r}'); continue\n"
+              "    if found.name.startswith('bench.studies.') and hasattr(module, 'main'):\n"
+              "        sys.argv = [found.name, '--help']\n"
+              "        try:\n            with contextlib.redirect_stdout(io.StringIO()) as said:\n"
+              "                module.main()\n"
+              "        except SystemExit as end:\n"
+              "            if end.code not in (0, None) or 'usage' not in said.getvalue():\n"
+              "                failed.append(f'{found.name} --help: exit {end.code}')\n"
+              "        else:\n            failed.append(f'{found.name} --help: ran')\n"
+              "print(failed)")
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().splitlines()[-1] == "[]", result.stdout + result.stderr
