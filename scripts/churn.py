@@ -1,7 +1,7 @@
 """Churn for a joinable run: joiners that fail at random and come back after a repair time.
 
     python scripts/churn.py RUN_DIR [--joiners N] [--mtbf S] [--repair S] [--seed 0]
-                            [--launch "srun -n 1"]
+                            [--launch "srun -n 1"] [--ranks]
 
 Waits for the run's door (RUN_DIR/door.json: the run was started with `--joinable` over
 MPI), starts N `asgd join RUN_DIR` processes and keeps N running while the run serves:
@@ -14,9 +14,12 @@ Ends when the run has finished (its summary.json) or its door is gone, every joi
 started gone with it, and prints what it did, a line an event. `--launch` prefixes each
 joiner's command (a Slurm step on another node, say); by default it runs here.
 
-The run's own client ranks are not killed: under MPICH's launcher a rank killed by a
-signal can end the whole job (docs/reliability.md); `tests/reliability/test_faults.py`
-kills ranks where that holds.
+With `--ranks` the run's own client ranks on this host fail too (config.json's record of
+its ranks: their process ids), each after an exponential time of the same mean from the
+churn's start, SIGKILLed alone, and a joiner starts `--repair` seconds after each. Only
+under Open MPI 5, whose launcher (`--with-ft ulfm`, as `asgd train` starts it) keeps the
+job going without a killed rank: under MPICH's a rank killed by a signal can end the
+whole job (docs/reliability.md), so `--ranks` is refused there, one line and exit 2.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import random
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -60,14 +64,31 @@ class Joiner:
                 self.client, self.fails_at = joined[1], time.monotonic() + self.life
 
 
+def client_ranks(run: Path) -> list[tuple[int, int]]:
+    """(rank, process id) of the run's client ranks on this host, as config.json records
+    them; refused (ValueError, one line) where the job's launcher may end the whole job
+    when one is killed."""
+    config = json.loads((run / "config.json").read_text())
+    provenance = config.get("provenance", {})
+    if not str(provenance.get("mpi_library", "")).startswith("Open MPI v5"):
+        raise ValueError(f"--ranks: {run} runs under {provenance.get('mpi_library', 'no MPI')!r}; only Open MPI 5's "
+                         "launcher keeps a job going when a rank is killed (docs/reliability.md)")
+    host = socket.gethostname()
+    return [(r["rank"], r["pid"]) for r in provenance.get("ranks", []) if r.get("role") == "client"
+            and r.get("host") == host and "pid" in r]
+
+
 class Churn:
-    def __init__(self, run: Path, joiners: int, mtbf: float, repair: float, seed: int, launch: list[str]):
+    def __init__(self, run: Path, joiners: int, mtbf: float, repair: float, seed: int, launch: list[str],
+                 ranks: list[tuple[int, int]] = ()):
         self.run, self.joiners, self.mtbf, self.repair, self.launch = run, joiners, mtbf, repair, launch
         self.draw = random.Random(seed)
         self.running: dict[int, Joiner] = {}
         self.due: list[float] = []  # when the next joiners start (after a repair)
         self.start = time.monotonic()
         self.kills = self.started = 0
+        # the job's client ranks to fail: (rank, pid, when)
+        self.ranks = [(rank, pid, self.start + self.draw.expovariate(1 / mtbf)) for rank, pid in ranks]
 
     def say(self, what: str) -> None:
         print(f"churn {time.monotonic() - self.start:7.2f} s: {what}", flush=True)
@@ -83,6 +104,15 @@ class Churn:
 
     def step(self) -> None:
         now = time.monotonic()
+        for rank, pid, when in [r for r in self.ranks if r[2] <= now]:
+            self.ranks.remove((rank, pid, when))
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # it had ended: the run is done with it
+                continue
+            self.kills += 1
+            self.due.append(now + self.repair)
+            self.say(f"rank {rank} (pid {pid}) killed (SIGKILL); a joiner in {self.repair:g} s")
         for pid, joiner in list(self.running.items()):
             if joiner.proc.poll() is not None:
                 del self.running[pid]
@@ -121,15 +151,25 @@ class Churn:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="the run directory of a run started with --joinable over MPI")
-    parser.add_argument("--joiners", type=int, default=1, help="joiners kept running (default 1)")
     parser.add_argument("--mtbf", type=float, default=30.0, help="a joiner's mean seconds between failures")
     parser.add_argument("--repair", type=float, default=5.0, help="seconds from a kill to its replacement's start")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--launch", default="", help="a prefix for each joiner's command, e.g. 'srun -n 1'")
+    parser.add_argument("--ranks", action="store_true", help="the run's client ranks on this host fail too (Open MPI)")
+    parser.add_argument("--joiners", type=int, default=1, help="joiners kept running (default 1; 0 with --ranks)")
     args = parser.parse_args(argv)
-    if args.joiners < 1 or args.mtbf <= 0 or args.repair < 0:
-        parser.error("--joiners must be at least 1, --mtbf positive, --repair not negative")
-    return Churn(args.run, args.joiners, args.mtbf, args.repair, args.seed, shlex.split(args.launch)).churn()
+    if args.joiners < (0 if args.ranks else 1) or args.mtbf <= 0 or args.repair < 0:
+        parser.error("--joiners must be at least 1 (0 with --ranks), --mtbf positive, --repair not negative")
+    ranks = []
+    if args.ranks:
+        while not (args.run / "door.json").exists() and not (args.run / "summary.json").exists():
+            time.sleep(POLL_S)  # config.json's ranks are recorded once the job runs
+        try:
+            ranks = client_ranks(args.run)
+        except (OSError, ValueError) as error:
+            print(f"churn: {error}", file=sys.stderr)
+            return 2
+    return Churn(args.run, args.joiners, args.mtbf, args.repair, args.seed, shlex.split(args.launch), ranks).churn()
 
 
 if __name__ == "__main__":

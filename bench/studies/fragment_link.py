@@ -9,7 +9,8 @@ on while the client computes, with no MPI call to drive them. On the test cluste
 (scripts/cluster.sh, root) the server runs on h1 and one client on h2, whose link is held
 to a rate (`tc` token bucket filters on both ends of h2's veth: pushes out, weights in)
 at which a push and its pull take `--share` of a window of n_sync minibatches, the
-minibatch time and the frames' bytes measured by a first run on the unlimited link. Then
+minibatch time and the frames' bytes measured by a first run on the unlimited link (and a
+run with fragments there: what a push's own work at either end costs the client). Then
 `--pairs` pairs of runs, whole pushes and `--fragments 4` in turn (`add`, the
 Fashion-MNIST default model, 0.8 MB a push; `--wide`: `wide_mlp`, 23 MB, whose fragments
 no socket buffer holds, so MPI moves them only while the client calls into it), and for each the summary's `client_busy` (the client's wall
@@ -88,12 +89,14 @@ def main() -> None:
              *(["--model", f"{Path(__file__).resolve()}:wide_mlp"] if args.wide else [])]
     with bench_cluster() as hosts, tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         folder, pair = Path(tmp), hosts.part(0, 2)
-        asgd_train(folder / "free", *flags, hosts=pair)
-        measured = costs(folder / "free", args.n_sync)
+        free = {name: asgd_train(folder / f"free-{name}", *flags, *more, hosts=pair)["client_busy"]
+                for name, more in (("whole", []), ("P=4", ["--fragments", "4"]))}
+        measured = costs(folder / "free-whole", args.n_sync)
         window = args.n_sync * measured["minibatch_s"]
         rate = (measured["push_bytes"] + measured["pull_bytes"]) / (args.share * window)
         print(f"unlimited: a minibatch {1e3 * measured['minibatch_s']:.2f} ms, a push {measured['push_bytes']:.0f} B, "
-              f"a pull {measured['pull_bytes']:.0f} B; the link held to {8 * rate / 1e6:.0f} Mbit/s each way")
+              f"a pull {measured['pull_bytes']:.0f} B; client_busy {free['whole']:.3f} whole, {free['P=4']:.3f} with P = 4; "
+              f"the link held to {8 * rate / 1e6:.0f} Mbit/s each way")
         results: dict[str, list[dict]] = {"whole": [], "P=4": []}
         try:
             limit(2, rate)
@@ -115,7 +118,8 @@ def main() -> None:
                  (("client_busy", ".3f"), ("time_s", ".2f"), ("final_test_error", ".4f"))]
         print(f"| {name} | {cells[0]} | {sim[name]:.3f} | {cells[1]} | {cells[2]} |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"measured": measured, "rate": rate, "mpi": results, "sim": sim}))
+        Path(args.json).write_text(json.dumps({"measured": measured, "unlimited": free, "rate": rate, "mpi": results,
+                                               "sim": sim}))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import BIN, ROOT, each_logged_once, finish, kill_tree, run_command, start
+from tests.conftest import BIN, LAUNCHER, ROOT, each_logged_once, finish, kill_tree, run_command, start
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.long]  # minutes on 2 cores: a joiner's start-up is seconds
 
@@ -42,5 +42,38 @@ def test_joiners_killed_and_replaced_while_the_run_goes_on_leave_every_row_once_
     rows = [json.loads(line) for line in (run / "clients.jsonl").read_text().splitlines()]
     ran = each_logged_once([(r["client"], r["step"]) for r in rows], 1 + len(joined))
     assert sum(ran) == summary["minibatches"]
+    left = subprocess.run(["pgrep", "-f", f"join {run}"], capture_output=True, text=True)
+    assert left.stdout == "", left.stdout
+
+
+def test_the_jobs_own_ranks_killed_are_replaced_by_joiners_under_open_mpi_refused_under_mpich(tmp_path, tiny_npz):
+    """`--ranks`: both of the job's client ranks SIGKILLed at random (Open MPI 5's launcher
+    keeps the job going without them), a joiner started after each, and those joiners
+    killed and replaced in turn: the run completes with every row once, each killed rank's
+    client lost. Under MPICH, whose launcher may end the whole job, one line and exit 2."""
+    run = tmp_path / "run"
+    args = [str(BIN / "asgd"), "train", "--quiet", "--data", str(tiny_npz), "--clients", "2", "--joinable",
+            "--on-client-failure", "continue", "--steps", "1000", "--budget", "run", "--batch-size", "32",
+            "--eval-samples", "50", "--device", "cpu", "--stall-timeout", "60", "--out", str(run)]
+    server = start(args)
+    try:
+        churn = run_command([sys.executable, str(ROOT / "scripts" / "churn.py"), str(run), "--ranks", "--joiners",
+                             "0", "--mtbf", "1.0", "--repair", "0.2", "--seed", "1"], timeout=300)
+        if LAUNCHER.kind != "openmpi":
+            assert churn.returncode == 2 and churn.stderr.count("\n") == 1 and "only Open MPI 5" in churn.stderr
+            return
+        result = finish(server, args, 120)
+    finally:
+        kill_tree(server.pid)
+    assert result.returncode == 0 and churn.returncode == 0, result.stderr + churn.stderr
+    ranks = sorted(map(int, re.findall(r"rank (\d+) \(pid \d+\) killed", churn.stdout)))
+    assert ranks == [1, 2], churn.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete"
+    assert {0, 1} <= {c["client"] for c in summary["lost_clients"]}  # ranks 1 and 2 are clients 0 and 1
+    joined = [c["client"] for c in summary["joined_clients"]]
+    assert joined == list(range(2, 2 + len(joined))) and joined
+    rows = [json.loads(line) for line in (run / "clients.jsonl").read_text().splitlines()]
+    assert sum(each_logged_once([(r["client"], r["step"]) for r in rows], 2 + len(joined))) == summary["minibatches"]
     left = subprocess.run(["pgrep", "-f", f"join {run}"], capture_output=True, text=True)
     assert left.stdout == "", left.stdout
