@@ -186,6 +186,13 @@ class Client:
         self.answer_due = False
         self.optimizer = self.replica.optimizer.build(self.weights, lambda: self.replica.params)
 
+    def rewind(self, weights: torch.Tensor) -> None:
+        """Back from a failure in local SGD (clients/collective.py): the round's local work
+        is lost with the process, so it goes on from the round's start, `weights` (the last
+        average), with the optimizer afresh as a restarted process would have it."""
+        self.weights.copy_(weights)
+        self.optimizer = self.replica.optimizer.build(self.weights, lambda: self.replica.params)
+
     def sync(self, weights: np.ndarray, samples: int | None = None, lo: int = 0) -> None:
         """Take the server's weights, keeping any local work not pushed yet; with the
         server's progress `samples`, train on at the schedule's lr there. `lo`: where

@@ -26,6 +26,11 @@ client comes back, takes the weights (every client's are the same) and computes 
 gradient again. With b backup workers the step goes on without it (it is one of the b
 dropped), and so does every step that starts while it is down (`away`: it computes
 nothing then, unless more clients are down than b, when the step waits for it).
+In local-sgd (no backup workers) the step waits likewise, but the failed client lost
+its round's local work with its process: it goes back to the last average's weights
+(`RoundStart`: every client held them then) with its optimizer afresh, computes the
+step's minibatch again and goes on; the round's earlier steps are not redone, so its
+rows of them are lost work (the recorder marks them: experiments/run/collectiverun.py).
 
 `average` replaces each tensor of its list by the mean over all clients: over MPI
 ranks in a real run (one local client each), over the list in the simulator.
@@ -85,10 +90,25 @@ class Lockstep:
         return cls(Mode(cfg.mode), cfg.steps, cfg.n_sync, clients, cfg.backup_workers)
 
 
+class RoundStart:
+    """The weights every client of a local-sgd run held after the last average (or at the
+    start or resume), kept where failures may strike: a failed client goes back to them."""
+
+    def __init__(self, weights: torch.Tensor):
+        self.weights = weights.detach().clone()
+
+    @classmethod
+    def for_run(cls, lockstep: Lockstep, failures: bool, weights: torch.Tensor) -> RoundStart | None:
+        """None where no client can lose a round (sync mode, or no failures): no copy kept."""
+        return cls(weights) if failures and lockstep.mode == Mode.LOCAL_SGD else None
+
+
 def collective_step(clients: list[Client], lockstep: Lockstep, step: int, average: Average, straggle: Straggle,
-                    away: Away | None = None, outer: OuterStep | None = None) -> list[Outcome]:
+                    away: Away | None = None, outer: OuterStep | None = None,
+                    round_start: RoundStart | None = None) -> list[Outcome]:
     """One lockstep step of the local `clients`; `outer`: local-sgd's outer step (None:
-    plain averaging). Returns each local client's minibatches and what became of them."""
+    plain averaging); `round_start`: local-sgd's under failures. Returns each local
+    client's minibatches and what became of them."""
     gone = away() if away is not None else [False] * len(clients)
     results, compute_s = [], []
     for client, out in zip(clients, gone):
@@ -97,6 +117,8 @@ def collective_step(clients: list[Client], lockstep: Lockstep, step: int, averag
         compute_s.append(None if out else time.perf_counter() - start)
     fates = straggle(step, compute_s)
     for client, done, fate in zip(clients, results, fates):
+        if round_start is not None and fate.kept and fate.lost:  # local-sgd: its round's work went with it
+            client.rewind(round_start.weights)
         while fate.kept and len(done) < fate.lost + 1:  # back from a failure: the gradient again
             done.append(client.compute())
     if lockstep.mode == Mode.SYNC:
@@ -111,6 +133,8 @@ def collective_step(clients: list[Client], lockstep: Lockstep, step: int, averag
         average([client.weights for client in clients])
         if outer is not None:
             outer.step([client.weights for client in clients])
+        if round_start is not None:
+            round_start.weights.copy_(clients[0].weights)
     return [[(r, "lost" if j < fate.lost else "kept" if fate.kept else "dropped") for j, r in enumerate(done)]
             for done, fate in zip(results, fates)]
 
@@ -144,6 +168,12 @@ def failed_tries(failures: Failures | None, client: int, step: int) -> int:
             raise ValueError(f"mtbf: client {client}'s minibatch failed {tries} times in a row at step {step}: "
                              f"its minibatch is too long against a mean time between failures of {failures.mtbf}")
     return tries
+
+
+def tries_before(failures: Failures | None, client: int, step: int) -> int:
+    """The failed tries of `client`'s minibatches in steps 1..`step`: without backup
+    workers each took a minibatch of its shard, so a resume after `step` seeks past them."""
+    return sum(failed_tries(failures, client, s) for s in range(1, step + 1)) if failures else 0
 
 
 class LockstepFates:

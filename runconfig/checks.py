@@ -289,7 +289,6 @@ def _check_hardware(cfg: Any) -> None:
     _require(cfg.mtbf == 0 or cfg.mtbf >= 1, "mtbf",
              f"must be at least 1 base minibatch time (0: no failures), got {cfg.mtbf}")
     _require(cfg.failure_length >= 0, "failure_length", f"must be non-negative, got {cfg.failure_length}")
-    _require(not cfg.mtbf or cfg.mode != Mode.LOCAL_SGD, "mtbf", "needs --mode async or sync")
 
 
 def _check_evaluation(cfg: Any) -> None:

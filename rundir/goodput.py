@@ -4,8 +4,9 @@ clients.jsonl, so a resumed run counts the whole run.
 A minibatch enters a step when the push that carried it was applied (async: every row
 of the window up to its sync point, the row with `version_pulled`; a window whose push
 was dropped or rejected, or that a failure lost, did not), or when the lockstep step
-averaged it (sync: every row but those a backup worker dropped and those a failure
-lost). Lost rows say `lost`; a failure's last lost row says `failed`.
+averaged it (sync and local-sgd: every row but those a backup worker dropped and those
+a failure lost, in local-sgd its client's round before it too). Lost rows say `lost`;
+a failure's last lost row says `failed`.
 """
 from __future__ import annotations
 

@@ -7,6 +7,11 @@ server.jsonl. Snapshots for the test error are client 0's weights, which in sync
 every client shares and in local-sgd mode are averaged at each sync point (and, with
 an outer step, stepped from the mean: clients/outer.py).
 
+In local-sgd under failures a failed client loses its round so far (clients/collective.py),
+which is known only when it fails: the recorder holds each round's rows (`RoundRows`)
+and writes them at the round's average, its lost ones marked. Checkpoints are taken at
+averages alone, so the rows a checkpoint accounts for are all written and final.
+
 The recorder writes snapshots and checkpoints on a thread of its own, one at a time:
 the files (checksummed, fsynced) take milliseconds, which every other rank would
 otherwise spend waiting in the next allreduce. The weights are copied at the step, so
@@ -22,7 +27,8 @@ import numpy as np
 
 from clients.buffers import host_copy
 from clients.client import Client
-from clients.collective import Average, Away, FateSettings, Lockstep, Straggle, collective_step
+from clients.collective import (Average, Away, FateSettings, Lockstep, RoundStart, Straggle, collective_step,
+                                tries_before)
 from clients.outer import OuterStep
 from experiments.run.resume import ResumePoint
 from experiments.run.life import RunLife
@@ -77,10 +83,15 @@ def collective_run(setup: RunSetup, settings: CollectiveSettings, clients: list[
         life.counts = lambda: counts
         every = life.every
         first = point.client_steps[0] + 1 if point else 1
+        if point and settings.fates.failures and not lockstep.backups:  # each failed try took a minibatch too
+            for client, i in zip(clients, indices):
+                client.sampler.seek(point.position(i) + first - 1 + tries_before(settings.fates.failures, i, first - 1))
         stopping = setup.record.stops
         faults = settings.faults
         outer = OuterStep.for_run(settings.outer_lr, settings.outer_momentum, clients[0].weights,
                                   point.outer if point else {})
+        round_start = RoundStart.for_run(lockstep, settings.fates.failures is not None, clients[0].weights)
+        held = RoundRows(round_start is not None)
         files = Background() if recorder else None
         if files is not None:
             life.land_files = files.close
@@ -90,7 +101,7 @@ def collective_run(setup: RunSetup, settings: CollectiveSettings, clients: list[
             for step in range(first, lockstep.steps + 1):
                 for client in clients:  # the lr schedule's progress: the samples of the steps before
                     client.lr = client.schedule.at((step - 1) * samples_per_step)
-                outcomes = collective_step(clients, lockstep, step, average, straggle, away, outer)
+                outcomes = collective_step(clients, lockstep, step, average, straggle, away, outer, round_start)
                 averages += lockstep.averages(step)  # the steps that average are those every client leaves alike
                 now = clock()
                 rows = [_row(r, i, step, now, fate) for i, done in zip(indices, outcomes) for r, fate in done]
@@ -104,7 +115,8 @@ def collective_run(setup: RunSetup, settings: CollectiveSettings, clients: list[
                 states = _checkpoint_states(lockstep.mode, clients, gather, recorder, outer) if checkpoint else {}
                 saved_at = now if checkpoint else saved_at
                 if recorder:
-                    _logged(log, everyone, counts, life)
+                    held.add(everyone)
+                    _logged(log, everyone, held.take(lockstep.averages(step)), counts, life)
                     if due or timed:
                         files.submit(_save, life.run, setup, host_copy(clients[0].weights), step, now,
                                      dict(counts), log.lines, checkpoint, states, due)
@@ -113,6 +125,8 @@ def collective_run(setup: RunSetup, settings: CollectiveSettings, clients: list[
                             life.curve.catch_up()
                 if stopping and step % every == 0 and agree(recorder and life.curve.reached is not None):
                     break
+            if recorder:  # a round a stop rule cut short
+                log.write_many(held.take(True))
         life.progress.close()
         if recorder:
             life.curve.stop()
@@ -122,12 +136,36 @@ def collective_run(setup: RunSetup, settings: CollectiveSettings, clients: list[
     return 0
 
 
-def _logged(log, rows: list[dict], counts: dict, life: RunLife) -> None:
-    """The step's rows written and counted, the progress bar moved."""
-    log.write_many(rows)
+def _logged(log, rows: list[dict], final: list[dict], counts: dict, life: RunLife) -> None:
+    """The step's `rows` counted, the progress bar moved, and the rows now `final` written."""
+    log.write_many(final)
     counts["minibatches"] += len(rows)
     counts["samples"] += sum(r["samples"] for r in rows)
     life.progress.update(counts["minibatches"])
+
+
+class RoundRows:
+    """The recorder's rows of a local-sgd round under failures (`holds`), written at its
+    average: a client that fails loses its round so far, so its rows of the round before
+    that are lost work (not failures: the failed try's own row says `failed`). Without
+    failures every step's rows are final at once."""
+
+    def __init__(self, holds: bool):
+        self.holds, self.rows = holds, []
+
+    def add(self, rows: list[dict]) -> None:
+        failed = {row["client"] for row in rows if row.get("failed")}
+        if failed:
+            self.rows = [{**row, "lost": True} if row["client"] in failed and not row.get("lost") else row
+                         for row in self.rows]
+        self.rows += rows
+
+    def take(self, averaged: bool) -> list[dict]:
+        """The rows now final: all, at an average or when not holding; else none."""
+        if self.holds and not averaged:
+            return []
+        rows, self.rows = self.rows, []
+        return rows
 
 
 def _wire_bytes(averages: int, clients: int, nbytes: int) -> dict[str, int]:

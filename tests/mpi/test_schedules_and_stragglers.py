@@ -90,22 +90,34 @@ def test_speeds_and_failures_under_mpi_are_those_the_seed_draws_in_the_simulator
     assert summary["failures"] == len(drawn) and summary["goodput"] < 1 and summary["minibatches"] == 32
 
 
-def test_a_sync_job_waits_for_the_failures_the_seed_draws_in_the_simulator(tmp_path, tiny_npz):
+@pytest.mark.parametrize("mode", ["sync", "local-sgd"])
+def test_a_sync_job_waits_for_the_failures_the_seed_draws_in_the_simulator(tmp_path, tiny_npz, mode):
     """Without backup workers each failed try costs the step its outage (the rank sleeps
-    it, and the allreduce waits): every step still averages both gradients, and the lost
-    tries are those the simulator draws for the seed."""
-    flags = ["--data", str(tiny_npz), "--mode", "sync", "--clients", "2", "--steps", "12", "--mtbf", "5",
-             "--failure-length", "1", "--seed", "1", *TINY]
+    it, and the allreduce waits): every step still averages both clients' work, and the
+    lost tries are those the simulator draws for the seed; in local-sgd (rounds of 4)
+    so are the rows of each failed client's round before its failure. The losses are
+    the simulator's (local-sgd's float for float)."""
+    flags = ["--data", str(tiny_npz), "--mode", mode, "--clients", "2", "--steps", "12", "--n-sync", "4",
+             "--mtbf", "5", "--failure-length", "1", "--seed", "1", *TINY]
     real, simulated = tmp_path / "mpi", tmp_path / "sim"
     result = mpi_train(2, "--out", str(real), *flags)
     assert result.returncode == 0, result.stderr
     assert main(["train", "--backend", "sim", "--sim-step-time", "0.01", "--quiet", "--out", str(simulated),
                  *flags]) == 0
     assert failures_of(real) == failures_of(simulated) and failures_of(real)[0]
-    kept = [r["step"] for r in rows(real) if not r.get("lost")]
+    def losses(run: Path) -> list:
+        return sorted((r["step"], r["client"], bool(r.get("lost")), r["loss"]) for r in rows(run))
+    if mode == "local-sgd":  # each failed client computed again from the same weights
+        assert losses(real) == losses(simulated)
+    else:  # the allreduce sums the gradients in another order than the simulator's mean: ulps apart
+        assert [r[:3] for r in losses(real)] == [r[:3] for r in losses(simulated)]
+        assert [r[3] for r in losses(real)] == pytest.approx([r[3] for r in losses(simulated)], rel=1e-5)
+    kept = [r["step"] for r in rows(real) if not r.get("failed")]
     assert sorted(kept) == sorted(list(range(1, 13)) * 2)
     summary = json.loads((real / "summary.json").read_text())
-    assert summary["minibatches_in_steps"] == 24 and summary["failures"] == len(failures_of(real)[0])
+    assert summary["minibatches_in_steps"] == 24 - (mode == "local-sgd") * (len(failures_of(real)[1]) -
+                                                                           len(failures_of(real)[0]))
+    assert summary["failures"] == len(failures_of(real)[0])
 
 
 @pytest.mark.long

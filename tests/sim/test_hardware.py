@@ -1,15 +1,24 @@
 """Uneven hardware and failures in whole simulated runs: speeds and failures as the seed
 draws them, an async client's lost window, the sync baseline that waits for a failed
-client and the one whose backup worker does not, goodput counted by hand."""
+client and the one whose backup worker does not, local SGD's failed client that loses
+its round, goodput counted by hand."""
 from __future__ import annotations
 
 import json
 
 import numpy as np
 import pytest
+import torch
 
+from clients.client import Client, Replica
+from clients.collective import Fate, Lockstep, RoundStart, collective_step, mean_in_place
+from clients.data import load_dataset
+from clients.models import build_model
+from clients.sampling import ShardSampler, shard_indices
 from clients.stragglers import Failures, Stragglers, client_speeds
+from rundir.modes import Mode
 from runconfig.settings import RunConfig
+from tests.sim.test_resume import train
 from tests.sim.test_sim import rows, sim
 
 
@@ -130,3 +139,71 @@ def test_fresh_takes_steps_without_a_failed_client_once_it_is_overdue(tmp_path, 
             assert while_down == []
         else:
             assert {r["client"] for r in while_down} == {0, 2} and len({r["version"] for r in while_down}) >= 3
+
+
+LOCAL = ["--mode", "local-sgd", "--clients", "3", "--steps", "12", "--n-sync", "4", "--mtbf", "10",
+         "--failure-length", "5"]
+
+
+def test_local_sgd_loses_a_failed_clients_round_and_waits_for_it(tmp_path, tiny_npz):
+    """Seed 5, as sync's: client 1 fails at step 6, client 0 at step 11. Rounds of 4: client
+    1 loses step 5 and its failed try of 6, client 0 steps 9 and 10 and its try of 11; the
+    steps before are not redone, so every (client, step) is kept once. Each failed step
+    waits its 0.06 s as sync's does. 38 minibatches computed, 33 in averages."""
+    run = sim(tmp_path / "fail", tiny_npz, *LOCAL, "--seed", "5")
+    plain = sim(tmp_path / "plain", tiny_npz, *LOCAL[:8], "--seed", "5")
+    assert failed(run) == {0: [11], 1: [6]}
+    lost = [(r["client"], r["step"]) for r in rows(run, "clients") if r.get("lost")]
+    assert sorted(lost) == [(0, 9), (0, 10), (0, 11), (1, 5), (1, 6)]
+    kept = sorted((r["client"], r["step"]) for r in rows(run, "clients") if not r.get("failed"))
+    assert kept == [(c, s) for c in range(3) for s in range(1, 13)]  # the round's lost rows too, once each
+    assert summary(run)["time_s"] == pytest.approx(summary(plain)["time_s"] + 2 * 0.06, rel=1e-9)
+    s = summary(run)
+    assert (s["minibatches"], s["minibatches_in_steps"], s["minibatches_lost"], s["failures"]) == (38, 33, 5, 2)
+    assert s["goodput"] == pytest.approx(33 / 38) and summary(plain)["goodput"] == 1
+    before = [r for r in rows(run, "clients") if r["step"] <= 4]  # the first round is the plain run's
+    assert before == [r for r in rows(plain, "clients") if r["step"] <= 4]
+
+
+@pytest.mark.parametrize("mode", ["sync", "local-sgd"])
+def test_a_lockstep_run_under_failures_resumed_from_a_checkpoint_ends_as_one_never_stopped(tmp_path, tiny_npz, mode):
+    """Seed 2: client 0 fails at steps 6 and 11. Stopped at step 11, the run goes on from
+    step 8 (local-sgd's average), each client's data order past its failed tries; the
+    rows and the weights are those of the run that never stopped."""
+    flags = ["--data", str(tiny_npz), *LOCAL, "--mode", mode, "--seed", "2", "--optimizer", "adamw",
+             "--eval-every", "4"]
+    assert train(*flags, "--out", str(tmp_path / "whole")) == 0
+    assert train(*flags, "--out", str(tmp_path / "resumed"), "--inject-fault", "1:11") == 1
+    assert train("--resume", str(tmp_path / "resumed")) == 0
+    whole, resumed = (tmp_path / name for name in ("whole", "resumed"))
+    assert failed(whole) == {0: [6, 11]}
+    assert rows(resumed, "clients") == rows(whole, "clients")
+    np.testing.assert_array_equal(np.load(resumed / "checkpoint" / "latest.npz")["weights"],
+                                  np.load(whole / "checkpoint" / "latest.npz")["weights"])
+
+
+def test_a_failed_local_sgd_client_computes_again_from_the_last_average_with_its_optimizer_afresh(tiny_npz):
+    """Rounds of 2; client 1 fails at step 4: its minibatch again is computed at the
+    weights of step 2's average, not its own of step 3, with a new optimizer; client 0
+    goes on with its own."""
+    data = load_dataset(str(tiny_npz))
+    clients = []
+    for i in range(2):
+        replica = Replica(build_model("cnn", data.shape, data.num_classes, seed=0), lr=0.05, momentum=0.9,
+                          weight_decay=0.0)
+        clients.append(Client(replica, data.train, ShardSampler(shard_indices(len(data.train), 2, i, 0), 8, i, 0)))
+    seen: list[torch.Tensor] = []  # the weights client 1 computes at
+    compute = clients[1].compute
+    clients[1].compute = lambda: (seen.append(clients[1].weights.clone()), compute())[1]
+    lockstep, start = Lockstep(Mode.LOCAL_SGD, 4, n_sync=2, clients=2), RoundStart(clients[0].weights)
+    def straggle(step, compute_s):
+        return [Fate(True), Fate(True, lost=int(step == 4))]
+    averaged = None
+    for step in range(1, 5):
+        optimizers = [client.optimizer for client in clients]
+        outcomes = collective_step(clients, lockstep, step, mean_in_place, straggle, round_start=start)
+        averaged = clients[0].weights.clone() if step == 2 else averaged
+    assert [fate for _, fate in outcomes[1]] == ["lost", "kept"] and len(seen) == 5
+    assert not torch.equal(seen[3], averaged) and torch.equal(seen[4], averaged)
+    assert clients[1].optimizer is not optimizers[1] and clients[0].optimizer is optimizers[0]
+    assert torch.equal(clients[0].weights, clients[1].weights) and torch.equal(start.weights, clients[0].weights)

@@ -90,9 +90,9 @@ def test_one_rank_a_client_decides_the_lockstep_fates_as_one_process_of_all_clie
     ({"client_speeds": "1,0"}, "client_speeds: expected speeds in (0, 1]"),
     ({"client_speeds": "1,x"}, "client_speeds: expected speeds in (0, 1]"),
     ({"client_speeds": "1,0.5", "clients": 3}, "client_speeds: lists 2 speeds for 3 clients"),
+    ({"mtbf": 10, "mode": "local-sgd", "backup_workers": 1, "clients": 2}, "backup_workers: needs --mode sync"),
     ({"mtbf": 0.5}, "mtbf: must be at least 1"),
     ({"failure_length": -1}, "failure_length: must be non-negative"),
-    ({"mtbf": 10, "mode": "local-sgd"}, "mtbf: needs --mode async or sync"),
     ({"budget": "each"}, "budget: must be client or run"),
 ])
 def test_bad_hardware_settings_are_refused_in_one_line(values, error):
