@@ -81,20 +81,14 @@ def collective_run(setup: RunSetup, settings: CollectiveSettings, clients: list[
     with RunLife(setup, lockstep.steps, clock, records=recorder) as life:
         counts, lines = _opened(life, setup)
         life.counts = lambda: counts
-        every = life.every
         first = point.client_steps[0] + 1 if point else 1
-        if point and settings.fates.failures and not lockstep.backups:  # each failed try took a minibatch too
-            for client, i in zip(clients, indices):
-                client.sampler.seek(point.position(i) + first - 1 + tries_before(settings.fates.failures, i, first - 1))
-        stopping = setup.record.stops
-        faults = settings.faults
+        if point and settings.fates.failures and not lockstep.backups:
+            _past_failed_tries(clients, indices, point, settings.fates.failures, first - 1)
         outer = OuterStep.for_run(settings.outer_lr, settings.outer_momentum, clients[0].weights,
                                   point.outer if point else {})
         round_start = RoundStart.for_run(lockstep, settings.fates.failures is not None, clients[0].weights)
         held = RoundRows(round_start is not None)
-        files = Background() if recorder else None
-        if files is not None:
-            life.land_files = files.close
+        files = _background(life) if recorder else None
         life.started()
         saved_at, averages = clock(), 0  # when the last checkpoint was taken (the run's clock); averages taken
         with life.run.writer("clients", lines) if recorder else contextlib.nullcontext() as log:
@@ -105,10 +99,10 @@ def collective_run(setup: RunSetup, settings: CollectiveSettings, clients: list[
                 averages += lockstep.averages(step)  # the steps that average are those every client leaves alike
                 now = clock()
                 rows = [_row(r, i, step, now, fate) for i, done in zip(indices, outcomes) for r, fate in done]
-                for fault in faults:
+                for fault in settings.faults:
                     fault.strike(step)
                 everyone = gather(rows)
-                due = step % every == 0 or step == lockstep.steps
+                due = step % life.every == 0 or step == lockstep.steps
                 timed = not due and _checkpoint_due(settings.checkpoint_every, lockstep, step, now - saved_at, recorder,
                                                     agree)
                 checkpoint = (due or timed) and lockstep.averages(step)
@@ -123,7 +117,7 @@ def collective_run(setup: RunSetup, settings: CollectiveSettings, clients: list[
                         if due and life.curve.inline:
                             files.wait()
                             life.curve.catch_up()
-                if stopping and step % every == 0 and agree(recorder and life.curve.reached is not None):
+                if setup.record.stops and step % life.every == 0 and agree(recorder and life.curve.reached is not None):
                     break
             if recorder:  # a round a stop rule cut short
                 log.write_many(held.take(True))
@@ -131,9 +125,22 @@ def collective_run(setup: RunSetup, settings: CollectiveSettings, clients: list[
         if recorder:
             life.curve.stop()
             files.close()
-            dropped = {"gradients_dropped": _dropped(life.run)} if lockstep.backups else {}
-            life.finish({**dropped, **_wire_bytes(averages, k, setup.weights.nbytes)})
+            life.finish({**_dropped(life.run, lockstep.backups), **_wire_bytes(averages, k, setup.weights.nbytes)})
     return 0
+
+
+def _past_failed_tries(clients: list[Client], indices: list[int], point: ResumePoint, failures, steps: int) -> None:
+    """A resume's data order under failures without backup workers: each failed try took
+    a minibatch of its client's shard too, so each sampler goes on past them."""
+    for client, i in zip(clients, indices):
+        client.sampler.seek(point.position(i) + steps + tries_before(failures, i, steps))
+
+
+def _background(life: RunLife) -> Background:
+    """The recorder's file writer, closed with the run's files."""
+    files = Background()
+    life.land_files = files.close
+    return files
 
 
 def _logged(log, rows: list[dict], final: list[dict], counts: dict, life: RunLife) -> None:
@@ -186,9 +193,11 @@ def _row(result, client: int, step: int, now: float, fate: str) -> dict:
     return row if fate == "kept" else {**row, fate: True}
 
 
-def _dropped(run: RunDir) -> int:
-    """Gradients the backup workers' rule dropped in the whole run (a resumed one too)."""
-    return sum(1 for row in read_jsonl(run.path / "clients.jsonl") if row.get("dropped"))
+def _dropped(run: RunDir, backups: int) -> dict[str, int]:
+    """With backup workers, the gradients their rule dropped in the whole run (a resumed one too)."""
+    if not backups:
+        return {}
+    return {"gradients_dropped": sum(1 for row in read_jsonl(run.path / "clients.jsonl") if row.get("dropped"))}
 
 
 def _opened(life: RunLife, setup: RunSetup) -> tuple[dict[str, Any], int]:

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,15 +16,25 @@ from tests.conftest import BIN, LAUNCHER, ROOT, each_logged_once, finish, kill_t
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.long]  # minutes on 2 cores: a joiner's start-up is seconds
 
 
+def _joinable(run: Path, tiny_npz: Path, clients: int, steps: int) -> list[str]:
+    """A joinable run that goes on past its lost clients, on the tiny data set."""
+    return [str(BIN / "asgd"), "train", "--quiet", "--data", str(tiny_npz), "--clients", str(clients), "--joinable",
+            "--on-client-failure", "continue", "--steps", str(steps), "--budget", "run", "--batch-size", "32",
+            "--eval-samples", "50", "--device", "cpu", "--stall-timeout", "60", "--out", str(run)]
+
+
+def _churn(run: Path, *flags: str):
+    """scripts/churn.py on `run`, failing a second after a start (mean), replaced after 0.2 s."""
+    return run_command([sys.executable, str(ROOT / "scripts" / "churn.py"), str(run), "--mtbf", "1.0", "--repair",
+                        "0.2", *flags], timeout=300)
+
+
 def test_joiners_killed_and_replaced_while_the_run_goes_on_leave_every_row_once_and_no_process(tmp_path, tiny_npz):
     run = tmp_path / "run"
-    args = [str(BIN / "asgd"), "train", "--quiet", "--data", str(tiny_npz), "--clients", "1", "--joinable",
-            "--on-client-failure", "continue", "--steps", "3000", "--budget", "run", "--batch-size", "32",
-            "--eval-samples", "50", "--device", "cpu", "--stall-timeout", "60", "--out", str(run)]
+    args = _joinable(run, tiny_npz, clients=1, steps=3000)
     server = start(args)
     try:
-        churn = run_command([sys.executable, str(ROOT / "scripts" / "churn.py"), str(run), "--joiners", "1",
-                             "--mtbf", "1.0", "--repair", "0.2", "--seed", "3"], timeout=300)
+        churn = _churn(run, "--joiners", "1", "--seed", "3")
         result = finish(server, args, 120)
     finally:
         kill_tree(server.pid)
@@ -52,13 +63,10 @@ def test_the_jobs_own_ranks_killed_are_replaced_by_joiners_under_open_mpi_refuse
     killed and replaced in turn: the run completes with every row once, each killed rank's
     client lost. Under MPICH, whose launcher may end the whole job, one line and exit 2."""
     run = tmp_path / "run"
-    args = [str(BIN / "asgd"), "train", "--quiet", "--data", str(tiny_npz), "--clients", "2", "--joinable",
-            "--on-client-failure", "continue", "--steps", "1000", "--budget", "run", "--batch-size", "32",
-            "--eval-samples", "50", "--device", "cpu", "--stall-timeout", "60", "--out", str(run)]
+    args = _joinable(run, tiny_npz, clients=2, steps=1000)
     server = start(args)
     try:
-        churn = run_command([sys.executable, str(ROOT / "scripts" / "churn.py"), str(run), "--ranks", "--joiners",
-                             "0", "--mtbf", "1.0", "--repair", "0.2", "--seed", "1"], timeout=300)
+        churn = _churn(run, "--ranks", "--joiners", "0", "--seed", "1")
         if LAUNCHER.kind != "openmpi":
             assert churn.returncode == 2 and churn.stderr.count("\n") == 1 and "only Open MPI 5" in churn.stderr
             return
