@@ -15,8 +15,9 @@ The cap is each run's own: the failure-free efficiency less the share of the cli
 time its failures held them down (failures x down over K x the elapsed minibatch times).
 
 Methods, each at the tool's defaults but for what names it: the default `fresh`, `add`
-(the paper's), delayed Nesterov (`nesterov`, asynchronous DiLoCo) at n_sync 16, and
-synchronous SGD (`--mode sync`, which waits for a failed client). The study's costs (a
+(the paper's), delayed Nesterov (`nesterov`, asynchronous DiLoCo) at n_sync 16,
+synchronous SGD (`--mode sync`, which waits for a failed client), and synchronous DiLoCo
+(`--mode local-sgd` at n_sync 16: it waits likewise, and the failed client loses its round). The study's costs (a
 minibatch 6 ms, a push 0.23 ms: experiments/configs/proxy/scaling.toml) on the tiny data
 set of the tests: what is measured is time, which the data does not change (a run
 that diverges there is counted apart, its efficiency left out: a refused push enters no
@@ -43,7 +44,8 @@ ASGD = str(Path(sys.executable).with_name("asgd"))
 STEP_S, PUSH_S = 0.006, 0.00023
 METHODS = {"fresh (the default)": [], "add": ["--rule", "add"],
            "delayed Nesterov, n_sync 16": ["--rule", "nesterov", "--n-sync", "16"],
-           "sync": ["--mode", "sync"]}
+           "sync": ["--mode", "sync"],
+           "synchronous DiLoCo (local SGD), n_sync 16": ["--mode", "local-sgd", "--n-sync", "16"]}
 
 
 def efficiency(summary: dict, clients: int) -> float:
