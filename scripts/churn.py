@@ -15,8 +15,8 @@ started gone with it, and prints what it did, a line an event. `--launch` prefix
 joiner's command (a Slurm step on another node, say); by default it runs here.
 
 With `--ranks` the run's own client ranks on this host fail too (config.json's record of
-its ranks: their process ids), each after an exponential time of the same mean from the
-churn's start, SIGKILLed alone, and a joiner starts `--repair` seconds after each. Only
+its ranks: their process ids), each after an exponential time of the same mean from when
+the door opened, SIGKILLed alone, and a joiner starts `--repair` seconds after each. Only
 under Open MPI 5, whose launcher (`--with-ft ulfm`, as `asgd train` starts it) keeps the
 job going without a killed rank: under MPICH's a rank killed by a signal can end the
 whole job (docs/reliability.md), so `--ranks` is refused there, one line and exit 2.
@@ -80,15 +80,15 @@ def client_ranks(run: Path) -> list[tuple[int, int]]:
 
 class Churn:
     def __init__(self, run: Path, joiners: int, mtbf: float, repair: float, seed: int, launch: list[str],
-                 ranks: list[tuple[int, int]] = ()):
+                 ranks: bool = False):
         self.run, self.joiners, self.mtbf, self.repair, self.launch = run, joiners, mtbf, repair, launch
+        self.fail_ranks = ranks
         self.draw = random.Random(seed)
         self.running: dict[int, Joiner] = {}
         self.due: list[float] = []  # when the next joiners start (after a repair)
         self.start = time.monotonic()
         self.kills = self.started = 0
-        # the job's client ranks to fail: (rank, pid, when)
-        self.ranks = [(rank, pid, self.start + self.draw.expovariate(1 / mtbf)) for rank, pid in ranks]
+        self.ranks: list[tuple[int, int, float]] = []  # the job's client ranks to fail: (rank, pid, when)
 
     def say(self, what: str) -> None:
         print(f"churn {time.monotonic() - self.start:7.2f} s: {what}", flush=True)
@@ -137,6 +137,14 @@ class Churn:
                 print(f"churn: {self.run} has finished", file=sys.stderr)
                 return 2
             time.sleep(POLL_S)
+        if self.fail_ranks:  # config.json records the ranks once the job runs, as its door shows
+            try:
+                ranks = client_ranks(self.run)
+            except (OSError, ValueError) as error:
+                print(f"churn: {error}", file=sys.stderr)
+                return 2
+            now = time.monotonic()
+            self.ranks = [(rank, pid, now + self.draw.expovariate(1 / self.mtbf)) for rank, pid in ranks]
         for _ in range(self.joiners):
             self.spawn()
         while self.serving() or self.running:
@@ -160,16 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.joiners < (0 if args.ranks else 1) or args.mtbf <= 0 or args.repair < 0:
         parser.error("--joiners must be at least 1 (0 with --ranks), --mtbf positive, --repair not negative")
-    ranks = []
-    if args.ranks:
-        while not (args.run / "door.json").exists() and not (args.run / "summary.json").exists():
-            time.sleep(POLL_S)  # config.json's ranks are recorded once the job runs
-        try:
-            ranks = client_ranks(args.run)
-        except (OSError, ValueError) as error:
-            print(f"churn: {error}", file=sys.stderr)
-            return 2
-    return Churn(args.run, args.joiners, args.mtbf, args.repair, args.seed, shlex.split(args.launch), ranks).churn()
+    return Churn(args.run, args.joiners, args.mtbf, args.repair, args.seed, shlex.split(args.launch),
+                 args.ranks).churn()
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ minibatch time and the frames' bytes measured by a first run on the unlimited li
 run with fragments there: what a push's own work at either end costs the client). Then
 `--pairs` pairs of runs, whole pushes and `--fragments 4` in turn (`add`, the
 Fashion-MNIST default model, 0.8 MB a push; `--wide`: `wide_mlp`, 23 MB, whose fragments
-no socket buffer holds, so MPI moves them only while the client calls into it), and for each the summary's `client_busy` (the client's wall
-seconds computing over its span, docs/training.md), its virtual twin from the simulator
-at the measured costs, the wall time and the final test error. Printed, never asserted.
+no socket buffer holds, so MPI moves them only while the client calls into it), and for
+each the summary's `client_busy` (the client's wall seconds computing over its span,
+docs/training.md), its virtual twin from the simulator at the measured costs, the wall
+time and the final test error. Printed, never asserted.
 """
 from __future__ import annotations
 
@@ -42,21 +43,18 @@ def wide_mlp(*, width: int = 2048) -> nn.Module:
                          nn.Linear(width, 10))
 
 
-def _tc(*args: str, netns: str | None = None) -> None:
-    subprocess.run([*(["ip", "netns", "exec", netns] if netns else []), "tc", *args], check=True,
-                   capture_output=True, text=True)
-
-
 def limit(host: int, rate: float) -> None:
-    """Hold host `host`'s link to `rate` bytes/s each way (0: lift it)."""
+    """Hold host `host`'s link to `rate` bytes/s each way (0: lift it): a token bucket on
+    both ends of its veth, whose queue holds a second at the rate, so a window's frames
+    wait and none is dropped."""
     prefix = cluster_env()["ASGD_CLUSTER_PREFIX"]
-    ns, outside = f"{prefix}-h{host}", f"{prefix}-h{host}-v"
-    for dev, netns in (("eth0", ns), (outside, None)):
-        subprocess.run([*(["ip", "netns", "exec", netns] if netns else []), "tc", "qdisc", "del", "dev", dev, "root"],
-                       capture_output=True)
-        if rate:  # a queue of a second at the rate: a window's frames wait, none is dropped
-            _tc("qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{int(rate * 8)}bit", "burst", str(max(65536, int(rate / 100))),
-                "limit", str(int(max(rate, 1e6))), netns=netns)
+    for dev, netns in (("eth0", f"{prefix}-h{host}"), (f"{prefix}-h{host}-v", None)):
+        tc = [*(["ip", "netns", "exec", netns] if netns else []), "tc", "qdisc"]
+        subprocess.run([*tc, "del", "dev", dev, "root"], capture_output=True)  # none there yet: fine
+        if rate:
+            subprocess.run([*tc, "add", "dev", dev, "root", "tbf", "rate", f"{int(rate * 8)}bit",
+                            "burst", str(max(65536, int(rate / 100))), "limit", str(int(max(rate, 1e6)))],
+                           check=True, capture_output=True, text=True)
 
 
 def costs(run: Path, n_sync: int) -> dict:
@@ -95,7 +93,8 @@ def main() -> None:
         window = args.n_sync * measured["minibatch_s"]
         rate = (measured["push_bytes"] + measured["pull_bytes"]) / (args.share * window)
         print(f"unlimited: a minibatch {1e3 * measured['minibatch_s']:.2f} ms, a push {measured['push_bytes']:.0f} B, "
-              f"a pull {measured['pull_bytes']:.0f} B; client_busy {free['whole']:.3f} whole, {free['P=4']:.3f} with P = 4; "
+              f"a pull {measured['pull_bytes']:.0f} B; client_busy {free['whole']:.3f} whole, "
+              f"{free['P=4']:.3f} with P = 4; "
               f"the link held to {8 * rate / 1e6:.0f} Mbit/s each way")
         results: dict[str, list[dict]] = {"whole": [], "P=4": []}
         try:
