@@ -19,7 +19,8 @@
   the rank that failed first, when one said so); a resumable run says how;
 - Open MPI's launcher now and then fails before any rank starts (PMIx's startup race:
   `LAUNCHER_RACE`, docs/reliability.md): nothing of ours ran, so the job is started
-  once more.
+  again, up to `LAUNCH_TRIES` launches in all (CI saw the real race at the retry of a
+  test's faked one: one retry was not enough).
 """
 from __future__ import annotations
 
@@ -43,15 +44,20 @@ from rundir.summary import mark_failed
 STDIO_FDS = "ASGD_STDIO_FDS"
 LOCKED_RUN = "ASGD_LOCKED_RUN"  # the run directory whose lock the job's supervisor holds
 LAUNCHER_RACE = "PMIx server's listener thread failed to start"  # Open MPI's, before any rank
+LAUNCH_TRIES = 3
+RETRY_PAUSE_S = 1.0
 
 
 def supervise(command: list[str], env: dict[str, str], out: str, lock_fd: int, forwarded: bool = False) -> int:
     """Run `command`; the exit status the user should see. `forwarded`: the launcher
     forwards its ranks' output itself (Open MPI's: its ranks cannot inherit ours)."""
     returncode, interrupted, tee = _launch(command, env, out, lock_fd, forwarded)
-    if returncode != 0 and not interrupted and tee.race and not (Path(out) / "config.json").exists():
+    for _ in range(LAUNCH_TRIES - 1):
+        if returncode == 0 or interrupted or not tee.race or (Path(out) / "config.json").exists():
+            break
         print("asgd: Open MPI's launcher failed before any rank started (PMIx's startup race); "
               "starting the job once more", file=sys.stderr, flush=True)
+        time.sleep(RETRY_PAUSE_S)
         returncode, interrupted, tee = _launch(command, env, out, lock_fd, forwarded)
     return _outcome(RunDir(out), returncode, interrupted, tee.failure)
 
