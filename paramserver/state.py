@@ -218,6 +218,11 @@ class ServerState:
         return [self.client_ranks[c] for c in self.running]
 
     @property
+    def present(self) -> int:
+        """Clients in the run, running or stopped: every one not lost."""
+        return len(self.client_ranks) - len(self.tally.lost)
+
+    @property
     def running(self) -> list[int]:
         """The clients (indices) still expected to send something."""
         tally = self.tally

@@ -11,7 +11,8 @@ from `--seed`), is killed with SIGKILL, process group and all, as a preempted no
 be, and a new joiner starts `--repair` seconds later. The server sees each kill as a lost client, and
 each new joiner takes a lost client's shard where its pushes left it (docs/joining.md).
 Ends when the run has finished (its summary.json) or its door is gone, every joiner it
-started gone with it, and prints what it did, a line an event. `--launch` prefixes each
+started gone with it, and prints what it did and when each joiner joined (where a
+kill's down time ends), a line an event. `--launch` prefixes each
 joiner's command (a Slurm step on another node, say); by default it runs here.
 
 With `--ranks` the run's own client ranks on this host fail too (config.json's record of
@@ -51,7 +52,7 @@ class Joiner:
     def __init__(self, command: list[str], life: float):
         self.proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True)
-        self.life, self.fails_at, self.client = life, None, "not joined"
+        self.life, self.fails_at, self.client, self.told = life, None, "not joined", False
         self.lines: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -114,6 +115,9 @@ class Churn:
             self.due.append(now + self.repair)
             self.say(f"rank {rank} (pid {pid}) killed (SIGKILL); a joiner in {self.repair:g} s")
         for pid, joiner in list(self.running.items()):
+            if joiner.fails_at is not None and not joiner.told:  # its down time ends here
+                joiner.told = True
+                self.say(f"joiner pid {pid} joined as {joiner.client}")
             if joiner.proc.poll() is not None:
                 del self.running[pid]
                 joiner.reader.join()

@@ -60,11 +60,13 @@ def trained(summaries: list[dict]) -> list[dict]:
 
 
 def one_run(folder: Path, data: Path, method: list[str], clients: int, steps: int, mtbf: float, down: float,
-            seed: int) -> dict:
+            seed: int, costs: tuple[float, float] = (STEP_S, PUSH_S)) -> dict:
+    """`costs`: a minibatch's and a push's virtual seconds (bench/studies/churn_mpi.py
+    gives those it measured over MPI)."""
     failures = ["--mtbf", f"{mtbf:g}", "--failure-length", f"{down:g}"] if math.isfinite(mtbf) else []
     command = [ASGD, "train", "--backend", "sim", "--quiet", "--data", str(data), "--clients", str(clients),
                "--steps", str(steps), "--seed", str(seed), "--batch-size", "32", "--eval-samples", "100",
-               "--sim-step-time", f"{STEP_S:g}", "--sim-apply-time", f"{PUSH_S:g}", "--threads", "1",
+               "--sim-step-time", f"{costs[0]:g}", "--sim-apply-time", f"{costs[1]:g}", "--threads", "1",
                "--checkpoint-every", "0", *failures, *method, "--out", str(folder)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode not in (0, EXIT_DIVERGED):

@@ -58,6 +58,7 @@ class ReplyMode(str, Enum):
 class Gather(Protocol):
     """What the policy reads of a rule (paramserver/rules/base.py)."""
 
+    clients: int     # the clients the run started with, for whom a step's size was set
     remaining: int   # the minibatches the step being gathered still needs
     round_left: int  # the pushes the open round still needs (0: none open)
 
@@ -77,6 +78,7 @@ class Served(Protocol):
 
     store: Weights
     waiting: list[int]  # client ranks still running
+    present: int        # clients not lost (running or stopped)
 
     def client(self, rank: int) -> int: ...
 
@@ -194,12 +196,18 @@ class ReplyPolicy:
 
     def _paced_wait(self, served: Served, rank: int, minibatches: int) -> bool:
         """By the pace: wait unless the other clients still computing at weights the step
-        would take cannot complete it before this one could push again."""
+        would take cannot complete it before this one could push again. The step goes
+        without those counted out, and without the push of each of the run's K clients
+        lost and not replaced: its size was set for K (a push of every client, by
+        default), and had the others computed again for a lost one's share, the first of
+        their second pushes would take the step and the rest, a step late, be dropped
+        (measured over MPI under churn: 16 % of the pushes)."""
         store = served.store
         out = self._counted_out(served, rank)
         computing = [r for r in served.waiting if r != rank and r not in self.deferred and r not in out
                      and not store.rule.drops(store.version - store.pulled.get(served.client(r), 0))]
-        needed = -(-store.rule.remaining // minibatches) - len(out)  # the step goes without those counted out
+        missing = max(0, store.rule.clients - served.present)
+        needed = -(-store.rule.remaining // minibatches) - len(out) - missing
         return needed <= 0 or self.pace.waits(rank, needed, computing)
 
     def answered(self) -> list[int]:

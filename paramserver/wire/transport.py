@@ -47,7 +47,7 @@ class Transport:
         self.size = comm.Get_size()
         self.watch = watch
         self.timeout = timeout  # for collectives, whose callers have no better bound
-        self.blocks = Blocks(MPI.Request.Testall)  # the staging blocks, and the sends from blocks still under way
+        self.blocks = Blocks(self.done)  # the staging blocks, and the sends from blocks still under way
         self.yields = True  # a transfer is polled, yielding the core, while its bytes should move (`wait_as_client`)
         self._abandoned: list[list] = []  # a lost peer's transfers: MPI may resume them, into buffers kept here
 
@@ -191,8 +191,21 @@ class Transport:
         return Posted(requests, keep=blocks, verify=finish)
 
     def done(self, requests: Posted) -> bool:
-        """Whether what `post` started is out (no wait)."""
-        return MPI.Request.Testall(requests)
+        """Whether what `post` started is out (no wait). A send to a rank that died is out
+        too: MPI reads its buffer no more (ULFM completes it in error: MPI_ERR_IN_STATUS,
+        the status's error MPI_ERR_PROC_FAILED; measured under Open MPI 5, where a staging
+        block's check raised it and ended a server under churn), and the death is named
+        where that rank is waited for."""
+        statuses = [MPI.Status() for _ in requests]
+        try:
+            return MPI.Request.Testall(requests, statuses)
+        except MPI.Exception as error:
+            if error.Get_error_class() != MPI.ERR_IN_STATUS:
+                raise
+            kinds = {MPI.Get_error_class(s.Get_error()) for s in statuses} - {MPI.SUCCESS}
+            if not kinds <= {*_PROC_FAILED, MPI.ERR_PENDING}:
+                raise
+            return MPI.ERR_PENDING not in kinds
 
     def complete(self, requests: Posted, peers: list[int], nbytes: int, timeout: float) -> list[Weights]:
         """Wait for what `expect_weights` or `post` started; the replies' headers (none for a post)."""

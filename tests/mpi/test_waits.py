@@ -75,3 +75,32 @@ def test_a_rank_leaves_mpi_finalize_after_its_timeout_when_a_peer_never_comes(tm
     # held there, it left with its stack (liveness.finish_within); hydra's barrier has also
     # let it through at once (exit status 0, seen once in a full suite), which is no hang either
     assert result.returncode == 0 or "_finish" in result.stderr, result.stderr
+
+
+DEAD_PEER = """
+import os, signal, time
+import numpy as np
+from mpi4py import MPI
+from paramserver.wire.transport import Posted, Transport
+transport = Transport.world(timeout=5.0)
+transport.comm.Barrier()
+if transport.rank == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+data = np.zeros(8 << 20, np.uint8)  # past the eager limit: out only once rank 1 takes it, which it never does
+posted = Posted([transport.comm.Isend([data, MPI.BYTE], 1, 5)])
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline and not transport.done(posted):
+    time.sleep(0.05)
+print("out" if time.monotonic() < deadline else "never out", flush=True)
+"""
+
+
+@pytest.mark.skipif(LAUNCHER.kind != "openmpi", reason="ULFM's: MPICH's launcher may end the job with the dead rank")
+def test_a_send_to_a_rank_that_died_is_out_not_an_error(tmp_path):
+    """ULFM completes the send in error (MPI_ERR_IN_STATUS, the status's error
+    MPI_ERR_PROC_FAILED); `done` says it is out, so a staging block it read is free
+    again: that check raised once and ended a server whose clients were being killed."""
+    from tests.conftest import MPIEXEC, run_command
+
+    result = run_command([MPIEXEC, *LAUNCHER.flags(), "-n", "2", sys.executable, "-c", DEAD_PEER], timeout=120)
+    assert "out" in result.stdout.split(), result.stdout + result.stderr

@@ -182,6 +182,31 @@ def test_fresh_auto_takes_the_step_without_an_overdue_client_and_drops_its_late_
     assert state.store.applied == {0: 2, 1: 2, 2: 1} and state.store.dropped == {2: 1}
 
 
+def test_fresh_auto_steps_without_a_lost_client_and_the_others_wait_instead_of_computing_again():
+    """Three clients at 1.0 a push (a timed round); client 3 is lost (`continue`). The step
+    was sized for three: computing again for its share, 1 and 2 would both push again, the
+    first of the two take the step and the other's push, a step late, be dropped (every
+    round). They wait instead, and each round is a step of their two pushes."""
+    from paramserver import membership
+    from paramserver.handler import handle
+    from paramserver.wire.protocol import Message, Pull
+
+    now = [0.0]
+    state = fresh_state(3, lambda: now[0], fresh_reply="auto", server_momentum=0.0, weight_decay=0.0)
+    for rank in (1, 2, 3):
+        handle(state, Message(rank, Tag.PULL, Pull()))
+    now[0] = 1.0
+    for rank in (1, 2, 3):
+        gradient(state, rank, 1)
+    membership.lose(state, 3, "ClientDied: test")
+    for step in (2, 3, 4):
+        now[0] = float(step)
+        assert gradient(state, 1, step)[0] == [] and state.reply.deferred == [1]
+        replies, _ = gradient(state, 2, step)  # every client running waits: the step, released
+        assert [(r.dest, r.header.version) for r in replies] == [(1, step), (2, step)]
+    assert state.store.dropped == {} and state.store.applied == {0: 4, 1: 4, 2: 1}
+
+
 def test_overdue_is_off_at_0_and_no_factor_below_1():
     import pytest
 
