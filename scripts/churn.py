@@ -21,6 +21,13 @@ the door opened, SIGKILLed alone, and a joiner starts `--repair` seconds after e
 under Open MPI 5, whose launcher (`--with-ft ulfm`, as `asgd train` starts it) keeps the
 job going without a killed rank: under MPICH's a rank killed by a signal can end the
 whole job (docs/reliability.md), so `--ranks` is refused there, one line and exit 2.
+
+Across hosts "this host" is the one this script runs on, by its host name as config.json
+records each rank's: run it on the node whose ranks should fail (ssh NODE python
+scripts/churn.py ...). A joiner is killed by its process group here, so one `--launch`
+starts elsewhere dies with it only where the launcher keeps it in that group (the test
+cluster's scripts/cluster-agent does; ssh without a terminal would not):
+tests/cluster/test_churn.py.
 """
 from __future__ import annotations
 

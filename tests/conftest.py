@@ -1,6 +1,6 @@
 """Shared test helpers, for every tier: a small generated dataset, a hard-timeout command
-runner, a run's every-row-once check, two Stores compared, and the real server driven
-in process, with a message builder.
+runner, a run's every-row-once check (a churned run's too), two Stores compared, and the
+real server driven in process, with a message builder.
 
 The MPI tiers run under the MPI of the Python that runs them (its venv's wheel), or
 under another: `ASGD_MPIEXEC=/path/to/mpiexec` (a cluster's, built against the same
@@ -14,6 +14,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -250,6 +251,25 @@ def assert_logged_once(run: Path, clients: int, steps: int, versions: int) -> li
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["minibatches"] == clients * steps
     return ran
+
+
+def assert_churned(run: Path, churn_out: str, clients: int) -> dict:
+    """A run that scripts/churn.py churned (`churn_out`: its lines) is complete with every
+    (client, step) logged once; its joiners are numbered in turn after the job's
+    `clients`, a lost one's number never given again, and each joiner it killed is lost
+    (the last may have been killed after its STOP, the run's budget spent: not lost
+    then). The summary, whose lost job clients are the caller's to check."""
+    killed = [int(c) for c in re.findall(r"\(client (\d+)\) killed \(SIGKILL\)", churn_out)]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete", summary
+    joined = [c["client"] for c in summary["joined_clients"]]
+    assert joined == list(range(clients, clients + len(joined)))
+    lost = sorted(c["client"] for c in summary["lost_clients"] if c["client"] >= clients)
+    assert lost in (sorted(killed), sorted(killed[:-1])), (lost, killed, churn_out)
+    rows = [json.loads(line) for line in (run / "clients.jsonl").read_text().splitlines()]
+    assert sum(each_logged_once([(r["client"], r["step"]) for r in rows], clients + len(joined))) == \
+        summary["minibatches"]
+    return summary
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 
 from bench.cluster import missing as cluster_missing
 from experiments.parent.mpiexec import OPEN_MPI_ENV, Launcher
+from experiments.parent.tree import kill_tree
 from tests.conftest import BIN, ROOT, each_logged_once, finish
 
 SCRIPT = ROOT / "scripts" / "cluster.sh"
@@ -84,13 +86,27 @@ def cluster() -> Cluster:
         assert down.returncode == 0, down.stderr
 
 
-def run_job(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    """`args` in a session of its own; past `timeout`, it and its descendants (every
-    rank on every host: the agent's hosts are its descendants) are killed and the test fails."""
-    args = [str(a) for a in args]
-    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    return finish(proc, args, timeout)
+def spawn_job(args: list, env: dict[str, str]) -> subprocess.Popen:
+    """`args` started in a session of its own, its output read by communicate; the caller
+    kills its tree (every rank on every host: the agent's hosts are its descendants)."""
+    return subprocess.Popen([str(a) for a in args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def run_job(args: list, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """`args` in a session of its own; past `timeout`, it and its descendants are killed
+    and the test fails."""
+    return finish(spawn_job(args, env), [str(a) for a in args], timeout)
+
+
+def wait_for(what, job: subprocess.Popen, timeout: float, why: str) -> None:
+    """Until `what()` holds; past `timeout`, `job` is killed and the test fails with its stderr."""
+    deadline = time.monotonic() + timeout
+    while not what():
+        if time.monotonic() > deadline:
+            kill_tree(job.pid)
+            pytest.fail(f"{why} not within {timeout} s\n{job.communicate()[1]}")
+        time.sleep(0.05)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from experiments.parent.tree import kill_tree
-from tests.cluster.conftest import CLUSTER_ENV, namespace, ranks_of, rows
-from tests.conftest import ROOT
+from tests.cluster.conftest import CLUSTER_ENV, namespace, ranks_of, rows, spawn_job, wait_for
 
 PLACEMENT = {"h1": 2, "h2": 2, "h3": 1}  # rank 2, client 1, alone on h3
 LONG = ["--batch-size", "32", "--n-sync", "2", "--threads", "1", "--quiet", "--rule", "easgd", "--steps", "100000",
@@ -25,17 +24,7 @@ LONG = ["--batch-size", "32", "--n-sync", "2", "--threads", "1", "--quiet", "--r
 def start_job(mpi, cluster, tiny_npz: Path, run: Path, *more: str, launcher: tuple[str, ...] = ()) -> subprocess.Popen:
     args = [*mpi.mpiexec(PLACEMENT, 5), *launcher, mpi.bin / "asgd", "train", "--data", tiny_npz, *LONG, *more,
             "--out", run]
-    return subprocess.Popen([str(a) for a in args], cwd=ROOT, env=mpi.env(cluster), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-
-
-def wait_for(what, job: subprocess.Popen, timeout: float, why: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not what():
-        if time.monotonic() > deadline:
-            kill_tree(job.pid)
-            pytest.fail(f"{why} not within {timeout} s\n{job.communicate()[1]}")
-        time.sleep(0.05)
+    return spawn_job(args, mpi.env(cluster))
 
 
 def pushes(run: Path) -> int:
