@@ -40,6 +40,7 @@ import tempfile
 from pathlib import Path
 
 from bench.studies.churn_efficiency import one_run as sim_run
+from plots.churn import churn_figure
 from tests.conftest import make_tiny_npz
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,12 +126,15 @@ def main() -> None:
         for name in args.methods.split(","):
             for seed in range(args.seeds):
                 rows += _method(runs, data, name, seed, args)
-    table = _table(rows)
-    print(table)
+    summary, table = _summary(rows), _table(rows)
+    print(summary)
     if args.page:
+        figure = args.page.parent.parent / "figures" / f"{args.page.stem}.png"
+        churn_figure(_series(rows), round(_median([r for r in rows if math.isfinite(r["mtbf"])], "down")), figure)
         args.page.write_text(f"# Training efficiency under churn over MPI\n\nWritten by `python -m "
                              f"bench.studies.churn_mpi {' '.join(sys.argv[1:])}`; do not edit. {_frame(args)}\n\n"
-                             f"{table}\n")
+                             f"![efficiency over MTBF](../figures/{figure.name})\n\n## Medians over seeds\n\n"
+                             f"{summary}\n\n## Every run\n\n{table}\n")
 
 
 def _method(tmp: Path, data: Path, name: str, seed: int, args: argparse.Namespace) -> list[dict]:
@@ -147,14 +151,19 @@ def _method(tmp: Path, data: Path, name: str, seed: int, args: argparse.Namespac
                           costs=(step, push))
         return efficiency(summary, k, step)
 
-    rows = [_row(name, seed, math.inf, efficiency(free, k, step), simulated(math.inf, 0), math.nan, math.nan, free)]
+    free_efficiency = efficiency(free, k, step)
+    rows = [_row(name, seed, math.inf, free_efficiency, simulated(math.inf, 0), math.nan, math.nan, free)]
     for mtbf in (float(m) for m in args.mtbf.split(",")):
         summary = mpi_run(tmp / f"{name}-{mtbf:g}-{seed}", data, METHODS[name], k, args.steps, args.step_s,
                           (mtbf * step, args.down * step), seed)
         downs = down_times(summary["churn_log"])
         measured = statistics.mean(downs) / step if downs else math.nan
-        rows.append(_row(name, seed, mtbf, efficiency(summary, k, step), simulated(mtbf, args.down),
-                         simulated(mtbf, measured) if downs else math.nan, measured, summary))
+        row = _row(name, seed, mtbf, efficiency(summary, k, step), simulated(mtbf, args.down),
+                   simulated(mtbf, measured) if downs else math.nan, measured, summary)
+        # what the down time alone leaves of the failure-free run (the simulator's study's cap)
+        row["cap"] = free_efficiency * (1 - row["lost"] * measured / (k * summary["time_s"] / step)) if downs \
+            else math.nan
+        rows.append(row)
         print(_table(rows[-1:]), flush=True)
     return rows
 
@@ -164,7 +173,51 @@ def _row(name: str, seed: int, mtbf: float, mpi: float, sim: float, sim_measured
     lost = sum(1 for r in summary["membership"] if "lost" in r)
     joined = sum(1 for r in summary["membership"] if "joined" in r)
     return {"method": name, "seed": seed, "mtbf": mtbf, "mpi": mpi, "sim": sim, "sim_measured": sim_measured,
-            "down": down, "lost": lost, "joined": joined, "time_s": summary["time_s"]}
+            "down": down, "lost": lost, "joined": joined, "time_s": summary["time_s"], "cap": mpi}
+
+
+def _cells(rows: list[dict]) -> dict[tuple[str, float], list[dict]]:
+    cells: dict[tuple[str, float], list[dict]] = {}
+    for row in rows:
+        cells.setdefault((row["method"], row["mtbf"]), []).append(row)
+    return cells
+
+
+def _median(runs: list[dict], key: str) -> float:
+    values = [r[key] for r in runs if not math.isnan(r[key])]
+    return statistics.median(values) if values else math.nan
+
+
+def _series(rows: list[dict]) -> list[dict]:
+    """The figure's lines (plots/churn.py): each method over MPI (its cap dotted: the first
+    line's) and the simulator at the MPI runs' costs, with the target's down time and with
+    the measured one; median and range over seeds."""
+    lines = []
+    for (name, mtbf), runs in _cells(rows).items():
+        for label, key in ((f"{name} over MPI", "mpi"), (f"{name}, simulator, down as targeted", "sim"),
+                           (f"{name}, simulator, down as measured", "sim_measured")):
+            got = [r[key] for r in runs if not math.isnan(r[key])] or \
+                ([r["sim"] for r in runs] if not math.isfinite(mtbf) else [])  # no failures: no down time
+            if got:
+                lines.append({"method": label, "mtbf": mtbf, "efficiency": statistics.median(got), "low": min(got),
+                              "high": max(got), "cap": _median(runs, "cap")})
+    return sorted(lines, key=lambda line: not line["method"].endswith("over MPI"))
+
+
+def _summary(rows: list[dict]) -> str:
+    lines = ["| method | MTBF (minibatch times) | seeds | MPI | range | sim | MPI / sim | sim, measured down | "
+             "MPI / that | down (minibatch times) | cap |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    at = (lambda v: "–" if math.isnan(v) else f"{v:.3f}")
+    for (name, mtbf), runs in _cells(rows).items():
+        ratio = [r["mpi"] / r["sim"] for r in runs]
+        measured = [r["mpi"] / r["sim_measured"] for r in runs if not math.isnan(r["sim_measured"])]
+        low, high = min(r["mpi"] for r in runs), max(r["mpi"] for r in runs)
+        lines.append(f"| {name} | {'none' if not math.isfinite(mtbf) else f'{mtbf:g}'} | {len(runs)} | "
+                     f"{_median(runs, 'mpi'):.3f} | {low:.3f}-{high:.3f} | {_median(runs, 'sim'):.3f} | "
+                     f"{statistics.median(ratio):.3f} | {at(_median(runs, 'sim_measured'))} | "
+                     f"{at(statistics.median(measured)) if measured else '–'} | {at(_median(runs, 'down'))} | "
+                     f"{at(_median(runs, 'cap'))} |")
+    return "\n".join(lines)
 
 
 def _frame(args: argparse.Namespace) -> str:
@@ -172,8 +225,9 @@ def _frame(args: argparse.Namespace) -> str:
             f"budget), a minibatch sleeping {args.step_s:g} s; a killed client's joiner started {args.down:g} "
             "minibatch times after the kill (scripts/churn.py --ranks). MPI: the job's efficiency; sim: the "
             "simulator's at the MPI run's measured costs, with the down time the target names (sim) and with the "
-            "down time measured over MPI (sim, measured down); down: the mean measured over MPI, loss to join, in "
-            "minibatch times. Measured on a 2-core machine, one run a cell.")
+            "down time measured over MPI (sim, measured down); down: the mean measured over MPI, a kill to its "
+            "joiner's join (the loss's detection, the repair time, the joiner's start-up), in minibatch times; cap: "
+            "what that down time alone leaves of the failure-free run over MPI. Measured on a 2-core machine.")
 
 
 def _table(rows: list[dict]) -> str:
