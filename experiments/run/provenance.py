@@ -21,12 +21,16 @@ START_TIME = "%Y-%m-%dT%H:%M:%S%z"  # `start_time`'s format (local time, its UTC
 
 
 def git_commit() -> str:
-    """The commit of the checkout this code runs from, '+dirty' if it has changes."""
+    """The commit of the checkout this code runs from, '+dirty' if it has changes. Without
+    git's optional index lock: a run only reads the checkout, and a `git status` SIGKILLed
+    with its run (a sweep's point, a test's job) leaves `.git/index.lock` behind, failing
+    the user's next commit (one was found so while the suite and a sweep ran)."""
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
                                 text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "--no-optional-locks", "-C", str(here), "status", "--porcelain",
+                                "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
