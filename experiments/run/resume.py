@@ -110,9 +110,9 @@ def resumed_config(asked: dict[str, Any]) -> RunConfig:
         Checkpoint.verify(RunDir(run_dir))
     except CorruptFile as error:
         raise ConfigError(f"resume: {error}") from None
-    _refuse_unseated_joiners(run_dir, stored.get("clients"))
     handling = {key: value for key, value in asked.items() if key in CHANGEABLE}  # the rest: as recorded
     cfg = load_config(None, {**stored, **handling, "out": run_dir, "resume": run_dir})
+    _refuse_unseated_joiners(run_dir, cfg.clients)  # the recorded count, checked as the config's
     summary = Path(run_dir) / SUMMARY
     if summary.exists() and _read_record(summary).get("status") == COMPLETE \
             and cfg.steps <= stored.get("steps", RunConfig.steps) and cfg.epochs <= stored.get("epochs", 0):

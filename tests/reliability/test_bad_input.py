@@ -629,6 +629,7 @@ RECORDS = st.dictionaries(st.sampled_from(FIELDS + ["provenance", "num_params", 
     {"status": st.sampled_from(["complete", "failed: x", None, 5])}), steps=st.none() | st.integers(-1, 4))
 @example(changes=[], summary=None, steps=None)  # was AttributeError: 'list' object has no attribute 'items'
 @example(changes={}, summary="", steps=None)  # was JSONDecodeError
+@example(changes={"clients": []}, summary=None, steps=None)  # was TypeError: the joiners' check read it before the config
 @pytest.mark.long
 def test_resume_of_any_run_directory_is_accepted_or_refused_in_one_line(sandbox, tiny_npz, model_size, changes,
                                                                         summary, steps):
