@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 import numpy as np
@@ -107,14 +108,19 @@ def tiny_npz(tmp_path_factory) -> Path:
 
 def run_command(args: list[str], timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """Run in a new session; on timeout kill it and its descendants (only them) and fail
-    the test. A launcher that failed before any rank ran (Open MPI's PMIx startup race,
-    docs/reliability.md: nothing of ours ran) is run again, as `asgd train` does."""
-    result = _run_once(args, timeout, cwd)
+    the test. A launcher that lost Open MPI's startup race is run again (`past_the_race`)."""
+    return past_the_race(lambda: _run_once(args, timeout, cwd))
+
+
+def past_the_race(launch: Callable[[], subprocess.CompletedProcess]) -> subprocess.CompletedProcess:
+    """`launch()`, again while its launcher failed before any rank ran (Open MPI's PMIx
+    startup race, docs/reliability.md: nothing of ours ran), as `asgd train` does."""
+    result = launch()
     for _ in range(LAUNCH_TRIES - 1):
         if not result.returncode or LAUNCHER_RACE not in result.stderr:
             break
         time.sleep(RETRY_PAUSE_S)
-        result = _run_once(args, timeout, cwd)
+        result = launch()
     return result
 
 

@@ -23,7 +23,7 @@ import pytest
 from bench.cluster import missing as cluster_missing
 from experiments.parent.mpiexec import OPEN_MPI_ENV, Launcher
 from experiments.parent.tree import kill_tree
-from tests.conftest import BIN, ROOT, each_logged_once, finish
+from tests.conftest import BIN, ROOT, each_logged_once, finish, past_the_race
 
 SCRIPT = ROOT / "scripts" / "cluster.sh"
 AGENT = ROOT / "scripts" / "cluster-agent"
@@ -95,8 +95,9 @@ def spawn_job(args: list, env: dict[str, str]) -> subprocess.Popen:
 
 def run_job(args: list, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     """`args` in a session of its own; past `timeout`, it and its descendants are killed
-    and the test fails."""
-    return finish(spawn_job(args, env), [str(a) for a in args], timeout)
+    and the test fails. A launcher that lost Open MPI's startup race (before any rank ran)
+    is run again (`past_the_race`); a job the test acts on while it runs (`spawn_job`) is not."""
+    return past_the_race(lambda: finish(spawn_job(args, env), [str(a) for a in args], timeout))
 
 
 def wait_for(what, job: subprocess.Popen, timeout: float, why: str) -> None:
