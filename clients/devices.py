@@ -76,7 +76,6 @@ def device_name(device: str) -> str:
     return torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
 
 
-
 def share_cores(threads: int, sharing: int) -> None:
     """torch's threads: `threads`, or (0) this node's cores shared among the `sharing`
     processes that compute on it, so none time-shares a core with another."""
@@ -84,8 +83,6 @@ def share_cores(threads: int, sharing: int) -> None:
     torch.set_num_threads(threads or max(1, cores // max(1, sharing)))
 
 
-MMAP_THRESHOLD = 32 << 20  # glibc's largest: blocks up to this size come from the heap
-TRIM_THRESHOLD = 1 << 30   # free memory at the heap's top kept until there is this much
 @contextmanager
 def threads_kept() -> Iterator[None]:
     """torch's thread count back to what it was once the block ends. A run sets its own
@@ -100,6 +97,8 @@ def threads_kept() -> Iterator[None]:
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
+MMAP_THRESHOLD = 32 << 20  # glibc's largest: blocks up to this size come from the heap
+TRIM_THRESHOLD = 1 << 30   # free memory at the heap's top kept until there is this much
 
 
 def keep_freed_memory() -> bool:

@@ -83,15 +83,15 @@ def mpi_run(folder: Path, data: Path, method: list[str], clients: int, steps: in
     return summary
 
 
-def down_times(churn_log: str) -> list[float]:
-    """Seconds from each kill to the join of a replacement, on churn.py's clock: the
-    loss's detection, the repair time and the joiner's start-up. The k-th join ends the
-    k-th kill's down time (replacements start in the order of the kills; which joiner
-    takes which shard does not change the sum)."""
+def mean_down(churn_log: str) -> float:
+    """Mean seconds from a kill to the join of a replacement, on churn.py's clock: the
+    loss's detection, the repair time and the joiner's start-up (nan: no kill was
+    replaced). The k-th join ends the k-th kill's down time (replacements start in the
+    order of the kills; which joiner takes which shard does not change the sum)."""
     kills = [float(t) for t in re.findall(r"churn +([\d.]+) s: .* killed \(SIGKILL\)", churn_log)]
     joins = [float(t) for t in re.findall(r"churn +([\d.]+) s: joiner pid \d+ joined", churn_log)]
     n = min(len(kills), len(joins))
-    return [(sum(joins[:n]) - sum(kills[:n])) / n] * n if n else []
+    return (sum(joins[:n]) - sum(kills[:n])) / n if n else math.nan
 
 
 def costs(free: dict, clients: int) -> tuple[float, float]:
@@ -156,12 +156,12 @@ def _method(tmp: Path, data: Path, name: str, seed: int, args: argparse.Namespac
     for mtbf in (float(m) for m in args.mtbf.split(",")):
         summary = mpi_run(tmp / f"{name}-{mtbf:g}-{seed}", data, METHODS[name], k, args.steps, args.step_s,
                           (mtbf * step, args.down * step), seed)
-        downs = down_times(summary["churn_log"])
-        measured = statistics.mean(downs) / step if downs else math.nan
+        measured = mean_down(summary["churn_log"]) / step
+        replaced = not math.isnan(measured)
         row = _row(name, seed, mtbf, efficiency(summary, k, step), simulated(mtbf, args.down),
-                   simulated(mtbf, measured) if downs else math.nan, measured, summary)
+                   simulated(mtbf, measured) if replaced else math.nan, measured, summary)
         # what the down time alone leaves of the failure-free run (the simulator's study's cap)
-        row["cap"] = free_efficiency * (1 - row["lost"] * measured / (k * summary["time_s"] / step)) if downs \
+        row["cap"] = free_efficiency * (1 - row["lost"] * measured / (k * summary["time_s"] / step)) if replaced \
             else math.nan
         rows.append(row)
         print(_table(rows[-1:]), flush=True)
