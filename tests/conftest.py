@@ -117,11 +117,16 @@ def past_the_race(launch: Callable[[], subprocess.CompletedProcess]) -> subproce
     startup race, docs/reliability.md: nothing of ours ran), as `asgd train` does."""
     result = launch()
     for _ in range(LAUNCH_TRIES - 1):
-        if not result.returncode or LAUNCHER_RACE not in result.stderr:
+        if not lost_the_race(result.returncode, result.stderr):
             break
         time.sleep(RETRY_PAUSE_S)
         result = launch()
     return result
+
+
+def lost_the_race(code: int | None, stderr: str) -> bool:
+    """Whether a launcher that ended with `code` and `stderr` lost Open MPI's startup race."""
+    return bool(code) and LAUNCHER_RACE in stderr
 
 
 class Asgd:

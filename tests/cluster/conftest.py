@@ -23,7 +23,8 @@ import pytest
 from bench.cluster import missing as cluster_missing
 from experiments.parent.mpiexec import OPEN_MPI_ENV, Launcher
 from experiments.parent.tree import kill_tree
-from tests.conftest import BIN, ROOT, each_logged_once, finish, past_the_race
+from experiments.parent.supervise import LAUNCH_TRIES, RETRY_PAUSE_S
+from tests.conftest import BIN, ROOT, each_logged_once, finish, lost_the_race
 
 SCRIPT = ROOT / "scripts" / "cluster.sh"
 AGENT = ROOT / "scripts" / "cluster-agent"
@@ -86,18 +87,56 @@ def cluster() -> Cluster:
         assert down.returncode == 0, down.stderr
 
 
-def spawn_job(args: list, env: dict[str, str]) -> subprocess.Popen:
-    """`args` started in a session of its own, its output read by communicate; the caller
-    kills its tree (every rank on every host: the agent's hosts are its descendants)."""
-    return subprocess.Popen([str(a) for a in args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+class Job:
+    """A job the test acts on while it runs: `args` started in a session of its own, its
+    output read by communicate; the caller kills its tree (every rank on every host: the
+    agent's hosts are its descendants). A launch that lost Open MPI's startup race (before
+    any rank ran: nothing of ours did) is started again, as `asgd train` does, up to
+    LAUNCH_TRIES launches: `poll` and `communicate` never show such a launch. The rest of
+    subprocess.Popen (pid, returncode, send_signal) is the current launch's."""
+
+    def __init__(self, args: list, env: dict[str, str]):
+        self.args, self.env, self.launches = [str(a) for a in args], env, 0
+        self.ended: tuple[str, str] | None = None  # the current launch's output, read once it ended
+        self.proc = self._launch()
+
+    def _launch(self) -> subprocess.Popen:
+        self.launches += 1
+        return subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def __getattr__(self, name: str):
+        return getattr(self.proc, name)
+
+    def _raced(self) -> bool:
+        """Whether the launch ended (its output kept) having lost the race, and another
+        was started in its place."""
+        if self.ended is None:
+            self.ended = self.proc.communicate()
+        if self.launches >= LAUNCH_TRIES or not lost_the_race(self.proc.returncode, self.ended[1]):
+            return False
+        time.sleep(RETRY_PAUSE_S)
+        self.ended, self.proc = None, self._launch()
+        return True
+
+    def poll(self) -> int | None:
+        code = self.proc.poll()
+        return None if code is not None and self._raced() else code
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self.ended is None:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                self.ended = self.proc.communicate(timeout=left)
+            if not self._raced():
+                return self.ended
 
 
 def run_job(args: list, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     """`args` in a session of its own; past `timeout`, it and its descendants are killed
-    and the test fails. A launcher that lost Open MPI's startup race (before any rank ran)
-    is run again (`past_the_race`); a job the test acts on while it runs (`spawn_job`) is not."""
-    return past_the_race(lambda: finish(spawn_job(args, env), [str(a) for a in args], timeout))
+    and the test fails."""
+    return finish(Job(args, env), [str(a) for a in args], timeout)
 
 
 def wait_for(what, job: subprocess.Popen, timeout: float, why: str) -> None:

@@ -15,7 +15,7 @@ import re
 import pytest
 
 from experiments.parent.tree import kill_tree
-from tests.cluster.conftest import AGENT, assert_placed, ranks_of, run_job, spawn_job, wait_for
+from tests.cluster.conftest import AGENT, Job, assert_placed, ranks_of, run_job, wait_for
 from tests.conftest import ROOT, assert_churned, finish
 
 # Nine minibatches in ten sleep 0.1 s after (a straggler's pause, slept for real under MPI),
@@ -41,7 +41,7 @@ def test_churn_of_h2_kills_its_client_and_joiners_and_the_run_on_h1_completes_wi
         churn = [AGENT, "h2", *churn, "--ranks", "--joiners", "0"]
     else:
         churn = [*churn, "--joiners", "1", "--launch", f"{AGENT} h2"]
-    job = spawn_job(train, mpi.env(cluster))
+    job = Job(train, mpi.env(cluster))
     try:  # churn.py waits for the door: a job that died before it opened would leave it waiting
         wait_for(lambda: (run / "door.json").exists() or job.poll() is not None, job, 120, "the door")
         assert job.poll() is None, job.communicate()[1]

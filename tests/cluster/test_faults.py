@@ -14,24 +14,24 @@ from pathlib import Path
 import pytest
 
 from experiments.parent.tree import kill_tree
-from tests.cluster.conftest import CLUSTER_ENV, namespace, ranks_of, rows, spawn_job, wait_for
+from tests.cluster.conftest import CLUSTER_ENV, Job, namespace, ranks_of, rows, wait_for
 
 PLACEMENT = {"h1": 2, "h2": 2, "h3": 1}  # rank 2, client 1, alone on h3
 LONG = ["--batch-size", "32", "--n-sync", "2", "--threads", "1", "--quiet", "--rule", "easgd", "--steps", "100000",
         "--stall-timeout", "5"]
 
 
-def start_job(mpi, cluster, tiny_npz: Path, run: Path, *more: str, launcher: tuple[str, ...] = ()) -> subprocess.Popen:
+def start_job(mpi, cluster, tiny_npz: Path, run: Path, *more: str, launcher: tuple[str, ...] = ()) -> Job:
     args = [*mpi.mpiexec(PLACEMENT, 5), *launcher, mpi.bin / "asgd", "train", "--data", tiny_npz, *LONG, *more,
             "--out", run]
-    return spawn_job(args, mpi.env(cluster))
+    return Job(args, mpi.env(cluster))
 
 
 def pushes(run: Path) -> int:
     return sum(1 for r in rows(run, "server") if "version" in r) if (run / "server.jsonl").exists() else 0
 
 
-def finish(job: subprocess.Popen, timeout: float) -> str:
+def finish(job: Job, timeout: float) -> str:
     """The job's stderr once it ended (killed, and the test failed, past `timeout`)."""
     try:
         return job.communicate(timeout=timeout)[1]
@@ -64,7 +64,7 @@ def link(host: str, state: str) -> None:
     subprocess.run(["ip", "link", "set", f"{namespace(host)}-v", state], check=True, timeout=30)
 
 
-def cut_h3_until_the_server_ends(job: subprocess.Popen, run: Path, timeout: float) -> str:
+def cut_h3_until_the_server_ends(job: Job, run: Path, timeout: float) -> str:
     """After 100 pushes h3's link is cut until the server has written its summary (within
     `timeout` s); the job's stderr once it ended."""
     try:

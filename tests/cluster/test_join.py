@@ -11,7 +11,7 @@ import time
 import pytest
 
 from experiments.parent.tree import kill_tree
-from tests.cluster.conftest import AGENT, rows, run_job, spawn_job
+from tests.cluster.conftest import AGENT, Job, rows, run_job
 from tests.conftest import each_logged_once
 
 RUN = ["--clients", "1", "--joinable", "--on-client-failure", "continue", "--inject-fault", "1:5", "--steps", "60",
@@ -31,7 +31,7 @@ def test_a_process_on_another_host_joins_the_run_and_finishes_the_lost_clients_s
     fault = ["--servers", "2", "--inject-fault", "2:5"] if servers == 2 else []  # the client is rank 2, on h1
     args = [*mpi.mpiexec({"h1": 1, "h2": 1}, servers + 1), *mpi.survive(), mpi.bin / "asgd", "train",
             "--data", tiny_npz, *RUN, *fault, "--out", run]
-    job = spawn_job(args, mpi.env(cluster))
+    job = Job(args, mpi.env(cluster))
     try:
         deadline = time.monotonic() + 120
         while not ((run / "door.json").exists() and (run / "server.jsonl").exists()
