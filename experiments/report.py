@@ -117,7 +117,8 @@ def _scaling_report(sweep, window: int, out: Path, page: tuple[Path, str] | None
 
     rows, base = scaling.scaling_table(sweep), scaling.baselines(sweep)
     caps = [{"target": t, "K": k, **v} for t in scaling.targets(sweep) for k, v in scaling.ceiling(sweep, t).items()]
-    tables = {"ceiling": caps, "baselines": base, "scaling": rows}
+    equal = scaling.equal_samples_table(sweep)
+    tables = {"ceiling": caps, "baselines": base, "scaling": rows, "equal_samples": equal}
     for stem, table in tables.items():
         analysis.write_table(table, out / f"{stem}.csv", out / f"{stem}.md")
     print((out / "ceiling.md").read_text())
@@ -127,8 +128,10 @@ def _scaling_report(sweep, window: int, out: Path, page: tuple[Path, str] | None
         written.append(write_docs_page(page[0], sweep, window, {
             "The ceiling C(K)": analysis.markdown_table(caps),
             "The single client and the ceiling's runs": analysis.markdown_table(base),
-            "Every method": analysis.markdown_table(rows)}, page[1],
-            columns="plots/scaling.py (module docstring, `scaling_table`, `ceiling`, `baselines`)"))
+            "Every method": analysis.markdown_table(rows),
+            "At equal samples": analysis.markdown_table(equal)}, page[1],
+            columns="plots/scaling.py (module docstring, `scaling_table`, `ceiling`, `baselines`, "
+                    "`equal_samples_table`)"))
     try:
         written += figures.save(scaling.fig_scaling(sweep, rows), out / "scaling")
     except ValueError as missing:

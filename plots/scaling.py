@@ -21,7 +21,8 @@ classifier, else the user's metric, else the test loss):
   reached the target, whether a run diverged, whether the simulated server was the
   bottleneck (busy most of the run), and, beside the times, the final measure and the
   bytes pushed and pulled (medians): at equal samples, what a method that talks less
-  (local updates, compression) paid for it.
+  (local updates, compression) paid for it; `equal_samples_table` states that once a
+  method, as multiples of tuned sync's final test loss and bytes.
 Speed models: `equal`, `stragglers` (per-minibatch noise, slow clients, jitter),
 `spread` (each client's speed drawn once or listed), `failures` (a mean time between
 failures); a point under several is named by all, joined with "+".
@@ -184,11 +185,7 @@ def scaling_table(sweep: Sweep) -> list[dict]:
         tuned = _best(grid, target, 0)
         t1 = tuned[1] if tuned else None
         caps = ceiling(sweep, target)
-        groups: dict[tuple[str, str, int], list[SweepRun]] = {}
-        for p in sweep.points:
-            if p.clients > 1:
-                groups.setdefault((speeds(p), method(p), p.clients), []).append(p)
-        groups = _apart(groups)
+        groups = _groups(sweep)
         times = {key: [(hit[0] if (hit := reached(p, target)) else None) for p in points]
                  for key, points in groups.items()}
         for (speed, name, k), points in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][2])):
@@ -211,6 +208,45 @@ def scaling_table(sweep: Sweep) -> list[dict]:
                          "final": median([final(p) for p in points]),
                          "bytes": median([_wire_bytes(s) for s in summaries])})
     return rows
+
+
+def _groups(sweep: Sweep) -> dict[tuple[str, str, int], list[SweepRun]]:
+    """The points of more than one client by (speeds, method, K): a row's seeds."""
+    groups: dict[tuple[str, str, int], list[SweepRun]] = {}
+    for p in sweep.points:
+        if p.clients > 1:
+            groups.setdefault((speeds(p), method(p), p.clients), []).append(p)
+    return _apart(groups)
+
+
+def equal_samples_table(sweep: Sweep) -> list[dict]:
+    """One row per (speeds, method, K), every method at K having seen the same samples:
+    the final measure and test loss (medians over seeds, the loss's range), both bytes
+    pushed and pulled, and each as a multiple of tuned sync's at the same K and speeds
+    (the sync row of the lowest median loss): what local updates and compression pay in
+    loss for what they save on the wire, the question a user of DiLoCo asks."""
+    groups = _groups(sweep)
+    loss = {key: median([_loss(load_json(p.run, "summary")) for p in points]) for key, points in groups.items()}
+    wire = {key: median([_wire_bytes(load_json(p.run, "summary")) for p in points]) for key, points in groups.items()}
+    rows = []
+    for (speed, name, k), points in sorted(groups.items(), key=lambda g: (g[0][0], g[0][2], g[0][1])):
+        syncs = [key for key in groups if key[0] == speed and key[2] == k and key[1].startswith("sync")
+                 and "backup" not in key[1] and "linear" not in key[1] and loss[key] is not None]
+        sync = min(syncs, key=lambda key: loss[key]) if syncs else None
+        each = [x for p in points if (x := _loss(load_json(p.run, "summary"))) is not None]
+        rows.append({"speeds": speed, "clients": k, "method": name, "seeds": len(points),
+                     "final": median([final(p) for p in points]), "loss": loss[(speed, name, k)],
+                     "loss_range": f"{min(each):.3f}-{max(each):.3f}" if len(each) > 1 else None,
+                     "x_sync_loss": _ratio(loss[(speed, name, k)], loss[sync]) if sync else None,
+                     "wire_mb": _ratio(wire[(speed, name, k)], 1e6),
+                     "x_sync_bytes": _ratio(wire[(speed, name, k)], wire[sync]) if sync else None,
+                     "diverged": any(_diverged(p) for p in points)})
+    return rows
+
+
+def _loss(summary: dict) -> float | None:
+    value = summary.get("final_test_loss")
+    return float(value) if isinstance(value, (int, float)) and np.isfinite(value) else None
 
 
 def _apart(groups: dict[tuple[str, str, int], list[SweepRun]]) -> dict[tuple[str, str, int], list[SweepRun]]:

@@ -312,7 +312,36 @@ def test_the_scaling_table_by_hand(tmp_path):
     assert report(str(root), 20, str(tmp_path / "fig"), None, str(page)) == 0
     text = page.read_text()
     assert "plots/scaling.py" in text and "## The ceiling C(K)" in text and "## Every method" in text
+    assert "## At equal samples" in text
     assert (tmp_path / "fig" / "scaling.png").exists()
+
+
+def test_the_equal_samples_table_by_hand(tmp_path):
+    """Medians of the final loss and bytes over seeds, each against tuned sync's at the same
+    K and speeds: the sync row of the lowest median loss, not the first."""
+    from plots import scaling
+
+    def p(mode, clients, seed=0, **axes):
+        entry = point(mode, clients, 1, seed=seed)
+        tag = "".join(f"-{k}{v}" for k, v in axes.items())
+        return {**entry, "id": entry["id"] + tag, "run": entry["run"] + tag, **axes}
+
+    evals = [(1.0, 100, 0.5), (2.0, 200, 0.2)]
+    wire = {"bytes_pushed": 3e6, "bytes_pulled": 1e6}
+    specs = [scaling_run(tmp_path, p("async", 1, batch_size=64, lr=0.1), evals),
+             scaling_run(tmp_path, p("sync", 4, lr=0.1), evals, {"final_test_loss": 2.0, **wire}),
+             scaling_run(tmp_path, p("sync", 4, lr=0.2), evals, {"final_test_loss": 1.6, **wire}),
+             *[scaling_run(tmp_path, p("local-sgd", 4, seed=s), evals,
+                           {"final_test_loss": loss, "bytes_pushed": b, "bytes_pulled": b})
+               for s, loss, b in [(0, 2.4, 1e5), (1, 2.0, 3e5), (2, float("nan"), 2e5)]]]
+    sweep = load_sweep(write_index(tmp_path, specs, study="scaling", targets=[0.2]))
+    rows = {r["method"]: r for r in scaling.equal_samples_table(sweep)}
+    assert set(rows) == {"sync, lr 0.1", "sync, lr 0.2", "local-sgd n1"}
+    local = rows["local-sgd n1"]
+    # the diverged seed (no finite loss) counts as the worst: the median of 2.0, 2.4 and it
+    assert (local["seeds"], local["loss"], local["loss_range"]) == (3, 2.4, "2.000-2.400")
+    assert local["x_sync_loss"] == pytest.approx(2.4 / 1.6) and local["wire_mb"] == pytest.approx(0.4)
+    assert local["x_sync_bytes"] == pytest.approx(0.4 / 4) and rows["sync, lr 0.2"]["x_sync_loss"] == 1.0
 
 
 def test_docs_page_is_for_sweeps_only(tmp_path, capsys):
