@@ -353,7 +353,7 @@ def fig_scaling(sweep: Sweep, rows: list[dict] | None = None) -> Figure:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
     fig.legend(handles.values(), handles.keys(), fontsize=7, loc="center right")
-    fig.suptitle(f"time to target against the tuned single client ({sweep.name}); x at the bottom: not reached "
-                 "within the budget", fontsize=10)
+    fig.suptitle(f"time to target against the tuned single client ({sweep.name})\nx at the bottom: not reached "
+                 "within the budget", fontsize=10)  # two lines: one is wider than a single panel
     fig.tight_layout(rect=(0, 0, 0.8, 1))
     return fig
