@@ -2,7 +2,7 @@
 
     asgd train [CONFIG.toml] [--clients K --n-sync N ...]   start K clients + 1 server on MPI
     mpiexec -n K+1 asgd train [CONFIG.toml] [flags]           the same, launched by you
-    asgd sweep SPEC.toml                                       a resumable grid of runs
+    asgd sweep SPEC.toml [--only KEY=VALUES]                   a resumable grid of runs
     asgd report RUN_DIR | SWEEP_DIR                            summary, tables, findings, figures
     asgd export RUN_DIR [--out FILE] [--best]                  the last (or best) weights as a torch state_dict
     asgd tensorboard RUN_DIR | SWEEP_DIR                       TensorBoard event files, with HParams
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None, extra: Iterable[Subcommand] = ()) -> int
             return _train(args, argv)
         if args.command == "sweep":
             from experiments.sweep.folder import run_sweep
-            return run_sweep(args.spec, args.out, args.jobs, args.retry_failed, args.quiet)
+            return run_sweep(args.spec, args.out, args.jobs, args.retry_failed, args.quiet, args.only)
         if args.command == "join":
             from experiments.rank.joiner import join
             return join(args.run)
@@ -120,6 +120,10 @@ def _parser(extra: Mapping[str, Subcommand]) -> argparse.ArgumentParser:
     sweep.add_argument("--jobs", type=_count, default=0, help="points run at once (default: cores for sim, 1 for mpi)")
     sweep.add_argument("--retry-failed", action="store_true", help="run failed points again")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+    sweep.add_argument("--only", action="append", default=[], metavar="KEY=VALUES",
+                       help="run only the points whose KEY (a grid axis or a config key) is one of VALUES "
+                            "(comma-separated; repeated: every one must hold), the others left pending: "
+                            "the slice a result needs first, in the folder the whole grid goes on in")
     joiner = commands.add_parser("join", help="become a new client of a running --joinable run (docs/joining.md)")
     joiner.add_argument("run", help="the run directory of a run started with --joinable over MPI")
     export = commands.add_parser("export", help="a run's last weights as a torch state_dict (model.pt)")

@@ -36,16 +36,56 @@ FIRST = "spec.toml"
 PER_POINT = {*GRID_KEYS, *VARIANT_KEYS, *CHANGEABLE, "warm_start", "eval_every", "sim_step_time", "sim_apply_time"}
 
 
-def run_sweep(spec_path: str, out: str | None, jobs: int, retry_failed: bool, quiet: bool) -> int:
-    """`asgd sweep`: the folder made and locked, bound to its spec, then its missing points run."""
+def run_sweep(spec_path: str, out: str | None, jobs: int, retry_failed: bool, quiet: bool,
+              only: list[str] | None = None) -> int:
+    """`asgd sweep`: the folder made and locked, bound to its spec, then its missing points
+    run (with `only`, those of them that match it)."""
     spec = load_spec(spec_path)
+    chosen = selected(spec.points, only) if only else None
     folder = Path(out or f"results/sweeps/{spec.name}")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ConfigError(f"out: cannot create the sweep folder {folder} ({error.strerror})") from None
     with FolderLock(folder):  # one sweep at a time in a folder
-        return SweepRunner(bind(spec, spec_path, folder), folder, jobs, retry_failed, quiet).run()
+        bound = bind(spec, spec_path, folder)
+        if chosen is not None:  # the folder's own points, of those an earlier spec planned too
+            chosen = selected(bound.points, only)
+        return SweepRunner(bound, folder, jobs, retry_failed, quiet, chosen).run()
+
+
+def selected(points: list[PlannedPoint], only: list[str]) -> set[str]:
+    """The ids of the points that match every `KEY=V1,V2` of `only` (one of its values):
+    a grid axis or a config key, numbers compared as numbers. Refused, before any run: a
+    filter not of that form, a key no point has, a slice of no point."""
+    chosen = {point.id for point in points}
+    for given in only:
+        key, _, values = given.partition("=")
+        if not key or not values:
+            raise ConfigError(f"only: {given!r} is not KEY=VALUES (say clients=8 or n_sync=16,64)")
+        if not any(key in point.settings or key in run_settings(point.config) for point in points):
+            raise ConfigError(f"only: no point has a key {key!r} (a grid axis or a config key)")
+        wanted = values.split(",")
+        chosen &= {point.id for point in points if any(_same(_value(point, key), text) for text in wanted)}
+    if not chosen:
+        raise ConfigError(f"only: no point of the spec's {len(points)} matches {' and '.join(only)}")
+    return chosen
+
+
+def _value(point: PlannedPoint, key: str) -> Any:
+    return point.settings[key] if key in point.settings else run_settings(point.config).get(key)
+
+
+def _same(value: Any, text: str) -> bool:
+    """Whether a setting is the value a user typed (true/false for a flag; 16 for 16.0)."""
+    if isinstance(value, bool):
+        return text.lower() == str(value).lower()
+    if isinstance(value, (int, float)):
+        try:
+            return float(text) == float(value)
+        except ValueError:
+            return False
+    return str(value) == text
 
 
 def bind(spec: Spec, spec_path: str, folder: Path) -> Spec:

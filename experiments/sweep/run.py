@@ -1,6 +1,6 @@
 """`asgd sweep SPEC.toml`: a grid of runs (clients x n_sync x start x mode x seed), resumable.
 
-    asgd sweep experiments/configs/proxy/fig2.toml [--out DIR] [--jobs N] [--retry-failed]
+    asgd sweep experiments/configs/proxy/fig2.toml [--out DIR] [--jobs N] [--retry-failed] [--only KEY=VALUES]
 
 Each point is one `asgd train` in a process of its own (the simulator, or `mpiexec` per
 point), forked from one that imported torch once (experiments/parent/forked.py), with a
@@ -13,6 +13,8 @@ as each starts and ends. The folder is bound to the spec it was started with
 after a kill and it finishes only what is missing: a finished point (complete, diverged,
 untrained) is skipped, one with a checkpoint is resumed (`--resume`), one without is
 started over; a failed point keeps its reason and is retried only with --retry-failed.
+`--only clients=8 --only n_sync=16,64` runs the matching points alone (experiments/sweep/
+folder.py, `selected`) and leaves the rest pending: a study's slice first, in its folder.
 The sweep holds its folder's lock, each point its run's; the points end with the sweep,
 and Ctrl-C or SIGTERM ends the running ones as it ends a run
 (`interrupted`, resumed by the next run of the sweep).
@@ -48,8 +50,10 @@ from rundir.status import (FAILED, INTERRUPTED, LOCKED, PENDING, RUNNING, exit_s
 class SweepRunner:
     """Runs the missing points of a spec into one folder, keeping index.json current."""
 
-    def __init__(self, spec: Spec, out: Path, jobs: int, retry_failed: bool, quiet: bool):
+    def __init__(self, spec: Spec, out: Path, jobs: int, retry_failed: bool, quiet: bool,
+                 only: set[str] | None = None):
         self.spec, self.out, self.retry_failed = spec, out, retry_failed
+        self.only = only  # the ids of the points to run (`--only`), None: all
         cores = len(os.sched_getaffinity(0))
         self.jobs = jobs or (cores if spec.backend == "sim" else 1)
         self.threads = max(1, cores // self.jobs)
@@ -57,7 +61,8 @@ class SweepRunner:
         self.running: dict[str, Forked] = {}  # point id -> its `asgd train`
         self.stopping = False  # Ctrl-C or SIGTERM: start nothing more
         self.index = self._load_index()
-        self.progress = Progress(len(spec.points), quiet=quiet, label="sweep", unit="points")
+        self.progress = Progress(len(only) if only is not None else len(spec.points), quiet=quiet, label="sweep",
+                                 unit="points")
 
     def _load_index(self) -> dict[str, Any]:
         path = self.out / "index.json"
@@ -79,8 +84,9 @@ class SweepRunner:
         if self.spec.backend == "sim":
             self._fix_sim_timings()
         entries = {e["id"]: e for e in self.index["points"]}
-        todo = [p for p in self.spec.points if self._wanted(entries[p.id])]
-        self.progress.update(len(self.spec.points) - len(todo))
+        mine = [p for p in self.spec.points if self.only is None or p.id in self.only]
+        todo = [p for p in mine if self._wanted(entries[p.id])]
+        self.progress.update(len(mine) - len(todo))
         self._save()
         with ThreadPoolExecutor(self.jobs) as pool:
             futures = [pool.submit(self._run_point, point) for point in todo]
@@ -94,7 +100,8 @@ class SweepRunner:
                       file=sys.stderr)
                 return 130
         self.progress.close()
-        failed = [e["id"] for e in self.index["points"] if not finished(e["status"])]
+        failed = [e["id"] for e in self.index["points"]
+                  if (self.only is None or e["id"] in self.only) and not finished(e["status"])]
         return 1 if failed else 0
 
     def _wanted(self, entry: dict[str, Any]) -> bool:

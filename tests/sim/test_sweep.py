@@ -89,6 +89,27 @@ def test_a_killed_sweep_finishes_only_what_is_missing(tmp_path, tiny_npz):
             assert (out / p["run"] / "summary.json").stat().st_mtime == done_before[p["id"]]
 
 
+def test_only_runs_its_slice_and_the_same_folder_goes_on_with_the_rest(tmp_path, tiny_npz, capsys):
+    out = tmp_path / "out"
+    path = spec(tmp_path, tiny_npz, 'clients = [1, 2]\nn_sync = [1, 2]\nmode = ["async", "sync"]', steps=4)
+    assert main(["sweep", str(path), "--out", str(out), "--quiet", "--only", "clients=2",
+                 "--only", "mode=async"]) == 0
+    ran = {(p["clients"], p["n_sync"], p["mode"]) for p in index(out)["points"] if finished(p["status"])}
+    assert ran == {(2, 1, "async"), (2, 2, "async")}
+    assert {p["status"] for p in index(out)["points"] if p["clients"] == 1 or p["mode"] == "sync"} == {"pending"}
+    assert main(["sweep", str(path), "--out", str(out), "--quiet", "--only", "n_sync=2.0,9"]) == 0  # numbers as numbers
+    assert sum(finished(p["status"]) for p in index(out)["points"]) == 3  # and (1, 2, async): sync plans n_sync 1 only
+    assert main(["sweep", str(path), "--out", str(out), "--quiet"]) == 0
+    assert all(finished(p["status"]) for p in index(out)["points"])
+    capsys.readouterr()
+    for bad, said in [("clients", "is not KEY=VALUES"), ("colour=red", "no point has a key 'colour'"),
+                      ("clients=3", "no point of the spec's 6 matches clients=3")]:
+        assert main(["sweep", str(path), "--out", str(tmp_path / "other"), "--only", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err, err
+    assert not (tmp_path / "other").exists()  # refused before the folder was made
+
+
 def test_a_failed_point_keeps_its_reason_and_is_retried_only_on_request(tmp_path, tiny_npz):
     out = tmp_path / "out"
     failing = spec(tmp_path, tiny_npz, "clients = [2]", base='eval_every = 2\ninject_fault = "0:5"')
