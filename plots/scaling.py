@@ -20,7 +20,7 @@ classifier, else the user's metric, else the test loss):
   counts; above 1: faster than they), the share of seeds that
   reached the target, whether a run diverged, whether the simulated server was the
   bottleneck (busy most of the run), and, beside the times, the final measure and the
-  bytes pushed and pulled (medians): at equal samples, what a method that talks less
+  megabytes pushed and pulled (`wire_mb`; medians): at equal samples, what a method that talks less
   (local updates, compression) paid for it; `equal_samples_table` states that once a
   method, as multiples of tuned sync's final test loss and bytes.
 Speed models: `equal`, `stragglers` (per-minibatch noise, slow clients, jitter),
@@ -206,7 +206,7 @@ def scaling_table(sweep: Sweep) -> list[dict]:
                          "diverged": any(_diverged(p) for p in points),
                          "server_bound": any(_server_bound(s) for s in summaries),
                          "final": median([final(p) for p in points]),
-                         "bytes": median([_wire_bytes(s) for s in summaries])})
+                         "wire_mb": _ratio(median([_wire_bytes(s) for s in summaries]), 1e6)})
     return rows
 
 

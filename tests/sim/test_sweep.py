@@ -198,8 +198,8 @@ def test_a_scaling_study_budgets_in_samples_and_reports_against_the_ceiling(tmp_
     assert {(r["target"], r["speeds"], r["method"]) for r in table} == {
         (t, s, m) for t in ("0.7", "0.6") for s, m in [("equal", "sync, linear rule"), ("stragglers", "sync, 1 backup"),
                                                       ("stragglers", "async add"), ("stragglers", "async easgd")]}
-    assert {"speedup", "of_ceiling", "vs_sync", "vs_sync_backup", "diverged", "server_bound", "bytes"} <= set(table[0])
-    assert all(float(r["bytes"]) > 0 for r in table)  # pushes and pulls, or the allreduce's
+    assert {"speedup", "of_ceiling", "vs_sync", "vs_sync_backup", "diverged", "server_bound", "wire_mb"} <= set(table[0])
+    assert all(float(r["wire_mb"]) > 0 for r in table)  # pushes and pulls, or the allreduce's
     ceiling = list(csv.DictReader((figures / "ceiling.csv").open()))
     assert [(r["target"], r["K"], r["tried"]) for r in ceiling] == [("0.7", "2", "1"), ("0.6", "2", "1")]
     assert (figures / "scaling.png").exists() and (figures / "baselines.md").exists()
