@@ -20,9 +20,9 @@ classifier, else the user's metric, else the test loss):
   counts; above 1: faster than they), the share of seeds that
   reached the target, whether a run diverged, whether the simulated server was the
   bottleneck (busy most of the run), and, beside the times, the final measure and the
-  megabytes pushed and pulled (`wire_mb`; medians): at equal samples, what a method that talks less
-  (local updates, compression) paid for it; `equal_samples_table` states that once a
-  method, as multiples of tuned sync's final test loss and bytes.
+  megabytes pushed and pulled (`wire_mb`; medians): at equal samples, what a method that
+  talks less (local updates, compression) paid for it; `equal_samples_table` states that
+  once a method, as multiples of tuned sync's final test loss and bytes.
 Speed models: `equal`, `stragglers` (per-minibatch noise, slow clients, jitter),
 `spread` (each client's speed drawn once or listed), `failures` (a mean time between
 failures); a point under several is named by all, joined with "+".
