@@ -84,8 +84,9 @@ class SweepRunner:
         if self.spec.backend == "sim":
             self._fix_sim_timings()
         entries = {e["id"]: e for e in self.index["points"]}
+        wanted = [p for p in self.spec.points if self._wanted(entries[p.id])]  # every point's status from its run
         mine = [p for p in self.spec.points if self.only is None or p.id in self.only]
-        todo = [p for p in mine if self._wanted(entries[p.id])]
+        todo = [p for p in wanted if self.only is None or p.id in self.only]
         self.progress.update(len(mine) - len(todo))
         self._save()
         with ThreadPoolExecutor(self.jobs) as pool:

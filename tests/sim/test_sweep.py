@@ -99,6 +99,14 @@ def test_only_runs_its_slice_and_the_same_folder_goes_on_with_the_rest(tmp_path,
     assert {p["status"] for p in index(out)["points"] if p["clients"] == 1 or p["mode"] == "sync"} == {"pending"}
     assert main(["sweep", str(path), "--out", str(out), "--quiet", "--only", "n_sync=2.0,9"]) == 0  # numbers as numbers
     assert sum(finished(p["status"]) for p in index(out)["points"]) == 3  # and (1, 2, async): sync plans n_sync 1 only
+    elsewhere = tmp_path / "elsewhere"  # a point run in another folder, its run moved in:
+    assert main(["sweep", str(path), "--out", str(elsewhere), "--quiet", "--only", "mode=sync",
+                 "--only", "clients=1"]) == 0
+    [moved] = [p["run"] for p in index(elsewhere)["points"] if finished(p["status"])]
+    (elsewhere / moved).rename(out / moved)
+    assert main(["sweep", str(path), "--out", str(out), "--quiet", "--only", "clients=2"]) == 0
+    assert [p["run"] for p in index(out)["points"] if finished(p["status"]) and p["clients"] == 1 and
+            p["mode"] == "sync"] == [moved]  # indexed as finished, though not of this slice
     assert main(["sweep", str(path), "--out", str(out), "--quiet"]) == 0
     assert all(finished(p["status"]) for p in index(out)["points"])
     capsys.readouterr()
