@@ -314,10 +314,13 @@ def fig_scaling(sweep: Sweep, rows: list[dict] | None = None) -> Figure:
     if not rows:
         raise ValueError("the sweep has no multi-client points")
     marks, panels = targets(sweep), sorted({r["speeds"] for r in rows}, key=lambda s: (s != "equal", s))
-    fig, axes = plt.subplots(len(marks), len(panels), figsize=(5.5 * len(panels), 3.6 * len(marks)), squeeze=False,
+    names = sorted({r["method"] for r in rows})
+    legend_in = 0.6 + 0.065 * max(len(name) for name in names)  # inches the legend's longest name takes
+    width = 5.5 * len(panels)
+    fig, axes = plt.subplots(len(marks), len(panels), figsize=(width + legend_in, 3.6 * len(marks)), squeeze=False,
                              sharey=True)
     m = measure(str(sweep.points[0].run))
-    names = sorted({r["method"] for r in rows})
+    floor = min([0.2] + [0.5 * r["speedup"] for r in rows if r["speedup"]])  # every speedup above the not-reached x
     colours = dict(zip(names, plt.cm.tab20(np.arange(len(names)) % 20)))
     for i, target in enumerate(marks):
         caps = {int(k): v["ceiling"] for k, v in ceiling(sweep, target).items() if v["ceiling"]}
@@ -335,11 +338,11 @@ def fig_scaling(sweep: Sweep, rows: list[dict] | None = None) -> Figure:
                             color=colours[name], label=name)
                 missed = [r["clients"] for r in line if r["speedup"] is None]
                 if missed:
-                    ax.scatter(missed, [0.25] * len(missed), marker="x", s=18, color=colours[name],
+                    ax.scatter(missed, [1.15 * floor] * len(missed), marker="x", s=18, color=colours[name],
                                label=None if hit else name)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log", base=2)
-            ax.set_ylim(0.2, max(ks) * 1.2 if ks else 2)
+            ax.set_ylim(floor, max(ks) * 1.2 if ks else 2)
             ax.set_xticks(ks, [str(k) for k in ks])
             ax.grid(alpha=0.3)
             goal = f"{target:.0%}" if m.percent else f"{target:g}"
@@ -355,5 +358,5 @@ def fig_scaling(sweep: Sweep, rows: list[dict] | None = None) -> Figure:
     fig.legend(handles.values(), handles.keys(), fontsize=7, loc="center right")
     fig.suptitle(f"time to target against the tuned single client ({sweep.name})\nx at the bottom: not reached "
                  "within the budget", fontsize=10)  # two lines: one is wider than a single panel
-    fig.tight_layout(rect=(0, 0, 0.8, 1))
+    fig.tight_layout(rect=(0, 0, width / (width + legend_in), 1))  # the legend beside the panels, never on them
     return fig
