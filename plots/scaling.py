@@ -226,14 +226,16 @@ def equal_samples_table(sweep: Sweep) -> list[dict]:
     (the sync row of the lowest median loss): what local updates and compression pay in
     loss for what they save on the wire, the question a user of DiLoCo asks."""
     groups = _groups(sweep)
-    loss = {key: median([_loss(load_json(p.run, "summary")) for p in points]) for key, points in groups.items()}
-    wire = {key: median([_wire_bytes(load_json(p.run, "summary")) for p in points]) for key, points in groups.items()}
+    summaries = {key: [load_json(p.run, "summary") for p in points] for key, points in groups.items()}
+    losses = {key: [_loss(s) for s in each] for key, each in summaries.items()}
+    loss = {key: median(values) for key, values in losses.items()}
+    wire = {key: median([_wire_bytes(s) for s in each]) for key, each in summaries.items()}
     rows = []
     for (speed, name, k), points in sorted(groups.items(), key=lambda g: (g[0][0], g[0][2], g[0][1])):
         syncs = [key for key in groups if key[0] == speed and key[2] == k and key[1].startswith("sync")
                  and "backup" not in key[1] and "linear" not in key[1] and loss[key] is not None]
         sync = min(syncs, key=lambda key: loss[key]) if syncs else None
-        each = [x for p in points if (x := _loss(load_json(p.run, "summary"))) is not None]
+        each = [x for x in losses[(speed, name, k)] if x is not None]
         rows.append({"speeds": speed, "clients": k, "method": name, "seeds": len(points),
                      "final": median([final(p) for p in points]), "loss": loss[(speed, name, k)],
                      "loss_range": f"{min(each):.3f}-{max(each):.3f}" if len(each) > 1 else None,

@@ -22,7 +22,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Callable
 from pathlib import Path
 
 import numpy as np
@@ -108,19 +107,14 @@ def tiny_npz(tmp_path_factory) -> Path:
 
 def run_command(args: list[str], timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """Run in a new session; on timeout kill it and its descendants (only them) and fail
-    the test. A launcher that lost Open MPI's startup race is run again (`past_the_race`)."""
-    return past_the_race(lambda: _run_once(args, timeout, cwd))
-
-
-def past_the_race(launch: Callable[[], subprocess.CompletedProcess]) -> subprocess.CompletedProcess:
-    """`launch()`, again while its launcher failed before any rank ran (Open MPI's PMIx
-    startup race, docs/reliability.md: nothing of ours ran), as `asgd train` does."""
-    result = launch()
+    the test. A launcher that failed before any rank ran (Open MPI's PMIx startup race,
+    docs/reliability.md: nothing of ours ran) is run again, as `asgd train` does."""
+    result = _run_once(args, timeout, cwd)
     for _ in range(LAUNCH_TRIES - 1):
         if not lost_the_race(result.returncode, result.stderr):
             break
         time.sleep(RETRY_PAUSE_S)
-        result = launch()
+        result = _run_once(args, timeout, cwd)
     return result
 
 

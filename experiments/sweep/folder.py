@@ -58,22 +58,19 @@ def selected(points: list[PlannedPoint], only: list[str]) -> set[str]:
     """The ids of the points that match every `KEY=V1,V2` of `only` (one of its values):
     a grid axis or a config key, numbers compared as numbers. Refused, before any run: a
     filter not of that form, a key no point has, a slice of no point."""
-    chosen = {point.id for point in points}
+    settings = {point.id: {**run_settings(point.config), **point.settings} for point in points}
+    chosen = set(settings)
     for given in only:
         key, _, values = given.partition("=")
         if not key or not values:
             raise ConfigError(f"only: {given!r} is not KEY=VALUES (say clients=8 or n_sync=16,64)")
-        if not any(key in point.settings or key in run_settings(point.config) for point in points):
+        if not any(key in own for own in settings.values()):
             raise ConfigError(f"only: no point has a key {key!r} (a grid axis or a config key)")
         wanted = values.split(",")
-        chosen &= {point.id for point in points if any(_same(_value(point, key), text) for text in wanted)}
+        chosen &= {i for i, own in settings.items() if key in own and any(_same(own[key], text) for text in wanted)}
     if not chosen:
         raise ConfigError(f"only: no point of the spec's {len(points)} matches {' and '.join(only)}")
     return chosen
-
-
-def _value(point: PlannedPoint, key: str) -> Any:
-    return point.settings[key] if key in point.settings else run_settings(point.config).get(key)
 
 
 def _same(value: Any, text: str) -> bool:

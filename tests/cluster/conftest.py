@@ -139,7 +139,7 @@ def run_job(args: list, env: dict[str, str], timeout: float) -> subprocess.Compl
     return finish(Job(args, env), [str(a) for a in args], timeout)
 
 
-def wait_for(what, job: subprocess.Popen, timeout: float, why: str) -> None:
+def wait_for(what, job: Job, timeout: float, why: str) -> None:
     """Until `what()` holds; past `timeout`, `job` is killed and the test fails with its stderr."""
     deadline = time.monotonic() + timeout
     while not what():
