@@ -105,9 +105,14 @@ clean:
 # results/$(SCALE)/<figure>/, and its tables and findings, with when and where the runs
 # were measured, to docs/results/$(SCALE)/<figure>.md (the pages the docs link to).
 # SCALE=paper runs the ImageNet specs (edit their data path; see
-# experiments/configs/paper/slurm.sbatch).
+# experiments/configs/paper/slurm.sbatch). The finished runs' records are kept in
+# results/kept/ (scripts/keep_sweep.py: git tracks them, a fresh clone starts from them),
+# after the sweep ends or is interrupted.
 fig1 starts modes scaling scaling-glyphs scaling-defaults scaling-lm scaling-links: setup
-	$(BIN)/asgd sweep experiments/configs/$(SCALE)/$@.toml --out results/sweeps/$@-$(SCALE)
+	@if [ ! -e results/sweeps/$@-$(SCALE) ] && [ -d results/kept/$@-$(SCALE) ]; then \
+	    mkdir -p results/sweeps && cp -r results/kept/$@-$(SCALE) results/sweeps/$@-$(SCALE); fi
+	$(BIN)/asgd sweep experiments/configs/$(SCALE)/$@.toml --out results/sweeps/$@-$(SCALE); status=$$?; \
+	    $(BIN)/python scripts/keep_sweep.py results/sweeps/$@-$(SCALE); exit $$status
 	$(BIN)/asgd report results/sweeps/$@-$(SCALE) --figures $(RESULTS)/$@ --docs docs/results/$(SCALE)/$@.md
 
 # Figs. 2 (cold), 3 (warm) and 4 (speedup) come from one sweep: results/$(SCALE)/starts/.
@@ -118,7 +123,7 @@ fig1 starts modes scaling scaling-glyphs scaling-defaults scaling-lm scaling-lin
 # default re-measured on five seeds against issue 43's targets (proxy scale only);
 # `make scaling-lm` the study's language model (examples/char_lm.py): synchronous AdamW,
 # local SGD, synchronous and asynchronous DiLoCo and fresh, at equal samples, with the
-# bytes each put on the wire (proxy scale only; 344 runs of five seeds: hours on 2 cores);
+# bytes each put on the wire (proxy scale only; 355 runs of five seeds: many hours on 2 cores);
 # `make scaling-links` the links map (issue 56): int8, int4, fragments and more servers
 # against the default over link bandwidth from 100 Gbps to 100 Mbps, K = 8 and 32, on both
 # image tasks and the char LM (proxy scale only; 136 runs of one seed).

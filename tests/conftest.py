@@ -258,19 +258,22 @@ def assert_logged_once(run: Path, clients: int, steps: int, versions: int) -> li
     return ran
 
 
-def assert_churned(run: Path, churn_out: str, clients: int) -> dict:
+def assert_churned(run: Path, churn_out: str, clients: int, lines: int) -> dict:
     """A run that scripts/churn.py churned (`churn_out`: its lines) is complete with every
     (client, step) logged once; its joiners are numbered in turn after the job's
-    `clients`, a lost one's number never given again, and each joiner it killed is lost
-    (the last may have been killed after its STOP, the run's budget spent: not lost
-    then). The summary, whose lost job clients are the caller's to check."""
+    `clients`, a lost one's number never given again, and each joiner it killed is lost,
+    but for those killed after their STOP (the run's budget spent): at most one of each
+    of the `lines` joiners kept running at once, and only among the last kills. The
+    summary, whose lost job clients are the caller's to check."""
     killed = [int(c) for c in re.findall(r"\(client (\d+)\) killed \(SIGKILL\)", churn_out)]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "complete", summary
     joined = [c["client"] for c in summary["joined_clients"]]
     assert joined == list(range(clients, clients + len(joined)))
-    lost = sorted(c["client"] for c in summary["lost_clients"] if c["client"] >= clients)
-    assert lost in (sorted(killed), sorted(killed[:-1])), (lost, killed, churn_out)
+    lost = {c["client"] for c in summary["lost_clients"] if c["client"] >= clients}
+    stopped = set(killed) - lost
+    assert lost <= set(killed) and stopped <= set(killed[-lines:]), \
+        f"lost {sorted(lost)}, killed {killed}\n{churn_out}"
     rows = [json.loads(line) for line in (run / "clients.jsonl").read_text().splitlines()]
     assert sum(each_logged_once([(r["client"], r["step"]) for r in rows], clients + len(joined))) == \
         summary["minibatches"]

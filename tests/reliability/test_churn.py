@@ -42,7 +42,7 @@ def test_joiners_killed_and_replaced_while_the_run_goes_on_leave_every_row_once_
     killed = re.findall(r"\(client (\d+)\) killed \(SIGKILL\)", churn.stdout)
     started = len(re.findall(r"joiner pid \d+ started", churn.stdout))
     assert killed and started - len(killed) in (0, 1), churn.stdout  # 0: the run ended during a repair time
-    summary = assert_churned(run, churn.stdout, clients=1)
+    summary = assert_churned(run, churn.stdout, clients=1, lines=1)
     assert all(c["client"] >= 1 for c in summary["lost_clients"])
     left = subprocess.run(["pgrep", "-f", f"join {run}"], capture_output=True, text=True)
     assert left.stdout == "", left.stdout
@@ -67,7 +67,7 @@ def test_the_jobs_own_ranks_killed_are_replaced_by_joiners_under_open_mpi_refuse
     assert result.returncode == 0 and churn.returncode == 0, result.stderr + churn.stderr
     ranks = sorted(map(int, re.findall(r"rank (\d+) \(pid \d+\) killed", churn.stdout)))
     assert ranks == [1, 2], churn.stdout
-    summary = assert_churned(run, churn.stdout, clients=2)
+    summary = assert_churned(run, churn.stdout, clients=2, lines=2)
     assert {0, 1} <= {c["client"] for c in summary["lost_clients"]}  # ranks 1 and 2 are clients 0 and 1
     assert summary["joined_clients"]
     left = subprocess.run(["pgrep", "-f", f"join {run}"], capture_output=True, text=True)

@@ -211,3 +211,33 @@ def test_a_scaling_study_budgets_in_samples_and_reports_against_the_ceiling(tmp_
     ceiling = list(csv.DictReader((figures / "ceiling.csv").open()))
     assert [(r["target"], r["K"], r["tried"]) for r in ceiling] == [("0.7", "2", "1"), ("0.6", "2", "1")]
     assert (figures / "scaling.png").exists() and (figures / "baselines.md").exists()
+
+
+def test_a_kept_sweep_reports_as_the_original_and_goes_on_running_only_what_it_lacks(small_sweep, tmp_path):
+    """scripts/keep_sweep.py: finished runs' config, summary and curve points, nothing
+    else; a point unfinished when kept is pending in the copy, and the one point `asgd
+    sweep` runs on a copy of it."""
+    import shutil
+    import subprocess
+    import sys
+
+    from plots.analysis import load_sweep
+    from tests.conftest import ROOT
+
+    work, kept, again = tmp_path / "work", tmp_path / "kept", tmp_path / "again"
+    shutil.copytree(small_sweep, work)
+    unfinished = index(work)["points"][3]
+    (work / unfinished["run"] / "summary.json").unlink()
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "keep_sweep.py"), str(work), str(kept)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "kept 11 finished runs of 12 points" in done.stdout, done.stderr
+    assert {p.name for p in (kept / "runs").iterdir()} == {p["id"] for p in index(work)["points"]} - {unfinished["id"]}
+    assert {f.name for f in (kept / "runs" / index(work)["points"][0]["id"]).iterdir()} == \
+        {"config.json", "summary.json", "eval.jsonl"}
+    original = {p.id: RunDir(p.run).summary() for p in load_sweep(work).points if p.id != unfinished["id"]}
+    assert {p.id: RunDir(p.run).summary() for p in load_sweep(kept).points} == original
+    assert [p["status"] for p in index(kept)["points"] if p["id"] == unfinished["id"]] == ["pending"]
+    shutil.copytree(kept, again)
+    assert main(["sweep", str(small_sweep.parent / "small.toml"), "--out", str(again), "--quiet"]) == 0
+    assert all(finished(p["status"]) for p in index(again)["points"])
+    assert {p.name for p in (again / "runs").iterdir() if (p / "clients.jsonl").exists()} == {unfinished["id"]}
