@@ -9,6 +9,8 @@ DEMO_OUT ?= runs/demo
 
 SCALE ?= proxy
 RESULTS := results/$(SCALE)
+# flags for a study's `asgd sweep`, e.g. SWEEP_FLAGS="--jobs 2 --only clients=8"
+SWEEP_FLAGS ?=
 
 .PHONY: setup demo test test-long test-unit test-sim test-mpi test-reliability test-openmpi test-cluster test-install bench clean figures fig1 fig2 fig3 fig4 starts modes scaling scaling-glyphs scaling-defaults scaling-lm scaling-links rules
 
@@ -111,7 +113,7 @@ clean:
 fig1 starts modes scaling scaling-glyphs scaling-defaults scaling-lm scaling-links: setup
 	@if [ ! -e results/sweeps/$@-$(SCALE) ] && [ -d results/kept/$@-$(SCALE) ]; then \
 	    mkdir -p results/sweeps && cp -r results/kept/$@-$(SCALE) results/sweeps/$@-$(SCALE); fi
-	$(BIN)/asgd sweep experiments/configs/$(SCALE)/$@.toml --out results/sweeps/$@-$(SCALE); status=$$?; \
+	$(BIN)/asgd sweep experiments/configs/$(SCALE)/$@.toml --out results/sweeps/$@-$(SCALE) $(SWEEP_FLAGS); status=$$?; \
 	    $(BIN)/python scripts/keep_sweep.py results/sweeps/$@-$(SCALE); exit $$status
 	$(BIN)/asgd report results/sweeps/$@-$(SCALE) --figures $(RESULTS)/$@ --docs docs/results/$(SCALE)/$@.md
 
