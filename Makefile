@@ -99,8 +99,9 @@ test-install:
 bench: setup
 	$(BIN)/asgd bench --cluster --out results/bench.json --markdown docs/results/bench.md
 
-clean:
-	rm -rf runs results .pytest_cache
+clean:  # results/kept/ is tracked: the studies' kept runs stay
+	rm -rf runs .pytest_cache
+	if [ -d results ]; then find results -mindepth 1 -maxdepth 1 ! -name kept -exec rm -rf {} +; fi
 
 # The paper's figures: each runs its sweep (resumable: rerun after a kill; a finished
 # sweep only reports again) and writes PNG and PDF, tables and findings to
