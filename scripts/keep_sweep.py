@@ -13,9 +13,10 @@ specs and its index, into results/kept/NAME (which git tracks), and nothing else
 copy is a sweep folder of its own, `asgd report` reads it as it reads the original, and
 a copy of it in results/sweeps/ is a folder `asgd sweep` goes on with, running only
 the points without a finished run. A point not finished when kept is `pending` in the
-kept index, so the copy never claims a run it does not hold. Runs already kept are
-copied again (a resumed run's record may have changed); nothing in the destination
-outside what this writes is touched.
+kept index, so the copy never claims a run it does not hold, unless the copy holds a
+finished run of it already (kept from an earlier folder): that stays. A run finished in
+the folder is copied again (a resumed run's record may have changed); nothing in the
+destination outside what this writes is touched.
 """
 from __future__ import annotations
 
@@ -43,9 +44,10 @@ def keep(folder: Path, dest: Path) -> tuple[int, int]:
         shutil.copyfile(spec, dest / spec.name)
     kept = 0
     for point in index["points"]:
-        run = RunDir(folder / point["run"])
-        if not run.finished():
-            point["status"] = PENDING
+        run, before = RunDir(folder / point["run"]), RunDir(dest / point["run"])
+        if not run.finished():  # kept before, from a folder this one does not continue: stays
+            point["status"] = before.status() if before.finished() else PENDING
+            kept += before.finished()
             continue
         point["status"] = run.status()
         (dest / point["run"]).mkdir(parents=True, exist_ok=True)

@@ -237,6 +237,10 @@ def test_a_kept_sweep_reports_as_the_original_and_goes_on_running_only_what_it_l
     original = {p.id: RunDir(p.run).summary() for p in load_sweep(work).points if p.id != unfinished["id"]}
     assert {p.id: RunDir(p.run).summary() for p in load_sweep(kept).points} == original
     assert [p["status"] for p in index(kept)["points"] if p["id"] == unfinished["id"]] == ["pending"]
+    (work / index(work)["points"][0]["run"] / "summary.json").unlink()  # a folder that does not hold it
+    again_kept = subprocess.run([sys.executable, str(ROOT / "scripts" / "keep_sweep.py"), str(work), str(kept)],
+                                capture_output=True, text=True, timeout=60)
+    assert "kept 11 finished runs of 12 points" in again_kept.stdout, again_kept.stderr  # the kept run stays
     shutil.copytree(kept, again)
     assert main(["sweep", str(small_sweep.parent / "small.toml"), "--out", str(again), "--quiet"]) == 0
     assert all(finished(p["status"]) for p in index(again)["points"])
