@@ -11,19 +11,19 @@ reference ran with, the target is the reference's final curve value (the mean of
 last `SMOOTH` evaluations, as the page's times are smoothed) and its time is when the
 reference first reached that; each method's time is when its own smoothed curve first
 reached it, in the same seed, and its ratio is the reference's time over its own (above
-1: sooner). A seed a method never reaches the target in counts as not reached, never as
-a ratio.
+1: sooner). A seed a method never reaches the target in is not reached, and its median
+counts it as the slowest, as the page's medians do (`scaling.median`): a method that
+misses it in half its seeds or more has no median ratio.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 import numpy as np
 
 from plots.analysis import Sweep, SweepRun, load_sweep
-from plots.scaling import SMOOTH, measure, method, reached, speeds
+from plots.scaling import SMOOTH, measure, median, method, reached, speeds
 from plots.rundata import load_log
 
 
@@ -36,8 +36,9 @@ def last_value(point: SweepRun) -> float | None:
 
 def reach_table(sweep: Sweep, speed: str, clients: int, reference: str) -> list[dict]:
     """A row a method of the (speed, clients) group: seeds it reached the reference's end
-    in, its ratios seed by seed (None: not reached) and their median over the seeds that
-    reached it. Empty where the reference has no run there."""
+    in, its ratios seed by seed (None: not reached) and the ratio at the median of its
+    times over the reference's (a miss the slowest; None where that is a miss). Empty
+    where the reference has no run there."""
     group = [p for p in sweep.points if speeds(p) == speed and p.clients == clients]
     ends = {}
     for point in (p for p in group if method(p) == reference):
@@ -53,17 +54,16 @@ def reach_table(sweep: Sweep, speed: str, clients: int, reference: str) -> list[
             got = reached(point, target)
             ratios[point.seed] = time / got[0] if got is not None and got[0] > 0 else None
         if ratios:
-            sooner = [r for r in ratios.values() if r is not None]
-            rows.append({"method": name, "seeds": len(ratios), "reached": len(sooner),
-                         "median": statistics.median(sooner) if sooner else None,
-                         "ratios": [ratios[s] for s in sorted(ratios)]})
+            slower = median([1 / r if r else None for r in ratios.values()])
+            rows.append({"method": name, "seeds": len(ratios), "reached": sum(r is not None for r in ratios.values()),
+                         "median": 1 / slower if slower else None, "ratios": [ratios[s] for s in sorted(ratios)]})
     return rows
 
 
 def markdown(rows: list[dict], reference: str) -> str:
     def cell(ratio: float | None) -> str:
         return "not reached" if ratio is None else f"{ratio:.2f}x"
-    lines = [f"| method | seeds reaching {reference}'s end | median (of those) | seed by seed |", "|---|---:|---:|---|"]
+    lines = [f"| method | seeds reaching {reference}'s end | median | seed by seed |", "|---|---:|---:|---|"]
     lines += [f"| {r['method']} | {r['reached']} of {r['seeds']} | {cell(r['median'])} | "
               f"{', '.join(cell(x) for x in r['ratios'])} |" for r in rows]
     return "\n".join(lines)
