@@ -12,7 +12,7 @@ RESULTS := results/$(SCALE)
 # flags for a study's `asgd sweep`, e.g. SWEEP_FLAGS="--jobs 2 --only clients=8"
 SWEEP_FLAGS ?=
 
-.PHONY: setup demo test test-long test-unit test-sim test-mpi test-reliability test-openmpi test-cluster test-install bench clean figures fig1 fig2 fig3 fig4 starts modes scaling scaling-glyphs scaling-defaults scaling-lm scaling-links rules
+.PHONY: setup demo test test-long test-unit test-sim test-mpi test-reliability test-openmpi test-cluster test-install bench clean figures fig1 fig2 fig3 fig4 starts modes scaling scaling-glyphs scaling-defaults scaling-lm scaling-links codecs rules
 
 setup: $(VENV)/.setup-done
 
@@ -111,7 +111,7 @@ clean:  # results/kept/ is tracked: the studies' kept runs stay
 # experiments/configs/paper/slurm.sbatch). The finished runs' records are kept in
 # results/kept/ (scripts/keep_sweep.py: git tracks them, a fresh clone starts from them),
 # after the sweep ends or is interrupted.
-fig1 starts modes scaling scaling-glyphs scaling-defaults scaling-lm scaling-links: setup
+fig1 starts modes scaling scaling-glyphs scaling-defaults scaling-lm scaling-links codecs: setup
 	@if [ ! -e results/sweeps/$@-$(SCALE) ] && [ -d results/kept/$@-$(SCALE) ]; then \
 	    mkdir -p results/sweeps && cp -r results/kept/$@-$(SCALE) results/sweeps/$@-$(SCALE); fi
 	$(BIN)/asgd sweep experiments/configs/$(SCALE)/$@.toml --out results/sweeps/$@-$(SCALE) $(SWEEP_FLAGS); status=$$?; \
@@ -129,7 +129,9 @@ fig1 starts modes scaling scaling-glyphs scaling-defaults scaling-lm scaling-lin
 # bytes each put on the wire (proxy scale only; 355 runs of five seeds: many hours on 2 cores);
 # `make scaling-links` the links map (issue 56): int8, int4, fragments and more servers
 # against the default over link bandwidth from 100 Gbps to 100 Mbps, K = 8 and 32, on both
-# image tasks and the char LM (proxy scale only; 136 runs of one seed).
+# image tasks and the char LM (proxy scale only; 136 runs of one seed); `make codecs` int8
+# and int4 pushes (and pulls) against float32, seed by seed, on Fashion-MNIST and the char
+# LM (proxy scale only; 50 runs).
 rules: scaling
 fig2 fig3 fig4: starts
 

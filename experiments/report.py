@@ -12,6 +12,8 @@ and figure instead: every method's speedup to the spec's fixed targets against t
 tuned single client, beside the measured ceiling (plots/scaling.py). A links map (`study
 = "links"`, `make scaling-links`) gets its maps: each variant's time to each task's
 targets over link bandwidth, against the default on the fastest link (plots/links.py).
+A paired sweep (`study = "paired"`, `make codecs`) gets each setting's end against a
+reference setting's, seed by seed (plots/paired.py).
 
 With --docs, the same tables (and the findings as a table) also go to one Markdown page
 that says which runs they come from: when and where they were measured, at which
@@ -70,7 +72,7 @@ def _number(summary: dict, key: str) -> float | None:
 
 def _sweep_report(sweep_dir: Path, window: int, out: Path, target: float | None,
                   page: tuple[Path, str] | None = None) -> int:
-    from plots import analysis, figures, links, scaling
+    from plots import analysis, figures, links, paired, scaling
 
     sweep = analysis.load_sweep(sweep_dir)
     refuse_mixed(sweep.points)
@@ -79,6 +81,8 @@ def _sweep_report(sweep_dir: Path, window: int, out: Path, target: float | None,
         return _scaling_report(sweep, window, out, page)
     if links.is_links_sweep(sweep):
         return _links_report(sweep, window, out, page)
+    if paired.is_paired_sweep(sweep):
+        return _paired_report(sweep, window, out, page)
     start = analysis.default_start(sweep)
     sections = {}
     try:
@@ -154,14 +158,22 @@ def _links_report(sweep, window: int, out: Path, page: tuple[Path, str] | None =
                 RAN: links.runs_table(sweep)}
     analysis.write_table(sections["Every cell"], out / "cells.csv", out / "cells.md")
     analysis.write_table(sections[RAN], out / "runs.csv", out / "runs.md")
+    return _sections_report(sweep, window, out, page, sections, out / "maps.md", [out / "cells.md", out / "runs.md"],
+                            "plots/links.py (module docstring, `map_tables`, `cell_table`)")
+
+
+def _sections_report(sweep, window: int, out: Path, page: tuple[Path, str] | None, sections: dict[str, list[dict]],
+                     markdown: Path, also: list[Path], columns: str) -> int:
+    """A study's tables under their headings: one Markdown file of them all (printed), and
+    the page."""
+    from plots import analysis
+
     text = {heading: analysis.markdown_table(rows) for heading, rows in sections.items()}
-    (out / "maps.md").write_text("".join(f"## {heading}\n\n{table}\n" for heading, table in text.items()),
-                                 encoding="utf-8")
-    print((out / "maps.md").read_text())
-    written = [out / "maps.md", out / "cells.md", out / "runs.md"]
+    markdown.write_text("".join(f"## {heading}\n\n{table}\n" for heading, table in text.items()), encoding="utf-8")
+    print(markdown.read_text())
+    written = [markdown, *also]
     if page:
-        written.append(write_docs_page(page[0], sweep, window, text, page[1],
-                                       columns="plots/links.py (module docstring, `map_tables`, `cell_table`)"))
+        written.append(write_docs_page(page[0], sweep, window, text, page[1], columns=columns))
     print("written:", ", ".join(str(p) for p in written))
     return 0
 
@@ -217,3 +229,11 @@ def _figures(sweep, window: int, target: float | None, start: str) -> dict:
         "staleness": lambda: figures.fig_staleness(sweep),
         "modes": lambda: figures.fig_modes(sweep, window),
     }
+
+
+def _paired_report(sweep, window: int, out: Path, page: tuple[Path, str] | None = None) -> int:
+    """A paired sweep: each setting against the reference, seed by seed (plots/paired.py)."""
+    from plots import paired
+
+    return _sections_report(sweep, window, out, page, paired.sections(sweep), out / "paired.md", [],
+                            "plots/paired.py (module docstring, `paired_table`, `display`)")

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from plots.analysis import SweepRun, load_sweep
+from plots.analysis import Sweep, SweepRun, load_sweep, markdown_table
 from rundir.layout import RunDir
 from rundir.measure import ERROR, LOSS, METRIC, recorded_measure
 
@@ -49,16 +49,16 @@ def group(point: SweepRun, by: list[str]) -> str:
 
 def paired_table(points: list[SweepRun], by: list[str], reference: tuple[str, ...], key: str | None) -> list[dict]:
     """A row per (group, setting) that has a reference run in some seed: the group's task,
-    the setting, the seeds paired, the medians of both sides' finals over those seeds, and
-    the differences (setting - reference) seed by seed with their median, absolute and
-    relative."""
+    the setting, the column compared, the seeds paired, the medians of both sides' finals
+    over those seeds, and the differences (setting - reference) seed by seed with their
+    median, absolute and relative."""
     finals: dict[tuple[str, tuple[str, ...]], dict[int, float]] = {}
-    tasks: dict[str, Any] = {}
+    about: dict[str, tuple[Any, str]] = {}
     for point in points:
         value = final(point, key)
         if value is not None:
             finals.setdefault((group(point, by), setting(point, by)), {})[point.seed] = value
-            tasks[group(point, by)] = point.get("task")
+            about[group(point, by)] = (point.get("task"), key or recorded_measure(str(point.run)).key)
     rows = []
     for (where, chosen), values in finals.items():
         base = finals.get((where, reference))
@@ -67,23 +67,34 @@ def paired_table(points: list[SweepRun], by: list[str], reference: tuple[str, ..
             continue
         diffs = [values[s] - base[s] for s in seeds]
         relative = [d / base[s] for d, s in zip(diffs, seeds)]
-        rows.append({"task": tasks[where], "setting": dict(zip(by, chosen)), "seeds": seeds,
-                     "reference": float(np.median([base[s] for s in seeds])),
+        rows.append({"task": about[where][0], "setting": dict(zip(by, chosen)), "column": about[where][1],
+                     "seeds": seeds, "reference": float(np.median([base[s] for s in seeds])),
                      "value": float(np.median([values[s] for s in seeds])),
                      "diffs": diffs, "median_diff": float(np.median(diffs)),
                      "median_relative": float(np.median(relative))})
     return rows
 
 
-def markdown(rows: list[dict], reference: str) -> str:
-    lines = [f"| task | setting | seeds | {reference} (median) | setting (median) | difference seed by seed "
-             "| median difference | relative |", "|---|---|---:|---:|---:|---|---:|---:|"]
-    for r in rows:
-        said = ", ".join(f"{k} {v}" for k, v in r["setting"].items())
-        lines.append(f"| {r['task'] or ''} | {said} | {len(r['seeds'])} | {r['reference']:.4g} | {r['value']:.4g} | "
-                     f"{', '.join(f'{d:+.4f}' for d in r['diffs'])} | {r['median_diff']:+.4f} | "
-                     f"{100 * r['median_relative']:+.2f} % |")
-    return "\n".join(lines)
+def display(rows: list[dict]) -> list[dict]:
+    """The rows as a page's table (plots.analysis.markdown_table): one cell a value."""
+    return [{"task": r["task"], "setting": ", ".join(f"{k} {v}" for k, v in r["setting"].items()),
+             "final": r["column"], "seeds": len(r["seeds"]), "reference": r["reference"], "setting's": r["value"],
+             "difference seed by seed": ", ".join(f"{d:+.4f}" for d in r["diffs"]),
+             "median difference": r["median_diff"], "relative %": 100 * r["median_relative"]} for r in rows]
+
+
+def is_paired_sweep(sweep: Sweep) -> bool:
+    return sweep.meta.get("study") == "paired"
+
+
+def sections(sweep: Sweep) -> dict[str, list[dict]]:
+    """A paired sweep's page (`study = "paired"`, its spec's `paired = {by, reference}`):
+    each setting against the reference in the runs' own measure, and in test loss."""
+    by = list(sweep.meta["paired"]["by"])
+    reference = tuple(str(v) for v in sweep.meta["paired"]["reference"])
+    named = ", ".join(f"{k} {v}" for k, v in zip(by, reference))
+    return {f"Against {named}: the runs' measure": display(paired_table(sweep.points, by, reference, None)),
+            f"Against {named}: test loss": display(paired_table(sweep.points, by, reference, LOSS))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plots.paired: no finished run of {args.sweep} pairs with a reference run "
               f"({', '.join(f'{k} {v}' for k, v in zip(by, reference))}) in a seed", file=sys.stderr)
         return 2
-    print(markdown(rows, ", ".join(reference)))
+    print(markdown_table(display(rows)), end="")
     return 0
 
 

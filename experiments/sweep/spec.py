@@ -41,6 +41,10 @@ report's map (index.json's `variants`: every label whose grid reached the point,
 `servers = auto` picks one server and the "1 server" grid reaches the default's config);
 neither key is a config key.
 
+A paired sweep (`study = "paired"`, with `paired = { by = ["compress"], reference =
+["none"] }`) compares settings seed by seed: its report gives each setting's final value
+less the reference setting's in the same seed (plots/paired.py).
+
 In the simulator every point uses one step time, measured once for the sweep (unless
 `sim_step_time` is in [base]), so the points' virtual clocks are comparable
 (experiments/sweep/run.py measures it).
@@ -67,10 +71,10 @@ VARIANT_KEYS = ("rule", "momentum", "speed_jitter", "sim_profile", "steps")
 VARIANT_TAGS = {"rule": "", "momentum": "m", "speed_jitter": "j", "sim_profile": "", "steps": "steps"}
 SPEC_KEYS = {"name": str, "scale": str, "backend": str, "timeout": float, "warm_start": int, "window": int,
              "steps_per_client": str, "samples": (int, dict), "evaluations": int, "study": str, "targets": list,
-             "base": dict, "grid": (dict, list), "tasks": dict}  # key: the type load_spec reads it as
+             "base": dict, "grid": (dict, list), "tasks": dict, "paired": dict}  # key: the type load_spec reads it as
 KIND_NAMES = {str: "a string", float: "a number", int: "an integer", dict: "a table", (dict, list): "a table",
               list: "a list", (int, dict): "an integer or a table of integers by client count"}
-STUDIES = ("", "scaling", "links")  # `study`: which report a sweep gets (plots/scaling.py, plots/links.py)
+STUDIES = ("", "scaling", "links", "paired")  # `study`: which report a sweep gets (plots/scaling.py, links.py, paired.py)
 LABELS = ("task", "variant")  # grid keys that label a point for its report, not config keys
 MAX_TIMEOUT = 2**31 // 1000  # seconds (24 days): a point's wait is one poll() of a C int of milliseconds
 # "sqrt": K clients run steps / sqrt(K) minibatches each (steps * sqrt(K) in all), so
@@ -133,7 +137,7 @@ def load_spec(path: str) -> Spec:
     points: dict[str, PlannedPoint] = {}
     for table in grids:
         _add_grid(points, table, tasks, backend, references, sorted(axes - set(VARIANT_KEYS)), path)
-    meta = {k: raw[k] for k in ("study", "targets", "samples", "evaluations") if k in raw}
+    meta = {k: raw[k] for k in ("study", "targets", "samples", "evaluations", "paired") if k in raw}
     meta.update({"tasks": {name: {"targets": task.get("targets")} for name, task in tasks.items()}}
                 if "tasks" in raw else {})
     return Spec(raw.get("name", Path(path).stem), raw.get("scale", "proxy"), backend,
@@ -215,6 +219,12 @@ def _check_spec_values(raw: dict[str, Any], path: str) -> None:
         raise ConfigError(f"sweep {path}: evaluations must be at least 1, got {raw['evaluations']!r}")
     if raw.get("study", "") not in STUDIES:
         raise ConfigError(f"sweep {path}: study must be {' or '.join(map(repr, STUDIES))}, got {raw['study']!r}")
+    paired = raw.get("paired", {})
+    if (raw.get("study") == "paired") != bool(paired) or paired and not (
+            set(paired) == {"by", "reference"} and isinstance(paired["by"], list) and paired["by"]
+            and isinstance(paired["reference"], list) and len(paired["by"]) == len(paired["reference"])):
+        raise ConfigError(f"sweep {path}: study = \"paired\" takes paired = {{ by = [KEY, ...], reference = "
+                          f"[VALUE, ...] }}, a value a key (and paired goes with that study), got {paired!r}")
     targets = raw.get("targets", [0.5])
     if _user_measure(raw):  # the runs' metric or loss, in its own units (a perplexity, a loss)
         if not targets or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < math.inf

@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 
 from plots.analysis import load_sweep
+from experiments.report import report
+from experiments.sweep.spec import load_spec
 from plots.paired import main, paired_table
+from runconfig.settings import ConfigError
 
 # (compress, compress_pulls, seed): the final test error; float32's seeds spread 0.10,
 # int8 is 0.002 above it in every seed it ran; int4 has no seed 2, float32 no seed 3
@@ -19,6 +22,7 @@ FINALS = {("none", False, 0): 0.10, ("none", False, 1): 0.15, ("none", False, 2)
 
 @pytest.fixture
 def sweep(tmp_path: Path) -> Path:
+    """A paired sweep's folder (`study = "paired"`) with a run for each of FINALS."""
     points = []
     for (codec, pulls, seed), error in FINALS.items():
         point = f"async-c4-s{seed}-{codec}-{pulls}"
@@ -30,8 +34,10 @@ def sweep(tmp_path: Path) -> Path:
                                                       "final_test_loss": 10 * error}))
         (run / "eval.jsonl").write_text(json.dumps({"time": 1.0, "minibatches": 1, "test_error": error}) + "\n")
         points.append({"id": point, "mode": "async", "clients": 4, "n_sync": 1, "seed": seed, "compress": codec,
-                       "config": config, "run": f"runs/{point}", "status": "complete"})
-    (tmp_path / "index.json").write_text(json.dumps({"name": "s", "points": points}))
+                       "compress_pulls": pulls, "config": config, "run": f"runs/{point}", "status": "complete"})
+    paired = {"by": ["compress", "compress_pulls"], "reference": ["none", False]}
+    (tmp_path / "index.json").write_text(json.dumps({"name": "s", "study": "paired", "paired": paired,
+                                                     "points": points}))
     return tmp_path
 
 
@@ -53,11 +59,29 @@ def test_another_column_and_the_command_line(sweep, capsys):
     rows = paired_table(load_sweep(sweep).points, ["compress"], ("none",), "test_loss")
     assert {r["setting"]["compress"]: r["diffs"] for r in rows}["int8"] == pytest.approx([0.02] * 3)
     assert main([str(sweep), "--by", "compress,compress_pulls", "--reference", "none,False"]) == 0
-    assert "| compress int8, compress_pulls False | 3 | 0.15 | 0.152 | +0.0020, +0.0020, +0.0020 | +0.0020 |" \
-        in capsys.readouterr().out
+    assert "| compress int8, compress_pulls False | test_error | 3 | 0.15 | 0.152 | +0.0020, +0.0020, +0.0020 | " \
+        "0.002 | 1.33 |" in capsys.readouterr().out
 
 
 def test_no_pair_or_a_reference_of_another_length_is_one_line_and_exit_2(sweep, capsys):
     assert main([str(sweep), "--by", "compress", "--reference", "fp16"]) == 2
     assert main([str(sweep), "--by", "compress,compress_pulls", "--reference", "none"]) == 2
     assert capsys.readouterr().err.count("\n") == 2
+
+
+def test_asgd_report_writes_a_paired_sweep_s_page(sweep, tmp_path):
+    page = tmp_path / "docs" / "paired.md"
+    assert report(str(sweep), figures=str(tmp_path / "figures"), docs=str(page)) == 0
+    text = page.read_text()
+    assert "## Against compress none, compress_pulls False: the runs' measure" in text
+    assert "| compress int8, compress_pulls False | test_error | 3 | 0.15 | 0.152 |" in text
+    assert "| compress int8, compress_pulls False | test_loss | 3 | 1.5 | 1.52 | +0.0200, +0.0200, +0.0200 |" in text
+
+
+@pytest.mark.parametrize("paired", ["", 'paired = { by = ["compress"] }',
+                                    'paired = { by = ["compress"], reference = ["none", true] }'])
+def test_a_paired_study_without_its_keys_is_refused_in_one_line(tmp_path, paired):
+    spec = tmp_path / "s.toml"
+    spec.write_text(f'study = "paired"\n{paired}\n[grid]\nclients = [2]\ncompress = ["none", "int8"]\n')
+    with pytest.raises(ConfigError, match="paired = { by = "):
+        load_spec(str(spec))
