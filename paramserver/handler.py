@@ -73,7 +73,8 @@ def handle(state: ServerState, msg: Message) -> tuple[list[Reply], list[Event]]:
         return replies, events + _checkpoint_ready(state)
     if msg.tag == Tag.PULL:
         events = _rejoined(state, msg.source, msg.header) if isinstance(msg.header, Rejoin) else []
-        return [_weights_for(state, msg.source)], events
+        replies = [_weights_for(state, msg.source)]  # a client starting a window afresh: a held round may not wait
+        return replies + (_answer_deferred(state) if state.reply.stranded(state) else []), events
     version = state.store.version
     _took_state(state, msg.source, msg.header.step)
     result, minibatches, events, fragment = _push(state, msg)

@@ -22,8 +22,9 @@ round stale against a momentum that amplifies each round's change by up to
 eps / (1 - beta) (docs/rules.md measures it). Held, every client of a round at equal
 speeds pulls the weights after the step: with N = K the run is synchronous DiLoCo. A
 client is held only while the round can still complete; once it cannot (a client
-stopped, failed or was lost), the held clients are answered with the weights as they are
-(`stranded`).
+stopped, failed or was lost), or under `auto` once the pace no longer expects it before
+they could push again (a failed client pulled to start its window afresh), the held
+clients are answered with the weights as they are (`stranded`).
 
 The policy keeps its own state (who waits, the pace's timings, DyLU's speeds); it reads
 of the server only what `Served` names: the store's version, what each client pulled and
@@ -183,9 +184,20 @@ class ReplyPolicy:
             rank, served.store.rule.round_left, [r for r in served.waiting if r not in self.deferred and r != rank])))
 
     def stranded(self, served: Served) -> bool:
-        """Whether clients are held for a round that can no longer complete."""
+        """Whether clients are held for a round that can no longer complete, or (`auto`)
+        that the pace no longer expects before they could push again."""
         return self.rounds is not ReplyMode.AGAIN and bool(self.deferred) and self._decide(
-            lambda: self._stranded(served))
+            lambda: self._stranded(served) or self._overtaken(served))
+
+    def _overtaken(self, served: Served) -> bool:
+        """Under `auto`, a held client would now push again before the round completes: the
+        pace learned since it held them that a push the round waits for is a whole window
+        away (a failed client pulled to start its window afresh; the pace took it, past its
+        expected push, as pushing at once). Answered, they go on as `now` would have them."""
+        if self.rounds is not ReplyMode.AUTO:
+            return False
+        computing = [r for r in served.waiting if r not in self.deferred]
+        return not all(self.pace.waits(r, served.store.rule.round_left, computing) for r in self.deferred)
 
     def _stranded(self, served: Served, rank: int | None = None) -> bool:
         """Nothing to hold for: the round was just closed, or it needs more pushes than the
