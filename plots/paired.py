@@ -30,8 +30,7 @@ KEYS = {"error": ERROR, "loss": LOSS, "metric": METRIC}
 UNPAIRED = ("seed",)  # what differs within a pair besides the `--by` keys
 
 
-def final(point: SweepRun, key: str | None) -> float | None:
-    column = key or recorded_measure(str(point.run)).key
+def final(point: SweepRun, column: str) -> float | None:
     value = RunDir(point.run).summary().get(f"final_{column}")
     return None if value is None or value != value else float(value)  # NaN: an error a model without classes lacks
 
@@ -55,10 +54,12 @@ def paired_table(points: list[SweepRun], by: list[str], reference: tuple[str, ..
     finals: dict[tuple[str, tuple[str, ...]], dict[int, float]] = {}
     about: dict[str, tuple[Any, str]] = {}
     for point in points:
-        value = final(point, key)
+        column = key or recorded_measure(str(point.run)).key
+        value = final(point, column)
         if value is not None:
-            finals.setdefault((group(point, by), setting(point, by)), {})[point.seed] = value
-            about[group(point, by)] = (point.get("task"), key or recorded_measure(str(point.run)).key)
+            where = group(point, by)
+            finals.setdefault((where, setting(point, by)), {})[point.seed] = value
+            about[where] = (point.get("task"), column)
     rows = []
     for (where, chosen), values in finals.items():
         base = finals.get((where, reference))
